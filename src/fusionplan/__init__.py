@@ -1,0 +1,34 @@
+"""fusionplan: fusion plans (convolution, bias, batch-norm, activation) compiled into one kernel."""
+
+from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
+from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status
+from fusionplan.errors import (
+    BadParmError,
+    FusionPlanError,
+    InternalError,
+    MissingArgumentError,
+    NotCompiledError,
+    TensorMismatchError,
+    UnsupportedOpError,
+)
+from fusionplan.handle import Handle
+from fusionplan.ops import (
+    ActivationArgs,
+    ActivationBackwardArgs,
+    BatchNormBackwardArgs,
+    BatchNormForwardArgs,
+    BatchNormInferenceArgs,
+    BiasArgs,
+    ConvArgs,
+)
+from fusionplan.plan import FusionPlan, OperatorArgs
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ActivationArgs", "ActivationBackwardArgs", "ActivationDescriptor", "ActivationMode", "BadParmError",
+    "BatchNormBackwardArgs", "BatchNormForwardArgs", "BatchNormInferenceArgs", "BatchNormMode", "BiasArgs",
+    "ConvArgs", "ConvFwdAlgo", "ConvMode", "ConvolutionDescriptor", "DataType", "Direction", "FusionPlan",
+    "FusionPlanError", "Handle", "InternalError", "Layout", "MissingArgumentError", "NotCompiledError",
+    "OperatorArgs", "Status", "TensorDescriptor", "TensorMismatchError", "UnsupportedOpError",
+]

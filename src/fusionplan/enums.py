@@ -1,0 +1,127 @@
+"""Enumerations of the fusion API, with MIOpen's numeric values.
+
+The names are Pythonic; the values are MIOpen's, so ``fusionplan.miopen`` converts
+between its ``miopen*`` enumerations and these by value.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+
+class Status(enum.IntEnum):
+    SUCCESS = 0
+    NOT_INITIALIZED = 1
+    INVALID_VALUE = 2
+    BAD_PARM = 3
+    ALLOC_FAILED = 4
+    INTERNAL_ERROR = 5
+    NOT_IMPLEMENTED = 6
+    UNKNOWN_ERROR = 7
+    UNSUPPORTED_OP = 8
+    GPU_OPERATIONS_SKIPPED = 9
+    VERSION_MISMATCH = 10
+
+
+class DataType(enum.IntEnum):
+    HALF = 0
+    FLOAT = 1
+    INT32 = 2
+    INT8 = 3
+    BFLOAT16 = 5
+    DOUBLE = 6
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _TORCH_DTYPES[self]
+
+    @property
+    def is_floating(self) -> bool:
+        return self in (DataType.HALF, DataType.FLOAT, DataType.BFLOAT16, DataType.DOUBLE)
+
+    @classmethod
+    def from_torch(cls, dtype: torch.dtype) -> DataType:
+        for member, torch_dtype in _TORCH_DTYPES.items():
+            if torch_dtype == dtype:
+                return member
+        raise KeyError(dtype)
+
+
+_TORCH_DTYPES = {
+    DataType.HALF: torch.float16,
+    DataType.FLOAT: torch.float32,
+    DataType.INT32: torch.int32,
+    DataType.INT8: torch.int8,
+    DataType.BFLOAT16: torch.bfloat16,
+    DataType.DOUBLE: torch.float64,
+}
+
+#: Data types a fusion plan computes on (the others exist only as descriptors).
+PLAN_DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16, DataType.DOUBLE)
+
+
+class Layout(enum.IntEnum):
+    NCHW = 0
+    NHWC = 1
+
+
+class Direction(enum.IntEnum):
+    VERTICAL = 0
+    HORIZONTAL = 1
+
+
+class ConvMode(enum.IntEnum):
+    CONVOLUTION = 0
+    TRANSPOSE = 1
+    GROUP_CONV = 2
+    DEPTHWISE = 3
+
+
+class ConvFwdAlgo(enum.IntEnum):
+    GEMM = 0
+    DIRECT = 1
+    FFT = 2
+    WINOGRAD = 3
+    IMPLICIT_GEMM = 5
+
+
+class ActivationMode(enum.IntEnum):
+    PASTHRU = 0
+    LOGISTIC = 1
+    TANH = 2
+    RELU = 3
+    SOFTRELU = 4
+    ABS = 5
+    POWER = 6
+    CLIPPEDRELU = 7
+    LEAKYRELU = 8
+    ELU = 9
+
+
+class BatchNormMode(enum.IntEnum):
+    PER_ACTIVATION = 0
+    SPATIAL = 1
+
+
+def coerce_enum(enum_cls: type[enum.IntEnum], value: object, what: str) -> enum.IntEnum:
+    """Turn an int, a member or a (case-insensitive) member name into ``enum_cls``.
+
+    Raises BadParmError naming ``what`` and the accepted values when it is none of them.
+    """
+    from fusionplan.errors import BadParmError
+
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().upper().replace("-", "_")
+        if key in enum_cls.__members__:
+            return enum_cls[key]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    accepted = ", ".join(f"{m.name}={m.value}" for m in enum_cls)
+    raise BadParmError(f"{what}: {value!r} is not a valid {enum_cls.__name__} ({accepted})")

@@ -1,0 +1,99 @@
+"""The handle: a device, a stream, and the compiled kernels made for them."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from typing import Any, Iterator
+
+import torch
+
+from fusionplan.errors import BadParmError
+
+_uids = itertools.count(1)
+
+
+def default_device() -> torch.device:
+    """torch's current CUDA device when there is one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def resolve_device(device: Any) -> torch.device:
+    """A concrete torch device (with its index for CUDA), or BadParmError."""
+    if device is None:
+        return default_device()
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise BadParmError(f"device {device!r}: {exc}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadParmError(f"device {device!r}: CUDA is not available on this machine")
+        index = torch.cuda.current_device() if dev.index is None else dev.index
+        if not 0 <= index < torch.cuda.device_count():
+            raise BadParmError(f"device {device!r}: there are {torch.cuda.device_count()} CUDA devices")
+        return torch.device("cuda", index)
+    if dev.type != "cpu":
+        raise BadParmError(f"device {device!r}: only CPU and CUDA devices are supported")
+    return dev
+
+
+class Handle:
+    """Device and stream on which plans compile and execute; it owns their compiled kernels.
+
+    ``stream=None`` means torch's current stream at the time of each execute, which is what a
+    framework expects. ``allow_tf32=None`` follows ``torch.backends.cudnn.allow_tf32``.
+    """
+
+    def __init__(self, device: Any = None, stream: Any = None, allow_tf32: bool | None = None) -> None:
+        self.device = resolve_device(device)
+        self.uid = next(_uids)
+        self.allow_tf32 = allow_tf32
+        self._stream = None
+        self.set_stream(stream)
+        self.kernels: dict[tuple, Any] = {}  # plan signature -> compiled kernel
+        self.lock = threading.Lock()
+
+    @property
+    def stream(self) -> Any:
+        return self._stream
+
+    def set_stream(self, stream: Any) -> None:
+        if stream is not None:
+            if self.device.type != "cuda":
+                raise BadParmError("a stream can only be set on a CUDA handle")
+            if not isinstance(stream, torch.cuda.Stream):
+                raise BadParmError(f"stream: expected a torch.cuda.Stream or None, got {type(stream).__name__}")
+            if stream.device != self.device:
+                raise BadParmError(f"stream is on {stream.device}, the handle on {self.device}")
+        self._stream = stream
+
+    def current_stream(self) -> Any:
+        """The stream work goes to now: the handle's own, or torch's current one (None on the CPU)."""
+        if self.device.type != "cuda":
+            return None
+        return self._stream if self._stream is not None else torch.cuda.current_stream(self.device)
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[None]:
+        """Make the handle's device and stream current for the work inside."""
+        if self.device.type != "cuda":
+            yield
+            return
+        with torch.cuda.device(self.device):
+            if self._stream is None:
+                yield
+            else:
+                with torch.cuda.stream(self._stream):
+                    yield
+
+    def tf32_allowed(self) -> bool:
+        if self.allow_tf32 is not None:
+            return self.allow_tf32
+        return bool(torch.backends.cudnn.allow_tf32)
+
+    def __repr__(self) -> str:
+        return f"<fusionplan.Handle {self.uid} on {self.device}>"

@@ -1,0 +1,330 @@
+"""The fusion plan: add operators in data order, compile for a handle, execute many times.
+
+Lifecycle (as MIOpen's): create with the input descriptor -> add operators (each derives its
+geometry from the one before and is validated at once) -> compile (picks the first applicable
+solver) -> set arguments in an ``OperatorArgs`` -> execute with new tensors and arguments as
+often as needed. Adding an operator invalidates every compilation of the plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import torch
+
+from fusionplan import solvers
+from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
+from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction, coerce_enum
+from fusionplan.errors import (
+    BadParmError,
+    MissingArgumentError,
+    NotCompiledError,
+    TensorMismatchError,
+    UnsupportedOpError,
+)
+from fusionplan.handle import Handle
+from fusionplan.ops import (
+    ActivationBackwardOp,
+    ActivationForwardOp,
+    BatchNormBackwardOp,
+    BatchNormForwardOp,
+    BatchNormInferenceOp,
+    BiasForwardOp,
+    ConvForwardOp,
+    FusionOp,
+    OpArgs,
+    Phase,
+    as_tensor,
+)
+from fusionplan.solvers.base import Kernel, PlanSpec, Verdict
+
+_plan_uids = itertools.count(1)
+
+
+class OperatorArgs:
+    """Runtime arguments of operators (of one plan or several), one record per operator."""
+
+    def __init__(self) -> None:
+        self._records: dict[FusionOp, OpArgs] = {}
+
+    def set(self, op: FusionOp, record: OpArgs) -> None:
+        """Validate ``record`` against ``op`` and store it (replacing any earlier one)."""
+        if not isinstance(op, FusionOp):
+            raise BadParmError(f"expected a fusion operator, got {type(op).__name__}")
+        self._records[op] = op.check_args(record)
+
+    def get(self, op: FusionOp) -> OpArgs | None:
+        return self._records.get(op)
+
+    def __contains__(self, op: object) -> bool:
+        return op in self._records
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    version: int
+    solver: str
+    kernel: Kernel
+    spec: PlanSpec
+
+
+def _order_error(plan_ops: list[FusionOp], new: type[FusionOp]) -> str | None:
+    """Why operator class ``new`` cannot follow ``plan_ops`` (None when it can)."""
+    if not plan_ops:
+        if new is ActivationBackwardOp:
+            return ("activation backward is only supported right after batch-norm backward "
+                    "(the backward of [batch-norm forward training, activation forward])")
+        return None
+    first = plan_ops[0]
+    if first.phase == Phase.INFERENCE:
+        if new.phase != Phase.INFERENCE:
+            return f"cannot add {new.title} ({new.phase.value}) to an inference plan; plans do not mix phases"
+        if new is ConvForwardOp and any(isinstance(op, ConvForwardOp) for op in plan_ops):
+            return "a plan holds at most one convolution"
+        return None
+    if first.phase == Phase.TRAINING_FORWARD:
+        if len(plan_ops) == 1 and new is ActivationForwardOp:
+            return None
+        return ("a training plan is [batch-norm forward training] or "
+                f"[batch-norm forward training, activation forward]; cannot add {new.title}")
+    if len(plan_ops) == 1 and new is ActivationBackwardOp:
+        return None
+    return f"a backward plan is [batch-norm backward] or [batch-norm backward, activation backward]; cannot add {new.title}"
+
+
+class FusionPlan:
+    """A chain of operators over one input geometry, compiled into one kernel per handle."""
+
+    def __init__(self, input_desc: TensorDescriptor, direction: Direction | int = Direction.VERTICAL) -> None:
+        if not isinstance(input_desc, TensorDescriptor):
+            raise BadParmError(f"input descriptor: expected a TensorDescriptor, got {type(input_desc).__name__}")
+        self.direction = coerce_enum(Direction, direction, "fusion direction")
+        if input_desc.ndim != 4:
+            raise UnsupportedOpError(f"fusion plans take 4-d (N, C, H, W) input; got {input_desc.ndim}-d {input_desc.dims}")
+        if input_desc.dtype not in PLAN_DTYPES:
+            names = ", ".join(t.name for t in PLAN_DTYPES)
+            raise UnsupportedOpError(f"fusion plans compute in {names}; the input is {input_desc.dtype.name}")
+        self.input_desc = input_desc
+        self.uid = next(_plan_uids)
+        self.conv_algo: ConvFwdAlgo | None = None
+        self._ops: list[FusionOp] = []
+        self._version = 0
+        self._compiled: dict[int, _Compiled] = {}
+        self._lock = threading.Lock()
+
+    # -- inspection ---------------------------------------------------------------------------
+    @property
+    def ops(self) -> tuple[FusionOp, ...]:
+        return tuple(self._ops)
+
+    @property
+    def output_desc(self) -> TensorDescriptor:
+        """Dims and dtype of the plan's output, packed in the input's layout (any layout may be passed)."""
+        return self._ops[-1].output_desc if self._ops else self.input_desc
+
+    @property
+    def phase(self) -> Phase | None:
+        return self._ops[0].phase if self._ops else None
+
+    @property
+    def combination(self) -> str:
+        return "".join(op.letter for op in self._ops)
+
+    def get_op(self, index: int) -> FusionOp:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self._ops):
+            raise BadParmError(f"operator index {index!r} out of range: the plan has {len(self._ops)} operators")
+        return self._ops[index]
+
+    def spec(self) -> PlanSpec:
+        if not self._ops:
+            raise BadParmError("the plan has no operators")
+        return PlanSpec(self.input_desc, tuple(self._ops))
+
+    def describe(self) -> str:
+        lines = [f"fusion plan {self.combination or '(empty)'}: input {self.input_desc} -> output {self.output_desc}"]
+        lines += [f"  {op.index}: {op.describe()}: {op.input_desc.dims} -> {op.output_desc.dims}" for op in self._ops]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<FusionPlan {self.combination or '(empty)'} {self.input_desc} -> {self.output_desc}>"
+
+    # -- adding operators ---------------------------------------------------------------------
+    def _add(self, cls: type[FusionOp], *params: Any) -> FusionOp:
+        with self._lock:
+            if self.direction == Direction.HORIZONTAL:
+                raise UnsupportedOpError("horizontal fusion is not implemented; create the plan with vertical direction")
+            why = _order_error(self._ops, cls)
+            if why:
+                raise UnsupportedOpError(why)
+            op = cls(len(self._ops), self.output_desc, *params)
+            self._ops.append(op)
+            self._version += 1  # invalidates every compilation
+            return op
+
+    def add_conv_forward(self, conv: ConvolutionDescriptor, w_desc: TensorDescriptor) -> ConvForwardOp:
+        return self._add(ConvForwardOp, conv, w_desc)
+
+    def add_bias_forward(self, b_desc: TensorDescriptor) -> BiasForwardOp:
+        return self._add(BiasForwardOp, b_desc)
+
+    def add_batchnorm_inference(self, mode: BatchNormMode | int, param_desc: TensorDescriptor) -> BatchNormInferenceOp:
+        return self._add(BatchNormInferenceOp, mode, param_desc)
+
+    def add_activation_forward(self, mode: ActivationMode | int) -> ActivationForwardOp:
+        return self._add(ActivationForwardOp, mode)
+
+    def add_batchnorm_forward(self, mode: BatchNormMode | int, running_mean_variance: bool = True) -> BatchNormForwardOp:
+        return self._add(BatchNormForwardOp, mode, running_mean_variance)
+
+    def add_batchnorm_backward(self, mode: BatchNormMode | int) -> BatchNormBackwardOp:
+        return self._add(BatchNormBackwardOp, mode)
+
+    def add_activation_backward(self, mode: ActivationMode | int) -> ActivationBackwardOp:
+        return self._add(ActivationBackwardOp, mode)
+
+    # -- compile ------------------------------------------------------------------------------
+    def explain(self, handle: Handle | None = None, backend: str | None = None) -> list[Verdict]:
+        """Every solver's verdict on this plan for ``handle`` (default: a handle on the default device)."""
+        return solvers.verdicts(self.spec(), handle or Handle(), backend)
+
+    def compile(self, handle: Handle, backend: str | None = None) -> str:
+        """Compile for ``handle`` with the first applicable solver; returns the solver's name."""
+        if not isinstance(handle, Handle):
+            raise BadParmError(f"expected a Handle, got {type(handle).__name__}")
+        with self._lock:
+            spec = self.spec()
+            version = self._version
+        solver = solvers.select(spec, handle, backend)
+        key = (solver.name, spec.signature())
+        with handle.lock:
+            kernel = handle.kernels.get(key)
+        if kernel is None:
+            with handle.activate():
+                kernel = solver.build(spec, handle)
+            with handle.lock:
+                kernel = handle.kernels.setdefault(key, kernel)
+        with self._lock:
+            if version == self._version:
+                self._compiled[handle.uid] = _Compiled(version, solver.name, kernel, spec)
+        return solver.name
+
+    def is_compiled(self, handle: Handle) -> bool:
+        entry = self._compiled.get(handle.uid)
+        return entry is not None and entry.version == self._version
+
+    def compiled_solver(self, handle: Handle) -> str:
+        return self._entry(handle).solver
+
+    def kernel_source(self, handle: Handle) -> str | None:
+        """The generated source of the compiled kernel, where its solver generates any."""
+        return self._entry(handle).kernel.source()
+
+    def _entry(self, handle: Handle) -> _Compiled:
+        entry = self._compiled.get(getattr(handle, "uid", None))
+        if entry is None:
+            raise NotCompiledError("the plan is not compiled for this handle: compile it first")
+        if entry.version != self._version:
+            raise NotCompiledError("the plan changed (an operator was added) since it was compiled: compile it again")
+        return entry
+
+    # -- execute ------------------------------------------------------------------------------
+    def execute(
+        self,
+        handle: Handle,
+        x: Any,
+        y: Any,
+        args: OperatorArgs,
+        x_desc: TensorDescriptor | None = None,
+        y_desc: TensorDescriptor | None = None,
+        prior: Any = None,
+    ) -> None:
+        """Run the compiled plan on ``x`` into ``y``. Everything is checked first: on any error a
+        typed exception is raised and nothing is written. ``prior`` replaces y's prior contents as
+        the tensor that beta blends in (default: y itself)."""
+        entry = self._entry(handle)
+        spec = entry.spec
+        x = as_tensor(x, "input")
+        y = as_tensor(y, "output")
+        _check_input(spec, x, x_desc)
+        _check_output(spec, y, y_desc)
+        records = _records(spec, args)
+        p = _prior(spec, records, y, prior)
+        _check_devices(handle, x, y, p, records)
+        with torch.no_grad(), handle.activate():
+            entry.kernel.run(x, y, records, p)
+
+
+def _check_input(spec: PlanSpec, x: torch.Tensor, x_desc: TensorDescriptor | None) -> None:
+    plan_in = spec.input_desc
+    if x_desc is not None:
+        if not isinstance(x_desc, TensorDescriptor):
+            raise BadParmError(f"input descriptor: expected a TensorDescriptor, got {type(x_desc).__name__}")
+        if x_desc.dims != plan_in.dims or x_desc.dtype != plan_in.dtype or x_desc.stride_key() != plan_in.stride_key():
+            raise TensorMismatchError(f"input descriptor {x_desc} does not match the compiled plan's input {plan_in}")
+    why = (x_desc or plan_in).mismatch(x, "input tensor")
+    if why:
+        raise TensorMismatchError(why + (" (the compiled plan's input)" if x_desc is None else ""))
+
+
+def _check_output(spec: PlanSpec, y: torch.Tensor, y_desc: TensorDescriptor | None) -> None:
+    out = spec.output_desc
+    if y_desc is not None:
+        if not isinstance(y_desc, TensorDescriptor):
+            raise BadParmError(f"output descriptor: expected a TensorDescriptor, got {type(y_desc).__name__}")
+        if y_desc.dims != out.dims or y_desc.dtype != out.dtype:
+            raise TensorMismatchError(
+                f"output descriptor {y_desc} does not match the plan's output {out.dtype.name}{list(out.dims)}"
+            )
+        why = y_desc.mismatch(y, "output tensor")
+    elif tuple(y.shape) != out.dims or y.dtype != out.dtype.torch_dtype:
+        why = f"output tensor is {y.dtype}{list(y.shape)}; the plan's output is {out.dtype.torch_dtype}{list(out.dims)}"
+    else:
+        why = None
+    if why:
+        raise TensorMismatchError(why)
+    if _strides_overlap(y.shape, y.stride()):
+        raise TensorMismatchError(f"output tensor strides {tuple(y.stride())} make its elements overlap")
+
+
+def _records(spec: PlanSpec, args: OperatorArgs) -> list[OpArgs]:
+    if not isinstance(args, OperatorArgs):
+        raise BadParmError(f"expected OperatorArgs, got {type(args).__name__}")
+    records = []
+    out_dims = spec.output_desc.dims
+    for op in spec.ops:
+        rec = args.get(op)
+        if rec is None:
+            raise MissingArgumentError(f"operator {op.index} ({op.title}) has no arguments set")
+        if rec.beta != 0 and op.output_desc.dims != out_dims:
+            raise BadParmError(
+                f"operator {op.index} ({op.title}): beta={rec.beta} needs its result shaped like the output "
+                f"{out_dims}, but it is {op.output_desc.dims}"
+            )
+        records.append(rec)
+    return records
+
+
+def _prior(spec: PlanSpec, records: Iterable[OpArgs], y: torch.Tensor, prior: Any) -> torch.Tensor | None:
+    if not any(rec.beta != 0 for rec in records):
+        return None
+    if prior is None:
+        return y
+    p = as_tensor(prior, "prior")
+    if tuple(p.shape) != spec.output_desc.dims or not p.dtype.is_floating_point:
+        raise TensorMismatchError(f"prior is {p.dtype}{list(p.shape)}; expected a float tensor of {spec.output_desc.dims}")
+    return p
+
+
+def _check_devices(handle: Handle, x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None, records: list[OpArgs]) -> None:
+    dev = handle.device
+    named = [("input", x), ("output", y)] + ([("prior", prior)] if prior is not None else [])
+    named += [(f"an argument of operator {i}", t) for i, r in enumerate(records) for t in r.tensors()]
+    for name, t in named:
+        if t.device != dev:
+            raise TensorMismatchError(f"{name} is on {t.device}; the handle's device is {dev}")

@@ -1,0 +1,72 @@
+"""The registry of solvers, in priority order: compile takes the first that applies.
+
+``FUSIONPLAN_BACKEND=triton|cpu|reference`` (or ``backend=`` on compile) restricts the
+choice to one family; when that family cannot run the plan, compile fails with
+UnsupportedOpError and every solver's reason.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from fusionplan.errors import BadParmError, UnsupportedOpError
+from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
+from fusionplan.solvers.cpu_folded import CpuFoldedSolver
+from fusionplan.solvers.reference_solver import ReferenceSolver
+
+if TYPE_CHECKING:
+    from fusionplan.handle import Handle
+
+FAMILIES = ("triton", "cpu", "reference")
+BACKEND_ENV = "FUSIONPLAN_BACKEND"
+
+#: Priority order. GPU solvers first: they say no on the CPU, where the CPU solver is next.
+REGISTRY: list[Solver] = [CpuFoldedSolver(), ReferenceSolver()]
+
+
+def requested_backend(backend: str | None = None) -> str | None:
+    """The family compile is restricted to: the argument, else $FUSIONPLAN_BACKEND, else None."""
+    value = backend if backend is not None else os.environ.get(BACKEND_ENV) or None
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value not in FAMILIES:
+        raise BadParmError(f"backend {value!r}: choose one of {', '.join(FAMILIES)}")
+    return value
+
+
+def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None) -> list[Verdict]:
+    """Every registered solver's verdict on ``spec`` for ``handle``, in priority order."""
+    family = requested_backend(backend)
+    out = []
+    for solver in REGISTRY:
+        if family is not None and solver.family != family:
+            reason = f"{BACKEND_ENV}/backend restricts compile to the {family} family"
+        else:
+            try:
+                reason = solver.why_not(spec, handle)
+            except Exception as exc:  # a solver's check must never take compile down
+                reason = f"applicability check failed: {type(exc).__name__}: {exc}"
+        out.append(Verdict(solver.name, solver.family, reason))
+    return out
+
+
+def select(spec: PlanSpec, handle: Handle, backend: str | None = None) -> Solver:
+    """The first applicable solver, or UnsupportedOpError with every solver's reason."""
+    found = verdicts(spec, handle, backend)
+    for solver, verdict in zip(REGISTRY, found):
+        if verdict.applicable:
+            return solver
+    reasons = "; ".join(str(v) for v in found)
+    raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
+
+
+def solver_named(name: str) -> Solver:
+    for solver in REGISTRY:
+        if solver.name == name:
+            return solver
+    raise BadParmError(f"no solver named {name!r}; registered: {', '.join(s.name for s in REGISTRY)}")
+
+
+__all__ = ["REGISTRY", "Kernel", "PlanSpec", "Solver", "Verdict", "select", "verdicts", "solver_named"]

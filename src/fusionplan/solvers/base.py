@@ -1,0 +1,102 @@
+"""What a solver is: a fused implementation that says whether it can run a plan, and why not."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from fusionplan.descriptors import TensorDescriptor
+from fusionplan.ops import ConvForwardOp, FusionOp, OpArgs, Phase
+
+if TYPE_CHECKING:
+    from fusionplan.handle import Handle
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """An immutable snapshot of a plan, taken at compile: what a kernel is built from."""
+
+    input_desc: TensorDescriptor
+    ops: tuple[FusionOp, ...]
+
+    @property
+    def output_desc(self) -> TensorDescriptor:
+        return self.ops[-1].output_desc
+
+    @property
+    def phase(self) -> Phase:
+        return self.ops[0].phase
+
+    @property
+    def dtype(self):
+        return self.input_desc.dtype
+
+    @property
+    def conv_index(self) -> int | None:
+        for op in self.ops:
+            if isinstance(op, ConvForwardOp):
+                return op.index
+        return None
+
+    @property
+    def combination(self) -> str:
+        """MIOpen-style letters of the chain, e.g. CBNA."""
+        return "".join(op.letter for op in self.ops)
+
+    def signature(self) -> tuple:
+        d = self.input_desc
+        return (d.dtype, d.dims, d.stride_key(), tuple(op.signature() for op in self.ops))
+
+
+class Kernel(ABC):
+    """A plan compiled by one solver for one handle."""
+
+    solver_name: str = "?"
+
+    @abstractmethod
+    def run(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        records: Sequence[OpArgs],
+        prior: torch.Tensor | None,
+    ) -> None:
+        """Compute the plan of ``x`` into ``y``. Inputs are validated; ``prior`` is y's prior
+        contents (y itself unless the caller supplies another tensor) and may be None when no
+        operator has beta != 0."""
+
+    def source(self) -> str | None:
+        """Generated source code, for solvers that generate any."""
+        return None
+
+
+class Solver(ABC):
+    """One fused implementation. Its ``why_not`` is the single source of its supported set."""
+
+    name: str = "?"
+    family: str = "?"  # "triton", "cpu" or "reference" (FUSIONPLAN_BACKEND selects families)
+
+    @abstractmethod
+    def why_not(self, spec: PlanSpec, handle: Handle) -> str | None:
+        """None when this solver can run ``spec`` on ``handle``; else the reason it cannot."""
+
+    @abstractmethod
+    def build(self, spec: PlanSpec, handle: Handle) -> Kernel:
+        """Compile ``spec`` (for which ``why_not`` returned None)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    solver: str
+    family: str
+    reason: str | None  # None: applicable
+
+    @property
+    def applicable(self) -> bool:
+        return self.reason is None
+
+    def __str__(self) -> str:
+        return f"{self.solver} [{self.family}]: " + ("applicable" if self.applicable else f"no: {self.reason}")

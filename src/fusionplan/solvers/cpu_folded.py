@@ -1,0 +1,226 @@
+"""The CPU solver: algebraic fusion around torch's oneDNN convolution.
+
+Bias and batch-norm inference are affine per channel, so a run of them collapses into one
+scale and shift; the run right after the convolution folds into the convolution's weights
+and bias. Folding happens once per argument set (cached against the argument records and
+their tensors' version counters), not per execute. Activations apply in place on buffers
+the kernel owns. alpha/beta blends are carried through the algebra as a coefficient on the
+output's prior contents.
+
+Half-precision data is computed in float32 (torch's CPU kernels for fp16 are slow and less
+accurate), double in float64; the result is cast once, into the output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from fusionplan.activations import activation_forward
+from fusionplan.enums import ActivationMode
+from fusionplan.ops import (
+    AFFINE_OPS,
+    ActivationArgs,
+    ActivationForwardOp,
+    BatchNormInferenceArgs,
+    BiasArgs,
+    ConvArgs,
+    ConvForwardOp,
+    FusionOp,
+    OpArgs,
+    Phase,
+)
+from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.reference_solver import compute_dtype_for
+
+Tensor = torch.Tensor
+Coef = Union[float, Tensor]  # a scalar, or a tensor broadcastable to (1, C, H, W)
+
+
+@dataclass
+class Affine:
+    """r = scale * h + shift + prior_coef * prior."""
+
+    scale: Coef = 1.0
+    shift: Coef = 0.0
+    prior_coef: Coef = 0.0
+
+    def then(self, scale: Coef, shift: Coef, alpha: float, beta: float) -> Affine:
+        """Compose with the next operator: alpha * (scale * r + shift) + beta * prior."""
+        return Affine(
+            scale=alpha * scale * self.scale,
+            shift=alpha * (scale * self.shift + shift),
+            prior_coef=alpha * scale * self.prior_coef + beta,
+        )
+
+
+def _is_zero(c: Coef) -> bool:
+    return isinstance(c, float) and c == 0.0
+
+
+def _is_one(c: Coef) -> bool:
+    return isinstance(c, float) and c == 1.0
+
+
+def _per_channel(c: Coef) -> bool:
+    return isinstance(c, float) or all(d == 1 for i, d in enumerate(c.shape) if i != 1)
+
+
+def _op_affine(op: FusionOp, rec: OpArgs, dt: torch.dtype) -> tuple[Coef, Coef]:
+    """(scale, shift) of a bias or batch-norm inference operator."""
+    if isinstance(rec, BiasArgs):
+        return 1.0, rec.bias.to(dt)
+    assert isinstance(rec, BatchNormInferenceArgs)
+    inv = torch.rsqrt(rec.variance.to(dt) + rec.epsilon)
+    scale = rec.scale.to(dt) * inv
+    return scale, rec.bias.to(dt) - rec.mean.to(dt) * scale
+
+
+def _apply_affine(h: Tensor, owned: bool, a: Affine, prior: Tensor | None) -> Tensor:
+    if not _is_one(a.scale):
+        h = h.mul_(a.scale) if owned else h * a.scale
+        owned = True
+    if not _is_zero(a.shift):
+        h = h.add_(a.shift) if owned else h + a.shift
+        owned = True
+    if not _is_zero(a.prior_coef):
+        h = h.addcmul_(prior, a.prior_coef) if isinstance(a.prior_coef, Tensor) and owned else (
+            h.add_(prior, alpha=a.prior_coef) if owned else h + a.prior_coef * prior
+        )
+    return h
+
+
+# ---- stages: the plan cut at activations and at the convolution --------------------------------
+@dataclass(frozen=True)
+class AffineStage:
+    ops: tuple[int, ...]  # indices of consecutive bias / batch-norm operators
+
+
+@dataclass(frozen=True)
+class ConvStage:
+    conv: int
+    folded: tuple[int, ...]  # the affine operators right after the convolution
+
+
+@dataclass(frozen=True)
+class ActStage:
+    op: int
+
+
+Stage = Union[AffineStage, ConvStage, ActStage]
+
+
+def plan_stages(ops: Sequence[FusionOp]) -> list[Stage]:
+    stages: list[Stage] = []
+    for op in ops:
+        last = stages[-1] if stages else None
+        if isinstance(op, ConvForwardOp):
+            stages.append(ConvStage(op.index, ()))
+        elif isinstance(op, ActivationForwardOp):
+            stages.append(ActStage(op.index))
+        elif isinstance(op, AFFINE_OPS) and isinstance(last, ConvStage):
+            stages[-1] = ConvStage(last.conv, last.folded + (op.index,))
+        elif isinstance(op, AFFINE_OPS) and isinstance(last, AffineStage):
+            stages[-1] = AffineStage(last.ops + (op.index,))
+        else:
+            stages.append(AffineStage((op.index,)))
+    return stages
+
+
+@dataclass
+class FoldedConv:
+    weight: Tensor
+    bias: Tensor | None
+    rest: Affine  # what could not go into the weights (per-element scale/shift, prior blend)
+
+
+class CpuFoldedKernel(Kernel):
+    solver_name = "cpu-folded"
+
+    def __init__(self, spec: PlanSpec) -> None:
+        self.spec = spec
+        self.dt = compute_dtype_for(spec.dtype.torch_dtype)
+        self.stages = plan_stages(spec.ops)
+        self._cache: tuple | None = None  # (records, tensor versions, folded params); swapped atomically
+
+    # -- work done once per argument set ---------------------------------------------------
+    def _fingerprint(self, records: Sequence[OpArgs]) -> tuple:
+        return tuple(t._version for r in records for t in r.tensors())
+
+    def folded(self, records: Sequence[OpArgs]) -> list:
+        versions = self._fingerprint(records)
+        cache = self._cache
+        if cache is not None and cache[1] == versions and all(a is b for a, b in zip(cache[0], records)):
+            return cache[2]
+        params = [self._fold_stage(s, records) for s in self.stages]
+        self._cache = (tuple(records), versions, params)
+        return params
+
+    def _compose(self, start: Affine, indices: Sequence[int], records: Sequence[OpArgs]) -> Affine:
+        a = start
+        for i in indices:
+            scale, shift = _op_affine(self.spec.ops[i], records[i], self.dt)
+            a = a.then(scale, shift, records[i].alpha, records[i].beta)
+        return a
+
+    def _fold_stage(self, stage: Stage, records: Sequence[OpArgs]):
+        if isinstance(stage, AffineStage):
+            return self._compose(Affine(), stage.ops, records)
+        if isinstance(stage, ActStage):
+            return records[stage.op]
+        rec = records[stage.conv]
+        assert isinstance(rec, ConvArgs)
+        a = self._compose(Affine(1.0, 0.0, 0.0).then(1.0, 0.0, rec.alpha, rec.beta), stage.folded, records)
+        weight = rec.weight.to(self.dt)
+        bias = None
+        if _per_channel(a.scale):
+            if not _is_one(a.scale):
+                weight = weight * (a.scale.reshape(-1, 1, 1, 1) if isinstance(a.scale, Tensor) else a.scale)
+            a.scale = 1.0
+            if isinstance(a.shift, Tensor) and _per_channel(a.shift):
+                bias, a.shift = a.shift.reshape(-1).contiguous(), 0.0
+        return FoldedConv(weight.contiguous(), bias, a)
+
+    # -- execute ------------------------------------------------------------------------------
+    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        params = self.folded(records)
+        p = None if prior is None else prior.to(self.dt)
+        h, owned = x.to(self.dt), x.dtype != self.dt
+        for stage, par in zip(self.stages, params):
+            if isinstance(stage, ConvStage):
+                conv = self.spec.ops[stage.conv].conv
+                h = F.conv2d(h, par.weight, par.bias, conv.strides, conv.pads, conv.dilations, conv.groups)
+                h, owned = _apply_affine(h, True, par.rest, p), True
+            elif isinstance(stage, AffineStage):
+                h, owned = _apply_affine(h, owned, par, p), True
+            else:
+                h, owned = self._activation(self.spec.ops[stage.op], h, owned, par, p), True
+        y.copy_(h)
+
+    @staticmethod
+    def _activation(op: ActivationForwardOp, h: Tensor, owned: bool, rec: ActivationArgs, p: Tensor | None) -> Tensor:
+        if op.mode == ActivationMode.RELU and owned:
+            h = h.clamp_min_(0)
+        elif op.mode == ActivationMode.CLIPPEDRELU and owned:
+            h = h.clamp_(0, rec.activ_alpha) if rec.activ_alpha >= 0 else h.clamp_min_(0).clamp_max_(rec.activ_alpha)
+        else:
+            h = activation_forward(op.mode, h, rec.activ_alpha, rec.activ_beta, rec.activ_gamma)
+        return _apply_affine(h, True, Affine(rec.alpha, 0.0, rec.beta), p)
+
+
+class CpuFoldedSolver(Solver):
+    name = "cpu-folded"
+    family = "cpu"
+
+    def why_not(self, spec: PlanSpec, handle) -> str | None:
+        if handle.device.type != "cpu":
+            return f"runs on the CPU only; the handle's device is {handle.device}"
+        if spec.phase != Phase.INFERENCE:
+            return f"{spec.phase.value} plans are not fused on the CPU (the reference solver runs them)"
+        return None
+
+    def build(self, spec: PlanSpec, handle) -> Kernel:
+        return CpuFoldedKernel(spec)

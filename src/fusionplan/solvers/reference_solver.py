@@ -1,0 +1,43 @@
+"""The reference solver: any valid plan, any device, one torch op per operator (unfused).
+
+It is the last resort of the registry and the baseline the fused solvers are measured
+against. Half-precision data is computed in float32, double in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from fusionplan.ops import OpArgs
+from fusionplan.reference import run_reference, write_side_outputs
+from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+class ReferenceKernel(Kernel):
+    solver_name = "reference"
+
+    def __init__(self, spec: PlanSpec, compute_dtype: torch.dtype | None = None) -> None:
+        self.spec = spec
+        self.compute_dtype = compute_dtype or compute_dtype_for(spec.dtype.torch_dtype)
+
+    def run(self, x: torch.Tensor, y: torch.Tensor, records: Sequence[OpArgs], prior: torch.Tensor | None) -> None:
+        result = run_reference(self.spec.ops, x, records, prior, self.compute_dtype)
+        y.copy_(result.output)
+        write_side_outputs(result, records)
+
+
+class ReferenceSolver(Solver):
+    name = "reference"
+    family = "reference"
+
+    def why_not(self, spec: PlanSpec, handle) -> str | None:
+        return None
+
+    def build(self, spec: PlanSpec, handle) -> Kernel:
+        return ReferenceKernel(spec)
