@@ -1,5 +1,6 @@
 """fusionplan: fusion plans (convolution, bias, batch-norm, activation) compiled into one kernel."""
 
+from fusionplan.api import Plan, conv_bias_activation, default_handle
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status
 from fusionplan.errors import (
@@ -30,5 +31,5 @@ __all__ = [
     "BatchNormBackwardArgs", "BatchNormForwardArgs", "BatchNormInferenceArgs", "BatchNormMode", "BiasArgs",
     "ConvArgs", "ConvFwdAlgo", "ConvMode", "ConvolutionDescriptor", "DataType", "Direction", "FusionPlan",
     "FusionPlanError", "Handle", "InternalError", "Layout", "MissingArgumentError", "NotCompiledError",
-    "OperatorArgs", "Status", "TensorDescriptor", "TensorMismatchError", "UnsupportedOpError",
+    "OperatorArgs", "Plan", "Status", "conv_bias_activation", "default_handle", "TensorDescriptor", "TensorMismatchError", "UnsupportedOpError",
 ]

@@ -1,0 +1,242 @@
+"""The idiomatic Python API: plans built from tensors, exceptions instead of statuses.
+
+    plan = fusionplan.Plan(x).conv(w, padding=1).bias(b).batchnorm(scale, shift, mean, var).relu()
+    y = plan(x)                    # compiles on first use; later calls reuse the kernel
+    plan.update(0, weight=w2)      # new arguments, no recompile
+
+``conv_bias_activation`` is the one-call form, with a cache of compiled plans keyed by the
+descriptors, for code that would otherwise rebuild the same plan on every call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Sequence
+
+import torch
+
+from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
+from fusionplan.enums import ActivationMode, BatchNormMode, Layout, coerce_enum
+from fusionplan.errors import BadParmError
+from fusionplan.handle import Handle, resolve_device
+from fusionplan.ops import (
+    ActivationArgs,
+    BatchNormInferenceArgs,
+    BiasArgs,
+    ConvArgs,
+    FusionOp,
+    as_tensor,
+)
+from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.solvers.base import Verdict
+
+_default_handles: dict[torch.device, Handle] = {}
+_handles_lock = threading.Lock()
+
+
+def default_handle(device: Any = None) -> Handle:
+    """One shared handle per device (torch's current stream at each execute)."""
+    dev = resolve_device(device)
+    with _handles_lock:
+        if dev not in _default_handles:
+            _default_handles[dev] = Handle(dev)
+        return _default_handles[dev]
+
+
+def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    v = tuple(v)
+    if len(v) != 2:
+        raise BadParmError(f"{what}: expected an int or a pair, got {v!r}")
+    return v  # type: ignore[return-value]
+
+
+def _desc_of(value: Any, what: str) -> tuple[TensorDescriptor, torch.Tensor | None]:
+    """A tensor gives its descriptor and becomes the bound argument; a descriptor binds nothing."""
+    if isinstance(value, TensorDescriptor):
+        return value, None
+    t = as_tensor(value, what)
+    return TensorDescriptor.from_tensor(t), t
+
+
+def empty_like_layout(desc: TensorDescriptor, device: torch.device, layout: Layout | None) -> torch.Tensor:
+    """A new tensor of ``desc``'s dims and dtype in ``layout`` (channels-last for NHWC)."""
+    fmt = torch.channels_last if layout == Layout.NHWC else torch.contiguous_format
+    return torch.empty(desc.dims, dtype=desc.dtype.torch_dtype, device=device).to(memory_format=fmt)
+
+
+class Plan:
+    """A fusion plan with its arguments and handle, built from tensors and called like a function.
+
+    Every builder method returns the plan, so a chain reads in data order. Tensors passed to
+    the builders become the operators' arguments; pass a TensorDescriptor instead to bind the
+    argument later with ``update``. Use it as a context manager to compile on exit.
+    """
+
+    def __init__(self, x: Any, *, handle: Handle | None = None, device: Any = None, backend: str | None = None,
+                 out_layout: Layout | str | None = None) -> None:
+        desc, tensor = _desc_of(x, "input")
+        if handle is None:
+            handle = default_handle(device if device is not None else (tensor.device if tensor is not None else None))
+        self.handle = handle
+        self.backend = backend
+        self.core = FusionPlan(desc)
+        self.args = OperatorArgs()
+        self._fields: dict[FusionOp, dict[str, Any]] = {}
+        self.out_layout = None if out_layout is None else coerce_enum(Layout, out_layout, "output layout")
+
+    # -- building -----------------------------------------------------------------------------
+    def _bind(self, op: FusionOp, record_type: type, **fields: Any) -> Plan:
+        self._fields[op] = fields
+        if all(v is not None for v in fields.values()):
+            self.args.set(op, record_type(**fields))
+        return self
+
+    def conv(self, weight: Any, *, stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
+             dilation: int | Sequence[int] = 1, groups: int = 1, alpha: float = 1.0, beta: float = 0.0) -> Plan:
+        w_desc, w = _desc_of(weight, "weight")
+        conv = ConvolutionDescriptor(_pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups)
+        return self._bind(self.core.add_conv_forward(conv, w_desc), ConvArgs, weight=w, alpha=alpha, beta=beta)
+
+    def bias(self, bias: Any, *, alpha: float = 1.0, beta: float = 0.0) -> Plan:
+        b_desc, b = _desc_of(bias, "bias")
+        return self._bind(self.core.add_bias_forward(b_desc), BiasArgs, bias=b, alpha=alpha, beta=beta)
+
+    def batchnorm(self, scale: Any, bias: Any = None, mean: Any = None, variance: Any = None, *, eps: float = 1e-5,
+                  mode: BatchNormMode | str = "spatial", alpha: float = 1.0, beta: float = 0.0) -> Plan:
+        desc, s = _desc_of(scale, "scale")
+        op = self.core.add_batchnorm_inference(coerce_enum(BatchNormMode, mode, "batch-norm mode"), desc)
+        return self._bind(op, BatchNormInferenceArgs, scale=s, bias=bias, mean=mean, variance=variance,
+                          epsilon=eps, alpha=alpha, beta=beta)
+
+    def activation(self, mode: ActivationMode | str | int = "relu", *, activ_alpha: float = 1.0, activ_beta: float = 0.0,
+                   activ_gamma: float = 1.0, alpha: float = 1.0, beta: float = 0.0) -> Plan:
+        op = self.core.add_activation_forward(coerce_enum(ActivationMode, mode, "activation mode"))
+        return self._bind(op, ActivationArgs, activ_alpha=activ_alpha, activ_beta=activ_beta,
+                          activ_gamma=activ_gamma, alpha=alpha, beta=beta)
+
+    def relu(self) -> Plan:
+        return self.activation(ActivationMode.RELU)
+
+    def update(self, op: int | FusionOp, **fields: Any) -> Plan:
+        """Replace some arguments of operator ``op`` (index or operator); no recompile."""
+        op = self.core.get_op(op) if isinstance(op, int) else op
+        merged = {**self._fields.get(op, {}), **fields}
+        missing = [k for k, v in merged.items() if v is None]
+        if missing:
+            raise BadParmError(f"operator {op.index} ({op.title}) still lacks {', '.join(missing)}")
+        self._fields[op] = merged
+        self.args.set(op, op.args_type(**merged))
+        return self
+
+    # -- compiling and running ----------------------------------------------------------------
+    def compile(self) -> str:
+        """Compile for the plan's handle; returns the chosen solver's name."""
+        return self.core.compile(self.handle, self.backend)
+
+    def explain(self) -> list[Verdict]:
+        return self.core.explain(self.handle, self.backend)
+
+    def kernel_source(self) -> str | None:
+        self._ensure_compiled()
+        return self.core.kernel_source(self.handle)
+
+    @property
+    def solver(self) -> str:
+        self._ensure_compiled()
+        return self.core.compiled_solver(self.handle)
+
+    def _ensure_compiled(self) -> None:
+        if not self.core.is_compiled(self.handle):
+            self.compile()
+
+    def __call__(self, x: Any, out: Any = None) -> torch.Tensor:
+        self._ensure_compiled()
+        if out is None:
+            layout = self.out_layout or self.core.input_desc.layout
+            out = empty_like_layout(self.core.output_desc, self.handle.device, layout)
+        self.core.execute(self.handle, x, out, self.args)
+        return as_tensor(out, "out")
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, exc_type: Any, *rest: Any) -> None:
+        if exc_type is None:
+            self.compile()
+
+    def __repr__(self) -> str:
+        return f"<fusionplan.Plan {self.core.combination} {self.core.input_desc} -> {self.core.output_desc} on {self.handle.device}>"
+
+
+# ---- one call: y = act(alpha1 * conv(x) + alpha2 * z + bias) ---------------------------------------
+_plan_cache: OrderedDict[tuple, tuple[FusionPlan, tuple[FusionOp, ...]]] = OrderedDict()
+_plan_cache_lock = threading.Lock()
+PLAN_CACHE_SIZE = 256
+
+
+def _cached_cba_plan(handle: Handle, x_desc: TensorDescriptor, w_desc: TensorDescriptor, conv: ConvolutionDescriptor,
+                     bias_desc: TensorDescriptor | None, mode: ActivationMode) -> tuple[FusionPlan, tuple[FusionOp, ...]]:
+    key = (handle.uid, x_desc, w_desc, conv, bias_desc, mode)
+    with _plan_cache_lock:
+        hit = _plan_cache.get(key)
+        if hit is not None:
+            _plan_cache.move_to_end(key)
+            return hit
+    plan = FusionPlan(x_desc)
+    ops = [plan.add_conv_forward(conv, w_desc)]
+    if bias_desc is not None:
+        ops.append(plan.add_bias_forward(bias_desc))
+    ops.append(plan.add_activation_forward(mode))
+    plan.compile(handle)
+    with _plan_cache_lock:
+        _plan_cache[key] = (plan, tuple(ops))
+        while len(_plan_cache) > PLAN_CACHE_SIZE:
+            _plan_cache.popitem(last=False)
+    return plan, tuple(ops)
+
+
+def conv_bias_activation(
+    x: Any, weight: Any, bias: Any = None, *,
+    stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
+    groups: int = 1, activation: ActivationMode | str | ActivationDescriptor = "relu",
+    conv: ConvolutionDescriptor | None = None, alpha1: float = 1.0, alpha2: float = 0.0, z: Any = None,
+    out: Any = None, handle: Handle | None = None,
+    x_desc: TensorDescriptor | None = None, w_desc: TensorDescriptor | None = None,
+    bias_desc: TensorDescriptor | None = None, z_desc: TensorDescriptor | None = None,
+    y_desc: TensorDescriptor | None = None,
+) -> torch.Tensor:
+    """``act(alpha1 * conv(x, weight) + alpha2 * z + bias)`` as one fused kernel (plans are cached)."""
+    x = as_tensor(x, "x")
+    weight = as_tensor(weight, "weight")
+    handle = handle or default_handle(x.device)
+    if conv is None:
+        conv = ConvolutionDescriptor(_pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups)
+    act = activation if isinstance(activation, ActivationDescriptor) else ActivationDescriptor(activation)
+    x_desc = x_desc or TensorDescriptor.from_tensor(x)
+    w_desc = w_desc or TensorDescriptor.from_tensor(weight)
+    if bias is not None:
+        bias = as_tensor(bias, "bias")
+        bias_desc = bias_desc or TensorDescriptor.from_tensor(bias)
+    elif bias_desc is not None:
+        raise BadParmError("a bias descriptor was given without a bias tensor")
+    plan, ops = _cached_cba_plan(handle, x_desc, w_desc, conv, bias_desc, act.mode)
+    prior = None
+    if alpha2 != 0:
+        if z is None:
+            raise BadParmError("alpha2 != 0 needs the tensor z")
+        prior = as_tensor(z, "z")
+        why = z_desc.mismatch(prior, "z") if z_desc is not None else None
+        if why:
+            raise BadParmError(why)
+    args = OperatorArgs()
+    args.set(ops[0], ConvArgs(weight=weight, alpha=alpha1, beta=alpha2))
+    if bias is not None:
+        args.set(ops[1], BiasArgs(bias=bias))
+    args.set(ops[-1], ActivationArgs(activ_alpha=act.alpha, activ_beta=act.beta, activ_gamma=act.gamma))
+    if out is None:
+        out = empty_like_layout(plan.output_desc, handle.device, x_desc.layout)
+    plan.execute(handle, x, out, args, x_desc=x_desc, y_desc=y_desc, prior=prior)
+    return as_tensor(out, "out")
