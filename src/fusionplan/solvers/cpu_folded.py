@@ -50,10 +50,11 @@ class Affine:
 
     def then(self, scale: Coef, shift: Coef, alpha: float, beta: float) -> Affine:
         """Compose with the next operator: alpha * (scale * r + shift) + beta * prior."""
+        carried = 0.0 if _is_zero(self.prior_coef) else alpha * scale * self.prior_coef
         return Affine(
             scale=alpha * scale * self.scale,
             shift=alpha * (scale * self.shift + shift),
-            prior_coef=alpha * scale * self.prior_coef + beta,
+            prior_coef=carried + beta if not (_is_zero(carried) and beta == 0) else 0.0,
         )
 
 
@@ -87,9 +88,10 @@ def _apply_affine(h: Tensor, owned: bool, a: Affine, prior: Tensor | None) -> Te
         h = h.add_(a.shift) if owned else h + a.shift
         owned = True
     if not _is_zero(a.prior_coef):
-        h = h.addcmul_(prior, a.prior_coef) if isinstance(a.prior_coef, Tensor) and owned else (
-            h.add_(prior, alpha=a.prior_coef) if owned else h + a.prior_coef * prior
-        )
+        if isinstance(a.prior_coef, Tensor):
+            h = h.addcmul_(prior, a.prior_coef) if owned else h + a.prior_coef * prior
+        else:
+            h = h.add_(prior, alpha=a.prior_coef) if owned else h + a.prior_coef * prior
     return h
 
 

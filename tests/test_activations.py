@@ -1,0 +1,103 @@
+"""Every activation mode against its formula (float64), and its backward against the calculus."""
+
+import math
+
+import pytest
+import torch
+
+from fusionplan.activations import ACTIVATIONS, POWER_EPS, activation_backward, activation_forward
+from fusionplan.enums import ActivationMode as M
+
+
+def scalar_formula(mode, x, a, b, g):
+    """The formulas of the MIOpen documentation, one float at a time."""
+    if mode == M.PASTHRU:
+        return x
+    if mode == M.LOGISTIC:
+        return 1 / (1 + math.exp(-x))
+    if mode == M.TANH:
+        return b * math.tanh(a * x)
+    if mode == M.RELU:
+        return max(0.0, x)
+    if mode == M.SOFTRELU:
+        return math.log1p(math.exp(x)) if x < 30 else x + math.log1p(math.exp(-x))
+    if mode == M.ABS:
+        return abs(x)
+    if mode == M.POWER:
+        base = a + b * x
+        return base**g if base > POWER_EPS else 0.0
+    if mode == M.CLIPPEDRELU:
+        return min(a, max(0.0, x))
+    if mode == M.LEAKYRELU:
+        return x if x > 0 else a * x
+    if mode == M.ELU:
+        return x if x > 0 else a * (math.exp(x) - 1)
+    raise AssertionError(mode)
+
+
+PARAMS = [(1.0, 0.0, 1.0), (0.3, 1.7, 2.0), (2.5, -0.5, 0.5)]
+
+
+@pytest.mark.parametrize("mode", list(M))
+@pytest.mark.parametrize("params", PARAMS)
+def test_forward_matches_formula(mode, params):
+    a, b, g = params
+    x = torch.cat([torch.randn(500, dtype=torch.float64) * 3, torch.tensor([0.0, 50.0, -50.0, 1e-7], dtype=torch.float64)])
+    y = activation_forward(mode, x, a, b, g)
+    expected = torch.tensor([scalar_formula(mode, v, a, b, g) for v in x.tolist()], dtype=torch.float64)
+    torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_every_mode_has_an_entry():
+    assert set(ACTIVATIONS) == set(M)
+
+
+def test_power_threshold_is_1e6():
+    # alpha + beta*x straddles the threshold: exactly at 1e-6 the result is 0, just above it is not.
+    x = torch.tensor([POWER_EPS, 1.5e-6, 0.0, -1.0], dtype=torch.float64)
+    y = activation_forward(M.POWER, x, 0.0, 1.0, 0.5)
+    assert y[0] == 0 and y[2] == 0 and y[3] == 0
+    assert y[1] == pytest.approx(math.sqrt(1.5e-6))
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 6.0])
+def test_clipped_relu_uses_alpha_as_ceiling(alpha):
+    x = torch.linspace(-3, 8, 101, dtype=torch.float64)
+    y = activation_forward(M.CLIPPEDRELU, x, alpha, 0.0, 1.0)
+    assert y.max().item() == pytest.approx(alpha) and y.min().item() == 0.0
+
+
+def test_tanh_alpha_beta_leaky_elu_parameters():
+    x = torch.tensor([-2.0, 1.0], dtype=torch.float64)
+    assert activation_forward(M.TANH, x, 0.5, 3.0, 1.0).tolist() == pytest.approx([3 * math.tanh(-1.0), 3 * math.tanh(0.5)])
+    assert activation_forward(M.LEAKYRELU, x, 0.25, 0, 1).tolist() == pytest.approx([-0.5, 1.0])
+    assert activation_forward(M.ELU, x, 2.0, 0, 1).tolist() == pytest.approx([2 * (math.exp(-2) - 1), 1.0])
+
+
+@pytest.mark.parametrize("mode", list(M))
+@pytest.mark.parametrize("params", PARAMS)
+def test_backward_matches_autograd(mode, params):
+    a, b, g = params
+    x = torch.randn(400, dtype=torch.float64) * 2
+    if mode == M.POWER:  # keep away from the kink at the threshold
+        x = x[((a + b * x) - POWER_EPS).abs() > 1e-3]
+    if mode in (M.RELU, M.ABS, M.LEAKYRELU, M.ELU, M.CLIPPEDRELU):
+        x = x[(x.abs() > 1e-6) & ((x - a).abs() > 1e-6)]
+    x.requires_grad_(True)
+    dy = torch.randn_like(x)
+    (grad,) = torch.autograd.grad(activation_forward(mode, x, a, b, g), x, dy)
+    dx = activation_backward(mode, dy, x.detach(), a, b, g)
+    torch.testing.assert_close(dx, grad, rtol=1e-10, atol=1e-12)
+
+
+def test_power_backward_uses_dy():
+    # MIOpen's own POWER backward ignores dy; the calculus does not.
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    one = activation_backward(M.POWER, torch.ones(2, dtype=torch.float64), x, 1.0, 1.0, 2.0)
+    three = activation_backward(M.POWER, 3 * torch.ones(2, dtype=torch.float64), x, 1.0, 1.0, 2.0)
+    torch.testing.assert_close(three, 3 * one)
+
+
+def test_softrelu_is_stable_for_large_inputs():
+    y = activation_forward(M.SOFTRELU, torch.tensor([1000.0, -1000.0]), 1, 0, 1)
+    assert torch.isfinite(y).all() and y[0].item() == 1000.0 and y[1].item() == 0.0

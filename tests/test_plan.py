@@ -1,0 +1,322 @@
+"""Plan lifecycle: geometry, typed errors at creation, compile, execute checks, reuse, invalidation."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan import solvers
+from fusionplan.ops import ConvArgs
+
+from .util import make_input, random_args
+
+
+def desc(shape, dtype="float", layout="NCHW"):
+    return fp.TensorDescriptor.packed(dtype, shape, layout)
+
+
+def cbna_plan(shape=(2, 4, 9, 7), k=6, dtype="float", layout="NCHW"):
+    plan = fp.FusionPlan(desc(shape, dtype, layout))
+    plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1)), desc((k, shape[1], 3, 3), dtype))
+    plan.add_bias_forward(desc((1, k, 1, 1), dtype))
+    plan.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, k, 1, 1), dtype))
+    plan.add_activation_forward(fp.ActivationMode.RELU)
+    return plan
+
+
+@pytest.fixture
+def handle():
+    return fp.Handle("cpu")
+
+
+def test_geometry_flows_through_operators():
+    plan = fp.FusionPlan(desc((2, 3, 13, 11), layout="NHWC"))
+    b = plan.add_bias_forward(desc((3,)))
+    c = plan.add_conv_forward(fp.ConvolutionDescriptor((1, 0), (2, 2), (1, 1)), desc((17, 3, 3, 3)))
+    n = plan.add_batchnorm_inference(fp.BatchNormMode.PER_ACTIVATION, desc((1, 17, 7, 5)))
+    assert b.output_desc.dims == (2, 3, 13, 11)
+    assert c.output_desc.dims == (2, 17, 7, 5) and n.input_desc.dims == (2, 17, 7, 5)
+    assert plan.output_desc.dims == (2, 17, 7, 5) and plan.output_desc.layout == fp.Layout.NHWC
+    assert plan.combination == "BCN" and plan.get_op(1) is c
+    assert "convolution forward" in plan.describe()
+
+
+@pytest.mark.parametrize("add, match", [
+    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), desc((8, 3, 3, 3))), "filter channels 3 != C/groups"),
+    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(groups=3), desc((8, 2, 3, 3))), "not divisible by groups"),
+    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 3, 3), "half")), "filter dtype"),
+    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 11, 3))), "empty"),
+    (lambda p: p.add_bias_forward(desc((1, 5, 1, 1))), "bias"),
+    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 9, 7))), "batch-norm"),
+    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.PER_ACTIVATION, desc((1, 4, 1, 1))), "batch-norm"),
+    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 1, 1), "half")), "dtype"),
+    (lambda p: p.add_activation_forward(11), "activation mode"),
+    (lambda p: p.add_batchnorm_inference(7, desc((1, 4, 1, 1))), "batch-norm mode"),
+])
+def test_inconsistent_operator_is_badparm(add, match):
+    plan = fp.FusionPlan(desc((2, 4, 9, 7)))
+    with pytest.raises(fp.BadParmError, match=match):
+        add(plan)
+    assert plan.ops == ()  # nothing half-added
+
+
+def test_bn_params_may_be_float32_for_half_data():
+    plan = fp.FusionPlan(desc((2, 4, 9, 7), "half"))
+    plan.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 1, 1), "float"))
+    plan.add_bias_forward(desc((4,), "float"))
+
+
+def _unsupported_cases():
+    conv = (fp.ConvolutionDescriptor((1, 1)), desc((4, 4, 3, 3)))
+    return [
+        ("two convolutions", lambda p: (p.add_conv_forward(*conv), p.add_conv_forward(*conv)), "at most one convolution"),
+        ("fwd after bwd", lambda p: (p.add_batchnorm_backward(1), p.add_activation_forward(3)), "backward plan"),
+        ("bwd after fwd", lambda p: (p.add_activation_forward(3), p.add_batchnorm_backward(1)), "mix phases"),
+        ("training then conv", lambda p: (p.add_batchnorm_forward(1, True), p.add_conv_forward(*conv)), "training plan"),
+        ("conv then training", lambda p: (p.add_conv_forward(*conv), p.add_batchnorm_forward(1, True)), "mix phases"),
+        ("act bwd alone", lambda p: p.add_activation_backward(3), "only supported right after"),
+        ("three training ops", lambda p: (p.add_batchnorm_forward(1), p.add_activation_forward(3),
+                                          p.add_activation_forward(3)), "training plan"),
+        ("transpose", lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(mode=fp.ConvMode.TRANSPOSE),
+                                                   desc((4, 4, 1, 1))), "transposed"),
+    ]
+
+
+@pytest.mark.parametrize("name, add, match", _unsupported_cases(), ids=[c[0] for c in _unsupported_cases()])
+def test_unsupported_addition_fails_at_once(name, add, match):
+    plan = fp.FusionPlan(desc((2, 4, 9, 7)))
+    with pytest.raises(fp.UnsupportedOpError, match=match):
+        add(plan)
+
+
+def test_horizontal_direction_is_unsupported_at_first_operator():
+    plan = fp.FusionPlan(desc((2, 4, 9, 7)), fp.Direction.HORIZONTAL)
+    with pytest.raises(fp.UnsupportedOpError, match="horizontal"):
+        plan.add_activation_forward(fp.ActivationMode.RELU)
+
+
+def test_plan_input_limits():
+    with pytest.raises(fp.UnsupportedOpError, match="4-d"):
+        fp.FusionPlan(desc((2, 4, 9, 7, 3)))
+    with pytest.raises(fp.UnsupportedOpError, match="INT8"):
+        fp.FusionPlan(desc((2, 4, 9, 7), "int8"))
+    with pytest.raises(fp.BadParmError, match="direction"):
+        fp.FusionPlan(desc((2, 4, 9, 7)), 5)
+
+
+def test_compile_empty_plan_is_badparm(handle):
+    with pytest.raises(fp.BadParmError, match="no operators"):
+        fp.FusionPlan(desc((2, 4, 9, 7))).compile(handle)
+
+
+def test_explain_lists_every_solver(handle):
+    verdicts = cbna_plan().explain(handle)
+    assert [v.solver for v in verdicts] == [s.name for s in solvers.REGISTRY]
+    assert all(v.applicable for v in verdicts)
+    train = fp.FusionPlan(desc((2, 4, 9, 7)))
+    train.add_batchnorm_forward(fp.BatchNormMode.SPATIAL)
+    cpu = next(v for v in train.explain(handle) if v.family == "cpu")
+    assert not cpu.applicable and "training" in cpu.reason and "cpu-folded [cpu]: no:" in str(cpu)
+
+
+def test_backend_restriction(handle, monkeypatch):
+    plan = cbna_plan()
+    assert plan.compile(handle, backend="reference") == "reference"
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "cpu")
+    assert plan.compile(handle) == "cpu-folded"
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    with pytest.raises(fp.UnsupportedOpError, match="triton"):
+        plan.compile(handle)
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "cuda")
+    with pytest.raises(fp.BadParmError, match="backend"):
+        plan.compile(handle)
+
+
+# ---- execute: every failure path leaves the output untouched -------------------------------------
+@pytest.fixture
+def compiled(handle):
+    plan = cbna_plan()
+    plan.compile(handle)
+    x = make_input((2, 4, 9, 7), torch.float32)
+    y = torch.randn(2, 6, 9, 7)
+    return plan, handle, x, y, random_args(plan)
+
+
+def _assert_untouched(y, before):
+    assert torch.equal(y, before), "the output was written although execute failed"
+
+
+@pytest.mark.parametrize("breaks, error, match", [
+    (lambda p, h, x, y, a: (p, h, x[:, :, :8], y, a), fp.TensorMismatchError, "shape"),
+    (lambda p, h, x, y, a: (p, h, x.double(), y, a), fp.TensorMismatchError, "dtype"),
+    (lambda p, h, x, y, a: (p, h, x.to(memory_format=torch.channels_last), y, a), fp.TensorMismatchError, "strides"),
+    (lambda p, h, x, y, a: (p, h, x.to("meta"), y, a), fp.TensorMismatchError, "device"),
+    (lambda p, h, x, y, a: (p, h, x, y[:, :5], a), fp.TensorMismatchError, "output"),
+    (lambda p, h, x, y, a: (p, h, x, y.half(), a), fp.TensorMismatchError, "output"),
+    (lambda p, h, x, y, a: (p, h, x, y[:, :, :1].expand(2, 6, 9, 7), a), fp.TensorMismatchError, "overlap"),
+    (lambda p, h, x, y, a: (p, h, x, y, fp.OperatorArgs()), fp.MissingArgumentError, "no arguments"),
+    (lambda p, h, x, y, a: (p, fp.Handle("cpu"), x, y, a), fp.NotCompiledError, "not compiled"),
+    (lambda p, h, x, y, a: (p, h, "x", y, a), fp.BadParmError, "tensor"),
+    (lambda p, h, x, y, a: (p, h, x, y, {}), fp.BadParmError, "OperatorArgs"),
+])
+def test_execute_failures_write_nothing(compiled, breaks, error, match):
+    plan, handle, x, y, args = breaks(*compiled)
+    before = compiled[3].clone()
+    with pytest.raises(error, match=match):
+        plan.execute(handle, x, y, args)
+    _assert_untouched(compiled[3], before)
+
+
+def test_missing_one_operator_argument(compiled):
+    plan, handle, x, y, full = compiled
+    args = fp.OperatorArgs()
+    for op in plan.ops[:-1]:
+        args.set(op, full.get(op))
+    before = y.clone()
+    with pytest.raises(fp.MissingArgumentError, match="operator 3 \\(activation forward\\)"):
+        plan.execute(handle, x, y, args)
+    _assert_untouched(y, before)
+
+
+def test_argument_on_wrong_device(compiled):
+    plan, handle, x, y, args = compiled
+    op = plan.ops[0]
+    args.set(op, ConvArgs(weight=args.get(op).weight.to("meta")))
+    before = y.clone()
+    with pytest.raises(fp.TensorMismatchError, match="operator 0"):
+        plan.execute(handle, x, y, args)
+    _assert_untouched(y, before)
+
+
+def test_descriptor_mismatch_with_compiled_plan(compiled):
+    plan, handle, x, y, args = compiled
+    before = y.clone()
+    with pytest.raises(fp.TensorMismatchError, match="input descriptor"):
+        plan.execute(handle, x, y, args, x_desc=desc((2, 4, 9, 7), layout="NHWC"))
+    with pytest.raises(fp.TensorMismatchError, match="output descriptor"):
+        plan.execute(handle, x, y, args, y_desc=desc((2, 6, 9, 8)))
+    with pytest.raises(fp.TensorMismatchError, match="output tensor"):
+        plan.execute(handle, x, y, args, y_desc=desc((2, 6, 9, 7), layout="NHWC"))
+    _assert_untouched(y, before)
+
+
+def test_beta_needs_output_shaped_result(handle):
+    plan = fp.FusionPlan(desc((1, 3, 8, 8)))
+    plan.add_bias_forward(desc((1, 3, 1, 1)))
+    plan.add_conv_forward(fp.ConvolutionDescriptor(), desc((5, 3, 3, 3)))
+    plan.compile(handle)
+    args = random_args(plan)
+    args.set(plan.ops[0], fp.BiasArgs(bias=torch.randn(3), beta=0.5))
+    y = torch.randn(1, 5, 6, 6)
+    before = y.clone()
+    with pytest.raises(fp.BadParmError, match="beta"):
+        plan.execute(handle, torch.randn(1, 3, 8, 8), y, args)
+    _assert_untouched(y, before)
+
+
+def test_argument_validation_at_set_time():
+    plan = cbna_plan()
+    args = fp.OperatorArgs()
+    conv, bias, bn, act = plan.ops
+    with pytest.raises(fp.BadParmError, match="weights"):
+        args.set(conv, ConvArgs(weight=torch.randn(6, 4, 3, 2)))
+    with pytest.raises(fp.BadParmError, match="ConvArgs"):
+        args.set(conv, fp.BiasArgs(bias=torch.randn(6)))
+    with pytest.raises(fp.BadParmError, match="bias"):
+        args.set(bias, fp.BiasArgs(bias=torch.randn(7)))
+    with pytest.raises(fp.BadParmError, match="epsilon"):
+        args.set(bn, fp.BatchNormInferenceArgs(*(torch.randn(6),) * 0, scale=torch.randn(6), bias=torch.randn(6),
+                                               mean=torch.randn(6), variance=torch.rand(6), epsilon=-1.0))
+    with pytest.raises(fp.BadParmError, match="variance is required"):
+        args.set(bn, fp.BatchNormInferenceArgs(scale=torch.randn(6), bias=torch.randn(6), mean=torch.randn(6)))
+    with pytest.raises(fp.BadParmError, match="alpha"):
+        args.set(act, fp.ActivationArgs(alpha=float("inf")))
+    with pytest.raises(fp.BadParmError, match="activ_alpha"):
+        args.set(act, fp.ActivationArgs(activ_alpha="x"))
+    # accepted forms: (K,), (1,K,1,1) and any contiguous tensor of K elements
+    for b in (torch.randn(6), torch.randn(1, 6, 1, 1), torch.randn(2, 3)):
+        args.set(bias, fp.BiasArgs(bias=b))
+    assert len(args) == 1 and bias in args
+
+
+# ---- reuse and invalidation ----------------------------------------------------------------------
+class CountingSolver(solvers.Solver):
+    name, family = "counting", "reference"
+
+    def __init__(self):
+        self.builds = 0
+
+    def why_not(self, spec, handle):
+        return None
+
+    def build(self, spec, handle):
+        self.builds += 1
+        return solvers.solver_named("reference").build(spec, handle)
+
+
+@pytest.fixture
+def counting(monkeypatch):
+    solver = CountingSolver()
+    monkeypatch.setattr(solvers, "REGISTRY", [solver, *solvers.REGISTRY])
+    return solver
+
+
+def test_new_arguments_and_tensors_need_no_recompile(handle, counting):
+    plan = cbna_plan()
+    assert plan.compile(handle) == "counting" and counting.builds == 1
+    for _ in range(3):
+        x = make_input((2, 4, 9, 7), torch.float32)
+        args = random_args(plan)
+        y = torch.full((2, 6, 9, 7), float("nan"))
+        plan.execute(handle, x, y, args)
+        assert not torch.isnan(y).any()
+    assert counting.builds == 1
+
+
+def test_same_signature_shares_the_handle_kernel(handle, counting):
+    cbna_plan().compile(handle)
+    cbna_plan().compile(handle)
+    assert counting.builds == 1
+    cbna_plan().compile(fp.Handle("cpu"))  # another handle compiles its own
+    assert counting.builds == 2
+
+
+def test_adding_an_operator_invalidates(compiled):
+    plan, handle, x, y, args = compiled
+    plan.execute(handle, x, y, args)
+    plan.add_activation_forward(fp.ActivationMode.ABS)
+    assert not plan.is_compiled(handle)
+    before = y.clone()
+    with pytest.raises(fp.NotCompiledError, match="changed"):
+        plan.execute(handle, x, y, args)
+    _assert_untouched(y, before)
+    plan.compile(handle)
+    args.set(plan.ops[-1], fp.ActivationArgs())
+    plan.execute(handle, x, y, args)
+
+
+def test_plan_compiled_for_one_handle_is_recompiled_for_another(compiled):
+    plan, handle, x, y, args = compiled
+    other = fp.Handle("cpu")
+    with pytest.raises(fp.NotCompiledError):
+        plan.execute(other, x, y, args)
+    plan.compile(other)
+    plan.execute(other, x, y, args)
+    assert plan.is_compiled(handle) and plan.is_compiled(other)
+
+
+def test_in_place_weight_update_is_seen(handle):
+    """The CPU solver folds BN into the weights once per argument set; an in-place change of a
+    weight (or BN) tensor must refresh the fold (version counters)."""
+    plan = cbna_plan()
+    assert plan.compile(handle) == "cpu-folded"
+    args = random_args(plan)
+    x = make_input((2, 4, 9, 7), torch.float32)
+    y1, y2 = torch.empty(2, 6, 9, 7), torch.empty(2, 6, 9, 7)
+    plan.execute(handle, x, y1, args)
+    args.get(plan.ops[0]).weight.mul_(-1)
+    args.get(plan.ops[2]).variance.add_(3.0)
+    plan.execute(handle, x, y2, args)
+    from fusionplan.reference import run_reference
+    ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops]).output
+    torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(y1, y2)
