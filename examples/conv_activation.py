@@ -53,9 +53,11 @@ def main() -> int:
     miopenSetOpArgsActivForward(fusionArgs, activOp, alpha, beta, activ_alpha, activ_beta, activ_gamma)
 
     times = []
-    for it in range(iters):
+    for _ in range(iters):
         start = time.perf_counter()
-        status = miopenExecuteFusionPlan(GetHandle(), fusePlanDesc, inputTensor, in_dev, outputTensor, out_dev, fusionArgs)
+        status = miopenExecuteFusionPlan(
+            GetHandle(), fusePlanDesc, inputTensor, in_dev, outputTensor, out_dev, fusionArgs
+        )
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -66,8 +68,10 @@ def main() -> int:
     ref = torch.relu(torch.nn.functional.conv2d(in_dev.double(), wei_dev.double(), padding=1))
     err = ((out_dev.double() - ref).norm() / ref.norm()).item()
     ok = err < 1e-5
-    print(f"conv+ReLU on {device}: {iters} executions, median {sorted(times)[iters // 2] * 1e3:.3f} ms, "
-          f"relative error {err:.2e} ({'PASSED' if ok else 'FAILED'})")
+    print(
+        f"conv+ReLU on {device}: {iters} executions, median {sorted(times)[iters // 2] * 1e3:.3f} ms, "
+        f"relative error {err:.2e} ({'PASSED' if ok else 'FAILED'})"
+    )
     miopenDestroyFusionPlan(fusePlanDesc)
     miopenDestroyOperatorArgs(fusionArgs)
     return 0 if ok else 1

@@ -42,7 +42,9 @@ PARAMS = [(1.0, 0.0, 1.0), (0.3, 1.7, 2.0), (2.5, -0.5, 0.5)]
 @pytest.mark.parametrize("params", PARAMS)
 def test_forward_matches_formula(mode, params):
     a, b, g = params
-    x = torch.cat([torch.randn(500, dtype=torch.float64) * 3, torch.tensor([0.0, 50.0, -50.0, 1e-7], dtype=torch.float64)])
+    x = torch.cat(
+        [torch.randn(500, dtype=torch.float64) * 3, torch.tensor([0.0, 50.0, -50.0, 1e-7], dtype=torch.float64)]
+    )
     y = activation_forward(mode, x, a, b, g)
     expected = torch.tensor([scalar_formula(mode, v, a, b, g) for v in x.tolist()], dtype=torch.float64)
     torch.testing.assert_close(y, expected, rtol=1e-12, atol=1e-12)
@@ -69,7 +71,9 @@ def test_clipped_relu_uses_alpha_as_ceiling(alpha):
 
 def test_tanh_alpha_beta_leaky_elu_parameters():
     x = torch.tensor([-2.0, 1.0], dtype=torch.float64)
-    assert activation_forward(M.TANH, x, 0.5, 3.0, 1.0).tolist() == pytest.approx([3 * math.tanh(-1.0), 3 * math.tanh(0.5)])
+    assert activation_forward(M.TANH, x, 0.5, 3.0, 1.0).tolist() == pytest.approx(
+        [3 * math.tanh(-1.0), 3 * math.tanh(0.5)]
+    )
     assert activation_forward(M.LEAKYRELU, x, 0.25, 0, 1).tolist() == pytest.approx([-0.5, 1.0])
     assert activation_forward(M.ELU, x, 2.0, 0, 1).tolist() == pytest.approx([2 * (math.exp(-2) - 1), 1.0])
 

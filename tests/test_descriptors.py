@@ -30,43 +30,54 @@ def test_size_one_dims_ignore_strides():
     assert d.mismatch(torch.empty(2, 1, 4, 4).to(memory_format=torch.channels_last), "t") is None
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(dtype="float", dims=(2, 0, 3, 3), strides=(9, 9, 3, 1)), "dims"),
-    (dict(dtype="float", dims=(2, 3, 3, 3), strides=(27, 9, 3)), "strides"),
-    (dict(dtype="float", dims=(2, 3, 3, 3), strides=(27, 9, 3, 0)), "strides"),
-    (dict(dtype="float", dims=(2, 3, 3, 3), strides=(1, 1, 1, 1)), "overlap"),
-    (dict(dtype="quad", dims=(2, 3, 3, 3), strides=(27, 9, 3, 1)), "dtype"),
-    (dict(dtype=42, dims=(2, 3, 3, 3), strides=(27, 9, 3, 1)), "dtype"),
-    (dict(dtype="float", dims=(1,) * 6, strides=(1,) * 6), "dims"),
-    (dict(dtype="float", dims=(2, 3.5, 3, 3), strides=(27, 9, 3, 1)), "dims"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(dtype="float", dims=(2, 0, 3, 3), strides=(9, 9, 3, 1)), "dims"),
+        (dict(dtype="float", dims=(2, 3, 3, 3), strides=(27, 9, 3)), "strides"),
+        (dict(dtype="float", dims=(2, 3, 3, 3), strides=(27, 9, 3, 0)), "strides"),
+        (dict(dtype="float", dims=(2, 3, 3, 3), strides=(1, 1, 1, 1)), "overlap"),
+        (dict(dtype="quad", dims=(2, 3, 3, 3), strides=(27, 9, 3, 1)), "dtype"),
+        (dict(dtype=42, dims=(2, 3, 3, 3), strides=(27, 9, 3, 1)), "dtype"),
+        (dict(dtype="float", dims=(1,) * 6, strides=(1,) * 6), "dims"),
+        (dict(dtype="float", dims=(2, 3.5, 3, 3), strides=(27, 9, 3, 1)), "dims"),
+    ],
+)
 def test_tensor_descriptor_rejects(kwargs, field):
     with pytest.raises(fp.BadParmError, match=field):
         fp.TensorDescriptor(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(pads=(-1, 0)), "pads"),
-    (dict(strides=(0, 1)), "strides"),
-    (dict(dilations=(1, 0)), "dilations"),
-    (dict(groups=0), "group"),
-    (dict(pads=(0, 0, 0)), "spatial"),
-    (dict(mode=9), "mode"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(pads=(-1, 0)), "pads"),
+        (dict(strides=(0, 1)), "strides"),
+        (dict(dilations=(1, 0)), "dilations"),
+        (dict(groups=0), "group"),
+        (dict(pads=(0, 0, 0)), "spatial"),
+        (dict(mode=9), "mode"),
+    ],
+)
 def test_convolution_descriptor_rejects(kwargs, field):
     with pytest.raises(fp.BadParmError, match=field):
         fp.ConvolutionDescriptor(**kwargs)
 
 
-@pytest.mark.parametrize("shape, w, conv", [
-    ((2, 3, 13, 11), (17, 3, 3, 3), fp.ConvolutionDescriptor((1, 1), (2, 2), (1, 1))),
-    ((1, 8, 9, 9), (8, 1, 3, 3), fp.ConvolutionDescriptor((2, 2), (1, 1), (2, 2), groups=8)),
-    ((1, 6, 7, 5), (9, 2, 1, 3), fp.ConvolutionDescriptor((0, 1), (1, 2), (1, 1), groups=3)),
-])
+@pytest.mark.parametrize(
+    "shape, w, conv",
+    [
+        ((2, 3, 13, 11), (17, 3, 3, 3), fp.ConvolutionDescriptor((1, 1), (2, 2), (1, 1))),
+        ((1, 8, 9, 9), (8, 1, 3, 3), fp.ConvolutionDescriptor((2, 2), (1, 1), (2, 2), groups=8)),
+        ((1, 6, 7, 5), (9, 2, 1, 3), fp.ConvolutionDescriptor((0, 1), (1, 2), (1, 1), groups=3)),
+    ],
+)
 def test_output_dims_match_torch(shape, w, conv):
     x_desc = fp.TensorDescriptor.packed("float", shape)
     w_desc = fp.TensorDescriptor.packed("float", w)
-    out = torch.nn.functional.conv2d(torch.empty(shape), torch.empty(w), None, conv.strides, conv.pads, conv.dilations, conv.groups)
+    out = torch.nn.functional.conv2d(
+        torch.empty(shape), torch.empty(w), None, conv.strides, conv.pads, conv.dilations, conv.groups
+    )
     assert conv.output_dims(x_desc, w_desc) == tuple(out.shape)
 
 

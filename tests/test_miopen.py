@@ -13,24 +13,63 @@ S = mi.miopenStatus_t
 
 
 # ---- enumerations ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("enum_cls, expected", [
-    (mi.miopenStatus_t, dict(miopenStatusSuccess=0, miopenStatusNotInitialized=1, miopenStatusInvalidValue=2,
-                             miopenStatusBadParm=3, miopenStatusAllocFailed=4, miopenStatusInternalError=5,
-                             miopenStatusNotImplemented=6, miopenStatusUnknownError=7, miopenStatusUnsupportedOp=8,
-                             miopenStatusGpuOperationsSkipped=9, miopenStatusVersionMismatch=10)),
-    (mi.miopenDataType_t, dict(miopenHalf=0, miopenFloat=1, miopenInt32=2, miopenInt8=3, miopenBFloat16=5, miopenDouble=6)),
-    (mi.miopenTensorLayout_t, dict(miopenTensorNCHW=0, miopenTensorNHWC=1)),
-    (mi.miopenFusionDirection_t, dict(miopenVerticalFusion=0, miopenHorizontalFusion=1)),
-    (mi.miopenConvolutionMode_t, dict(miopenConvolution=0, miopenTranspose=1, miopenGroupConv=2, miopenDepthwise=3)),
-    (mi.miopenConvFwdAlgorithm_t, dict(miopenConvolutionFwdAlgoGEMM=0, miopenConvolutionFwdAlgoDirect=1,
-                                       miopenConvolutionFwdAlgoFFT=2, miopenConvolutionFwdAlgoWinogradFwd=3,
-                                       miopenConvolutionFwdAlgoImplicitGEMM=5)),
-    (mi.miopenActivationMode_t, dict(miopenActivationPASTHRU=0, miopenActivationLOGISTIC=1, miopenActivationTANH=2,
-                                     miopenActivationRELU=3, miopenActivationSOFTRELU=4, miopenActivationABS=5,
-                                     miopenActivationPOWER=6, miopenActivationCLIPPEDRELU=7,
-                                     miopenActivationLEAKYRELU=8, miopenActivationELU=9)),
-    (mi.miopenBatchNormMode_t, dict(miopenBNPerActivation=0, miopenBNSpatial=1)),
-])
+@pytest.mark.parametrize(
+    "enum_cls, expected",
+    [
+        (
+            mi.miopenStatus_t,
+            dict(
+                miopenStatusSuccess=0,
+                miopenStatusNotInitialized=1,
+                miopenStatusInvalidValue=2,
+                miopenStatusBadParm=3,
+                miopenStatusAllocFailed=4,
+                miopenStatusInternalError=5,
+                miopenStatusNotImplemented=6,
+                miopenStatusUnknownError=7,
+                miopenStatusUnsupportedOp=8,
+                miopenStatusGpuOperationsSkipped=9,
+                miopenStatusVersionMismatch=10,
+            ),
+        ),
+        (
+            mi.miopenDataType_t,
+            dict(miopenHalf=0, miopenFloat=1, miopenInt32=2, miopenInt8=3, miopenBFloat16=5, miopenDouble=6),
+        ),
+        (mi.miopenTensorLayout_t, dict(miopenTensorNCHW=0, miopenTensorNHWC=1)),
+        (mi.miopenFusionDirection_t, dict(miopenVerticalFusion=0, miopenHorizontalFusion=1)),
+        (
+            mi.miopenConvolutionMode_t,
+            dict(miopenConvolution=0, miopenTranspose=1, miopenGroupConv=2, miopenDepthwise=3),
+        ),
+        (
+            mi.miopenConvFwdAlgorithm_t,
+            dict(
+                miopenConvolutionFwdAlgoGEMM=0,
+                miopenConvolutionFwdAlgoDirect=1,
+                miopenConvolutionFwdAlgoFFT=2,
+                miopenConvolutionFwdAlgoWinogradFwd=3,
+                miopenConvolutionFwdAlgoImplicitGEMM=5,
+            ),
+        ),
+        (
+            mi.miopenActivationMode_t,
+            dict(
+                miopenActivationPASTHRU=0,
+                miopenActivationLOGISTIC=1,
+                miopenActivationTANH=2,
+                miopenActivationRELU=3,
+                miopenActivationSOFTRELU=4,
+                miopenActivationABS=5,
+                miopenActivationPOWER=6,
+                miopenActivationCLIPPEDRELU=7,
+                miopenActivationLEAKYRELU=8,
+                miopenActivationELU=9,
+            ),
+        ),
+        (mi.miopenBatchNormMode_t, dict(miopenBNPerActivation=0, miopenBNSpatial=1)),
+    ],
+)
 def test_enumerations(enum_cls, expected):
     assert {m.name: m.value for m in enum_cls} == expected
     for name, value in expected.items():
@@ -70,7 +109,9 @@ def conv_desc(pad=1, stride=1, dil=1, groups=1):
     return c
 
 
-def cbna(handle, x, k=6, layout_out=None, bn_mode=mi.miopenBNSpatial, act=mi.miopenActivationRELU, dtype=mi.miopenFloat):
+def cbna(
+    handle, x, k=6, layout_out=None, bn_mode=mi.miopenBNSpatial, act=mi.miopenActivationRELU, dtype=mi.miopenFloat
+):
     """Build, compile and set arguments of a CBNA plan for x, as C code would."""
     c = x.shape[1]
     x_d = desc_of(x)
@@ -90,8 +131,19 @@ def cbna(handle, x, k=6, layout_out=None, bn_mode=mi.miopenBNSpatial, act=mi.mio
     args = ok(mi.miopenCreateOperatorArgs())
     ok(mi.miopenSetOpArgsConvForward(args, conv_op, 1.0, 0.0, w))
     ok(mi.miopenSetOpArgsBiasForward(args, bias_op, 1.0, 0.0, torch.randn(k).to(x.dtype)))
-    ok(mi.miopenSetOpArgsBatchNormInference(args, bn_op, 1.0, 0.0, torch.randn(pdims), torch.randn(pdims),
-                                            torch.randn(pdims), torch.rand(pdims) + 0.5, 1e-5))
+    ok(
+        mi.miopenSetOpArgsBatchNormInference(
+            args,
+            bn_op,
+            1.0,
+            0.0,
+            torch.randn(pdims),
+            torch.randn(pdims),
+            torch.randn(pdims),
+            torch.rand(pdims) + 0.5,
+            1e-5,
+        )
+    )
     ok(mi.miopenSetOpArgsActivForward(args, act_op, 1.0, 0.0, 0.5, 0.0, 1.0))
     y = torch.full((n, oc, oh, ow), float("nan"), dtype=x.dtype)
     if layout_out == "NHWC":
@@ -119,15 +171,21 @@ def test_tensor_descriptor_calls():
     assert "destroyed" in mi.miopenGetLastErrorString()
 
 
-@pytest.mark.parametrize("call, reason", [
-    (lambda d: mi.miopenSet4dTensorDescriptor(d, mi.miopenFloat, 2, 0, 4, 5), "dims"),
-    (lambda d: mi.miopenSet4dTensorDescriptor(d, 4, 2, 3, 4, 5), "data type"),
-    (lambda d: mi.miopenSetTensorDescriptor(d, mi.miopenFloat, 3, [2, 3, 4, 5], None), "count says 3"),
-    (lambda d: mi.miopenSetTensorDescriptor(d, mi.miopenFloat, 4, [2, 3, 4, 5], [1, 1, 1, 1]), "overlap"),
-    (lambda d: mi.miopenSetNdTensorDescriptorWithLayout(d, mi.miopenFloat, 7, [2, 3, 4, 5], 4), "layout"),
-    (lambda d: mi.miopenGetTensorDescriptor(d), "never set"),
-    (lambda d: mi.miopenSet4dTensorDescriptor("not a descriptor", mi.miopenFloat, 1, 1, 1, 1), "expected a tensor descriptor"),
-])
+@pytest.mark.parametrize(
+    "call, reason",
+    [
+        (lambda d: mi.miopenSet4dTensorDescriptor(d, mi.miopenFloat, 2, 0, 4, 5), "dims"),
+        (lambda d: mi.miopenSet4dTensorDescriptor(d, 4, 2, 3, 4, 5), "data type"),
+        (lambda d: mi.miopenSetTensorDescriptor(d, mi.miopenFloat, 3, [2, 3, 4, 5], None), "count says 3"),
+        (lambda d: mi.miopenSetTensorDescriptor(d, mi.miopenFloat, 4, [2, 3, 4, 5], [1, 1, 1, 1]), "overlap"),
+        (lambda d: mi.miopenSetNdTensorDescriptorWithLayout(d, mi.miopenFloat, 7, [2, 3, 4, 5], 4), "layout"),
+        (lambda d: mi.miopenGetTensorDescriptor(d), "never set"),
+        (
+            lambda d: mi.miopenSet4dTensorDescriptor("not a descriptor", mi.miopenFloat, 1, 1, 1, 1),
+            "expected a tensor descriptor",
+        ),
+    ],
+)
 def test_tensor_descriptor_errors(call, reason):
     d = ok(mi.miopenCreateTensorDescriptor())
     result = call(d)
@@ -176,7 +234,9 @@ def test_handle_calls():
 
 
 # ---- fusion plans -------------------------------------------------------------------------------
-@pytest.mark.parametrize("layout_in, layout_out", [("NCHW", "NCHW"), ("NHWC", "NHWC"), ("NCHW", "NHWC"), ("NHWC", "NCHW")])
+@pytest.mark.parametrize(
+    "layout_in, layout_out", [("NCHW", "NCHW"), ("NHWC", "NHWC"), ("NCHW", "NHWC"), ("NHWC", "NCHW")]
+)
 @pytest.mark.parametrize("bn_mode", [mi.miopenBNSpatial, mi.miopenBNPerActivation])
 def test_cbna_executes_correctly(handle, layout_in, layout_out, bn_mode):
     x = torch.randn(2, 4, 9, 7)
@@ -194,7 +254,10 @@ def test_plan_queries(handle):
     plan, args, x_d, y, y_d, ops = cbna(handle, x)
     assert mi.miopenFusionPlanGetOp(plan, 2) == (S.miopenStatusSuccess, ops[2])
     assert mi.miopenFusionPlanGetOp(plan, 4) == (S.miopenStatusBadParm, None)
-    assert mi.miopenFusionPlanGetWorkSpaceSize(handle, plan, mi.miopenConvolutionFwdAlgoDirect) == (S.miopenStatusSuccess, 0)
+    assert mi.miopenFusionPlanGetWorkSpaceSize(handle, plan, mi.miopenConvolutionFwdAlgoDirect) == (
+        S.miopenStatusSuccess,
+        0,
+    )
     status, count, algos = mi.miopenFusionPlanConvolutionGetAlgo(plan, 4)
     assert status == S.miopenStatusSuccess and count == len(algos) >= 1
     assert mi.miopenFusionPlanConvolutionGetAlgo(plan, 0)[0] == S.miopenStatusBadParm
@@ -231,13 +294,23 @@ def test_unsupported_at_operator_creation(handle):
 def test_badparm_at_operator_creation():
     x_d = tensor_desc(mi.miopenFloat, (2, 4, 9, 7))
     plan = ok(mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, x_d))
-    assert mi.miopenCreateOpConvForward(plan, conv_desc(), tensor_desc(mi.miopenFloat, (8, 3, 3, 3)))[0] == S.miopenStatusBadParm
+    assert (
+        mi.miopenCreateOpConvForward(plan, conv_desc(), tensor_desc(mi.miopenFloat, (8, 3, 3, 3)))[0]
+        == S.miopenStatusBadParm
+    )
     assert "filter channels" in mi.miopenGetLastErrorString()
     assert mi.miopenCreateOpBiasForward(plan, tensor_desc(mi.miopenFloat, (1, 5, 1, 1)))[0] == S.miopenStatusBadParm
-    assert mi.miopenCreateOpBatchNormInference(plan, mi.miopenBNPerActivation, tensor_desc(mi.miopenFloat, (1, 4, 1, 1)))[0] \
+    assert (
+        mi.miopenCreateOpBatchNormInference(plan, mi.miopenBNPerActivation, tensor_desc(mi.miopenFloat, (1, 4, 1, 1)))[
+            0
+        ]
         == S.miopenStatusBadParm
+    )
     assert mi.miopenCreateOpActivationForward(plan, 42)[0] == S.miopenStatusBadParm
-    assert mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, ok(mi.miopenCreateTensorDescriptor()))[0] == S.miopenStatusBadParm
+    assert (
+        mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, ok(mi.miopenCreateTensorDescriptor()))[0]
+        == S.miopenStatusBadParm
+    )
     assert mi.miopenCreateFusionPlan(3, x_d)[0] == S.miopenStatusBadParm
 
 
@@ -254,9 +327,24 @@ def test_execute_failures_return_badparm_and_write_nothing(handle, caplog):
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x, y_d, y, other_args), "no arguments"),
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x.half(), y_d, y, args), "dtype"),
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x[:1], y_d, y, args), "shape"),
-        (lambda: mi.miopenExecuteFusionPlan(handle, plan, desc_of(x.to(memory_format=torch.channels_last)),
-                                            x.to(memory_format=torch.channels_last), y_d, y, args), "input descriptor"),
-        (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x, y_d, y.to(memory_format=torch.channels_last), args), "strides"),
+        (
+            lambda: mi.miopenExecuteFusionPlan(
+                handle,
+                plan,
+                desc_of(x.to(memory_format=torch.channels_last)),
+                x.to(memory_format=torch.channels_last),
+                y_d,
+                y,
+                args,
+            ),
+            "input descriptor",
+        ),
+        (
+            lambda: mi.miopenExecuteFusionPlan(
+                handle, plan, x_d, x, y_d, y.to(memory_format=torch.channels_last), args
+            ),
+            "strides",
+        ),
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x, x_d, y, args), "output descriptor"),
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, None, y_d, y, args), "NULL"),
         (lambda: mi.miopenExecuteFusionPlan(handle, plan, x_d, x.to("meta"), y_d, y, args), "device"),
@@ -279,13 +367,19 @@ def test_execute_failures_return_badparm_and_write_nothing(handle, caplog):
 def test_set_args_errors(handle):
     x = torch.randn(2, 4, 9, 7)
     plan, args, x_d, y, y_d, (conv_op, bias_op, bn_op, act_op) = cbna(handle, x)
-    assert mi.miopenSetOpArgsConvForward(args, conv_op, 1.0, 0.0, torch.randn(6, 4, 3, 3).half()) == S.miopenStatusBadParm
+    assert (
+        mi.miopenSetOpArgsConvForward(args, conv_op, 1.0, 0.0, torch.randn(6, 4, 3, 3).half()) == S.miopenStatusBadParm
+    )
     assert mi.miopenSetOpArgsConvForward(args, bias_op, 1.0, 0.0, torch.randn(6)) == S.miopenStatusBadParm
     assert mi.miopenSetOpArgsConvForward(args, conv_op, None, 0.0, torch.randn(6, 4, 3, 3)) == S.miopenStatusBadParm
     assert mi.miopenSetOpArgsConvForward(args, conv_op, 1.0, 0.0, None) == S.miopenStatusBadParm
     assert mi.miopenSetOpArgsBiasForward(args, bias_op, 1.0, 0.0, torch.randn(5)) == S.miopenStatusBadParm
-    assert mi.miopenSetOpArgsBatchNormInference(args, bn_op, 1.0, 0.0, torch.randn(6), torch.randn(6), torch.randn(6),
-                                                torch.rand(6), -1.0) == S.miopenStatusBadParm
+    assert (
+        mi.miopenSetOpArgsBatchNormInference(
+            args, bn_op, 1.0, 0.0, torch.randn(6), torch.randn(6), torch.randn(6), torch.rand(6), -1.0
+        )
+        == S.miopenStatusBadParm
+    )
     assert mi.miopenSetOpArgsActivForward(args, act_op, 1.0, 0.0, float("nan"), 0, 0) == S.miopenStatusBadParm
     assert mi.miopenSetOpArgsActivForward("args", act_op, 1.0, 0.0, 0, 0, 0) == S.miopenStatusBadParm
     ok(mi.miopenDestroyOperatorArgs(args))
@@ -319,14 +413,15 @@ def test_dlpack_tensors(handle):
     ok(mi.miopenSetOpArgsConvForward(args, conv_op, 1.0, 0.0, w))
     ok(mi.miopenSetOpArgsActivForward(args, act_op, 1.0, 0.0, 0.0, 0.0, 0.0))
     ok(mi.miopenExecuteFusionPlan(handle, plan, x_d, x, y_d, y, args))
-    ref = torch.sigmoid(torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1))
+    ref = torch.sigmoid(
+        torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w).double(), padding=1)
+    )
     np.testing.assert_allclose(y, ref.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_training_plans_through_the_layer(handle):
     x = torch.randn(4, 3, 5, 5)
     x_d = desc_of(x)
-    p_d = tensor_desc(mi.miopenFloat, (1, 3, 1, 1))
     fwd = ok(mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, x_d))
     bn = ok(mi.miopenCreateOpBatchNormForward(fwd, mi.miopenBNSpatial, True))
     act = ok(mi.miopenCreateOpActivationForward(fwd, mi.miopenActivationRELU))
@@ -339,7 +434,9 @@ def test_training_plans_through_the_layer(handle):
     ok(mi.miopenSetOpArgsActivForward(args, act, 1.0, 0.0, 0.0, 0.0, 0.0))
     y = torch.empty_like(x)
     ok(mi.miopenExecuteFusionPlan(handle, fwd, x_d, x, x_d, y, args))
-    expected = torch.relu(torch.nn.functional.batch_norm(x, None, None, scale.flatten(), bias.flatten(), True, 0.1, 1e-5))
+    expected = torch.relu(
+        torch.nn.functional.batch_norm(x, None, None, scale.flatten(), bias.flatten(), True, 0.1, 1e-5)
+    )
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
     assert not torch.equal(rm, torch.zeros(3))
 
@@ -353,7 +450,11 @@ def test_training_plans_through_the_layer(handle):
     ok(mi.miopenSetOpArgsActivBackward(bargs, act_b, 1.0, 0.0, y, None, 0.0, 0.0, 0.0))
     dy, dx = torch.randn_like(x), torch.empty_like(x)
     ok(mi.miopenExecuteFusionPlan(handle, bwd, x_d, dy, x_d, dx, bargs))
-    xr, sr, br = x.clone().requires_grad_(), scale.flatten().clone().requires_grad_(), bias.flatten().clone().requires_grad_()
+    xr, sr, br = (
+        x.clone().requires_grad_(),
+        scale.flatten().clone().requires_grad_(),
+        bias.flatten().clone().requires_grad_(),
+    )
     out = torch.relu(torch.nn.functional.batch_norm(xr, None, None, sr, br, True, 0.1, 1e-5))
     gx, gs, gb = torch.autograd.grad(out, (xr, sr, br), dy)
     torch.testing.assert_close(dx, gx, rtol=1e-4, atol=1e-5)
@@ -370,8 +471,26 @@ def test_convolution_bias_activation_forward(handle):
     act = ok(mi.miopenCreateActivationDescriptor())
     ok(mi.miopenSetActivationDescriptor(act, mi.miopenActivationLEAKYRELU, 0.2, 0.0, 1.0))
     conv = conv_desc()
-    args = (handle, 0.7, desc_of(x), x, desc_of(w), w, conv, mi.miopenConvolutionFwdAlgoImplicitGEMM, None, 0,
-            0.3, desc_of(z), z, desc_of(b), b, act, desc_of(y), y)
+    args = (
+        handle,
+        0.7,
+        desc_of(x),
+        x,
+        desc_of(w),
+        w,
+        conv,
+        mi.miopenConvolutionFwdAlgoImplicitGEMM,
+        None,
+        0,
+        0.3,
+        desc_of(z),
+        z,
+        desc_of(b),
+        b,
+        act,
+        desc_of(y),
+        y,
+    )
     ok(mi.miopenConvolutionBiasActivationForward(*args))
     pre = 0.7 * torch.nn.functional.conv2d(x.double(), w.double(), padding=1) + 0.3 * z.double() + b.double()
     torch.testing.assert_close(y.double(), torch.where(pre > 0, pre, 0.2 * pre), rtol=1e-5, atol=1e-5)
@@ -391,6 +510,7 @@ def test_convolution_bias_activation_forward(handle):
 
 def test_last_error_is_per_thread():
     import threading
+
     mi.miopenCreateFusionPlan(9, None)
     main_msg = mi.miopenGetLastErrorString()
     seen = []

@@ -40,18 +40,27 @@ def test_geometry_flows_through_operators():
     assert "convolution forward" in plan.describe()
 
 
-@pytest.mark.parametrize("add, match", [
-    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), desc((8, 3, 3, 3))), "filter channels 3 != C/groups"),
-    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(groups=3), desc((8, 2, 3, 3))), "not divisible by groups"),
-    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 3, 3), "half")), "filter dtype"),
-    (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 11, 3))), "empty"),
-    (lambda p: p.add_bias_forward(desc((1, 5, 1, 1))), "bias"),
-    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 9, 7))), "batch-norm"),
-    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.PER_ACTIVATION, desc((1, 4, 1, 1))), "batch-norm"),
-    (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 1, 1), "half")), "dtype"),
-    (lambda p: p.add_activation_forward(11), "activation mode"),
-    (lambda p: p.add_batchnorm_inference(7, desc((1, 4, 1, 1))), "batch-norm mode"),
-])
+@pytest.mark.parametrize(
+    "add, match",
+    [
+        (
+            lambda p: p.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), desc((8, 3, 3, 3))),
+            "filter channels 3 != C/groups",
+        ),
+        (
+            lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(groups=3), desc((8, 2, 3, 3))),
+            "not divisible by groups",
+        ),
+        (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 3, 3), "half")), "filter dtype"),
+        (lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(), desc((8, 4, 11, 3))), "empty"),
+        (lambda p: p.add_bias_forward(desc((1, 5, 1, 1))), "bias"),
+        (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 9, 7))), "batch-norm"),
+        (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.PER_ACTIVATION, desc((1, 4, 1, 1))), "batch-norm"),
+        (lambda p: p.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, desc((1, 4, 1, 1), "half")), "dtype"),
+        (lambda p: p.add_activation_forward(11), "activation mode"),
+        (lambda p: p.add_batchnorm_inference(7, desc((1, 4, 1, 1))), "batch-norm mode"),
+    ],
+)
 def test_inconsistent_operator_is_badparm(add, match):
     plan = fp.FusionPlan(desc((2, 4, 9, 7)))
     with pytest.raises(fp.BadParmError, match=match):
@@ -68,16 +77,30 @@ def test_bn_params_may_be_float32_for_half_data():
 def _unsupported_cases():
     conv = (fp.ConvolutionDescriptor((1, 1)), desc((4, 4, 3, 3)))
     return [
-        ("two convolutions", lambda p: (p.add_conv_forward(*conv), p.add_conv_forward(*conv)), "at most one convolution"),
+        (
+            "two convolutions",
+            lambda p: (p.add_conv_forward(*conv), p.add_conv_forward(*conv)),
+            "at most one convolution",
+        ),
         ("fwd after bwd", lambda p: (p.add_batchnorm_backward(1), p.add_activation_forward(3)), "backward plan"),
         ("bwd after fwd", lambda p: (p.add_activation_forward(3), p.add_batchnorm_backward(1)), "mix phases"),
-        ("training then conv", lambda p: (p.add_batchnorm_forward(1, True), p.add_conv_forward(*conv)), "training plan"),
+        (
+            "training then conv",
+            lambda p: (p.add_batchnorm_forward(1, True), p.add_conv_forward(*conv)),
+            "training plan",
+        ),
         ("conv then training", lambda p: (p.add_conv_forward(*conv), p.add_batchnorm_forward(1, True)), "mix phases"),
         ("act bwd alone", lambda p: p.add_activation_backward(3), "only supported right after"),
-        ("three training ops", lambda p: (p.add_batchnorm_forward(1), p.add_activation_forward(3),
-                                          p.add_activation_forward(3)), "training plan"),
-        ("transpose", lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(mode=fp.ConvMode.TRANSPOSE),
-                                                   desc((4, 4, 1, 1))), "transposed"),
+        (
+            "three training ops",
+            lambda p: (p.add_batchnorm_forward(1), p.add_activation_forward(3), p.add_activation_forward(3)),
+            "training plan",
+        ),
+        (
+            "transpose",
+            lambda p: p.add_conv_forward(fp.ConvolutionDescriptor(mode=fp.ConvMode.TRANSPOSE), desc((4, 4, 1, 1))),
+            "transposed",
+        ),
     ]
 
 
@@ -145,19 +168,26 @@ def _assert_untouched(y, before):
     assert torch.equal(y, before), "the output was written although execute failed"
 
 
-@pytest.mark.parametrize("breaks, error, match", [
-    (lambda p, h, x, y, a: (p, h, x[:, :, :8], y, a), fp.TensorMismatchError, "shape"),
-    (lambda p, h, x, y, a: (p, h, x.double(), y, a), fp.TensorMismatchError, "dtype"),
-    (lambda p, h, x, y, a: (p, h, x.to(memory_format=torch.channels_last), y, a), fp.TensorMismatchError, "strides"),
-    (lambda p, h, x, y, a: (p, h, x.to("meta"), y, a), fp.TensorMismatchError, "device"),
-    (lambda p, h, x, y, a: (p, h, x, y[:, :5], a), fp.TensorMismatchError, "output"),
-    (lambda p, h, x, y, a: (p, h, x, y.half(), a), fp.TensorMismatchError, "output"),
-    (lambda p, h, x, y, a: (p, h, x, y[:, :, :1].expand(2, 6, 9, 7), a), fp.TensorMismatchError, "overlap"),
-    (lambda p, h, x, y, a: (p, h, x, y, fp.OperatorArgs()), fp.MissingArgumentError, "no arguments"),
-    (lambda p, h, x, y, a: (p, fp.Handle("cpu"), x, y, a), fp.NotCompiledError, "not compiled"),
-    (lambda p, h, x, y, a: (p, h, "x", y, a), fp.BadParmError, "tensor"),
-    (lambda p, h, x, y, a: (p, h, x, y, {}), fp.BadParmError, "OperatorArgs"),
-])
+@pytest.mark.parametrize(
+    "breaks, error, match",
+    [
+        (lambda p, h, x, y, a: (p, h, x[:, :, :8], y, a), fp.TensorMismatchError, "shape"),
+        (lambda p, h, x, y, a: (p, h, x.double(), y, a), fp.TensorMismatchError, "dtype"),
+        (
+            lambda p, h, x, y, a: (p, h, x.to(memory_format=torch.channels_last), y, a),
+            fp.TensorMismatchError,
+            "strides",
+        ),
+        (lambda p, h, x, y, a: (p, h, x.to("meta"), y, a), fp.TensorMismatchError, "device"),
+        (lambda p, h, x, y, a: (p, h, x, y[:, :5], a), fp.TensorMismatchError, "output"),
+        (lambda p, h, x, y, a: (p, h, x, y.half(), a), fp.TensorMismatchError, "output"),
+        (lambda p, h, x, y, a: (p, h, x, y[:, :, :1].expand(2, 6, 9, 7), a), fp.TensorMismatchError, "overlap"),
+        (lambda p, h, x, y, a: (p, h, x, y, fp.OperatorArgs()), fp.MissingArgumentError, "no arguments"),
+        (lambda p, h, x, y, a: (p, fp.Handle("cpu"), x, y, a), fp.NotCompiledError, "not compiled"),
+        (lambda p, h, x, y, a: (p, h, "x", y, a), fp.BadParmError, "tensor"),
+        (lambda p, h, x, y, a: (p, h, x, y, {}), fp.BadParmError, "OperatorArgs"),
+    ],
+)
 def test_execute_failures_write_nothing(compiled, breaks, error, match):
     plan, handle, x, y, args = breaks(*compiled)
     before = compiled[3].clone()
@@ -224,8 +254,17 @@ def test_argument_validation_at_set_time():
     with pytest.raises(fp.BadParmError, match="bias"):
         args.set(bias, fp.BiasArgs(bias=torch.randn(7)))
     with pytest.raises(fp.BadParmError, match="epsilon"):
-        args.set(bn, fp.BatchNormInferenceArgs(*(torch.randn(6),) * 0, scale=torch.randn(6), bias=torch.randn(6),
-                                               mean=torch.randn(6), variance=torch.rand(6), epsilon=-1.0))
+        args.set(
+            bn,
+            fp.BatchNormInferenceArgs(
+                *(torch.randn(6),) * 0,
+                scale=torch.randn(6),
+                bias=torch.randn(6),
+                mean=torch.randn(6),
+                variance=torch.rand(6),
+                epsilon=-1.0,
+            ),
+        )
     with pytest.raises(fp.BadParmError, match="variance is required"):
         args.set(bn, fp.BatchNormInferenceArgs(scale=torch.randn(6), bias=torch.randn(6), mean=torch.randn(6)))
     with pytest.raises(fp.BadParmError, match="alpha"):
@@ -317,6 +356,7 @@ def test_in_place_weight_update_is_seen(handle):
     args.get(plan.ops[2]).variance.add_(3.0)
     plan.execute(handle, x, y2, args)
     from fusionplan.reference import run_reference
+
     ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops]).output
     torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(y1, y2)

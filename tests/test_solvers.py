@@ -26,8 +26,17 @@ CONV_SHAPES = {
 
 # Driver fusion modes (-F) plus unusual orders and repeats.
 CHAINS = {
-    "CBNA": "CBNA", "CNA": "CNA", "CN": "CN", "CBA": "CBA", "CA": "CA", "CB": "CB",
-    "ACB": "ACB", "NCAN": "NCAN", "CAAB": "CAAB", "CBBNN": "CBBNN", "C": "C",
+    "CBNA": "CBNA",
+    "CNA": "CNA",
+    "CN": "CN",
+    "CBA": "CBA",
+    "CA": "CA",
+    "CB": "CB",
+    "ACB": "ACB",
+    "NCAN": "NCAN",
+    "CAAB": "CAAB",
+    "CBBNN": "CBBNN",
+    "C": "C",
 }
 
 
@@ -50,12 +59,34 @@ def build(plan, chain, k, r, s, pad, stride, dil, groups, bn_mode, act_mode, dty
 DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
 
 
-def run_case(solver, shape_key, chain, dtype, layout, bn_mode=BatchNormMode.SPATIAL, act=ActivationMode.RELU,
-             out_layout=None, w_layout="NCHW"):
+def run_case(
+    solver,
+    shape_key,
+    chain,
+    dtype,
+    layout,
+    bn_mode=BatchNormMode.SPATIAL,
+    act=ActivationMode.RELU,
+    out_layout=None,
+    w_layout="NCHW",
+):
     n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
     x = make_input((n, c, h, w), dtype, layout)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
-                 bn_mode, act, DT_NAME[dtype], w_layout)
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        k,
+        r,
+        s,
+        pad,
+        stride,
+        dil,
+        groups,
+        bn_mode,
+        act,
+        DT_NAME[dtype],
+        w_layout,
+    )
     handle = fp.Handle("cpu")
     assert plan.compile(handle, backend=solver) == {"cpu": "cpu-folded", "reference": "reference"}[solver]
     args = random_args(plan)
@@ -95,8 +126,20 @@ def test_layout_changes_and_weight_layouts(solver):
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
 def test_pointwise_chains(solver, chain, bn_mode):
     x = make_input((2, 5, 7, 3), torch.float32, "NHWC")
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 0, 0, 0, 0, 0, 0, 1, bn_mode,
-                 ActivationMode.ELU, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        bn_mode,
+        ActivationMode.ELU,
+        "float",
+    )
     handle = fp.Handle("cpu")
     plan.compile(handle, backend=solver)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
@@ -112,13 +155,26 @@ def test_double_data_computes_in_double():
 def test_alpha_beta_blend_prior_output(solver, chain):
     """result = alpha * op(x) + beta * y_prior, for every operator."""
     x = make_input((2, 4, 6, 5), torch.float32, "NCHW")
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.PER_ACTIVATION, ActivationMode.TANH, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        4,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.PER_ACTIVATION,
+        ActivationMode.TANH,
+        "float",
+    )
     handle = fp.Handle("cpu")
     plan.compile(handle, backend=solver)
     rng = random.Random(7)
     args = fp.OperatorArgs()
     from .util import random_record
+
     for op in plan.ops:
         args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
     y = torch.randn(plan.output_desc.dims)
@@ -137,15 +193,34 @@ def test_random_plans(seed):
     groups = rng.choice([1, 1, c])
     k = groups * rng.randint(1, 5)
     r, s = rng.choice([1, 3, 5]), rng.choice([1, 3])
-    pad, stride, dil = (rng.randint(0, 2), rng.randint(0, 2)), (rng.randint(1, 2), rng.randint(1, 2)), (rng.randint(1, 2), 1)
+    pad, stride, dil = (
+        (rng.randint(0, 2), rng.randint(0, 2)),
+        (rng.randint(1, 2), rng.randint(1, 2)),
+        (rng.randint(1, 2), 1),
+    )
     dtype = rng.choice([torch.float32, torch.float16, torch.bfloat16])
     layout = rng.choice(["NCHW", "NHWC"])
-    chain = "".join(rng.choice("BNA") for _ in range(rng.randint(0, 2))) + "C" + "".join(
-        rng.choice("BNA") for _ in range(rng.randint(0, 4)))
+    chain = (
+        "".join(rng.choice("BNA") for _ in range(rng.randint(0, 2)))
+        + "C"
+        + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 4)))
+    )
     x = make_input((n, c, h, w), dtype, layout)
     try:
-        plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
-                     rng.choice(list(BatchNormMode)), rng.choice(list(ActivationMode)), DT_NAME[dtype])
+        plan = build(
+            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+            chain,
+            k,
+            r,
+            s,
+            pad,
+            stride,
+            dil,
+            groups,
+            rng.choice(list(BatchNormMode)),
+            rng.choice(list(ActivationMode)),
+            DT_NAME[dtype],
+        )
     except fp.BadParmError as exc:  # an empty output for this draw
         assert "empty" in str(exc)
         return

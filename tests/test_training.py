@@ -32,7 +32,9 @@ def forward_plan(x, mode, act, running):
 
 
 @pytest.mark.parametrize("mode", list(BatchNormMode))
-@pytest.mark.parametrize("act", [None, ActivationMode.RELU, ActivationMode.ELU, ActivationMode.TANH, ActivationMode.POWER])
+@pytest.mark.parametrize(
+    "act", [None, ActivationMode.RELU, ActivationMode.ELU, ActivationMode.TANH, ActivationMode.POWER]
+)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_batchnorm_forward_training(mode, act, layout):
     x = make_input((4, 5, 6, 3), torch.float32, layout) + 0.7
@@ -46,9 +48,19 @@ def test_batchnorm_forward_training(mode, act, layout):
     handle = fp.Handle("cpu")
     assert plan.compile(handle) == "reference"  # the CPU solver declines training plans
     args = fp.OperatorArgs()
-    args.set(ops[0], fp.BatchNormForwardArgs(scale=scale, bias=bias, saved_mean=saved_mean, saved_inv_variance=saved_inv,
-                                            running_mean=run_mean, running_variance=run_var, exp_avg_factor=factor,
-                                            epsilon=eps))
+    args.set(
+        ops[0],
+        fp.BatchNormForwardArgs(
+            scale=scale,
+            bias=bias,
+            saved_mean=saved_mean,
+            saved_inv_variance=saved_inv,
+            running_mean=run_mean,
+            running_variance=run_var,
+            exp_avg_factor=factor,
+            epsilon=eps,
+        ),
+    )
     a, b, g = ACTIV_PARAMS.get(act, (1.0, 0.0, 1.0))
     if act is not None:
         args.set(ops[1], fp.ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g))
@@ -63,9 +75,12 @@ def test_batchnorm_forward_training(mode, act, layout):
     torch.testing.assert_close(saved_mean.double(), mean, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(saved_inv.double(), torch.rsqrt(var + eps), rtol=1e-5, atol=1e-6)
     m = x.numel() // scale.numel()
-    torch.testing.assert_close(run_mean.double(), (1 - factor) * run_mean0.double() + factor * mean, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(run_var.double(), (1 - factor) * run_var0.double() + factor * var * m / (m - 1),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        run_mean.double(), (1 - factor) * run_mean0.double() + factor * mean, rtol=1e-5, atol=1e-6
+    )
+    torch.testing.assert_close(
+        run_var.double(), (1 - factor) * run_var0.double() + factor * var * m / (m - 1), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_spatial_training_matches_torch_batch_norm():
@@ -78,8 +93,19 @@ def test_spatial_training_matches_torch_batch_norm():
     handle = fp.Handle("cpu")
     plan.compile(handle)
     args = fp.OperatorArgs()
-    args.set(ops[0], fp.BatchNormForwardArgs(scale=w, bias=b, saved_mean=None, saved_inv_variance=None,
-                                            running_mean=rm, running_variance=rv, exp_avg_factor=0.1, epsilon=1e-5))
+    args.set(
+        ops[0],
+        fp.BatchNormForwardArgs(
+            scale=w,
+            bias=b,
+            saved_mean=None,
+            saved_inv_variance=None,
+            running_mean=rm,
+            running_variance=rv,
+            exp_avg_factor=0.1,
+            epsilon=1e-5,
+        ),
+    )
     y = torch.empty_like(x)
     plan.execute(handle, x, y, args)
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
@@ -95,7 +121,9 @@ def test_running_statistics_required_when_requested():
     plan2, ops2 = forward_plan(x, BatchNormMode.SPATIAL, None, False)
     fp.OperatorArgs().set(ops2[0], fp.BatchNormForwardArgs(scale=torch.ones(3), bias=torch.zeros(3)))
     with pytest.raises(fp.BadParmError, match="expAvgFactor"):
-        fp.OperatorArgs().set(ops2[0], fp.BatchNormForwardArgs(scale=torch.ones(3), bias=torch.zeros(3), exp_avg_factor=2.0))
+        fp.OperatorArgs().set(
+            ops2[0], fp.BatchNormForwardArgs(scale=torch.ones(3), bias=torch.zeros(3), exp_avg_factor=2.0)
+        )
 
 
 @pytest.mark.parametrize("mode", list(BatchNormMode))
@@ -121,11 +149,23 @@ def test_backward_matches_autograd(mode, act):
     act_op = plan.add_activation_backward(act) if act is not None else None
     handle = fp.Handle("cpu")
     plan.compile(handle)
-    dscale, dbias = torch.full(pshape, float("nan"), dtype=torch.float64), torch.full(pshape, float("nan"), dtype=torch.float64)
+    dscale, dbias = (
+        torch.full(pshape, float("nan"), dtype=torch.float64),
+        torch.full(pshape, float("nan"), dtype=torch.float64),
+    )
     args = fp.OperatorArgs()
-    args.set(bn_op, fp.BatchNormBackwardArgs(x=x.detach(), scale=scale.detach(), bias=bias.detach(), result_scale_diff=dscale,
-                                            result_bias_diff=dbias, saved_mean=mean.detach(),
-                                            saved_inv_variance=torch.rsqrt(var.detach() + eps)))
+    args.set(
+        bn_op,
+        fp.BatchNormBackwardArgs(
+            x=x.detach(),
+            scale=scale.detach(),
+            bias=bias.detach(),
+            result_scale_diff=dscale,
+            result_bias_diff=dbias,
+            saved_mean=mean.detach(),
+            saved_inv_variance=torch.rsqrt(var.detach() + eps),
+        ),
+    )
     if act_op is not None:
         args.set(act_op, fp.ActivationBackwardArgs(y=y.detach(), activ_alpha=a, activ_beta=b, activ_gamma=g))
     dx = torch.full_like(dy, float("nan"))
@@ -149,9 +189,18 @@ def test_backward_in_float32_and_half():
         z, mean, var = torch_bn_training(x64, scale.double(), bias.double(), BatchNormMode.SPATIAL, 1e-5)
         (dx_ref,) = torch.autograd.grad(torch.relu(z), x64, dy.double())
         args = fp.OperatorArgs()
-        args.set(bn_op, fp.BatchNormBackwardArgs(x=x, scale=scale, bias=bias, result_scale_diff=torch.empty(3),
-                                                result_bias_diff=torch.empty(3), saved_mean=mean.detach().float(),
-                                                saved_inv_variance=torch.rsqrt(var.detach() + 1e-5).float()))
+        args.set(
+            bn_op,
+            fp.BatchNormBackwardArgs(
+                x=x,
+                scale=scale,
+                bias=bias,
+                result_scale_diff=torch.empty(3),
+                result_bias_diff=torch.empty(3),
+                saved_mean=mean.detach().float(),
+                saved_inv_variance=torch.rsqrt(var.detach() + 1e-5).float(),
+            ),
+        )
         args.set(act_op, fp.ActivationBackwardArgs())
         dx = torch.full_like(dy, float("nan"))
         plan.execute(handle, dy, dx, args)
@@ -163,7 +212,15 @@ def test_backward_requires_saved_statistics():
     plan = fp.FusionPlan(fp.TensorDescriptor.packed("float", (2, 3, 4, 4)))
     op = plan.add_batchnorm_backward(BatchNormMode.SPATIAL)
     with pytest.raises(fp.BadParmError, match="saved_mean is required"):
-        fp.OperatorArgs().set(op, fp.BatchNormBackwardArgs(x=torch.randn(2, 3, 4, 4), scale=torch.ones(3), bias=torch.zeros(3),
-                                                          result_scale_diff=torch.empty(3), result_bias_diff=torch.empty(3)))
+        fp.OperatorArgs().set(
+            op,
+            fp.BatchNormBackwardArgs(
+                x=torch.randn(2, 3, 4, 4),
+                scale=torch.ones(3),
+                bias=torch.zeros(3),
+                result_scale_diff=torch.empty(3),
+                result_bias_diff=torch.empty(3),
+            ),
+        )
     with pytest.raises(fp.BadParmError, match="x"):
         fp.OperatorArgs().set(op, fp.BatchNormBackwardArgs(x=torch.randn(2, 3, 4, 5)))

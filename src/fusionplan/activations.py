@@ -8,8 +8,8 @@ is one new entry; kernels generate their code from their own table with the same
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -74,53 +74,72 @@ ACTIVATIONS: dict[ActivationMode, ActivationFormula] = {
     f.mode: f
     for f in (
         ActivationFormula(
-            ActivationMode.PASTHRU, "y = x", (),
+            ActivationMode.PASTHRU,
+            "y = x",
+            (),
             lambda x, a, b, g: x.clone(),
             lambda dy, x, a, b, g: dy.clone(),
         ),
         ActivationFormula(
-            ActivationMode.LOGISTIC, "y = 1 / (1 + exp(-x))", (),
+            ActivationMode.LOGISTIC,
+            "y = 1 / (1 + exp(-x))",
+            (),
             lambda x, a, b, g: torch.sigmoid(x),
             _logistic_backward,
         ),
         ActivationFormula(
-            ActivationMode.TANH, "y = beta * tanh(alpha * x)", ("alpha", "beta"),
+            ActivationMode.TANH,
+            "y = beta * tanh(alpha * x)",
+            ("alpha", "beta"),
             lambda x, a, b, g: b * torch.tanh(a * x),
             _tanh_backward,
         ),
         ActivationFormula(
-            ActivationMode.RELU, "y = max(0, x)", (),
+            ActivationMode.RELU,
+            "y = max(0, x)",
+            (),
             lambda x, a, b, g: torch.clamp_min(x, 0),
             lambda dy, x, a, b, g: dy * (x > 0).to(dy.dtype),
         ),
         ActivationFormula(
-            ActivationMode.SOFTRELU, "y = log(1 + exp(x))", (),
+            ActivationMode.SOFTRELU,
+            "y = log(1 + exp(x))",
+            (),
             _softrelu_forward,
             lambda dy, x, a, b, g: dy * torch.sigmoid(x),
         ),
         ActivationFormula(
-            ActivationMode.ABS, "y = |x|", (),
+            ActivationMode.ABS,
+            "y = |x|",
+            (),
             lambda x, a, b, g: torch.abs(x),
             lambda dy, x, a, b, g: dy * torch.sign(x),
         ),
         ActivationFormula(
-            ActivationMode.POWER, f"y = (alpha + beta * x) ^ gamma, 0 where alpha + beta * x <= {POWER_EPS}",
+            ActivationMode.POWER,
+            f"y = (alpha + beta * x) ^ gamma, 0 where alpha + beta * x <= {POWER_EPS}",
             ("alpha", "beta", "gamma"),
             _power_forward,
             _power_backward,
         ),
         ActivationFormula(
-            ActivationMode.CLIPPEDRELU, "y = min(alpha, max(0, x))", ("alpha",),
+            ActivationMode.CLIPPEDRELU,
+            "y = min(alpha, max(0, x))",
+            ("alpha",),
             lambda x, a, b, g: torch.clamp(torch.clamp_min(x, 0), max=a),
             lambda dy, x, a, b, g: dy * ((x > 0) & (x <= a)).to(dy.dtype),
         ),
         ActivationFormula(
-            ActivationMode.LEAKYRELU, "y = x if x > 0 else alpha * x", ("alpha",),
+            ActivationMode.LEAKYRELU,
+            "y = x if x > 0 else alpha * x",
+            ("alpha",),
             lambda x, a, b, g: torch.where(x > 0, x, a * x),
             lambda dy, x, a, b, g: dy * _where_positive(x, 1.0, a),
         ),
         ActivationFormula(
-            ActivationMode.ELU, "y = x if x > 0 else alpha * (exp(x) - 1)", ("alpha",),
+            ActivationMode.ELU,
+            "y = x if x > 0 else alpha * (exp(x) - 1)",
+            ("alpha",),
             lambda x, a, b, g: torch.where(x > 0, x, a * torch.expm1(torch.clamp_max(x, 0))),
             lambda dy, x, a, b, g: dy * _where_positive(x, 1.0, a * torch.exp(torch.clamp_max(x, 0))),
         ),
@@ -132,7 +151,5 @@ def activation_forward(mode: ActivationMode, x: Tensor, alpha: float, beta: floa
     return ACTIVATIONS[ActivationMode(mode)].forward(x, alpha, beta, gamma)
 
 
-def activation_backward(
-    mode: ActivationMode, dy: Tensor, x: Tensor, alpha: float, beta: float, gamma: float
-) -> Tensor:
+def activation_backward(mode: ActivationMode, dy: Tensor, x: Tensor, alpha: float, beta: float, gamma: float) -> Tensor:
     return ACTIVATIONS[ActivationMode(mode)].backward(dy, x, alpha, beta, gamma)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -75,8 +76,15 @@ class Plan:
     argument later with ``update``. Use it as a context manager to compile on exit.
     """
 
-    def __init__(self, x: Any, *, handle: Handle | None = None, device: Any = None, backend: str | None = None,
-                 out_layout: Layout | str | None = None) -> None:
+    def __init__(
+        self,
+        x: Any,
+        *,
+        handle: Handle | None = None,
+        device: Any = None,
+        backend: str | None = None,
+        out_layout: Layout | str | None = None,
+    ) -> None:
         desc, tensor = _desc_of(x, "input")
         if handle is None:
             handle = default_handle(device if device is not None else (tensor.device if tensor is not None else None))
@@ -94,28 +102,73 @@ class Plan:
             self.args.set(op, record_type(**fields))
         return self
 
-    def conv(self, weight: Any, *, stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0,
-             dilation: int | Sequence[int] = 1, groups: int = 1, alpha: float = 1.0, beta: float = 0.0) -> Plan:
+    def conv(
+        self,
+        weight: Any,
+        *,
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+        dilation: int | Sequence[int] = 1,
+        groups: int = 1,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> Plan:
         w_desc, w = _desc_of(weight, "weight")
-        conv = ConvolutionDescriptor(_pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups)
+        conv = ConvolutionDescriptor(
+            _pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups
+        )
         return self._bind(self.core.add_conv_forward(conv, w_desc), ConvArgs, weight=w, alpha=alpha, beta=beta)
 
     def bias(self, bias: Any, *, alpha: float = 1.0, beta: float = 0.0) -> Plan:
         b_desc, b = _desc_of(bias, "bias")
         return self._bind(self.core.add_bias_forward(b_desc), BiasArgs, bias=b, alpha=alpha, beta=beta)
 
-    def batchnorm(self, scale: Any, bias: Any = None, mean: Any = None, variance: Any = None, *, eps: float = 1e-5,
-                  mode: BatchNormMode | str = "spatial", alpha: float = 1.0, beta: float = 0.0) -> Plan:
+    def batchnorm(
+        self,
+        scale: Any,
+        bias: Any = None,
+        mean: Any = None,
+        variance: Any = None,
+        *,
+        eps: float = 1e-5,
+        mode: BatchNormMode | str = "spatial",
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> Plan:
         desc, s = _desc_of(scale, "scale")
         op = self.core.add_batchnorm_inference(coerce_enum(BatchNormMode, mode, "batch-norm mode"), desc)
-        return self._bind(op, BatchNormInferenceArgs, scale=s, bias=bias, mean=mean, variance=variance,
-                          epsilon=eps, alpha=alpha, beta=beta)
+        return self._bind(
+            op,
+            BatchNormInferenceArgs,
+            scale=s,
+            bias=bias,
+            mean=mean,
+            variance=variance,
+            epsilon=eps,
+            alpha=alpha,
+            beta=beta,
+        )
 
-    def activation(self, mode: ActivationMode | str | int = "relu", *, activ_alpha: float = 1.0, activ_beta: float = 0.0,
-                   activ_gamma: float = 1.0, alpha: float = 1.0, beta: float = 0.0) -> Plan:
+    def activation(
+        self,
+        mode: ActivationMode | str | int = "relu",
+        *,
+        activ_alpha: float = 1.0,
+        activ_beta: float = 0.0,
+        activ_gamma: float = 1.0,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+    ) -> Plan:
         op = self.core.add_activation_forward(coerce_enum(ActivationMode, mode, "activation mode"))
-        return self._bind(op, ActivationArgs, activ_alpha=activ_alpha, activ_beta=activ_beta,
-                          activ_gamma=activ_gamma, alpha=alpha, beta=beta)
+        return self._bind(
+            op,
+            ActivationArgs,
+            activ_alpha=activ_alpha,
+            activ_beta=activ_beta,
+            activ_gamma=activ_gamma,
+            alpha=alpha,
+            beta=beta,
+        )
 
     def relu(self) -> Plan:
         return self.activation(ActivationMode.RELU)
@@ -168,7 +221,8 @@ class Plan:
             self.compile()
 
     def __repr__(self) -> str:
-        return f"<fusionplan.Plan {self.core.combination} {self.core.input_desc} -> {self.core.output_desc} on {self.handle.device}>"
+        core = self.core
+        return f"<fusionplan.Plan {core.combination} {core.input_desc} -> {core.output_desc} on {self.handle.device}>"
 
 
 # ---- one call: y = act(alpha1 * conv(x) + alpha2 * z + bias) ---------------------------------------
@@ -177,8 +231,14 @@ _plan_cache_lock = threading.Lock()
 PLAN_CACHE_SIZE = 256
 
 
-def _cached_cba_plan(handle: Handle, x_desc: TensorDescriptor, w_desc: TensorDescriptor, conv: ConvolutionDescriptor,
-                     bias_desc: TensorDescriptor | None, mode: ActivationMode) -> tuple[FusionPlan, tuple[FusionOp, ...]]:
+def _cached_cba_plan(
+    handle: Handle,
+    x_desc: TensorDescriptor,
+    w_desc: TensorDescriptor,
+    conv: ConvolutionDescriptor,
+    bias_desc: TensorDescriptor | None,
+    mode: ActivationMode,
+) -> tuple[FusionPlan, tuple[FusionOp, ...]]:
     key = (handle.uid, x_desc, w_desc, conv, bias_desc, mode)
     with _plan_cache_lock:
         hit = _plan_cache.get(key)
@@ -199,13 +259,25 @@ def _cached_cba_plan(handle: Handle, x_desc: TensorDescriptor, w_desc: TensorDes
 
 
 def conv_bias_activation(
-    x: Any, weight: Any, bias: Any = None, *,
-    stride: int | Sequence[int] = 1, padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
-    groups: int = 1, activation: ActivationMode | str | ActivationDescriptor = "relu",
-    conv: ConvolutionDescriptor | None = None, alpha1: float = 1.0, alpha2: float = 0.0, z: Any = None,
-    out: Any = None, handle: Handle | None = None,
-    x_desc: TensorDescriptor | None = None, w_desc: TensorDescriptor | None = None,
-    bias_desc: TensorDescriptor | None = None, z_desc: TensorDescriptor | None = None,
+    x: Any,
+    weight: Any,
+    bias: Any = None,
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: int | Sequence[int] = 0,
+    dilation: int | Sequence[int] = 1,
+    groups: int = 1,
+    activation: ActivationMode | str | ActivationDescriptor = "relu",
+    conv: ConvolutionDescriptor | None = None,
+    alpha1: float = 1.0,
+    alpha2: float = 0.0,
+    z: Any = None,
+    out: Any = None,
+    handle: Handle | None = None,
+    x_desc: TensorDescriptor | None = None,
+    w_desc: TensorDescriptor | None = None,
+    bias_desc: TensorDescriptor | None = None,
+    z_desc: TensorDescriptor | None = None,
     y_desc: TensorDescriptor | None = None,
 ) -> torch.Tensor:
     """``act(alpha1 * conv(x, weight) + alpha2 * z + bias)`` as one fused kernel (plans are cached)."""
@@ -213,7 +285,9 @@ def conv_bias_activation(
     weight = as_tensor(weight, "weight")
     handle = handle or default_handle(x.device)
     if conv is None:
-        conv = ConvolutionDescriptor(_pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups)
+        conv = ConvolutionDescriptor(
+            _pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups
+        )
     act = activation if isinstance(activation, ActivationDescriptor) else ActivationDescriptor(activation)
     x_desc = x_desc or TensorDescriptor.from_tensor(x)
     w_desc = w_desc or TensorDescriptor.from_tensor(weight)

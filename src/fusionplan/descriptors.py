@@ -8,8 +8,8 @@ BadParmError naming the offending field; a descriptor that exists is valid.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -13,7 +13,8 @@ import enum
 import functools
 import logging
 import threading
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fusionplan import api
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, finite_float
@@ -47,7 +48,9 @@ logger = logging.getLogger("fusionplan")
 
 
 # ---- enumerations: MIOpen's names and values; every member is also a module constant ----------
-def _mirror(name: str, core: type[enum.IntEnum], prefix: str, names: dict[str, str] | None = None) -> type[enum.IntEnum]:
+def _mirror(
+    name: str, core: type[enum.IntEnum], prefix: str, names: dict[str, str] | None = None
+) -> type[enum.IntEnum]:
     members = {prefix + (names or {}).get(m.name, m.name): m.value for m in core}
     cls = enum.IntEnum(name, members)
     cls.__module__ = __name__
@@ -55,29 +58,80 @@ def _mirror(name: str, core: type[enum.IntEnum], prefix: str, names: dict[str, s
     return cls
 
 
-miopenStatus_t = _mirror("miopenStatus_t", Status, "miopenStatus", {
-    "SUCCESS": "Success", "NOT_INITIALIZED": "NotInitialized", "INVALID_VALUE": "InvalidValue",
-    "BAD_PARM": "BadParm", "ALLOC_FAILED": "AllocFailed", "INTERNAL_ERROR": "InternalError",
-    "NOT_IMPLEMENTED": "NotImplemented", "UNKNOWN_ERROR": "UnknownError", "UNSUPPORTED_OP": "UnsupportedOp",
-    "GPU_OPERATIONS_SKIPPED": "GpuOperationsSkipped", "VERSION_MISMATCH": "VersionMismatch",
-})
-miopenDataType_t = _mirror("miopenDataType_t", DataType, "miopen", {
-    "HALF": "Half", "FLOAT": "Float", "INT32": "Int32", "INT8": "Int8", "BFLOAT16": "BFloat16", "DOUBLE": "Double",
-})
+miopenStatus_t = _mirror(
+    "miopenStatus_t",
+    Status,
+    "miopenStatus",
+    {
+        "SUCCESS": "Success",
+        "NOT_INITIALIZED": "NotInitialized",
+        "INVALID_VALUE": "InvalidValue",
+        "BAD_PARM": "BadParm",
+        "ALLOC_FAILED": "AllocFailed",
+        "INTERNAL_ERROR": "InternalError",
+        "NOT_IMPLEMENTED": "NotImplemented",
+        "UNKNOWN_ERROR": "UnknownError",
+        "UNSUPPORTED_OP": "UnsupportedOp",
+        "GPU_OPERATIONS_SKIPPED": "GpuOperationsSkipped",
+        "VERSION_MISMATCH": "VersionMismatch",
+    },
+)
+miopenDataType_t = _mirror(
+    "miopenDataType_t",
+    DataType,
+    "miopen",
+    {
+        "HALF": "Half",
+        "FLOAT": "Float",
+        "INT32": "Int32",
+        "INT8": "Int8",
+        "BFLOAT16": "BFloat16",
+        "DOUBLE": "Double",
+    },
+)
 miopenTensorLayout_t = _mirror("miopenTensorLayout_t", Layout, "miopenTensor")
-miopenFusionDirection_t = _mirror("miopenFusionDirection_t", Direction, "miopen", {
-    "VERTICAL": "VerticalFusion", "HORIZONTAL": "HorizontalFusion",
-})
-miopenConvolutionMode_t = _mirror("miopenConvolutionMode_t", ConvMode, "miopen", {
-    "CONVOLUTION": "Convolution", "TRANSPOSE": "Transpose", "GROUP_CONV": "GroupConv", "DEPTHWISE": "Depthwise",
-})
-miopenConvFwdAlgorithm_t = _mirror("miopenConvFwdAlgorithm_t", ConvFwdAlgo, "miopenConvolutionFwdAlgo", {
-    "GEMM": "GEMM", "DIRECT": "Direct", "FFT": "FFT", "WINOGRAD": "WinogradFwd", "IMPLICIT_GEMM": "ImplicitGEMM",
-})
+miopenFusionDirection_t = _mirror(
+    "miopenFusionDirection_t",
+    Direction,
+    "miopen",
+    {
+        "VERTICAL": "VerticalFusion",
+        "HORIZONTAL": "HorizontalFusion",
+    },
+)
+miopenConvolutionMode_t = _mirror(
+    "miopenConvolutionMode_t",
+    ConvMode,
+    "miopen",
+    {
+        "CONVOLUTION": "Convolution",
+        "TRANSPOSE": "Transpose",
+        "GROUP_CONV": "GroupConv",
+        "DEPTHWISE": "Depthwise",
+    },
+)
+miopenConvFwdAlgorithm_t = _mirror(
+    "miopenConvFwdAlgorithm_t",
+    ConvFwdAlgo,
+    "miopenConvolutionFwdAlgo",
+    {
+        "GEMM": "GEMM",
+        "DIRECT": "Direct",
+        "FFT": "FFT",
+        "WINOGRAD": "WinogradFwd",
+        "IMPLICIT_GEMM": "ImplicitGEMM",
+    },
+)
 miopenActivationMode_t = _mirror("miopenActivationMode_t", ActivationMode, "miopenActivation")
-miopenBatchNormMode_t = _mirror("miopenBatchNormMode_t", BatchNormMode, "miopenBN", {
-    "PER_ACTIVATION": "PerActivation", "SPATIAL": "Spatial",
-})
+miopenBatchNormMode_t = _mirror(
+    "miopenBatchNormMode_t",
+    BatchNormMode,
+    "miopenBN",
+    {
+        "PER_ACTIVATION": "PerActivation",
+        "SPATIAL": "Spatial",
+    },
+)
 
 
 # ---- error reporting ---------------------------------------------------------------------------
@@ -279,7 +333,9 @@ def miopenSet4dTensorDescriptor(desc: Any, dataType: Any, n: int, c: int, h: int
 
 
 @_api()
-def miopenSetTensorDescriptor(desc: Any, dataType: Any, nbDims: int, dims: Sequence[int], strides: Sequence[int] | None) -> None:
+def miopenSetTensorDescriptor(
+    desc: Any, dataType: Any, nbDims: int, dims: Sequence[int], strides: Sequence[int] | None
+) -> None:
     target = _live(desc, miopenTensorDescriptor, "tensor descriptor")
     dims = _lens(dims, nbDims, "dims")
     dtype = _dtype(dataType)
@@ -290,7 +346,9 @@ def miopenSetTensorDescriptor(desc: Any, dataType: Any, nbDims: int, dims: Seque
 
 
 @_api()
-def miopenSetNdTensorDescriptorWithLayout(desc: Any, dataType: Any, layout: Any, lens: Sequence[int], num_lens: int) -> None:
+def miopenSetNdTensorDescriptorWithLayout(
+    desc: Any, dataType: Any, layout: Any, lens: Sequence[int], num_lens: int
+) -> None:
     target = _live(desc, miopenTensorDescriptor, "tensor descriptor")
     layout = _enum(Layout, layout, "tensor layout")
     target.desc = TensorDescriptor.packed(_dtype(dataType), _lens(lens, num_lens, "lens"), layout)
@@ -342,22 +400,30 @@ def miopenCreateConvolutionDescriptor() -> miopenConvolutionDescriptor:
 
 
 @_api()
-def miopenInitConvolutionDescriptor(conv: Any, mode: Any, pad_h: int, pad_w: int, stride_h: int, stride_w: int,
-                                    dilation_h: int, dilation_w: int) -> None:
+def miopenInitConvolutionDescriptor(
+    conv: Any, mode: Any, pad_h: int, pad_w: int, stride_h: int, stride_w: int, dilation_h: int, dilation_w: int
+) -> None:
     target = _live(conv, miopenConvolutionDescriptor, "convolution descriptor")
     target.desc = ConvolutionDescriptor(
-        (pad_h, pad_w), (stride_h, stride_w), (dilation_h, dilation_w), target.groups,
+        (pad_h, pad_w),
+        (stride_h, stride_w),
+        (dilation_h, dilation_w),
+        target.groups,
         _enum(ConvMode, mode, "convolution mode"),
     )
 
 
 @_api()
-def miopenInitConvolutionNdDescriptor(conv: Any, spatialDim: int, pads: Sequence[int], strides: Sequence[int],
-                                      dilations: Sequence[int], mode: Any) -> None:
+def miopenInitConvolutionNdDescriptor(
+    conv: Any, spatialDim: int, pads: Sequence[int], strides: Sequence[int], dilations: Sequence[int], mode: Any
+) -> None:
     target = _live(conv, miopenConvolutionDescriptor, "convolution descriptor")
     target.desc = ConvolutionDescriptor(
-        _lens(pads, spatialDim, "pads"), _lens(strides, spatialDim, "strides"),
-        _lens(dilations, spatialDim, "dilations"), target.groups, _enum(ConvMode, mode, "convolution mode"),
+        _lens(pads, spatialDim, "pads"),
+        _lens(strides, spatialDim, "strides"),
+        _lens(dilations, spatialDim, "dilations"),
+        target.groups,
+        _enum(ConvMode, mode, "convolution mode"),
     )
 
 
@@ -375,7 +441,9 @@ def miopenSetConvolutionGroupCount(conv: Any, groups: int) -> None:
 
 @_api(outputs=4)
 def miopenGetConvolutionForwardOutputDim(conv: Any, inputDesc: Any, filterDesc: Any) -> tuple:
-    dims = _conv_desc(conv).output_dims(_tensor_desc(inputDesc, "input descriptor"), _tensor_desc(filterDesc, "filter descriptor"))
+    dims = _conv_desc(conv).output_dims(
+        _tensor_desc(inputDesc, "input descriptor"), _tensor_desc(filterDesc, "filter descriptor")
+    )
     if len(dims) != 4:
         raise BadParmError(f"miopenGetConvolutionForwardOutputDim is for 2-d convolutions; output dims are {dims}")
     return dims
@@ -383,7 +451,9 @@ def miopenGetConvolutionForwardOutputDim(conv: Any, inputDesc: Any, filterDesc: 
 
 @_api(outputs=2)
 def miopenGetConvolutionNdForwardOutputDim(conv: Any, inputDesc: Any, filterDesc: Any) -> tuple:
-    dims = _conv_desc(conv).output_dims(_tensor_desc(inputDesc, "input descriptor"), _tensor_desc(filterDesc, "filter descriptor"))
+    dims = _conv_desc(conv).output_dims(
+        _tensor_desc(inputDesc, "input descriptor"), _tensor_desc(filterDesc, "filter descriptor")
+    )
     return len(dims), list(dims)
 
 
@@ -399,9 +469,13 @@ def miopenCreateActivationDescriptor() -> miopenActivationDescriptor:
 
 
 @_api()
-def miopenSetActivationDescriptor(activDesc: Any, mode: Any, activAlpha: float, activBeta: float, activGamma: float) -> None:
+def miopenSetActivationDescriptor(
+    activDesc: Any, mode: Any, activAlpha: float, activBeta: float, activGamma: float
+) -> None:
     target = _live(activDesc, miopenActivationDescriptor, "activation descriptor")
-    target.desc = ActivationDescriptor(_enum(ActivationMode, mode, "activation mode"), activAlpha, activBeta, activGamma)
+    target.desc = ActivationDescriptor(
+        _enum(ActivationMode, mode, "activation mode"), activAlpha, activBeta, activGamma
+    )
 
 
 @_api()
@@ -434,7 +508,9 @@ def miopenCreateOpBiasForward(plan: Any, bDesc: Any) -> FusionOp:
 @_api(outputs=1)
 def miopenCreateOpBatchNormInference(plan: Any, bn_mode: Any, bnScaleBiasMeanVarDesc: Any) -> FusionOp:
     mode = _enum(BatchNormMode, bn_mode, "batch-norm mode")
-    return _plan(plan).add_batchnorm_inference(mode, _tensor_desc(bnScaleBiasMeanVarDesc, "batch-norm parameter descriptor"))
+    return _plan(plan).add_batchnorm_inference(
+        mode, _tensor_desc(bnScaleBiasMeanVarDesc, "batch-norm parameter descriptor")
+    )
 
 
 @_api(outputs=1)
@@ -444,7 +520,9 @@ def miopenCreateOpActivationForward(plan: Any, mode: Any) -> FusionOp:
 
 @_api(outputs=1)
 def miopenCreateOpBatchNormForward(plan: Any, bn_mode: Any, runningMeanVariance: bool) -> FusionOp:
-    return _plan(plan).add_batchnorm_forward(_enum(BatchNormMode, bn_mode, "batch-norm mode"), bool(runningMeanVariance))
+    return _plan(plan).add_batchnorm_forward(
+        _enum(BatchNormMode, bn_mode, "batch-norm mode"), bool(runningMeanVariance)
+    )
 
 
 @_api(outputs=1)
@@ -525,43 +603,138 @@ def miopenSetOpArgsBiasForward(args: Any, biasOp: Any, alpha: Any, beta: Any, bi
 
 
 @_api()
-def miopenSetOpArgsBatchNormInference(args: Any, bnOp: Any, alpha: Any, beta: Any, bnScale: Any, bnBias: Any,
-                                      estimatedMean: Any, estimatedVariance: Any, epsilon: float) -> None:
-    _set(args, bnOp, "bnOp", BatchNormInferenceArgs, alpha, beta, scale=bnScale, bias=bnBias,
-         mean=estimatedMean, variance=estimatedVariance, epsilon=epsilon)
+def miopenSetOpArgsBatchNormInference(
+    args: Any,
+    bnOp: Any,
+    alpha: Any,
+    beta: Any,
+    bnScale: Any,
+    bnBias: Any,
+    estimatedMean: Any,
+    estimatedVariance: Any,
+    epsilon: float,
+) -> None:
+    _set(
+        args,
+        bnOp,
+        "bnOp",
+        BatchNormInferenceArgs,
+        alpha,
+        beta,
+        scale=bnScale,
+        bias=bnBias,
+        mean=estimatedMean,
+        variance=estimatedVariance,
+        epsilon=epsilon,
+    )
 
 
 @_api()
-def miopenSetOpArgsActivForward(args: Any, activOp: Any, alpha: Any, beta: Any, activAlpha: float,
-                                activBeta: float, activGamma: float) -> None:
-    _set(args, activOp, "activOp", ActivationArgs, alpha, beta, activ_alpha=activAlpha, activ_beta=activBeta,
-         activ_gamma=activGamma)
+def miopenSetOpArgsActivForward(
+    args: Any, activOp: Any, alpha: Any, beta: Any, activAlpha: float, activBeta: float, activGamma: float
+) -> None:
+    _set(
+        args,
+        activOp,
+        "activOp",
+        ActivationArgs,
+        alpha,
+        beta,
+        activ_alpha=activAlpha,
+        activ_beta=activBeta,
+        activ_gamma=activGamma,
+    )
 
 
 @_api()
-def miopenSetOpArgsBatchNormForward(args: Any, bnOp: Any, alpha: Any, beta: Any, bnScale: Any, bnBias: Any,
-                                    savedMean: Any, savedInvVariance: Any, runningMean: Any, runningVariance: Any,
-                                    expAvgFactor: float, epsilon: float) -> None:
-    _set(args, bnOp, "bnOp", BatchNormForwardArgs, alpha, beta, scale=bnScale, bias=bnBias, saved_mean=savedMean,
-         saved_inv_variance=savedInvVariance, running_mean=runningMean, running_variance=runningVariance,
-         exp_avg_factor=expAvgFactor, epsilon=epsilon)
+def miopenSetOpArgsBatchNormForward(
+    args: Any,
+    bnOp: Any,
+    alpha: Any,
+    beta: Any,
+    bnScale: Any,
+    bnBias: Any,
+    savedMean: Any,
+    savedInvVariance: Any,
+    runningMean: Any,
+    runningVariance: Any,
+    expAvgFactor: float,
+    epsilon: float,
+) -> None:
+    _set(
+        args,
+        bnOp,
+        "bnOp",
+        BatchNormForwardArgs,
+        alpha,
+        beta,
+        scale=bnScale,
+        bias=bnBias,
+        saved_mean=savedMean,
+        saved_inv_variance=savedInvVariance,
+        running_mean=runningMean,
+        running_variance=runningVariance,
+        exp_avg_factor=expAvgFactor,
+        epsilon=epsilon,
+    )
 
 
 @_api()
-def miopenSetOpArgsBatchNormBackward(args: Any, bnOp: Any, alpha: Any, beta: Any, x: Any, bnScale: Any, bnBias: Any,
-                                     resultBnScaleDiff: Any, resultBnBiasDiff: Any, savedMean: Any,
-                                     savedInvVariance: Any) -> None:
-    _set(args, bnOp, "bnOp", BatchNormBackwardArgs, alpha, beta, x=x, scale=bnScale, bias=bnBias,
-         result_scale_diff=resultBnScaleDiff, result_bias_diff=resultBnBiasDiff, saved_mean=savedMean,
-         saved_inv_variance=savedInvVariance)
+def miopenSetOpArgsBatchNormBackward(
+    args: Any,
+    bnOp: Any,
+    alpha: Any,
+    beta: Any,
+    x: Any,
+    bnScale: Any,
+    bnBias: Any,
+    resultBnScaleDiff: Any,
+    resultBnBiasDiff: Any,
+    savedMean: Any,
+    savedInvVariance: Any,
+) -> None:
+    _set(
+        args,
+        bnOp,
+        "bnOp",
+        BatchNormBackwardArgs,
+        alpha,
+        beta,
+        x=x,
+        scale=bnScale,
+        bias=bnBias,
+        result_scale_diff=resultBnScaleDiff,
+        result_bias_diff=resultBnBiasDiff,
+        saved_mean=savedMean,
+        saved_inv_variance=savedInvVariance,
+    )
 
 
 @_api()
-def miopenSetOpArgsActivBackward(args: Any, activOp: Any, alpha: Any, beta: Any, y: Any, reserved: Any,
-                                 activAlpha: float, activBeta: float, activGamma: float) -> None:
+def miopenSetOpArgsActivBackward(
+    args: Any,
+    activOp: Any,
+    alpha: Any,
+    beta: Any,
+    y: Any,
+    reserved: Any,
+    activAlpha: float,
+    activBeta: float,
+    activGamma: float,
+) -> None:
     # `reserved` is unused, as in MIOpen: the activation's input is recomputed from the BN arguments.
-    _set(args, activOp, "activOp", ActivationBackwardArgs, alpha, beta, y=y, activ_alpha=activAlpha,
-         activ_beta=activBeta, activ_gamma=activGamma)
+    _set(
+        args,
+        activOp,
+        "activOp",
+        ActivationBackwardArgs,
+        alpha,
+        beta,
+        y=y,
+        activ_alpha=activAlpha,
+        activ_beta=activBeta,
+        activ_gamma=activGamma,
+    )
 
 
 def _required(value: Any, what: str) -> Any:
@@ -572,19 +745,40 @@ def _required(value: Any, what: str) -> Any:
 
 # ---- execution ---------------------------------------------------------------------------------
 @_api()
-def miopenExecuteFusionPlan(handle: Any, plan: Any, inputDesc: Any, input: Any, outputDesc: Any, output: Any,
-                            args: Any) -> None:
+def miopenExecuteFusionPlan(
+    handle: Any, plan: Any, inputDesc: Any, input: Any, outputDesc: Any, output: Any, args: Any
+) -> None:
     _plan(plan).execute(
-        _handle(handle), _required(input, "input"), _required(output, "output"), _args(args),
-        x_desc=_tensor_desc(inputDesc, "input descriptor"), y_desc=_tensor_desc(outputDesc, "output descriptor"),
+        _handle(handle),
+        _required(input, "input"),
+        _required(output, "output"),
+        _args(args),
+        x_desc=_tensor_desc(inputDesc, "input descriptor"),
+        y_desc=_tensor_desc(outputDesc, "output descriptor"),
     )
 
 
 @_api()
-def miopenConvolutionBiasActivationForward(handle: Any, alpha1: Any, xDesc: Any, x: Any, wDesc: Any, w: Any,
-                                           convDesc: Any, algo: Any, workspace: Any, workSpaceSize: int,
-                                           alpha2: Any, zDesc: Any, z: Any, biasDesc: Any, bias: Any,
-                                           activationDesc: Any, yDesc: Any, y: Any) -> None:
+def miopenConvolutionBiasActivationForward(
+    handle: Any,
+    alpha1: Any,
+    xDesc: Any,
+    x: Any,
+    wDesc: Any,
+    w: Any,
+    convDesc: Any,
+    algo: Any,
+    workspace: Any,
+    workSpaceSize: int,
+    alpha2: Any,
+    zDesc: Any,
+    z: Any,
+    biasDesc: Any,
+    bias: Any,
+    activationDesc: Any,
+    yDesc: Any,
+    y: Any,
+) -> None:
     """y = act(alpha1 * conv(x) + alpha2 * z + bias), through a cached compiled plan."""
     _enum(ConvFwdAlgo, algo, "convolution algorithm")
     if _count(workSpaceSize, "workSpaceSize") < 0:
@@ -594,10 +788,18 @@ def miopenConvolutionBiasActivationForward(handle: Any, alpha1: Any, xDesc: Any,
         raise BadParmError("activation descriptor: created but never set")
     alpha2 = _scalar(alpha2, "alpha2")
     api.conv_bias_activation(
-        _required(x, "x"), _required(w, "w"), bias,
-        conv=_conv_desc(convDesc), activation=activ, alpha1=_scalar(alpha1, "alpha1"), alpha2=alpha2,
-        z=z, out=_required(y, "y"), handle=_handle(handle),
-        x_desc=_tensor_desc(xDesc, "xDesc"), w_desc=_tensor_desc(wDesc, "wDesc"),
+        _required(x, "x"),
+        _required(w, "w"),
+        bias,
+        conv=_conv_desc(convDesc),
+        activation=activ,
+        alpha1=_scalar(alpha1, "alpha1"),
+        alpha2=alpha2,
+        z=z,
+        out=_required(y, "y"),
+        handle=_handle(handle),
+        x_desc=_tensor_desc(xDesc, "xDesc"),
+        w_desc=_tensor_desc(wDesc, "wDesc"),
         z_desc=None if zDesc is None else _tensor_desc(zDesc, "zDesc"),
         bias_desc=None if biasDesc is None else _tensor_desc(biasDesc, "biasDesc"),
         y_desc=_tensor_desc(yDesc, "yDesc"),

@@ -93,9 +93,7 @@ def data_tensor(value: Any, name: str, dims: tuple[int, ...], data: DataType) ->
     """A data-shaped argument (BN-backward's x, activation-backward's y): dims and dtype, any strides."""
     t = as_tensor(value, name)
     if tuple(t.shape) != dims or t.dtype != data.torch_dtype:
-        raise BadParmError(
-            f"{name} is {t.dtype}{list(t.shape)}; expected {data.torch_dtype}{list(dims)}"
-        )
+        raise BadParmError(f"{name} is {t.dtype}{list(t.shape)}; expected {data.torch_dtype}{list(dims)}")
     return t
 
 
@@ -212,8 +210,7 @@ class FusionOp:
         """Validate a record for this operator; return it with tensors normalized."""
         if not isinstance(args, self.args_type):
             raise BadParmError(
-                f"operator {self.index} ({self.title}) takes {self.args_type.__name__}, "
-                f"got {type(args).__name__}"
+                f"operator {self.index} ({self.title}) takes {self.args_type.__name__}, got {type(args).__name__}"
             )
         return self._check(args)
 
@@ -317,9 +314,13 @@ class BatchNormInferenceOp(_BatchNormOp):
     title = "batch-norm inference"
     args_type = BatchNormInferenceArgs
 
-    def __init__(self, index: int, input_desc: TensorDescriptor, mode: BatchNormMode | int, param_desc: TensorDescriptor):
+    def __init__(
+        self, index: int, input_desc: TensorDescriptor, mode: BatchNormMode | int, param_desc: TensorDescriptor
+    ):
         super().__init__(index, input_desc, mode)
-        check_param_descriptor(param_desc, self.param_dims, input_desc.dtype, f"batch-norm {self.mode.name.lower()} parameter")
+        check_param_descriptor(
+            param_desc, self.param_dims, input_desc.dtype, f"batch-norm {self.mode.name.lower()} parameter"
+        )
         self.param_desc = param_desc
 
     def _check(self, args: BatchNormInferenceArgs) -> BatchNormInferenceArgs:
@@ -358,7 +359,9 @@ class BatchNormForwardOp(_BatchNormOp):
     title = "batch-norm forward training"
     args_type = BatchNormForwardArgs
 
-    def __init__(self, index: int, input_desc: TensorDescriptor, mode: BatchNormMode | int, running_mean_variance: bool):
+    def __init__(
+        self, index: int, input_desc: TensorDescriptor, mode: BatchNormMode | int, running_mean_variance: bool
+    ):
         super().__init__(index, input_desc, mode)
         self.running = bool(running_mean_variance)
         count = input_desc.numel // _numel(self.param_dims)
@@ -384,7 +387,10 @@ class BatchNormForwardOp(_BatchNormOp):
             bias=self._param(args, "bias"),
             saved_mean=self._optional_param(args, "saved_mean"),
             saved_inv_variance=self._optional_param(args, "saved_inv_variance"),
-            **running, exp_avg_factor=factor, epsilon=eps, **_blend(args),
+            **running,
+            exp_avg_factor=factor,
+            epsilon=eps,
+            **_blend(args),
         )
 
     def describe(self) -> str:

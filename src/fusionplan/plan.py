@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -78,8 +79,10 @@ def _order_error(plan_ops: list[FusionOp], new: type[FusionOp]) -> str | None:
     """Why operator class ``new`` cannot follow ``plan_ops`` (None when it can)."""
     if not plan_ops:
         if new is ActivationBackwardOp:
-            return ("activation backward is only supported right after batch-norm backward "
-                    "(the backward of [batch-norm forward training, activation forward])")
+            return (
+                "activation backward is only supported right after batch-norm backward "
+                "(the backward of [batch-norm forward training, activation forward])"
+            )
         return None
     first = plan_ops[0]
     if first.phase == Phase.INFERENCE:
@@ -91,11 +94,16 @@ def _order_error(plan_ops: list[FusionOp], new: type[FusionOp]) -> str | None:
     if first.phase == Phase.TRAINING_FORWARD:
         if len(plan_ops) == 1 and new is ActivationForwardOp:
             return None
-        return ("a training plan is [batch-norm forward training] or "
-                f"[batch-norm forward training, activation forward]; cannot add {new.title}")
+        return (
+            "a training plan is [batch-norm forward training] or "
+            f"[batch-norm forward training, activation forward]; cannot add {new.title}"
+        )
     if len(plan_ops) == 1 and new is ActivationBackwardOp:
         return None
-    return f"a backward plan is [batch-norm backward] or [batch-norm backward, activation backward]; cannot add {new.title}"
+    return (
+        "a backward plan is [batch-norm backward] or [batch-norm backward, activation backward]; "
+        f"cannot add {new.title}"
+    )
 
 
 class FusionPlan:
@@ -106,7 +114,9 @@ class FusionPlan:
             raise BadParmError(f"input descriptor: expected a TensorDescriptor, got {type(input_desc).__name__}")
         self.direction = coerce_enum(Direction, direction, "fusion direction")
         if input_desc.ndim != 4:
-            raise UnsupportedOpError(f"fusion plans take 4-d (N, C, H, W) input; got {input_desc.ndim}-d {input_desc.dims}")
+            raise UnsupportedOpError(
+                f"fusion plans take 4-d (N, C, H, W) input; got {input_desc.ndim}-d {input_desc.dims}"
+            )
         if input_desc.dtype not in PLAN_DTYPES:
             names = ", ".join(t.name for t in PLAN_DTYPES)
             raise UnsupportedOpError(f"fusion plans compute in {names}; the input is {input_desc.dtype.name}")
@@ -158,7 +168,9 @@ class FusionPlan:
     def _add(self, cls: type[FusionOp], *params: Any) -> FusionOp:
         with self._lock:
             if self.direction == Direction.HORIZONTAL:
-                raise UnsupportedOpError("horizontal fusion is not implemented; create the plan with vertical direction")
+                raise UnsupportedOpError(
+                    "horizontal fusion is not implemented; create the plan with vertical direction"
+                )
             why = _order_error(self._ops, cls)
             if why:
                 raise UnsupportedOpError(why)
@@ -179,7 +191,9 @@ class FusionPlan:
     def add_activation_forward(self, mode: ActivationMode | int) -> ActivationForwardOp:
         return self._add(ActivationForwardOp, mode)
 
-    def add_batchnorm_forward(self, mode: BatchNormMode | int, running_mean_variance: bool = True) -> BatchNormForwardOp:
+    def add_batchnorm_forward(
+        self, mode: BatchNormMode | int, running_mean_variance: bool = True
+    ) -> BatchNormForwardOp:
         return self._add(BatchNormForwardOp, mode, running_mean_variance)
 
     def add_batchnorm_backward(self, mode: BatchNormMode | int) -> BatchNormBackwardOp:
@@ -317,11 +331,15 @@ def _prior(spec: PlanSpec, records: Iterable[OpArgs], y: torch.Tensor, prior: An
         return y
     p = as_tensor(prior, "prior")
     if tuple(p.shape) != spec.output_desc.dims or not p.dtype.is_floating_point:
-        raise TensorMismatchError(f"prior is {p.dtype}{list(p.shape)}; expected a float tensor of {spec.output_desc.dims}")
+        raise TensorMismatchError(
+            f"prior is {p.dtype}{list(p.shape)}; expected a float tensor of {spec.output_desc.dims}"
+        )
     return p
 
 
-def _check_devices(handle: Handle, x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None, records: list[OpArgs]) -> None:
+def _check_devices(
+    handle: Handle, x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None, records: list[OpArgs]
+) -> None:
     dev = handle.device
     named = [("input", x), ("output", y)] + ([("prior", prior)] if prior is not None else [])
     named += [(f"an argument of operator {i}", t) for i, r in enumerate(records) for t in r.tensors()]

@@ -9,8 +9,8 @@ parameter gradients) are returned, not written, so an oracle run disturbs nothin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -120,8 +120,9 @@ def _bn_backward_recompute(op: BatchNormBackwardOp, rec: BatchNormBackwardArgs, 
     return x, xhat
 
 
-def _run_backward(ops: Sequence[FusionOp], records: Sequence[OpArgs], dy: Tensor, prior: Tensor | None,
-                  dt: torch.dtype, side: dict) -> Tensor:
+def _run_backward(
+    ops: Sequence[FusionOp], records: Sequence[OpArgs], dy: Tensor, prior: Tensor | None, dt: torch.dtype, side: dict
+) -> Tensor:
     bn_op, bn_rec = ops[0], records[0]
     assert isinstance(bn_op, BatchNormBackwardOp) and isinstance(bn_rec, BatchNormBackwardArgs)
     _, xhat = _bn_backward_recompute(bn_op, bn_rec, dt)

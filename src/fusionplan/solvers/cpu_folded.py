@@ -13,8 +13,8 @@ accurate), double in float64; the result is cast once, into the output.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +37,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.reference_solver import compute_dtype_for
 
 Tensor = torch.Tensor
-Coef = Union[float, Tensor]  # a scalar, or a tensor broadcastable to (1, C, H, W)
+Coef = float | Tensor  # a scalar, or a tensor broadcastable to (1, C, H, W)
 
 
 @dataclass
@@ -112,7 +112,7 @@ class ActStage:
     op: int
 
 
-Stage = Union[AffineStage, ConvStage, ActStage]
+Stage = AffineStage | ConvStage | ActStage
 
 
 def plan_stages(ops: Sequence[FusionOp]) -> list[Stage]:

@@ -6,7 +6,7 @@ against. Half-precision data is computed in float32, double in float64.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

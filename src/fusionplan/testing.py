@@ -1,0 +1,154 @@
+"""Shared by the tests, the driver and the benchmarks: random arguments and verification.
+
+Verification compares with the float64 reference implementation by relative norm and by
+MIOpen's rule, rms(out - ref) / (sqrt(n) * max|ref|) < 80 * eps(T).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fusionplan.enums import ActivationMode, Layout
+from fusionplan.ops import (
+    ActivationArgs,
+    ActivationForwardOp,
+    BatchNormInferenceArgs,
+    BatchNormInferenceOp,
+    BiasArgs,
+    BiasForwardOp,
+    ConvArgs,
+    ConvForwardOp,
+    FusionOp,
+    OpArgs,
+)
+from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.reference import run_reference
+
+#: Machine epsilon of each data type (TF32 has fp16's 10-bit mantissa).
+EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float64: 2.0**-52}
+TF32_EPS = 2.0**-10
+#: Relative-norm tolerance against the float64 reference, by data type.
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-12}
+
+#: Activation parameters that exercise each formula's alpha/beta/gamma.
+ACTIV_PARAMS = {
+    ActivationMode.PASTHRU: (1.0, 0.0, 1.0),
+    ActivationMode.LOGISTIC: (1.0, 0.0, 1.0),
+    ActivationMode.TANH: (0.7, 1.3, 1.0),
+    ActivationMode.RELU: (1.0, 0.0, 1.0),
+    ActivationMode.SOFTRELU: (1.0, 0.0, 1.0),
+    ActivationMode.ABS: (1.0, 0.0, 1.0),
+    ActivationMode.POWER: (0.5, 0.8, 2.0),
+    ActivationMode.CLIPPEDRELU: (0.6, 0.0, 1.0),
+    ActivationMode.LEAKYRELU: (0.1, 0.0, 1.0),
+    ActivationMode.ELU: (0.9, 0.0, 1.0),
+}
+
+
+def random_tensor(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    layout: Layout | None = None,
+    scale: float = 1.0,
+    shift: float = 0.0,
+    gen: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Normal random data (never zeros), made in float32 then cast, in ``layout``."""
+    t = (torch.randn(tuple(shape), generator=gen) * scale + shift).to(dtype)
+    if layout == Layout.NHWC and t.ndim == 4:
+        t = t.to(memory_format=torch.channels_last)
+    return t.to(device)
+
+
+def random_record(
+    op: FusionOp,
+    device: torch.device | str = "cpu",
+    param_dtype: torch.dtype | None = None,
+    alpha: float = 1.0,
+    beta: float = 0.0,
+    activ_params: tuple[float, float, float] | None = None,
+    epsilon: float = 1e-5,
+    gen: torch.Generator | None = None,
+) -> OpArgs:
+    """A fresh random argument record for an inference operator."""
+    dt = op.input_desc.dtype.torch_dtype
+    pdt = param_dtype or dt
+    if isinstance(op, ConvForwardOp):
+        fan_in = math.prod(op.w_desc.dims[1:])
+        w = random_tensor(op.w_desc.dims, dt, device, op.w_desc.layout, 1.0 / math.sqrt(fan_in), gen=gen)
+        return ConvArgs(weight=w, alpha=alpha, beta=beta)
+    if isinstance(op, BiasForwardOp):
+        return BiasArgs(bias=random_tensor(op.param_dims, pdt, device, gen=gen), alpha=alpha, beta=beta)
+    if isinstance(op, BatchNormInferenceOp):
+        dims = op.param_dims
+        var = (torch.rand(dims, generator=gen) + 0.5).to(pdt).to(device)
+        return BatchNormInferenceArgs(
+            scale=random_tensor(dims, pdt, device, gen=gen),
+            bias=random_tensor(dims, pdt, device, gen=gen),
+            mean=random_tensor(dims, pdt, device, scale=0.5, gen=gen),
+            variance=var,
+            epsilon=epsilon,
+            alpha=alpha,
+            beta=beta,
+        )
+    if isinstance(op, ActivationForwardOp):
+        a, b, g = activ_params or ACTIV_PARAMS[op.mode]
+        return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta)
+    raise TypeError(f"no random arguments for {op.title}")
+
+
+def random_args(plan: FusionPlan, device: torch.device | str = "cpu", **kw) -> OperatorArgs:
+    args = OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, device, **kw))
+    return args
+
+
+@dataclass(frozen=True)
+class Comparison:
+    rel_norm: float  # ||out - ref|| / ||ref||
+    max_abs: float
+    max_rel: float
+    rms_ratio: float  # rms(out - ref) / max|ref|, MIOpen's measure
+    nonfinite: int  # NaN/Inf elements in the output (unwritten or overflowed)
+    eps: float
+
+    @property
+    def rms_ok(self) -> bool:
+        return self.nonfinite == 0 and self.rms_ratio < 80 * self.eps
+
+    def __str__(self) -> str:
+        return (
+            f"max abs err {self.max_abs:.3e}, max rel err {self.max_rel:.3e}, rel norm {self.rel_norm:.3e}, "
+            f"rms/max|ref| {self.rms_ratio:.3e} (limit {80 * self.eps:.3e}), non-finite {self.nonfinite}"
+        )
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, eps: float | None = None) -> Comparison:
+    """Compare ``out`` with the float64 ``ref``; ``eps`` defaults to out's dtype's epsilon."""
+    eps = EPS[out.dtype] if eps is None else eps
+    o, r = out.detach().double().cpu(), ref.detach().double().cpu()
+    nonfinite = int((~torch.isfinite(o)).sum())
+    diff = (o - r).abs()
+    ref_max = max(r.abs().max().item(), 1e-300)
+    ref_norm = r.norm().item()
+    return Comparison(
+        rel_norm=(o - r).norm().item() / (ref_norm if ref_norm > 0 else 1.0),
+        max_abs=diff.max().item(),
+        max_rel=(diff / r.abs().clamp_min(1e-6 * ref_max)).max().item(),
+        rms_ratio=diff.norm().item() / math.sqrt(max(r.numel(), 1)) / ref_max,
+        nonfinite=nonfinite,
+        eps=eps,
+    )
+
+
+def reference_output(
+    plan: FusionPlan, x: torch.Tensor, args: OperatorArgs, prior: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The float64 reference result of ``plan`` (on x's device)."""
+    return run_reference(plan.ops, x, [args.get(op) for op in plan.ops], prior, torch.float64).output
