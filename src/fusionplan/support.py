@@ -1,0 +1,93 @@
+"""The supported-fusions table, generated from the solvers' own applicability rules.
+
+``python -m fusionplan.support`` prints it as Markdown; the README's copy is tested against it,
+so the documentation cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+
+from fusionplan import solvers
+from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
+from fusionplan.enums import ActivationMode, BatchNormMode, DataType
+from fusionplan.plan import FusionPlan
+
+Builder = Callable[[FusionPlan], None]
+
+
+def _conv(groups: int = 1, stride: int = 1, dilation: int = 1) -> Builder:
+    def add(plan: FusionPlan) -> None:
+        c = plan.output_desc.dims[1]
+        conv = ConvolutionDescriptor((1, 1), (stride, stride), (dilation, dilation), groups)
+        plan.add_conv_forward(conv, TensorDescriptor.packed(plan.input_desc.dtype, (c, c // groups, 3, 3)))
+
+    return add
+
+
+def _bias(plan: FusionPlan) -> None:
+    plan.add_bias_forward(TensorDescriptor.packed(plan.input_desc.dtype, (1, plan.output_desc.dims[1], 1, 1)))
+
+
+def _bn(plan: FusionPlan) -> None:
+    plan.add_batchnorm_inference(
+        BatchNormMode.SPATIAL, TensorDescriptor.packed(DataType.FLOAT, (1, plan.output_desc.dims[1], 1, 1))
+    )
+
+
+def _act(plan: FusionPlan) -> None:
+    plan.add_activation_forward(ActivationMode.RELU)
+
+
+LETTERS: dict[str, Builder] = {"C": _conv(), "B": _bias, "N": _bn, "A": _act}
+
+#: (what the row stands for, the representative chain it is checked with)
+ROWS: list[tuple[str, list[Builder]]] = [
+    ("CBNA, CBA, CNA, CN, CA, CB (MIOpen's set)", [LETTERS[c] for c in "CBNA"]),
+    ("convolution + any chain of B/N/A, any order, repeats", [LETTERS[c] for c in "CANBAB"]),
+    ("pointwise ops before the convolution (e.g. NAC)", [LETTERS[c] for c in "NAC"]),
+    ("grouped / depthwise convolution chains", [_conv(groups=4), _bias, _act]),
+    ("strided / dilated convolution chains", [_conv(stride=2, dilation=2), _bn, _act]),
+    ("pointwise chains without a convolution (NA, BA, NAN, AA)", [LETTERS[c] for c in "NAN"]),
+    ("batch-norm forward training [+ activation]", [lambda p: p.add_batchnorm_forward(BatchNormMode.SPATIAL), _act]),
+    (
+        "batch-norm backward [+ activation backward]",
+        [
+            lambda p: p.add_batchnorm_backward(BatchNormMode.SPATIAL),
+            lambda p: p.add_activation_backward(ActivationMode.RELU),
+        ],
+    ),
+]
+
+DEVICES = {"CPU": torch.device("cpu"), "CUDA GPU": torch.device("cuda", 0)}
+DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)
+
+
+def _solver_for(builders: list[Builder], device: torch.device) -> str:
+    """Names of the solvers chosen for the row's plan in each dtype and layout (deduplicated)."""
+    handle = types.SimpleNamespace(device=device, tf32_allowed=lambda: True)  # verdicts only read these
+    chosen: list[str] = []
+    for dtype in DTYPES:
+        for layout in ("NCHW", "NHWC"):
+            plan = FusionPlan(TensorDescriptor.packed(dtype, (2, 8, 12, 12), layout))
+            for build in builders:
+                build(plan)
+            found = next((v.solver for v in solvers.verdicts(plan.spec(), handle) if v.applicable), "none")
+            if found not in chosen:
+                chosen.append(found)
+    return ", ".join(chosen)
+
+
+def support_table() -> str:
+    """The Markdown table: for each kind of plan, the solver compile picks on each device."""
+    lines = ["| plan | " + " | ".join(DEVICES) + " |", "|---" * (len(DEVICES) + 1) + "|"]
+    for title, builders in ROWS:
+        lines.append(f"| {title} | " + " | ".join(_solver_for(builders, d) for d in DEVICES.values()) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(support_table())
