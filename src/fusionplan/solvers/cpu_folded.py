@@ -21,12 +21,11 @@ import torch.nn.functional as F
 
 from fusionplan.activations import activation_forward
 from fusionplan.enums import ActivationMode
+from fusionplan.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
 from fusionplan.ops import (
     AFFINE_OPS,
     ActivationArgs,
     ActivationForwardOp,
-    BatchNormInferenceArgs,
-    BiasArgs,
     ConvArgs,
     ConvForwardOp,
     FusionOp,
@@ -37,57 +36,20 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.reference_solver import compute_dtype_for
 
 Tensor = torch.Tensor
-Coef = float | Tensor  # a scalar, or a tensor broadcastable to (1, C, H, W)
-
-
-@dataclass
-class Affine:
-    """r = scale * h + shift + prior_coef * prior."""
-
-    scale: Coef = 1.0
-    shift: Coef = 0.0
-    prior_coef: Coef = 0.0
-
-    def then(self, scale: Coef, shift: Coef, alpha: float, beta: float) -> Affine:
-        """Compose with the next operator: alpha * (scale * r + shift) + beta * prior."""
-        carried = 0.0 if _is_zero(self.prior_coef) else alpha * scale * self.prior_coef
-        return Affine(
-            scale=alpha * scale * self.scale,
-            shift=alpha * (scale * self.shift + shift),
-            prior_coef=carried + beta if not (_is_zero(carried) and beta == 0) else 0.0,
-        )
-
-
-def _is_zero(c: Coef) -> bool:
-    return isinstance(c, float) and c == 0.0
-
-
-def _is_one(c: Coef) -> bool:
-    return isinstance(c, float) and c == 1.0
 
 
 def _per_channel(c: Coef) -> bool:
     return isinstance(c, float) or all(d == 1 for i, d in enumerate(c.shape) if i != 1)
 
 
-def _op_affine(op: FusionOp, rec: OpArgs, dt: torch.dtype) -> tuple[Coef, Coef]:
-    """(scale, shift) of a bias or batch-norm inference operator."""
-    if isinstance(rec, BiasArgs):
-        return 1.0, rec.bias.to(dt)
-    assert isinstance(rec, BatchNormInferenceArgs)
-    inv = torch.rsqrt(rec.variance.to(dt) + rec.epsilon)
-    scale = rec.scale.to(dt) * inv
-    return scale, rec.bias.to(dt) - rec.mean.to(dt) * scale
-
-
 def _apply_affine(h: Tensor, owned: bool, a: Affine, prior: Tensor | None) -> Tensor:
-    if not _is_one(a.scale):
+    if not is_one(a.scale):
         h = h.mul_(a.scale) if owned else h * a.scale
         owned = True
-    if not _is_zero(a.shift):
+    if not is_zero(a.shift):
         h = h.add_(a.shift) if owned else h + a.shift
         owned = True
-    if not _is_zero(a.prior_coef):
+    if not is_zero(a.prior_coef):
         if isinstance(a.prior_coef, Tensor):
             h = h.addcmul_(prior, a.prior_coef) if owned else h + a.prior_coef * prior
         else:
@@ -146,40 +108,24 @@ class CpuFoldedKernel(Kernel):
         self.spec = spec
         self.dt = compute_dtype_for(spec.dtype.torch_dtype)
         self.stages = plan_stages(spec.ops)
-        self._cache: tuple | None = None  # (records, tensor versions, folded params); swapped atomically
+        self._folded = PerArgsCache()
 
     # -- work done once per argument set ---------------------------------------------------
-    def _fingerprint(self, records: Sequence[OpArgs]) -> tuple:
-        return tuple(t._version for r in records for t in r.tensors())
-
     def folded(self, records: Sequence[OpArgs]) -> list:
-        versions = self._fingerprint(records)
-        cache = self._cache
-        if cache is not None and cache[1] == versions and all(a is b for a, b in zip(cache[0], records)):
-            return cache[2]
-        params = [self._fold_stage(s, records) for s in self.stages]
-        self._cache = (tuple(records), versions, params)
-        return params
-
-    def _compose(self, start: Affine, indices: Sequence[int], records: Sequence[OpArgs]) -> Affine:
-        a = start
-        for i in indices:
-            scale, shift = _op_affine(self.spec.ops[i], records[i], self.dt)
-            a = a.then(scale, shift, records[i].alpha, records[i].beta)
-        return a
+        return self._folded.get(records, lambda recs: [self._fold_stage(s, recs) for s in self.stages])
 
     def _fold_stage(self, stage: Stage, records: Sequence[OpArgs]):
         if isinstance(stage, AffineStage):
-            return self._compose(Affine(), stage.ops, records)
+            return compose(Affine(), stage.ops, records, self.dt)
         if isinstance(stage, ActStage):
             return records[stage.op]
         rec = records[stage.conv]
         assert isinstance(rec, ConvArgs)
-        a = self._compose(Affine(1.0, 0.0, 0.0).then(1.0, 0.0, rec.alpha, rec.beta), stage.folded, records)
+        a = compose(Affine().then(1.0, 0.0, rec.alpha, rec.beta), stage.folded, records, self.dt)
         weight = rec.weight.to(self.dt)
         bias = None
         if _per_channel(a.scale):
-            if not _is_one(a.scale):
+            if not is_one(a.scale):
                 weight = weight * (a.scale.reshape(-1, 1, 1, 1) if isinstance(a.scale, Tensor) else a.scale)
             a.scale = 1.0
             if isinstance(a.shift, Tensor) and _per_channel(a.shift):
