@@ -132,9 +132,10 @@ def test_compile_empty_plan_is_badparm(handle):
 
 
 def test_explain_lists_every_solver(handle):
-    verdicts = cbna_plan().explain(handle)
-    assert [v.solver for v in verdicts] == [s.name for s in solvers.REGISTRY]
-    assert all(v.applicable for v in verdicts)
+    verdicts = {v.solver: v for v in cbna_plan().explain(handle)}
+    assert list(verdicts) == [s.name for s in solvers.REGISTRY]
+    assert verdicts["cpu-folded"].applicable and verdicts["reference"].applicable
+    assert "has a convolution" in verdicts["triton-pointwise"].reason
     train = fp.FusionPlan(desc((2, 4, 9, 7)))
     train.add_batchnorm_forward(fp.BatchNormMode.SPATIAL)
     cpu = next(v for v in train.explain(handle) if v.family == "cpu")
@@ -147,8 +148,10 @@ def test_backend_restriction(handle, monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "cpu")
     assert plan.compile(handle) == "cpu-folded"
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
-    with pytest.raises(fp.UnsupportedOpError, match="triton"):
-        plan.compile(handle)
+    training = fp.FusionPlan(desc((2, 4, 9, 7)))
+    training.add_batchnorm_forward(fp.BatchNormMode.SPATIAL)
+    with pytest.raises(fp.UnsupportedOpError, match="restricts compile to the triton family"):
+        training.compile(handle)
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "cuda")
     with pytest.raises(fp.BadParmError, match="backend"):
         plan.compile(handle)

@@ -1,0 +1,77 @@
+"""Tuning configurations of the Triton kernels, as data.
+
+Each kernel family has a list of candidate configurations and a heuristic that picks one
+from the problem's shape class (the FAST choice). Benchmarking the candidates and storing the
+winner per signature is the perf database's job; this module only holds the data and the
+heuristic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    block_m: int  # output pixels per tile
+    block_n: int  # output channels per tile
+    block_k: int  # input channels per step of the reduction
+    group_m: int  # tiles along M that share a column of weights (L2 reuse)
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class PointwiseConfig:
+    block_p: int  # pixels per tile
+    block_c: int  # channels per tile
+    num_warps: int
+
+
+#: Small tiles: Triton's interpreter runs tile by tile in numpy.
+CONV_INTERPRETER = ConvConfig(32, 32, 16, 4, 4, 1)
+POINTWISE_INTERPRETER = PointwiseConfig(16, 16, 4)
+
+CONV_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(128, 128, 64, 8, 8, 3),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(64, 64, 64, 8, 4, 4),
+    ConvConfig(128, 128, 32, 8, 8, 4),
+    ConvConfig(128, 64, 32, 8, 4, 4),
+    ConvConfig(64, 64, 32, 8, 4, 4),
+    ConvConfig(64, 32, 32, 8, 4, 4),
+    ConvConfig(32, 32, 16, 8, 4, 2),
+]
+
+
+def _pow2_at_least(n: int, lo: int, hi: int) -> int:
+    p = lo
+    while p < n and p < hi:
+        p *= 2
+    return p
+
+
+def conv_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+    """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth."""
+    if interpret:
+        return CONV_INTERPRETER
+    wide = dtype in (torch.float16, torch.bfloat16)
+    block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
+    block_n = _pow2_at_least(k_per_group, 16, 128)
+    block_m = 128 if m >= 128 * 132 // max(1, block_n // 64) else 64
+    warps = 8 if block_m * block_n >= 128 * 128 else 4
+    stages = 3 if (wide and block_k == 64) or (not wide and block_k == 32) else 4
+    return ConvConfig(block_m, block_n, block_k, 8, warps, stages)
+
+
+def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool) -> PointwiseConfig:
+    """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW."""
+    if interpret:
+        return POINTWISE_INTERPRETER
+    if channels_last:
+        block_c = _pow2_at_least(channels, 16, 128)
+        return PointwiseConfig(max(8192 // block_c, 16), block_c, 8)
+    return PointwiseConfig(1024, 4, 8)

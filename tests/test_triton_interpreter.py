@@ -1,0 +1,197 @@
+"""The Triton solvers' real kernels, run through Triton's interpreter on CPU tensors.
+
+FUSIONPLAN_BACKEND=triton: nothing may fall back silently. bf16 is tested on the GPU only
+(the interpreter's bf16 dot products are not exact).
+"""
+
+import random
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.enums import ActivationMode, BatchNormMode
+
+from .test_solvers import CONV_SHAPES, DT_NAME, build
+from .util import check_against_reference, make_input, poisoned, random_args, random_record
+
+pytest.importorskip("triton")
+from fusionplan.codegen import interpreter_active  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
+
+DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def interpreter(monkeypatch, tmp_path_factory):
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fusionplan-cache"))
+
+
+def compile_triton(plan):
+    handle = fp.Handle("cpu")
+    name = plan.compile(handle)
+    assert name.startswith("triton-"), name
+    return handle
+
+
+def conv_case(shape_key, chain, dtype, layout, out_layout=None, bn_mode=BatchNormMode.SPATIAL,
+              act=ActivationMode.RELU, w_layout="NCHW"):
+    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
+    x = make_input((n, c, h, w), dtype, layout)
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
+                 bn_mode, act, DT_NAME[dtype], w_layout)
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-conv"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout or layout))
+    return plan, handle
+
+
+@pytest.mark.parametrize("shape_key", list(CONV_SHAPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_conv_shapes(shape_key, layout, dtype):
+    conv_case(shape_key, "CBNA", dtype, layout)
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "C", "CAN", "CNANB", "CAAB"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_conv_chains(chain, bn_mode):
+    conv_case("stride2", chain, torch.float32, "NHWC", bn_mode=bn_mode)
+
+
+@pytest.mark.parametrize("act", list(ActivationMode))
+def test_every_activation_in_the_epilogue(act):
+    conv_case("stem-C3", "CBA", torch.float32, "NCHW", act=act)
+
+
+def test_layout_change_and_weight_layout():
+    conv_case("grouped", "CBNA", torch.float16, "NCHW", out_layout="NHWC", w_layout="NHWC")
+    conv_case("1x1", "CNA", torch.float32, "NHWC", out_layout="NCHW")
+
+
+def test_strided_input_view():
+    big = torch.randn(2, 6, 20, 20)
+    x = big[:, 1:5, 3:16, 2:13]  # not packed in any layout
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1), (1, 2)), fp.TensorDescriptor.packed("float", (7, 4, 3, 3)))
+    plan.add_activation_forward(ActivationMode.LEAKYRELU)
+    handle = compile_triton(plan)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "CAB"])
+def test_alpha_beta_and_prior(chain):
+    x = make_input((2, 4, 6, 5), torch.float32, "NHWC")
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1,
+                 BatchNormMode.PER_ACTIVATION, ActivationMode.TANH, "float")
+    handle = compile_triton(plan)
+    rng = random.Random(3)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc), prior=torch.randn(plan.output_desc.dims))
+
+
+def test_conv_in_place_output_is_safe():
+    x = torch.randn(1, 4, 8, 8)
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("float", (4, 4, 3, 3)))
+    handle = compile_triton(plan)
+    args = random_args(plan)
+    from fusionplan.testing import reference_output
+    ref = reference_output(plan, x, args)
+    plan.execute(handle, x, x, args)
+    torch.testing.assert_close(x.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_argument_changes_reach_the_kernel():
+    x = make_input((1, 4, 6, 6), torch.float32)
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNA", 5, 3, 3, (1, 1), (1, 1), (1, 1), 1,
+                 BatchNormMode.SPATIAL, ActivationMode.RELU, "float")
+    handle = compile_triton(plan)
+    args = random_args(plan)
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc))
+    args.get(plan.ops[0]).weight.mul_(-2)  # in place: version counter
+    args.get(plan.ops[2]).mean.add_(1)
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc))
+    args.set(plan.ops[1], random_record(plan.ops[1]))  # a new record
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc))
+
+
+def test_kernel_source_is_generated_from_the_chain():
+    x = make_input((1, 3, 6, 6), torch.float32)
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNAN", 4, 3, 3, (1, 1), (1, 1), (1, 1), 1,
+                 BatchNormMode.PER_ACTIVATION, ActivationMode.ELU, "float")
+    handle = compile_triton(plan)
+    src = plan.kernel_source(handle)
+    assert "def conv_kernel" in src and "activation ELU" in src and "operators [1, 2] folded" in src
+    assert "operators [4] folded" in src
+
+
+@pytest.mark.parametrize("chain", ["NA", "BA", "NAN", "AA", "B", "ABNA"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_pointwise_chains(chain, layout, bn_mode, dtype):
+    x = make_input((2, 5, 7, 3), dtype, layout)
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 0, 0, 0, 0, 0, 0, 1, bn_mode,
+                 ActivationMode.SOFTRELU, DT_NAME[dtype])
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-pointwise"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+
+
+def test_pointwise_in_place_and_strided():
+    x = torch.randn(2, 3, 5, 6)
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "NA", 0, 0, 0, 0, 0, 0, 1, BatchNormMode.SPATIAL,
+                 ActivationMode.CLIPPEDRELU, "float")
+    handle = compile_triton(plan)
+    args = random_args(plan)
+    from fusionplan.testing import reference_output
+    ref = reference_output(plan, x, args)
+    plan.execute(handle, x, x, args)
+    torch.testing.assert_close(x.double(), ref, rtol=1e-5, atol=1e-6)
+    big = torch.randn(2, 3, 9, 9)
+    view = big[:, :, 2:7, 1:7]
+    check_against_reference(plan, handle, torch.randn(2, 3, 5, 6), args, view.fill_(float("nan")))
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_plans(seed):
+    rng = random.Random(1000 + seed)
+    torch.manual_seed(seed)
+    n, c, h, w = rng.randint(1, 2), rng.choice([1, 3, 4, 6, 8]), rng.randint(5, 14), rng.randint(5, 14)
+    groups = rng.choice([1, 1, c])
+    k = groups * rng.randint(1, 5)
+    r, s = rng.choice([1, 3, 5]), rng.choice([1, 3])
+    pad = (rng.randint(0, 2), rng.randint(0, 2))
+    stride, dil = (rng.randint(1, 2), rng.randint(1, 2)), (rng.randint(1, 2), rng.randint(1, 2))
+    dtype = rng.choice(DTYPES)
+    layout = rng.choice(["NCHW", "NHWC"])
+    chain = "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 5)))
+    x = make_input((n, c, h, w), dtype, layout)
+    try:
+        plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
+                     rng.choice(list(BatchNormMode)), rng.choice(list(ActivationMode)), DT_NAME[dtype],
+                     rng.choice(["NCHW", "NHWC"]))
+    except fp.BadParmError as exc:
+        assert "empty" in str(exc)
+        return
+    handle = compile_triton(plan)
+    out_layout = rng.choice(["NCHW", "NHWC"])
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+def test_backend_triton_refuses_what_it_cannot_fuse():
+    x = torch.randn(2, 3, 5, 5)
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    plan.add_batchnorm_forward(BatchNormMode.SPATIAL)
+    with pytest.raises(fp.UnsupportedOpError, match="training forward plans have no Triton kernel"):
+        plan.compile(fp.Handle("cpu"))
+    plan = fp.FusionPlan(fp.TensorDescriptor.packed("double", (1, 3, 4, 4)))
+    plan.add_activation_forward(ActivationMode.RELU)
+    with pytest.raises(fp.UnsupportedOpError, match="DOUBLE"):
+        plan.compile(fp.Handle("cpu"))
