@@ -1,0 +1,244 @@
+"""GPU suite (marker ``gpu``; skipped without CUDA): the real Triton kernels on the device.
+
+All 23 ResNet-50 layers at batch 8 x {fp32, TF32, fp16, bf16} x {NCHW, NHWC} x eight chains, the
+odd shapes, pointwise chains and random plans, each against the float64 reference, outputs
+NaN-poisoned first, with FUSIONPLAN_BACKEND=triton so nothing falls back silently.
+
+    python -m pytest -m gpu tests/test_gpu.py -n 12      # pytest-xdist: many kernels compile
+"""
+
+import random
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.shapes import load_shapes
+from fusionplan.testing import EPS, TF32_EPS, compare, random_args, random_record, reference_output
+
+from .test_solvers import CONV_SHAPES, build
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+PRECISIONS = {  # name: (dtype, TF32 allowed, relative-norm tolerance, epsilon of the rms rule)
+    "fp32": (torch.float32, False, 1e-5, EPS[torch.float32]),
+    "tf32": (torch.float32, True, 1e-3, TF32_EPS),
+    "fp16": (torch.float16, False, 1e-2, EPS[torch.float16]),
+    "bf16": (torch.bfloat16, False, 1e-2, EPS[torch.bfloat16]),
+}
+DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16"}
+CHAINS = ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "CANB", "CNAAB"]  # MIOpen's six and two unusual orders
+LAYERS = load_shapes()
+
+
+@pytest.fixture(autouse=True)
+def triton_only(monkeypatch):
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+
+
+def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None):
+    dtype, tf32, tol, eps = PRECISIONS[precision]
+    handle = fp.Handle("cuda", allow_tf32=tf32)
+    assert plan.compile(handle).startswith("triton-")
+    args = args or random_args(plan, "cuda", param_dtype=torch.float32)
+    fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
+    if y is None:
+        y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda").to(memory_format=fmt)
+    records = [args.get(op) for op in plan.ops]
+    needs_prior = any(r.beta != 0 for r in records)
+    ref = reference_output(plan, x, args, (prior if prior is not None else y.clone()) if needs_prior else None)
+    plan.execute(handle, x, y, args, prior=prior)
+    torch.cuda.synchronize()
+    result = compare(y, ref, eps)
+    assert result.nonfinite == 0, f"unwritten or non-finite outputs: {result}"
+    assert result.rel_norm < tol, str(result)
+    assert result.rms_ok, str(result)
+
+
+def input_tensor(shape, dtype, layout):
+    x = torch.randn(shape, device="cuda").to(dtype)
+    return x.to(memory_format=torch.channels_last) if layout == "NHWC" else x
+
+
+@pytest.mark.parametrize("chain", CHAINS)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("layer", LAYERS, ids=[s.name for s in LAYERS])
+def test_resnet50_layer(layer, precision, layout, chain):
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((8, layer.c, layer.h, layer.w), dtype, layout)
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        layer.k,
+        layer.r,
+        layer.s,
+        (layer.pad, layer.pad),
+        (layer.stride, layer.stride),
+        (1, 1),
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.RELU,
+        DT_NAME[dtype],
+    )
+    run_and_check(plan, precision, x, layout)
+
+
+@pytest.mark.parametrize("shape_key", list(CONV_SHAPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_odd_shapes(shape_key, layout, precision, bn_mode):
+    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((n, c, h, w), dtype, layout)
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNA",
+        k,
+        r,
+        s,
+        pad,
+        stride,
+        dil,
+        groups,
+        bn_mode,
+        ActivationMode.ELU,
+        DT_NAME[dtype],
+    )
+    run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW")
+
+
+@pytest.mark.parametrize("act", list(ActivationMode))
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_activations(act, precision):
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((4, 16, 15, 13), dtype, "NHWC")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBA",
+        24,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.SPATIAL,
+        act,
+        DT_NAME[dtype],
+    )
+    run_and_check(plan, precision, x, "NHWC")
+
+
+@pytest.mark.parametrize("chain", ["NA", "BA", "NAN", "AA", "ABNA"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_pointwise_chains(chain, layout, precision, bn_mode):
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((8, 64, 28, 28), dtype, layout)
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        bn_mode,
+        ActivationMode.LEAKYRELU,
+        DT_NAME[dtype],
+    )
+    run_and_check(plan, precision, x, layout)
+
+
+def test_pointwise_large_tensor():
+    """A 1 GiB fp16 tensor (2^29 elements) through an NA chain."""
+    x = input_tensor((64, 256, 128, 256), torch.float16, "NHWC")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "NA",
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.RELU,
+        "half",
+    )
+    run_and_check(plan, "fp16", x, "NHWC")
+
+
+@pytest.mark.parametrize("precision", list(PRECISIONS))
+def test_alpha_beta_prior(precision):
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((4, 32, 14, 14), dtype, "NHWC")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNAB",
+        48,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.PER_ACTIVATION,
+        ActivationMode.TANH,
+        DT_NAME[dtype],
+    )
+    rng = random.Random(5)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(
+            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
+        )
+    y = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
+    run_and_check(plan, precision, x, "NHWC", args=args, y=y)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_plans(seed):
+    rng = random.Random(7000 + seed)
+    torch.manual_seed(seed)
+    n, c, h, w = rng.randint(1, 4), rng.choice([1, 3, 4, 8, 16, 17]), rng.randint(5, 40), rng.randint(5, 40)
+    groups = rng.choice([1, 1, c])
+    k = groups * rng.randint(1, 9)
+    r, s = rng.choice([1, 3, 5, 7]), rng.choice([1, 3])
+    pad, stride, dil = (
+        (rng.randint(0, 3), rng.randint(0, 2)),
+        (rng.randint(1, 3), rng.randint(1, 2)),
+        (rng.randint(1, 2), 1),
+    )
+    precision = rng.choice(list(PRECISIONS))
+    dtype = PRECISIONS[precision][0]
+    layout = rng.choice(["NCHW", "NHWC"])
+    chain = "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 5)))
+    x = input_tensor((n, c, h, w), dtype, layout)
+    try:
+        plan = build(
+            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+            chain,
+            k,
+            r,
+            s,
+            pad,
+            stride,
+            dil,
+            groups,
+            rng.choice(list(BatchNormMode)),
+            rng.choice(list(ActivationMode)),
+            DT_NAME[dtype],
+            rng.choice(["NCHW", "NHWC"]),
+        )
+    except fp.BadParmError as exc:
+        assert "empty" in str(exc)
+        return
+    run_and_check(plan, precision, x, rng.choice(["NCHW", "NHWC"]))
