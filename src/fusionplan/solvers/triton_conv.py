@@ -201,6 +201,7 @@ class TritonConvKernel(Kernel):
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         self.config = tuning.conv_heuristic(n * oh * ow, k // g, c // g, dtype.torch_dtype, interpreter_active())
         self._derived = PerArgsCache()
+        self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
 
     def source(self) -> str:
         return self._source
@@ -220,7 +221,7 @@ class TritonConvKernel(Kernel):
         cfg = self.config
         m, _, k_g = self.geometry[:3]
         grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups)
-        self.fn[grid](
+        self.last_launch = self.fn[grid](
             x, packed, out, p, *values, *self.geometry,
             *x.stride(), *out.stride(), *p.stride(), *self.conv_args,
             R=self.conv.w_desc.dims[2], S=self.conv.w_desc.dims[3],
