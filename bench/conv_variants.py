@@ -25,8 +25,68 @@ from fusionplan.testing import compare, reference_output
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def _us(v: float | str) -> str:
+    return f"{v * 1e3:.1f}us" if isinstance(v, float) else v
+
+
 def bench(fn) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def run_layer(shape, opts, dtype: torch.dtype, fmt: torch.memory_format) -> None:
+    x = torch.randn(opts.batch, shape.c, shape.h, shape.w, device="cuda").to(dtype).to(memory_format=fmt)
+    w = (torch.randn(shape.k, shape.c, shape.r, shape.s, device="cuda") * 0.05).to(dtype).to(memory_format=fmt)
+    b = torch.randn(shape.k, device="cuda").to(dtype)
+    st, pd = shape.stride, shape.pad
+    flops = shape.flops(opts.batch)
+    t_conv = bench(lambda: F.conv2d(x, w, None, st, pd))
+    t_cudnn_cba = bench(lambda: torch.cudnn_convolution_relu(x, w, b, (st, st), (pd, pd), (1, 1), 1))
+    t_eager = bench(lambda: torch.relu(F.conv2d(x, w, b, st, pd)))
+    plan = fp.Plan(x).conv(w, stride=st, padding=pd).bias(b).relu()
+    plan.compile()
+    kernel = plan.core._entry(plan.handle).kernel
+    y = torch.empty(plan.core.output_desc.dims, device="cuda", dtype=dtype).to(memory_format=fmt)
+    records = [plan.args.get(op) for op in plan.core.ops]
+    ref = reference_output(plan.core, x, plan.args)
+    results = {}
+    configs = [("heuristic", kernel.config)]
+    if opts.candidates:
+        configs += [
+            (f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}", c) for c in tuning.CONV_CANDIDATES
+        ]
+    for name, cfg in configs:
+        kernel.config = cfg
+        try:
+            y.fill_(float("nan"))
+            kernel.run(x, y, records, None)
+            torch.cuda.synchronize()
+            if not compare(y, ref).rms_ok:
+                results[name] = "WRONG"
+                continue
+            results[name] = bench(lambda: kernel.run(x, y, records, None))
+        except Exception as exc:  # a config that does not fit (shared memory): reported
+            results[name] = f"fail {type(exc).__name__}"
+    kernel.config = configs[0][1]
+    ptx = kernel.last_launch.asm.get("ptx", "") if kernel.last_launch is not None else ""
+    # host overhead of one execute (validation + launch), CPU-side
+    args = plan.args
+    for _ in range(10):
+        plan.core.execute(plan.handle, x, y, args)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(200):
+        plan.core.execute(plan.handle, x, y, args)
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    torch.cuda.synchronize()
+    best = min((v, k) for k, v in results.items() if isinstance(v, float))
+    print(
+        f"{shape.name} C{shape.c} K{shape.k} {shape.r}x{shape.s}/{st} {shape.h}x{shape.w}: "
+        f"cudnn conv {t_conv * 1e3:.1f}us, cudnn CBA-relu {t_cudnn_cba * 1e3:.1f}us, eager {t_eager * 1e3:.1f}us | "
+        f"ours heuristic {_us(results['heuristic'])} "
+        f"best {best[0] * 1e3:.1f}us ({best[1]}, {flops / best[0] / 1e9:.0f} TFLOP/s) "
+        f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f} | wgmma {'wgmma' in ptx} | host {host_us:.0f}us"
+    )
+    print("   ", {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in results.items()}, flush=True)
 
 
 def main() -> None:
@@ -45,59 +105,7 @@ def main() -> None:
         f"cudnn {torch.backends.cudnn.version()} {opts.dtype} {opts.layout} batch {opts.batch}"
     )
     for shape in [s for s in load_shapes() if s.name in names]:
-        x = torch.randn(opts.batch, shape.c, shape.h, shape.w, device="cuda").to(dtype).to(memory_format=fmt)
-        w = (torch.randn(shape.k, shape.c, shape.r, shape.s, device="cuda") * 0.05).to(dtype).to(memory_format=fmt)
-        b = torch.randn(shape.k, device="cuda").to(dtype)
-        st, pd = shape.stride, shape.pad
-        flops = shape.flops(opts.batch)
-        t_conv = bench(lambda: F.conv2d(x, w, None, st, pd))
-        t_cudnn_cba = bench(lambda: torch.cudnn_convolution_relu(x, w, b, (st, st), (pd, pd), (1, 1), 1))
-        t_eager = bench(lambda: torch.relu(F.conv2d(x, w, b, st, pd)))
-        plan = fp.Plan(x).conv(w, stride=st, padding=pd).bias(b).relu()
-        plan.compile()
-        kernel = plan.core._entry(plan.handle).kernel
-        y = torch.empty(plan.core.output_desc.dims, device="cuda", dtype=dtype).to(memory_format=fmt)
-        records = [plan.args.get(op) for op in plan.core.ops]
-        ref = reference_output(plan.core, x, plan.args)
-        results = {}
-        configs = [("heuristic", kernel.config)]
-        if opts.candidates:
-            configs += [
-                (f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}", c) for c in tuning.CONV_CANDIDATES
-            ]
-        for name, cfg in configs:
-            kernel.config = cfg
-            try:
-                y.fill_(float("nan"))
-                kernel.run(x, y, records, None)
-                torch.cuda.synchronize()
-                if not compare(y, ref).rms_ok:
-                    results[name] = "WRONG"
-                    continue
-                results[name] = bench(lambda: kernel.run(x, y, records, None))
-            except Exception as exc:  # a config that does not fit (shared memory): reported
-                results[name] = f"fail {type(exc).__name__}"
-        kernel.config = configs[0][1]
-        ptx = kernel.last_launch.asm.get("ptx", "") if kernel.last_launch is not None else ""
-        # host overhead of one execute (validation + launch), CPU-side
-        args = plan.args
-        for _ in range(10):
-            plan.core.execute(plan.handle, x, y, args)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(200):
-            plan.core.execute(plan.handle, x, y, args)
-        host_us = (time.perf_counter() - t0) / 200 * 1e6
-        torch.cuda.synchronize()
-        best = min((v, k) for k, v in results.items() if isinstance(v, float))
-        print(
-            f"{shape.name} C{shape.c} K{shape.k} {shape.r}x{shape.s}/{st} {shape.h}x{shape.w}: "
-            f"cudnn conv {t_conv * 1e3:.1f}us, cudnn CBA-relu {t_cudnn_cba * 1e3:.1f}us, eager {t_eager * 1e3:.1f}us | "
-            f"ours heuristic {results['heuristic'] if isinstance(results['heuristic'], str) else results['heuristic'] * 1e3:.1f}us "
-            f"best {best[0] * 1e3:.1f}us ({best[1]}, {flops / best[0] / 1e9:.0f} TFLOP/s) "
-            f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f} | wgmma {'wgmma' in ptx} | host {host_us:.0f}us"
-        )
-        print("   ", {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in results.items()}, flush=True)
+        run_layer(shape, opts, dtype, fmt)
 
 
 if __name__ == "__main__":
