@@ -11,6 +11,8 @@ tuning.CONV_CANDIDATES (plus the heuristic's pick). Times are medians of triton.
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import time
 
 import torch
@@ -27,6 +29,28 @@ DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 def _us(v: float | str) -> str:
     return f"{v * 1e3:.1f}us" if isinstance(v, float) else v
+
+
+def host_time(fn, n: int = 300) -> float:
+    """Microseconds of CPU time per call (the GPU queue absorbs the kernels)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = (time.perf_counter() - t0) / n * 1e6
+    torch.cuda.synchronize()
+    return elapsed
+
+
+def wgmma_report() -> str:
+    """How many compiled conv kernels in Triton's cache use wgmma (Hopper's warpgroup MMA)."""
+    files = glob.glob(
+        os.path.join(os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache")), "*", "conv_kernel.ptx")
+    )
+    with_wgmma = sum("wgmma" in open(f).read() for f in files)
+    return f"{with_wgmma} of {len(files)} compiled conv kernels use wgmma"
 
 
 def bench(fn) -> float:
@@ -67,24 +91,24 @@ def run_layer(shape, opts, dtype: torch.dtype, fmt: torch.memory_format) -> None
         except Exception as exc:  # a config that does not fit (shared memory): reported
             results[name] = f"fail {type(exc).__name__}"
     kernel.config = configs[0][1]
-    ptx = kernel.last_launch.asm.get("ptx", "") if kernel.last_launch is not None else ""
-    # host overhead of one execute (validation + launch), CPU-side
+    # host time per call, CPU-side: execute (checks + launch), kernel.run (launch path), Triton's launch alone
     args = plan.args
-    for _ in range(10):
-        plan.core.execute(plan.handle, x, y, args)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(200):
-        plan.core.execute(plan.handle, x, y, args)
-    host_us = (time.perf_counter() - t0) / 200 * 1e6
-    torch.cuda.synchronize()
+    host_us = host_time(lambda: plan.core.execute(plan.handle, x, y, args))
+    run_us = host_time(lambda: kernel.run(x, y, records, None))
+    packed, values, flags = kernel._derived.get(records, None)
+    launch_us = host_time(lambda: kernel._launch(kernel.config, x, packed, y, y, values, flags, False))
+    normal = fp.Plan(x, handle=fp.Handle("cuda", find_mode="NORMAL")).conv(w, stride=st, padding=pd).bias(b).relu()
+    normal.compile()
+    nk = normal.core._entry(normal.handle).kernel
+    t_normal = bench(lambda: nk.run(x, y, records, None))
     best = min((v, k) for k, v in results.items() if isinstance(v, float))
     print(
         f"{shape.name} C{shape.c} K{shape.k} {shape.r}x{shape.s}/{st} {shape.h}x{shape.w}: "
         f"cudnn conv {t_conv * 1e3:.1f}us, cudnn CBA-relu {t_cudnn_cba * 1e3:.1f}us, eager {t_eager * 1e3:.1f}us | "
         f"ours heuristic {_us(results['heuristic'])} "
         f"best {best[0] * 1e3:.1f}us ({best[1]}, {flops / best[0] / 1e9:.0f} TFLOP/s) "
-        f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f} | wgmma {'wgmma' in ptx} | host {host_us:.0f}us"
+        f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f} | NORMAL {t_normal * 1e3:.1f}us {nk.config} "
+        f"ratio {t_normal / t_cudnn_cba:.2f} | host execute {host_us:.0f}us run {run_us:.0f}us launch {launch_us:.0f}us"
     )
     print("   ", {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in results.items()}, flush=True)
 
@@ -95,7 +119,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--layout", default="NHWC")
-    p.add_argument("--candidates", type=int, default=1, help="also time every tuning candidate")
+    p.add_argument("--candidates", type=int, default=0, help="also time every tuning candidate")
     opts = p.parse_args()
     dtype = DT[opts.dtype]
     names = opts.layers.split(",")
@@ -106,6 +130,7 @@ def main() -> None:
     )
     for shape in [s for s in load_shapes() if s.name in names]:
         run_layer(shape, opts, dtype, fmt)
+    print(wgmma_report())
 
 
 if __name__ == "__main__":

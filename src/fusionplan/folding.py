@@ -131,7 +131,7 @@ def split_at_conv(ops: Sequence[FusionOp]) -> tuple[list[FusionOp], ConvForwardO
 def args_fingerprint(records: Sequence[OpArgs]) -> tuple:
     """Version counters of every argument tensor: equal fingerprints of the same records mean the
     derived data (folded coefficients, repacked weights) is still valid."""
-    return tuple(t._version for r in records for t in r.tensors())
+    return tuple(t._version for r in records for t in r._tensors)
 
 
 class PerArgsCache:

@@ -47,12 +47,16 @@ class Handle:
 
     ``stream=None`` means torch's current stream at the time of each execute, which is what a
     framework expects. ``allow_tf32=None`` follows ``torch.backends.cudnn.allow_tf32``.
+    ``find_mode``: FAST (heuristic tuning) or NORMAL (benchmark the candidates once per signature).
     """
 
-    def __init__(self, device: Any = None, stream: Any = None, allow_tf32: bool | None = None) -> None:
+    def __init__(
+        self, device: Any = None, stream: Any = None, allow_tf32: bool | None = None, find_mode: str | None = None
+    ) -> None:
         self.device = resolve_device(device)
         self.uid = next(_uids)
         self.allow_tf32 = allow_tf32
+        self.find_mode = find_mode  # None: $FUSIONPLAN_FIND_MODE, else FAST
         self._stream = None
         self.set_stream(stream)
         self.kernels: dict[tuple, Any] = {}  # plan signature -> compiled kernel

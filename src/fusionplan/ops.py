@@ -113,9 +113,24 @@ class OpArgs:
     alpha: float = 1.0
     beta: float = 0.0
 
+    def __post_init__(self) -> None:
+        # Records are immutable: their tensors, and the one device they share, are found once here
+        # rather than on every execute.
+        tensors = tuple(v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor))
+        devices = {t.device for t in tensors}
+        object.__setattr__(self, "_tensors", tensors)
+        object.__setattr__(self, "_device", devices.pop() if len(devices) == 1 else None)
+
+    def field_values(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def tensors(self) -> tuple[torch.Tensor, ...]:
         """Every tensor the record holds (for device checks and change detection)."""
-        return tuple(v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor))
+        return self._tensors  # type: ignore[attr-defined]
+
+    def on_device(self, device: torch.device) -> bool:
+        """True when every tensor of the record is on ``device``."""
+        return not self._tensors or self._device == device  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
@@ -215,7 +230,7 @@ class FusionOp:
         return self._check(args)
 
     def _check(self, args: OpArgs) -> OpArgs:
-        return type(args)(**{**args.__dict__, **_blend(args)})
+        return type(args)(**{**args.field_values(), **_blend(args)})
 
     def describe(self) -> str:
         return self.title
@@ -344,7 +359,7 @@ class ActivationForwardOp(FusionOp):
         return (type(self).__name__, self.mode)
 
     def _check(self, args: ActivationArgs) -> ActivationArgs:
-        return type(args)(**{**args.__dict__, **_activ_params(args), **_blend(args)})
+        return type(args)(**{**args.field_values(), **_activ_params(args), **_blend(args)})
 
     def describe(self) -> str:
         return f"{self.title} {self.mode.name} ({ACTIVATIONS[self.mode].formula})"

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from fusionplan import solvers
+from fusionplan import solvers, tuning
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
 from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction, coerce_enum
 from fusionplan.errors import (
@@ -215,7 +215,8 @@ class FusionPlan:
             spec = self.spec()
             version = self._version
         solver = solvers.select(spec, handle, backend)
-        key = (solver.name, spec.signature())
+        # Everything that changes the generated kernel: the plan, TF32 and the find mode.
+        key = (solver.name, spec.signature(), handle.tf32_allowed(), tuning.find_mode(handle.find_mode))
         with handle.lock:
             kernel = handle.kernels.get(key)
         if kernel is None:
@@ -341,8 +342,12 @@ def _check_devices(
     handle: Handle, x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None, records: list[OpArgs]
 ) -> None:
     dev = handle.device
-    named = [("input", x), ("output", y)] + ([("prior", prior)] if prior is not None else [])
-    named += [(f"an argument of operator {i}", t) for i, r in enumerate(records) for t in r.tensors()]
-    for name, t in named:
-        if t.device != dev:
+    for name, t in (("input", x), ("output", y), ("prior", prior)):
+        if t is not None and t.device != dev:
             raise TensorMismatchError(f"{name} is on {t.device}; the handle's device is {dev}")
+    for i, rec in enumerate(records):
+        if not rec.on_device(dev):
+            devices = sorted({str(t.device) for t in rec.tensors()})
+            raise TensorMismatchError(
+                f"an argument of operator {i} is on {', '.join(devices)}; the handle's device is {dev}"
+            )

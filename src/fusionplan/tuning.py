@@ -8,9 +8,12 @@ heuristic.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
+
+from fusionplan.errors import BadParmError
 
 
 @dataclass(frozen=True)
@@ -55,16 +58,29 @@ def _pow2_at_least(n: int, lo: int, hi: int) -> int:
 
 
 def conv_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
-    """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth."""
+    """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth.
+
+    From H100 measurements of the ResNet-50 layers (bench/NOTES.md): 128x64 tiles when there are
+    many output pixels, 64-row tiles when there are few; 4 pipeline stages.
+    """
     if interpret:
         return CONV_INTERPRETER
     wide = dtype in (torch.float16, torch.bfloat16)
     block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
-    block_n = _pow2_at_least(k_per_group, 16, 128)
-    block_m = 128 if m >= 128 * 132 // max(1, block_n // 64) else 64
-    warps = 8 if block_m * block_n >= 128 * 128 else 4
-    stages = 3 if (wide and block_k == 64) or (not wide and block_k == 32) else 4
-    return ConvConfig(block_m, block_n, block_k, 8, warps, stages)
+    block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
+    block_m = 128 if m >= 50_000 else 64
+    return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
+
+
+FIND_MODES = ("FAST", "NORMAL")
+
+
+def find_mode(requested: str | None = None) -> str:
+    """FAST: the heuristic's configuration. NORMAL: benchmark the candidates once per signature."""
+    mode = (requested or os.environ.get("FUSIONPLAN_FIND_MODE") or "FAST").strip().upper()
+    if mode not in FIND_MODES:
+        raise BadParmError(f"find mode {mode!r}: choose one of {', '.join(FIND_MODES)}")
+    return mode
 
 
 def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool) -> PointwiseConfig:

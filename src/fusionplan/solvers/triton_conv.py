@@ -133,12 +133,10 @@ def device_why_not(handle, dtype: DataType) -> str | None:
     return None
 
 
-def max_offset(t: Tensor) -> int:
-    return sum((d - 1) * s for d, s in zip(t.shape, t.stride()))
-
-
 def needs_int64(*tensors: Tensor) -> bool:
-    return any(max_offset(t) >= 2**31 - 1 for t in tensors)
+    """True when an element offset of one of the tensors may not fit in int32: every offset a view
+    can reach lies inside its storage, so the storage's size bounds them all."""
+    return any(t.untyped_storage().nbytes() // t.element_size() >= 2**31 - 1 for t in tensors)
 
 
 def shares_memory(a: Tensor, b: Tensor) -> bool:
@@ -202,6 +200,8 @@ class TritonConvKernel(Kernel):
         self.config = tuning.conv_heuristic(n * oh * ow, k // g, c // g, dtype.torch_dtype, interpreter_active())
         self._derived = PerArgsCache()
         self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
+        if handle.device.type == "cuda" and tuning.find_mode(handle.find_mode) == "NORMAL":
+            self.config = self.find(handle.device)
 
     def source(self) -> str:
         return self._source
@@ -217,8 +217,12 @@ class TritonConvKernel(Kernel):
         packed, values, flags = self._derived.get(records, lambda recs: self._derive(recs, x.device))
         out = torch.empty_like(y) if shares_memory(x, y) else y  # a convolution cannot run in place
         has_prior = prior is not None and any(flags.values())
-        p = prior if has_prior else out
-        cfg = self.config
+        self._launch(self.config, x, packed, out, prior if has_prior else out, values, flags, has_prior)
+        if out is not y:
+            y.copy_(out)
+
+    def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, p: Tensor, values: list,
+                flags: dict[str, bool], has_prior: bool) -> None:
         m, _, k_g = self.geometry[:3]
         grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups)
         self.last_launch = self.fn[grid](
@@ -229,8 +233,40 @@ class TritonConvKernel(Kernel):
             DOT_PRECISION=self.dot_precision, IDX64=needs_int64(x, out, p), HAS_PRIOR=has_prior,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
         )
-        if out is not y:
-            y.copy_(out)
+
+    def find(self, device: torch.device) -> tuning.ConvConfig:
+        """Benchmark every candidate configuration on random data of the plan's shapes (NORMAL find
+        mode); the winner is remembered per kernel source, signature and device."""
+        from fusionplan.testing import random_record  # testing builds on the plan layer: import late
+
+        key = (self._source, self.spec.signature(), self.dot_precision, torch.cuda.get_device_name(device))
+        if key in _FOUND:
+            return _FOUND[key]
+        import triton.testing
+
+        in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
+        x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)
+        x.normal_()
+        out = torch.empty_strided(out_desc.dims, out_desc.strides, dtype=out_desc.dtype.torch_dtype, device=device)
+        records = [random_record(op, device, param_dtype=torch.float32) for op in self.spec.ops]
+        packed, values, flags = self._derive(records, device)
+        timings = {}
+        for cfg in dict.fromkeys([self.config, *tuning.CONV_CANDIDATES]):
+            try:
+                self._launch(cfg, x, packed, out, out, values, flags, False)
+                timings[cfg] = triton.testing.do_bench(
+                    lambda cfg=cfg: self._launch(cfg, x, packed, out, out, values, flags, False),
+                    warmup=5, rep=20, return_mode="median",
+                )
+            except Exception:  # a configuration that does not fit this device (shared memory): skipped
+                continue
+        best = min(timings, key=timings.get) if timings else self.config
+        _FOUND[key] = best
+        return best
+
+
+#: Winners of NORMAL-mode searches in this process: (source, signature, precision, device) -> config.
+_FOUND: dict[tuple, tuning.ConvConfig] = {}
 
 
 def triton_cdiv(a: int, b: int) -> int:
