@@ -242,3 +242,54 @@ def test_random_plans(seed):
         assert "empty" in str(exc)
         return
     run_and_check(plan, precision, x, rng.choice(["NCHW", "NHWC"]))
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "NA"])
+def test_repeated_executes_take_the_direct_launch_path(chain):
+    """After the first launch, kernels are called directly; the specialization key must follow
+    every change that matters: new inputs, another output layout, a misaligned output view."""
+    x0 = input_tensor((4, 32, 14, 14), torch.float16, "NHWC")
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x0)), chain, 48, 3, 3, (1, 1), (1, 1), (1, 1), 1,
+                 BatchNormMode.SPATIAL, ActivationMode.RELU, "half")
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    dims = plan.output_desc.dims
+    numel = int(torch.Size(dims).numel())
+    for i in range(8):
+        x = input_tensor((4, 32, 14, 14), torch.float16, "NHWC")
+        args = random_args(plan, "cuda", param_dtype=torch.float32) if i % 3 == 0 else args  # noqa: F821
+        if i % 4 == 3:  # a view starting 2 bytes into its storage: not 16-byte aligned
+            y = torch.full((numel + 1,), float("nan"), device="cuda", dtype=torch.float16)[1:].view(dims)
+        elif i % 2:
+            y = torch.full(dims, float("nan"), device="cuda", dtype=torch.float16)
+        else:
+            y = torch.full(dims, float("nan"), device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        plan.execute(handle, x, y, args)
+        result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
+
+
+def test_execute_under_cuda_graph_capture():
+    x = input_tensor((8, 64, 28, 28), torch.float16, "NHWC")
+    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNA", 64, 3, 3, (1, 1), (1, 1), (1, 1), 1,
+                 BatchNormMode.SPATIAL, ActivationMode.RELU, "half")
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up: compile, fold, first launch
+            plan.execute(handle, x, y, args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(100):
+            plan.execute(handle, x, y, args)
+    x.copy_(torch.randn_like(x))
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+    assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)

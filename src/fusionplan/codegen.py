@@ -162,3 +162,62 @@ def triton_available() -> str | None:
 
 def interpreter_active() -> bool:
     return _interpreting()
+
+
+# ---- launching --------------------------------------------------------------------------------------
+class Launcher:
+    """Launches a generated kernel with low host overhead.
+
+    Triton's ``fn[grid](...)`` binds every argument, computes its specialization and looks up its
+    cache on each call (tens of microseconds for our ~50 arguments). The first launch for a given
+    ``key`` goes through it; the compiled kernel it returns is kept, and later launches with the
+    same key call it directly, the same way Triton's own launch path does. The caller's key must
+    cover everything Triton specializes on that can vary between calls (pointer alignment, strides
+    equal to 1 or divisible by 16, constexprs). ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off.
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.names = list(getattr(fn, "arg_names", []))
+        self._compiled: dict[tuple, object] = {}
+        self.direct = (
+            not _interpreting() and os.environ.get("FUSIONPLAN_DIRECT_LAUNCH", "1") != "0" and bool(self.names)
+        )
+
+    def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
+        kernel = self._compiled.get(key) if self.direct else None
+        if kernel is None:
+            if len(args) != len(self.names):
+                raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
+            kernel = self.fn[grid](**dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
+            if self.direct and kernel is not None and hasattr(kernel, "run"):
+                self._compiled[key] = kernel
+            return kernel
+        import torch
+        from triton import knobs
+
+        stream = torch.cuda.current_stream().cuda_stream
+        metadata = kernel.launch_metadata(grid, stream, *args)
+        kernel.run(
+            grid[0],
+            grid[1],
+            grid[2],
+            stream,
+            kernel.function,
+            kernel.packed_metadata,
+            metadata,
+            knobs.runtime.launch_enter_hook,
+            knobs.runtime.launch_exit_hook,
+            *args,
+        )
+        return kernel
+
+
+def alignment_key(*tensors) -> tuple[bool, ...]:
+    """Triton specializes pointers on 16-byte alignment."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def int_key(values) -> tuple[tuple[bool, bool], ...]:
+    """Triton specializes integers on == 1 and on divisibility by 16."""
+    return tuple((v == 1, v % 16 == 0) for v in values)

@@ -18,7 +18,16 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module, triton_available
+from fusionplan.codegen import (
+    Launcher,
+    alignment_key,
+    emit_stages,
+    indent,
+    int_key,
+    interpreter_active,
+    load_module,
+    triton_available,
+)
 from fusionplan.enums import DataType
 from fusionplan.folding import ActStage, AffineStage, PerArgsCache, Stage, pointwise_stages, split_at_conv, stage_affine
 from fusionplan.ops import ActivationArgs, ConvArgs, OpArgs, Phase
@@ -143,8 +152,9 @@ def shares_memory(a: Tensor, b: Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
-def stage_arguments(stages: Sequence[Stage], records: Sequence[OpArgs], channels: int, spatial: tuple[int, int],
-                    device: torch.device) -> tuple[list, dict[str, bool]]:
+def stage_arguments(
+    stages: Sequence[Stage], records: Sequence[OpArgs], channels: int, spatial: tuple[int, int], device: torch.device
+) -> tuple[list, dict[str, bool]]:
     """Kernel arguments of the epilogue stages for one argument set (fp32 coefficient vectors)."""
     values: list = []
     flags: dict[str, bool] = {}
@@ -188,7 +198,7 @@ class TritonConvKernel(Kernel):
         self.stages = pointwise_stages(post, conv=conv.index)
         self._source = render_conv_source(spec, self.stages)
         module, self.path = load_module(self._source, "conv")
-        self.fn = module.conv_kernel
+        self.launcher = Launcher(module.conv_kernel)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
@@ -221,18 +231,38 @@ class TritonConvKernel(Kernel):
         if out is not y:
             y.copy_(out)
 
-    def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, p: Tensor, values: list,
-                flags: dict[str, bool], has_prior: bool) -> None:
+    def _launch(
+        self,
+        cfg: tuning.ConvConfig,
+        x: Tensor,
+        packed: Tensor,
+        out: Tensor,
+        p: Tensor,
+        values: list,
+        flags: dict[str, bool],
+        has_prior: bool,
+    ) -> None:
         m, _, k_g = self.geometry[:3]
-        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups)
-        self.last_launch = self.fn[grid](
-            x, packed, out, p, *values, *self.geometry,
-            *x.stride(), *out.stride(), *p.stride(), *self.conv_args,
-            R=self.conv.w_desc.dims[2], S=self.conv.w_desc.dims[3],
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
-            DOT_PRECISION=self.dot_precision, IDX64=needs_int64(x, out, p), HAS_PRIOR=has_prior,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **flags,
+        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups, 1)
+        strides = (*x.stride(), *out.stride(), *p.stride())
+        idx64 = needs_int64(x, out, p)
+        consts = (
+            self.conv.w_desc.dims[2],
+            self.conv.w_desc.dims[3],
+            cfg.block_m,
+            cfg.block_n,
+            cfg.block_k,
+            cfg.group_m,
+            self.dot_precision,
+            idx64,
+            has_prior,
+            *flags.values(),
         )
+        args = [x, packed, out, p, *values, *self.geometry, *strides, *self.conv_args, *consts]
+        # everything Triton specializes on that can change between calls with the same arguments
+        value_tensors = [v for v in values if isinstance(v, Tensor)]
+        key = (cfg, consts, int_key(strides), alignment_key(x, packed, out, p, *value_tensors))
+        self.last_launch = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
 
     def find(self, device: torch.device) -> tuning.ConvConfig:
         """Benchmark every candidate configuration on random data of the plan's shapes (NORMAL find
@@ -256,7 +286,9 @@ class TritonConvKernel(Kernel):
                 self._launch(cfg, x, packed, out, out, values, flags, False)
                 timings[cfg] = triton.testing.do_bench(
                     lambda cfg=cfg: self._launch(cfg, x, packed, out, out, values, flags, False),
-                    warmup=5, rep=20, return_mode="median",
+                    warmup=5,
+                    rep=20,
+                    return_mode="median",
                 )
             except Exception:  # a configuration that does not fit this device (shared memory): skipped
                 continue

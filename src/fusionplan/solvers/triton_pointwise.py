@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module
+from fusionplan.codegen import Launcher, alignment_key, emit_stages, indent, int_key, interpreter_active, load_module
 from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
@@ -94,7 +94,7 @@ class TritonPointwiseKernel(Kernel):
         self.stages = pointwise_stages(spec.ops)
         self._source = render_pointwise_source(spec, self.stages)
         module, self.path = load_module(self._source, "pointwise")
-        self.fn = module.pointwise_kernel
+        self.launcher = Launcher(module.pointwise_kernel)
         n, c, h, w = spec.input_desc.dims
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
@@ -114,12 +114,20 @@ class TritonPointwiseKernel(Kernel):
         p = prior if has_prior else out
         cfg = self.config
         num_pb = triton_cdiv(h * w, cfg.block_p)
-        grid = (n * num_pb, triton_cdiv(c, cfg.block_c))
-        self.fn[grid](
-            x, out, p, *values, c, h * w, w, num_pb, *x.stride(), *out.stride(), *p.stride(),
-            BLOCK_P=cfg.block_p, BLOCK_C=cfg.block_c, HW_FLAT=all(_hw_flat(t) for t in (x, out, p)),
-            IDX64=needs_int64(x, out, p), HAS_PRIOR=has_prior, num_warps=cfg.num_warps, **flags,
+        grid = (n * num_pb, triton_cdiv(c, cfg.block_c), 1)
+        strides = (*x.stride(), *out.stride(), *p.stride())
+        consts = (
+            cfg.block_p,
+            cfg.block_c,
+            all(_hw_flat(t) for t in (x, out, p)),
+            needs_int64(x, out, p),
+            has_prior,
+            *flags.values(),
         )
+        args = [x, out, p, *values, c, h * w, w, num_pb, *strides, *consts]
+        value_tensors = [v for v in values if isinstance(v, Tensor)]
+        key = (consts, int_key(strides), alignment_key(x, out, p, *value_tensors))
+        self.launcher(grid, key, args, cfg.num_warps, 1)
         if out is not y:
             y.copy_(out)
 
