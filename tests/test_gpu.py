@@ -255,9 +255,11 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
     plan.compile(handle)
     dims = plan.output_desc.dims
     numel = int(torch.Size(dims).numel())
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
     for i in range(8):
         x = input_tensor((4, 32, 14, 14), torch.float16, "NHWC")
-        args = random_args(plan, "cuda", param_dtype=torch.float32) if i % 3 == 0 else args  # noqa: F821
+        if i % 3 == 2:  # new arguments now and then
+            args = random_args(plan, "cuda", param_dtype=torch.float32)
         if i % 4 == 3:  # a view starting 2 bytes into its storage: not 16-byte aligned
             y = torch.full((numel + 1,), float("nan"), device="cuda", dtype=torch.float16)[1:].view(dims)
         elif i % 2:
