@@ -70,8 +70,10 @@ def conv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < K_G
-    if IDX64:
+    if IDX64:  # offsets of tensors past 2^31 elements
         offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        offs_k = offs_k.to(tl.int64)
     ohw = OH * OW
     n_img = offs_m // ohw
     pix = offs_m % ohw
