@@ -249,8 +249,20 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
     """After the first launch, kernels are called directly; the specialization key must follow
     every change that matters: new inputs, another output layout, a misaligned output view."""
     x0 = input_tensor((4, 32, 14, 14), torch.float16, "NHWC")
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x0)), chain, 48, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.SPATIAL, ActivationMode.RELU, "half")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x0)),
+        chain,
+        48,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.RELU,
+        "half",
+    )
     handle = fp.Handle("cuda")
     plan.compile(handle)
     dims = plan.output_desc.dims
@@ -273,8 +285,20 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
 
 def test_execute_under_cuda_graph_capture():
     x = input_tensor((8, 64, 28, 28), torch.float16, "NHWC")
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNA", 64, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.SPATIAL, ActivationMode.RELU, "half")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNA",
+        64,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.RELU,
+        "half",
+    )
     handle = fp.Handle("cuda")
     plan.compile(handle)
     args = random_args(plan, "cuda", param_dtype=torch.float32)

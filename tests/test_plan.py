@@ -145,6 +145,9 @@ def test_explain_lists_every_solver(handle):
 def test_backend_restriction(handle, monkeypatch):
     plan = cbna_plan()
     assert plan.compile(handle, backend="reference") == "reference"
+    assert plan.compile(handle, solver="reference") == "reference"
+    with pytest.raises(fp.BadParmError, match="no solver named"):
+        plan.compile(handle, solver="cudnn")
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "cpu")
     assert plan.compile(handle) == "cpu-folded"
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")

@@ -36,12 +36,33 @@ def compile_triton(plan):
     return handle
 
 
-def conv_case(shape_key, chain, dtype, layout, out_layout=None, bn_mode=BatchNormMode.SPATIAL,
-              act=ActivationMode.RELU, w_layout="NCHW"):
+def conv_case(
+    shape_key,
+    chain,
+    dtype,
+    layout,
+    out_layout=None,
+    bn_mode=BatchNormMode.SPATIAL,
+    act=ActivationMode.RELU,
+    w_layout="NCHW",
+):
     n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
     x = make_input((n, c, h, w), dtype, layout)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
-                 bn_mode, act, DT_NAME[dtype], w_layout)
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        k,
+        r,
+        s,
+        pad,
+        stride,
+        dil,
+        groups,
+        bn_mode,
+        act,
+        DT_NAME[dtype],
+        w_layout,
+    )
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-conv"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout or layout))
@@ -84,8 +105,20 @@ def test_strided_input_view():
 @pytest.mark.parametrize("chain", ["CBNA", "CAB"])
 def test_alpha_beta_and_prior(chain):
     x = make_input((2, 4, 6, 5), torch.float32, "NHWC")
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.PER_ACTIVATION, ActivationMode.TANH, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        4,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.PER_ACTIVATION,
+        ActivationMode.TANH,
+        "float",
+    )
     handle = compile_triton(plan)
     rng = random.Random(3)
     args = fp.OperatorArgs()
@@ -102,6 +135,7 @@ def test_conv_in_place_output_is_safe():
     handle = compile_triton(plan)
     args = random_args(plan)
     from fusionplan.testing import reference_output
+
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
     torch.testing.assert_close(x.double(), ref, rtol=1e-5, atol=1e-5)
@@ -109,8 +143,20 @@ def test_conv_in_place_output_is_safe():
 
 def test_argument_changes_reach_the_kernel():
     x = make_input((1, 4, 6, 6), torch.float32)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNA", 5, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.SPATIAL, ActivationMode.RELU, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNA",
+        5,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.RELU,
+        "float",
+    )
     handle = compile_triton(plan)
     args = random_args(plan)
     check_against_reference(plan, handle, x, args, poisoned(plan.output_desc))
@@ -123,8 +169,20 @@ def test_argument_changes_reach_the_kernel():
 
 def test_kernel_source_is_generated_from_the_chain():
     x = make_input((1, 3, 6, 6), torch.float32)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNAN", 4, 3, 3, (1, 1), (1, 1), (1, 1), 1,
-                 BatchNormMode.PER_ACTIVATION, ActivationMode.ELU, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNAN",
+        4,
+        3,
+        3,
+        (1, 1),
+        (1, 1),
+        (1, 1),
+        1,
+        BatchNormMode.PER_ACTIVATION,
+        ActivationMode.ELU,
+        "float",
+    )
     handle = compile_triton(plan)
     src = plan.kernel_source(handle)
     assert "def conv_kernel" in src and "activation ELU" in src and "operators [1, 2] folded" in src
@@ -137,8 +195,20 @@ def test_kernel_source_is_generated_from_the_chain():
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_pointwise_chains(chain, layout, bn_mode, dtype):
     x = make_input((2, 5, 7, 3), dtype, layout)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, 0, 0, 0, 0, 0, 0, 1, bn_mode,
-                 ActivationMode.SOFTRELU, DT_NAME[dtype])
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        chain,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        bn_mode,
+        ActivationMode.SOFTRELU,
+        DT_NAME[dtype],
+    )
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-pointwise"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
@@ -146,11 +216,24 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
 
 def test_pointwise_in_place_and_strided():
     x = torch.randn(2, 3, 5, 6)
-    plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "NA", 0, 0, 0, 0, 0, 0, 1, BatchNormMode.SPATIAL,
-                 ActivationMode.CLIPPEDRELU, "float")
+    plan = build(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "NA",
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+        1,
+        BatchNormMode.SPATIAL,
+        ActivationMode.CLIPPEDRELU,
+        "float",
+    )
     handle = compile_triton(plan)
     args = random_args(plan)
     from fusionplan.testing import reference_output
+
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
     torch.testing.assert_close(x.double(), ref, rtol=1e-5, atol=1e-6)
@@ -174,9 +257,21 @@ def test_random_plans(seed):
     chain = "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 5)))
     x = make_input((n, c, h, w), dtype, layout)
     try:
-        plan = build(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), chain, k, r, s, pad, stride, dil, groups,
-                     rng.choice(list(BatchNormMode)), rng.choice(list(ActivationMode)), DT_NAME[dtype],
-                     rng.choice(["NCHW", "NHWC"]))
+        plan = build(
+            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+            chain,
+            k,
+            r,
+            s,
+            pad,
+            stride,
+            dil,
+            groups,
+            rng.choice(list(BatchNormMode)),
+            rng.choice(list(ActivationMode)),
+            DT_NAME[dtype],
+            rng.choice(["NCHW", "NHWC"]),
+        )
     except fp.BadParmError as exc:
         assert "empty" in str(exc)
         return

@@ -207,27 +207,28 @@ class FusionPlan:
         """Every solver's verdict on this plan for ``handle`` (default: a handle on the default device)."""
         return solvers.verdicts(self.spec(), handle or Handle(), backend)
 
-    def compile(self, handle: Handle, backend: str | None = None) -> str:
-        """Compile for ``handle`` with the first applicable solver; returns the solver's name."""
+    def compile(self, handle: Handle, backend: str | None = None, solver: str | None = None) -> str:
+        """Compile for ``handle`` with the first applicable solver (of the ``backend`` family, or the
+        solver named ``solver``, when given); returns the solver's name."""
         if not isinstance(handle, Handle):
             raise BadParmError(f"expected a Handle, got {type(handle).__name__}")
         with self._lock:
             spec = self.spec()
             version = self._version
-        solver = solvers.select(spec, handle, backend)
+        chosen = solvers.select(spec, handle, backend, solver)
         # Everything that changes the generated kernel: the plan, TF32 and the find mode.
-        key = (solver.name, spec.signature(), handle.tf32_allowed(), tuning.find_mode(handle.find_mode))
+        key = (chosen.name, spec.signature(), handle.tf32_allowed(), tuning.find_mode(handle.find_mode))
         with handle.lock:
             kernel = handle.kernels.get(key)
         if kernel is None:
             with handle.activate():
-                kernel = solver.build(spec, handle)
+                kernel = chosen.build(spec, handle)
             with handle.lock:
                 kernel = handle.kernels.setdefault(key, kernel)
         with self._lock:
             if version == self._version:
-                self._compiled[handle.uid] = _Compiled(version, solver.name, kernel, spec)
-        return solver.name
+                self._compiled[handle.uid] = _Compiled(version, chosen.name, kernel, spec)
+        return chosen.name
 
     def is_compiled(self, handle: Handle) -> bool:
         entry = self._compiled.get(handle.uid)

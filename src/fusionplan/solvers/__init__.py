@@ -40,25 +40,30 @@ def requested_backend(backend: str | None = None) -> str | None:
     return value
 
 
-def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None) -> list[Verdict]:
-    """Every registered solver's verdict on ``spec`` for ``handle``, in priority order."""
+def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> list[Verdict]:
+    """Every registered solver's verdict on ``spec`` for ``handle``, in priority order; ``backend``
+    restricts the choice to a family, ``solver`` to one solver by name."""
     family = requested_backend(backend)
+    if solver is not None:
+        solver_named(solver)  # an unknown name is an error, not an empty choice
     out = []
-    for solver in REGISTRY:
-        if family is not None and solver.family != family:
+    for candidate in REGISTRY:
+        if family is not None and candidate.family != family:
             reason = f"{BACKEND_ENV}/backend restricts compile to the {family} family"
+        elif solver is not None and candidate.name != solver:
+            reason = f"compile was restricted to the solver {solver}"
         else:
             try:
-                reason = solver.why_not(spec, handle)
+                reason = candidate.why_not(spec, handle)
             except Exception as exc:  # a solver's check must never take compile down
                 reason = f"applicability check failed: {type(exc).__name__}: {exc}"
-        out.append(Verdict(solver.name, solver.family, reason))
+        out.append(Verdict(candidate.name, candidate.family, reason))
     return out
 
 
-def select(spec: PlanSpec, handle: Handle, backend: str | None = None) -> Solver:
+def select(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> Solver:
     """The first applicable solver, or UnsupportedOpError with every solver's reason."""
-    found = verdicts(spec, handle, backend)
+    found = verdicts(spec, handle, backend, solver)
     for solver, verdict in zip(REGISTRY, found):
         if verdict.applicable:
             return solver

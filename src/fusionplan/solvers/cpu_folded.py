@@ -57,6 +57,30 @@ def _apply_affine(h: Tensor, owned: bool, a: Affine, prior: Tensor | None) -> Te
     return h
 
 
+def _can_write_into(y: Tensor, x: Tensor, dt: torch.dtype, prior: Tensor | None) -> bool:
+    """y can take intermediate results: the compute dtype, no prior contents to keep, and no
+    partial overlap with x (the very same elements are fine: each is read before it is written)."""
+    if y.dtype != dt or prior is not None:
+        return False
+    if x.untyped_storage().data_ptr() != y.untyped_storage().data_ptr():
+        return True
+    return x.data_ptr() == y.data_ptr() and x.stride() == y.stride()
+
+
+def _affine_into(h: Tensor, a: Affine, out: Tensor) -> None:
+    """out = scale * h + shift (no prior term)."""
+    if isinstance(a.scale, Tensor) and isinstance(a.shift, Tensor):
+        torch.addcmul(a.shift.expand_as(out), h, a.scale, out=out)
+    elif isinstance(a.scale, Tensor):
+        torch.mul(h, a.scale, out=out).add_(a.shift)
+    else:
+        torch.add(
+            a.shift if isinstance(a.shift, Tensor) else torch.tensor(a.shift, dtype=h.dtype),
+            h * a.scale if not is_one(a.scale) else h,
+            out=out,
+        )
+
+
 # ---- stages: the plan cut at activations and at the convolution --------------------------------
 @dataclass(frozen=True)
 class AffineStage:
@@ -108,6 +132,7 @@ class CpuFoldedKernel(Kernel):
         self.spec = spec
         self.dt = compute_dtype_for(spec.dtype.torch_dtype)
         self.stages = plan_stages(spec.ops)
+        self.pointwise_only = not any(isinstance(stage, ConvStage) for stage in self.stages)
         self._folded = PerArgsCache()
 
     # -- work done once per argument set ---------------------------------------------------
@@ -137,7 +162,13 @@ class CpuFoldedKernel(Kernel):
         params = self.folded(records)
         p = None if prior is None else prior.to(self.dt)
         h, owned = x.to(self.dt), x.dtype != self.dt
-        for stage, par in zip(self.stages, params):
+        stages = list(zip(self.stages, params))
+        if self.pointwise_only and isinstance(stages[0][0], AffineStage) and _can_write_into(y, x, self.dt, prior):
+            # A pointwise chain writes its first stage straight into y and the rest in place:
+            # two passes over memory for B/N + activation, as many as eager PyTorch makes.
+            _affine_into(h, stages[0][1], y)
+            h, owned, stages = y, True, stages[1:]
+        for stage, par in stages:
             if isinstance(stage, ConvStage):
                 conv = self.spec.ops[stage.conv].conv
                 h = F.conv2d(h, par.weight, par.bias, conv.strides, conv.pads, conv.dilations, conv.groups)

@@ -1,0 +1,1 @@
+"""The benchmark suite behind ``fusionplan-bench``: cases, timing, reports."""

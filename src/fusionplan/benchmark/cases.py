@@ -1,0 +1,320 @@
+"""Benchmark cases: a plan on one shape, and the ways to compute it that are timed against each other.
+
+Variants of a case (each verified against the float64 reference before it is timed; a wrong
+result is recorded as a failure and never timed):
+- ``fused``: the plan compiled with the first applicable solver;
+- ``solver:NAME``: the plan compiled with one solver forced, for every applicable solver;
+- ``unfused``: the same operators one launch each (the reference implementation in the data's dtype);
+- ``eager``: PyTorch eager, conv2d -> batch_norm -> activation as a framework user writes it;
+- ``cudnn``: cuDNN's fused conv+bias+ReLU with batch-norm folded into the weights (ReLU chains);
+- ``compile`` / ``compile-max``: torch.compile of the eager module (default / max-autotune).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusionplan as fp
+from fusionplan import solvers
+from fusionplan.enums import ActivationMode, BatchNormMode, DataType, Layout
+from fusionplan.ops import ConvForwardOp
+from fusionplan.shapes import ConvShape
+from fusionplan.solvers.reference_solver import ReferenceKernel
+from fusionplan.testing import EPS, TF32_EPS, TOLERANCE, compare, random_args, random_tensor, reference_output
+
+#: precision name -> (dtype, TF32 allowed)
+PRECISIONS = {
+    "fp32": (torch.float32, False),
+    "tf32": (torch.float32, True),
+    "fp16": (torch.float16, False),
+    "bf16": (torch.bfloat16, False),
+}
+DT_NAME = {torch.float32: DataType.FLOAT, torch.float16: DataType.HALF, torch.bfloat16: DataType.BFLOAT16}
+
+
+@dataclass(frozen=True)
+class Case:
+    layer: ConvShape
+    batch: int
+    precision: str
+    layout: str  # NCHW or NHWC, for input and output
+    mode: str  # operator letters in data order: CBNA, CBA, NA, ...
+    activation: ActivationMode = ActivationMode.RELU
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return PRECISIONS[self.precision][0]
+
+    @property
+    def tf32(self) -> bool:
+        return PRECISIONS[self.precision][1]
+
+    @property
+    def has_conv(self) -> bool:
+        return "C" in self.mode
+
+    @property
+    def name(self) -> str:
+        return f"{self.layer.name}-{self.mode}-{self.precision}-{self.layout}-n{self.batch}"
+
+    def input_dims(self) -> tuple[int, int, int, int]:
+        if self.has_conv:
+            return (self.batch, self.layer.c, self.layer.h, self.layer.w)
+        # pointwise chains run on the layer's output activation
+        oh = (self.layer.h + 2 * self.layer.pad - self.layer.r) // self.layer.stride + 1
+        ow = (self.layer.w + 2 * self.layer.pad - self.layer.s) // self.layer.stride + 1
+        return (self.batch, self.layer.k, oh, ow)
+
+    def flops(self) -> int:
+        return self.layer.flops(self.batch) if self.has_conv else 0
+
+
+def build_plan(case: Case) -> fp.FusionPlan:
+    dtype = DT_NAME[case.dtype]
+    plan = fp.FusionPlan(fp.TensorDescriptor.packed(dtype, case.input_dims(), Layout[case.layout]))
+    layer = case.layer
+    for letter in case.mode:
+        channels = plan.output_desc.dims[1]
+        if letter == "C":
+            conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1))
+            w = fp.TensorDescriptor.packed(dtype, (layer.k, channels, layer.r, layer.s), Layout[case.layout])
+            plan.add_conv_forward(conv, w)
+        elif letter == "B":
+            plan.add_bias_forward(fp.TensorDescriptor.packed(dtype, (1, channels, 1, 1)))
+        elif letter == "N":
+            desc = fp.TensorDescriptor.packed(DataType.FLOAT, (1, channels, 1, 1))
+            plan.add_batchnorm_inference(BatchNormMode.SPATIAL, desc)
+        elif letter == "A":
+            plan.add_activation_forward(case.activation)
+        else:
+            raise fp.BadParmError(f"mode {case.mode!r}: letters are C, B, N, A")
+    return plan
+
+
+class EagerChain(nn.Module):
+    """The plan's operators as a PyTorch user writes them (bias folded into conv2d when it follows)."""
+
+    def __init__(self, plan: fp.FusionPlan, args: fp.OperatorArgs) -> None:
+        super().__init__()
+        self.steps: list[tuple[str, dict]] = []
+        ops = plan.ops
+        i = 0
+        while i < len(ops):
+            op, rec = ops[i], args.get(ops[i])
+            if isinstance(op, ConvForwardOp):
+                bias = None
+                if i + 1 < len(ops) and isinstance(ops[i + 1], fp.ops.BiasForwardOp):
+                    bias = args.get(ops[i + 1]).bias.flatten()
+                    i += 1
+                c = op.conv
+                self.steps.append(
+                    (
+                        "conv",
+                        dict(
+                            weight=rec.weight,
+                            bias=bias,
+                            stride=c.strides,
+                            padding=c.pads,
+                            dilation=c.dilations,
+                            groups=c.groups,
+                        ),
+                    )
+                )
+            elif isinstance(op, fp.ops.BiasForwardOp):
+                self.steps.append(("bias", dict(bias=rec.bias)))
+            elif isinstance(op, fp.ops.BatchNormInferenceOp):
+                self.steps.append(
+                    (
+                        "bn",
+                        dict(
+                            mean=rec.mean.flatten(),
+                            var=rec.variance.flatten(),
+                            weight=rec.scale.flatten(),
+                            bias=rec.bias.flatten(),
+                            eps=rec.epsilon,
+                        ),
+                    )
+                )
+            else:
+                self.steps.append(("act", dict(mode=op.mode, alpha=rec.activ_alpha)))
+            i += 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for kind, p in self.steps:
+            if kind == "conv":
+                x = F.conv2d(x, p["weight"], p["bias"], p["stride"], p["padding"], p["dilation"], p["groups"])
+            elif kind == "bias":
+                x = x + p["bias"]
+            elif kind == "bn":
+                x = F.batch_norm(x, p["mean"], p["var"], p["weight"], p["bias"], False, 0.0, p["eps"])
+            else:
+                x = _torch_activation(p["mode"], x, p["alpha"])
+        return x
+
+
+def _torch_activation(mode: ActivationMode, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    if mode == ActivationMode.RELU:
+        return torch.relu(x)
+    if mode == ActivationMode.LEAKYRELU:
+        return F.leaky_relu(x, alpha)
+    if mode == ActivationMode.CLIPPEDRELU:
+        return F.hardtanh(x, 0.0, alpha)
+    if mode == ActivationMode.LOGISTIC:
+        return torch.sigmoid(x)
+    if mode == ActivationMode.ELU:
+        return F.elu(x, alpha)
+    raise fp.UnsupportedOpError(f"no eager baseline for activation {mode.name}")
+
+
+def cudnn_fused(plan: fp.FusionPlan, args: fp.OperatorArgs) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """cuDNN's conv+bias+ReLU with the plan's bias and batch-norm folded into weights and bias,
+    for plans of the form C [B] [N] [B] A(ReLU); None for any other plan."""
+    ops = plan.ops
+    if not ops or not isinstance(ops[0], ConvForwardOp) or not isinstance(ops[-1], fp.ops.ActivationForwardOp):
+        return None
+    if ops[-1].mode != ActivationMode.RELU or not all(
+        isinstance(op, (fp.ops.BiasForwardOp, fp.ops.BatchNormInferenceOp)) for op in ops[1:-1]
+    ):
+        return None
+    conv = ops[0]
+    w = args.get(conv).weight.float()
+    scale = torch.ones(w.shape[0], device=w.device)
+    shift = torch.zeros(w.shape[0], device=w.device)
+    for op in ops[1:-1]:
+        rec = args.get(op)
+        if isinstance(op, fp.ops.BiasForwardOp):
+            shift = shift + rec.bias.float().flatten()
+        else:
+            inv = torch.rsqrt(rec.variance.float().flatten() + rec.epsilon)
+            s = rec.scale.float().flatten() * inv
+            scale, shift = scale * s, shift * s + rec.bias.float().flatten() - rec.mean.float().flatten() * s
+    dtype = args.get(conv).weight.dtype
+    fmt = torch.channels_last if args.get(conv).weight.is_contiguous(memory_format=torch.channels_last) else None
+    w_folded = (w * scale.view(-1, 1, 1, 1)).to(dtype)
+    if fmt is not None:
+        w_folded = w_folded.to(memory_format=fmt)
+    b_folded = shift.to(dtype)
+    c = conv.conv
+    return lambda x: torch.cudnn_convolution_relu(x, w_folded, b_folded, c.strides, c.pads, c.dilations, c.groups)
+
+
+@dataclass
+class Variant:
+    name: str
+    run: Callable[[int], object]  # run(i): compute on input set i (the output of the last run is read back)
+    output: Callable[[int], torch.Tensor]  # output(i): what run(i) produced
+    solver: str = ""  # for the plan's variants: the solver that compiled it
+
+
+@dataclass
+class PreparedCase:
+    case: Case
+    plan: fp.FusionPlan
+    args: fp.OperatorArgs
+    xs: list[torch.Tensor]
+    ys: list[torch.Tensor]
+    reference: torch.Tensor  # float64 result of input set 0
+    variants: list[Variant] = field(default_factory=list)
+
+    @property
+    def bytes_moved(self) -> int:
+        """Fewest bytes a kernel must move: input, output and weights once each."""
+        x, y = self.xs[0], self.ys[0]
+        weights = sum(t.numel() * t.element_size() for op in self.plan.ops for t in self.args.get(op).tensors())
+        return x.numel() * x.element_size() + y.numel() * y.element_size() + weights
+
+
+def prepare(case: Case, device: torch.device, rotation_bytes: int, gen: torch.Generator | None = None) -> PreparedCase:
+    """Inputs (rotated copies), arguments and the float64 reference of one case."""
+    plan = build_plan(case)
+    layout = Layout[case.layout]
+    x0 = random_tensor(plan.input_desc.dims, case.dtype, device, layout, gen=gen)
+    out_bytes = math.prod(plan.output_desc.dims) * x0.element_size()
+    copies = max(1, min(16, math.ceil(rotation_bytes / max(1, x0.numel() * x0.element_size() + out_bytes))))
+    xs = [x0] + [random_tensor(plan.input_desc.dims, case.dtype, device, layout, gen=gen) for _ in range(copies - 1)]
+    fmt = torch.channels_last if layout == Layout.NHWC else torch.contiguous_format
+    ys = [torch.empty(plan.output_desc.dims, dtype=case.dtype, device=device).to(memory_format=fmt) for _ in xs]
+    args = random_args(plan, device, param_dtype=torch.float32, gen=gen)
+    reference = reference_output(plan, x0, args)
+    return PreparedCase(case, plan, args, xs, ys, reference)
+
+
+def tolerance(case: Case) -> tuple[float, float]:
+    """(relative-norm tolerance, epsilon of MIOpen's rms rule) of the case's precision."""
+    if case.tf32:
+        return 1e-3, TF32_EPS
+    return TOLERANCE[case.dtype], EPS[case.dtype]
+
+
+def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]) -> list[Variant]:
+    case, plan, args = prep.case, prep.plan, prep.args
+    xs, ys = prep.xs, prep.ys
+    n = len(xs)
+    variants: list[Variant] = []
+
+    def plan_variant(name: str, handle: fp.Handle) -> Variant:
+        return Variant(
+            name,
+            lambda i: plan.execute(handle, xs[i % n], ys[i % n], args),
+            lambda i: ys[i % n],
+            plan.compiled_solver(handle),
+        )
+
+    def module_variant(name: str, module: Callable[[torch.Tensor], torch.Tensor]) -> Variant:
+        results: dict[int, torch.Tensor] = {}
+
+        def run(i: int) -> None:
+            results[i % n] = module(xs[i % n])
+
+        return Variant(name, run, lambda i: results[i % n])
+
+    handle = fp.Handle(device, allow_tf32=case.tf32)
+    plan.compile(handle)
+    variants.append(plan_variant("fused", handle))
+    for verdict in plan.explain(handle):
+        # Triton "applies" on the CPU only through its interpreter, a test tool, not a solver to time
+        if verdict.applicable and not (device.type == "cpu" and verdict.family == "triton"):
+            forced = fp.Handle(device, allow_tf32=case.tf32)
+            plan.compile(forced, solver=verdict.solver)
+            variants.append(plan_variant(f"solver:{verdict.solver}", forced))
+    if "unfused" in baselines:
+        spec = plan.spec()
+        kernel = ReferenceKernel(spec, case.dtype if device.type == "cuda" else None)
+        records = [args.get(op) for op in plan.ops]
+        variants.append(
+            Variant("unfused", lambda i: kernel.run(xs[i % n], ys[i % n], records, None), lambda i: ys[i % n])
+        )
+    eager = EagerChain(plan, args)
+    if "eager" in baselines:
+        variants.append(module_variant("eager", eager))
+    if "cudnn" in baselines and device.type == "cuda":
+        fused = cudnn_fused(plan, args)
+        if fused is not None:
+            variants.append(module_variant("cudnn", fused))
+    if "compile" in baselines:
+        variants.append(module_variant("compile", torch.compile(eager)))
+    if "compile-max" in baselines:
+        variants.append(module_variant("compile-max", torch.compile(eager, mode="max-autotune")))
+    return variants
+
+
+def verify(prep: PreparedCase, variant: Variant) -> str | None:
+    """None when the variant computes the reference (input set 0), else why not."""
+    tol, eps = tolerance(prep.case)
+    ys0 = prep.ys[0]
+    ys0.fill_(float("nan"))
+    variant.run(0)
+    result = compare(variant.output(0), prep.reference, eps)
+    if result.rel_norm < tol and result.rms_ok:
+        return None
+    return f"wrong result: {result}"
+
+
+def solver_names() -> list[str]:
+    return [s.name for s in solvers.REGISTRY]

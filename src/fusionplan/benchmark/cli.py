@@ -1,0 +1,164 @@
+"""fusionplan-bench: fusionplan against cuDNN, PyTorch eager and torch.compile, on any shapes.
+
+    fusionplan-bench                                   # 23 ResNet-50 layers, batch 32, fp16 NHWC, CBNA and CBA
+    fusionplan-bench --precisions fp16,fp32 --layouts NHWC,NCHW --modes CBNA,CBA,NA --out bench/results/run
+    fusionplan-bench --shapes my_shapes.csv --batch 1,32 --graph
+    fusionplan-bench --device cpu --layers r50_01,r50_10   # CPU: cpu solver vs reference vs eager
+
+Every variant is verified against the float64 reference before it is timed; a wrong result is
+reported, never timed. Times are medians of CUDA-event timings after warm-up, inputs rotated so
+they are not served from L2 (``--graph`` replays from a CUDA graph to remove launch gaps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from fusionplan.benchmark.cases import PRECISIONS, Case
+from fusionplan.benchmark.report import environment, print_table, write_outputs
+from fusionplan.benchmark.runner import BASELINES, run_suite
+from fusionplan.enums import ActivationMode, coerce_enum
+from fusionplan.errors import FusionPlanError
+from fusionplan.handle import resolve_device
+from fusionplan.shapes import load_shapes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fusionplan-bench",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--shapes", default=None, help="CSV of shapes (name,C,K,H,W,R,S,stride,pad); default: ResNet-50 v1.5"
+    )
+    p.add_argument("--layers", default="all", help="comma-separated layer names from the shapes, or 'all' (default)")
+    p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 32 on a GPU, 1 on the CPU)")
+    p.add_argument(
+        "--precisions",
+        default=None,
+        help=f"comma-separated, of {', '.join(PRECISIONS)} (tf32: fp32 data, TF32 allowed everywhere); "
+        "default fp16 on a GPU, fp32 on the CPU",
+    )
+    p.add_argument(
+        "--layouts", default="NHWC", help="comma-separated NCHW,NHWC (input and output layout; default NHWC)"
+    )
+    p.add_argument(
+        "--modes",
+        default="CBNA,CBA",
+        help="comma-separated operator chains in data order, letters C B N A (default CBNA,CBA; NA = "
+        "batch-norm + activation on the layer's output activation)",
+    )
+    p.add_argument("--activation", default="relu", help="activation mode of the chains (default relu)")
+    p.add_argument(
+        "--baselines",
+        default=None,
+        help=f"comma-separated, of {', '.join(BASELINES[:-1])} (default: all on a GPU, unfused,eager on the "
+        "CPU); 'none' for fusionplan only",
+    )
+    p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune') (slow)")
+    p.add_argument("--iters", type=int, default=50, help="timed runs per variant (median; default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
+    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no launch gaps)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: a GPU if present)")
+    p.add_argument("--out", default=None, help="directory for results.csv, results.json, summary.md and the PNG plots")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--seed", type=int, default=0, help="random seed of inputs and arguments")
+    p.add_argument(
+        "--shard", default=None, help="K/N: run only every N-th case starting at K (split a sweep over processes)"
+    )
+    p.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="compile and verify every variant without timing (fills the kernel caches; run shards of it "
+        "in parallel before a timed run)",
+    )
+    return p
+
+
+def _split(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
+    shapes = load_shapes(opts.shapes)
+    if opts.layers != "all":
+        wanted = _split(opts.layers)
+        unknown = set(wanted) - {s.name for s in shapes}
+        if unknown:
+            raise SystemExit(f"fusionplan-bench: unknown layers {sorted(unknown)}")
+        shapes = [s for s in shapes if s.name in wanted]
+    gpu = device.type == "cuda"
+    batches = [int(b) for b in _split(opts.batch or ("32" if gpu else "1"))]
+    precisions = _split(opts.precisions or ("fp16" if gpu else "fp32"))
+    for name in precisions:
+        if name not in PRECISIONS:
+            raise SystemExit(f"fusionplan-bench: unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+    layouts = _split(opts.layouts)
+    modes = [m.upper() for m in _split(opts.modes)]
+    activation = coerce_enum(ActivationMode, opts.activation, "activation")
+    return [
+        Case(s, b, p, lay, m, activation)
+        for p in precisions
+        for lay in layouts
+        for m in modes
+        for b in batches
+        for s in shapes
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    try:
+        device = resolve_device(opts.device)
+    except FusionPlanError as exc:
+        print(f"fusionplan-bench: {exc}", file=sys.stderr)
+        return 2
+    cases = cases_from(opts, device)
+    if opts.shard:
+        k, n = (int(v) for v in opts.shard.split("/"))
+        cases = cases[k::n]
+    if opts.baselines == "none":
+        baselines = []
+    else:
+        default = "unfused,eager,cudnn,compile" if device.type == "cuda" else "unfused,eager"
+        baselines = _split(opts.baselines or default)
+    if opts.max_autotune:
+        baselines.append("compile-max")
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        print(f"fusionplan-bench: unknown baselines {sorted(unknown)}", file=sys.stderr)
+        return 2
+    torch.manual_seed(opts.seed)
+    print(f"fusionplan-bench: {len(cases)} cases on {device}, baselines: {', '.join(baselines) or 'none'}")
+    rows, peaks = _run_with_progress(cases, device, baselines, opts)
+    if opts.warm_only:
+        wrong = [f"{r.case.name}: {k}: {v}" for r in rows for k, v in r.errors.items()]
+        print(f"warmed {len(rows)} cases" + "".join(f"\n  {w}" for w in wrong))
+        return 1 if any("wrong result" in w for w in wrong) else 0
+    print_table(rows, peaks)
+    if opts.out:
+        for path in write_outputs(rows, peaks, environment(device), Path(opts.out), plots=not opts.no_plots):
+            print(f"wrote {path}")
+    return 1 if any("wrong result" in e for r in rows for e in r.errors.values()) else 0
+
+
+def _run_with_progress(cases, device, baselines, opts):
+    kwargs = dict(iters=opts.iters, warmup=opts.warmup, graph=opts.graph, timed=not opts.warm_only)
+    try:
+        from rich.progress import Progress
+    except ImportError:
+        return run_suite(cases, device, baselines, progress=lambda c: print(f"  done {c.name}", flush=True), **kwargs)
+    with Progress(transient=True) as progress:
+        task = progress.add_task("benchmarking", total=len(cases))
+        return run_suite(cases, device, baselines, progress=lambda c: progress.advance(task), **kwargs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

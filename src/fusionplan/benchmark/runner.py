@@ -1,0 +1,166 @@
+"""Runs benchmark cases: verify every variant, then time it; one row of results per case."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import statistics
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from fusionplan.benchmark.cases import Case, make_variants, prepare, verify
+from fusionplan.benchmark.timing import Peaks, l2_bytes, measure_peaks, median_ms
+
+BASELINES = ("unfused", "eager", "cudnn", "compile", "compile-max")
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled: bool) -> Iterator[None]:
+    """TF32 on or off for every library in the process (cuDNN and cuBLAS), restored afterwards."""
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)
+    torch.backends.cudnn.allow_tf32 = enabled
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@dataclass
+class Row:
+    case: Case
+    flops: int
+    bytes: int
+    floor_ms: float
+    times: dict[str, float] = field(default_factory=dict)  # variant -> median ms
+    errors: dict[str, str] = field(default_factory=dict)  # variant -> why it was not timed
+    solver: str = ""
+
+    @property
+    def fused_ms(self) -> float | None:
+        return self.times.get("fused")
+
+    def speedup(self, baseline: str) -> float | None:
+        """baseline time / fused time (> 1: fusionplan is faster)."""
+        if self.fused_ms is None or baseline not in self.times:
+            return None
+        return self.times[baseline] / self.fused_ms
+
+    def as_dict(self) -> dict:
+        c = self.case
+        fused = self.fused_ms
+        out = {
+            "case": c.name,
+            "layer": c.layer.name,
+            "C": c.layer.c,
+            "K": c.layer.k,
+            "H": c.layer.h,
+            "W": c.layer.w,
+            "R": c.layer.r,
+            "S": c.layer.s,
+            "stride": c.layer.stride,
+            "pad": c.layer.pad,
+            "batch": c.batch,
+            "precision": c.precision,
+            "layout": c.layout,
+            "mode": c.mode,
+            "activation": c.activation.name,
+            "solver": self.solver,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "floor_ms": self.floor_ms,
+            "fused_ms": fused,
+            "tflops": self.flops / (fused * 1e9) if fused else None,
+            "gbps": self.bytes / (fused * 1e6) if fused else None,
+            "time_over_floor": fused / self.floor_ms if fused and self.floor_ms else None,
+        }
+        for name, ms in self.times.items():
+            out[f"{name}_ms"] = ms
+        for name in self.times:
+            if name != "fused":
+                out[f"speedup_vs_{name}"] = self.speedup(name)
+        out["errors"] = "; ".join(f"{k}: {v}" for k, v in self.errors.items())
+        return out
+
+
+def run_case(
+    case: Case,
+    device: torch.device,
+    peaks: Peaks,
+    baselines: list[str],
+    iters: int,
+    warmup: int,
+    graph: bool,
+    timed: bool = True,
+) -> Row:
+    """Verify every variant, then time it (``timed=False``: verify only, which compiles everything)."""
+    with tf32_mode(case.tf32):
+        prep = prepare(case, device, 2 * l2_bytes(device))
+        row = Row(case, case.flops(), prep.bytes_moved, peaks.floor_ms(case.flops(), prep.bytes_moved))
+        try:
+            variants = make_variants(prep, device, baselines)
+        except Exception as exc:  # the plan itself could not be built or compiled: a failed case
+            row.errors["fused"] = f"{type(exc).__name__}: {exc}"
+            return row
+        row.solver = variants[0].solver
+        for variant in variants:
+            try:
+                why = verify(prep, variant)
+                if why is not None:
+                    row.errors[variant.name] = why
+                elif timed:
+                    row.times[variant.name] = median_ms(
+                        variant.run, device, iters, warmup, graph=graph and not variant.name.startswith("compile")
+                    )
+            except Exception as exc:  # a baseline that cannot run this case (e.g. no kernel for it)
+                row.errors[variant.name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    del prep
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+def run_suite(
+    cases: list[Case],
+    device: torch.device,
+    baselines: list[str],
+    iters: int = 50,
+    warmup: int = 5,
+    graph: bool = False,
+    progress: Callable[[Case], None] | None = None,
+    timed: bool = True,
+) -> tuple[list[Row], dict]:
+    """Run every case; returns the rows and the measured peaks per precision."""
+    peaks: dict[str, Peaks] = {}
+    rows = []
+    for case in cases:
+        if case.precision not in peaks:
+            with tf32_mode(case.tf32):
+                peaks[case.precision] = measure_peaks(device, case.dtype) if timed else Peaks(1.0, 1.0)
+        rows.append(run_case(case, device, peaks[case.precision], baselines, iters, warmup, graph, timed))
+        if progress is not None:
+            progress(case)
+    return rows, {k: vars(v) for k, v in peaks.items()}
+
+
+def geomeans(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per (precision, layout, mode) group: the geometric mean of fused's speed-up over each baseline."""
+    groups: dict[str, list[Row]] = {}
+    for row in rows:
+        groups.setdefault(f"{row.case.precision} {row.case.layout} {row.case.mode}", []).append(row)
+    out = {}
+    for key, members in groups.items():
+        names = sorted({n for r in members for n in r.times if n != "fused"})
+        stats = {}
+        for name in names:
+            values = [s for r in members if (s := r.speedup(name)) is not None]
+            if values:
+                stats[name] = statistics.geometric_mean(values)
+        floors = [r.fused_ms / r.floor_ms for r in members if r.fused_ms and r.floor_ms]
+        if floors:
+            stats["time_over_floor"] = statistics.geometric_mean(floors)
+        out[key] = stats
+    return out
