@@ -110,7 +110,7 @@ class EagerChain(nn.Module):
             if isinstance(op, ConvForwardOp):
                 bias = None
                 if i + 1 < len(ops) and isinstance(ops[i + 1], fp.ops.BiasForwardOp):
-                    bias = args.get(ops[i + 1]).bias.flatten()
+                    bias = args.get(ops[i + 1]).bias.flatten().to(rec.weight.dtype)
                     i += 1
                 c = op.conv
                 self.steps.append(
@@ -127,7 +127,7 @@ class EagerChain(nn.Module):
                     )
                 )
             elif isinstance(op, fp.ops.BiasForwardOp):
-                self.steps.append(("bias", dict(bias=rec.bias)))
+                self.steps.append(("bias", dict(bias=rec.bias.to(op.input_desc.dtype.torch_dtype))))
             elif isinstance(op, fp.ops.BatchNormInferenceOp):
                 self.steps.append(
                     (

@@ -111,9 +111,7 @@ def run_case(
                 if why is not None:
                     row.errors[variant.name] = why
                 elif timed:
-                    row.times[variant.name] = median_ms(
-                        variant.run, device, iters, warmup, graph=graph and not variant.name.startswith("compile")
-                    )
+                    row.times[variant.name] = median_ms(variant.run, device, iters, warmup, graph=graph)
             except Exception as exc:  # a baseline that cannot run this case (e.g. no kernel for it)
                 row.errors[variant.name] = f"{type(exc).__name__}: {str(exc)[:200]}"
     del prep
