@@ -47,19 +47,23 @@ def main() -> None:
     empty = torch.empty(1, device="cuda")
     print(f"an empty torch launch (add_): {per_call_us(lambda: empty.add_(1.0)):.1f} us")
     for chain in ("CBNA", "NA"):
-        plan, x = plan_for(chain)
-        handle = fp.Handle("cuda")
-        plan.compile(handle)
-        args = random_args(plan, "cuda", param_dtype=torch.float32)
-        y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
-        kernel = plan._entry(handle).kernel
-        records = [args.get(op) for op in plan.ops]
-        execute = per_call_us(lambda: plan.execute(handle, x, y, args))
-        run = per_call_us(lambda: kernel.run(x, y, records, None))
-        print(
-            f"{chain} ({kernel.solver_name}): execute {execute:.1f} us, kernel.run {run:.1f} us, "
-            f"direct launches cached: {len(kernel.launcher._compiled)}, direct path on: {kernel.launcher.direct}"
-        )
+        report(chain)
+
+
+def report(chain: str) -> None:
+    plan, x = plan_for(chain)
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    kernel = plan._entry(handle).kernel
+    records = [args.get(op) for op in plan.ops]
+    execute = per_call_us(lambda: plan.execute(handle, x, y, args))
+    run = per_call_us(lambda: kernel.run(x, y, records, None))
+    print(
+        f"{chain} ({kernel.solver_name}): execute {execute:.1f} us, kernel.run {run:.1f} us, "
+        f"direct launches cached: {len(kernel.launcher._compiled)}, direct path on: {kernel.launcher.direct}"
+    )
 
 
 if __name__ == "__main__":
