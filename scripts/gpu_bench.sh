@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The H100 benchmark run behind bench/results/: compile every case in parallel shards first (kernel
 # and torch.compile caches are on disk, shared by the processes), then time them in one process.
-#   scripts/gpu_bench.sh OUTDIR PRECISION [LAYOUTS] [MODES]
-# e.g. scripts/gpu_bench.sh /tmp/bench fp16 NHWC,NCHW CBNA,CBA,NA
+#   scripts/gpu_bench.sh OUTDIR PRECISION [LAYOUTS] [MODES] [fusionplan-bench options of the timed run...]
+# e.g. scripts/gpu_bench.sh /tmp/bench fp16 NHWC,NCHW CBNA,CBA,NA --graph
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$1 precision=$2 layouts=${3:-NHWC,NCHW} modes=${4:-CBNA,CBA,NA}
+shift $(( $# < 4 ? $# : 4 ))
 shards=${SHARDS:-14}
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 common=(--precisions "$precision" --layouts "$layouts" --modes "$modes" --batch 32)
@@ -15,4 +16,4 @@ for k in $(seq 0 $((shards - 1))); do
 done
 wait
 grep -h "wrong result\|Error" /tmp/warm-*.log | head -20
-timeout "${TIMED_TIMEOUT:-330}" python -m fusionplan.benchmark.cli "${common[@]}" --iters "${ITERS:-30}" --out "$out"
+timeout "${TIMED_TIMEOUT:-330}" python -m fusionplan.benchmark.cli "${common[@]}" --iters "${ITERS:-30}" --out "$out" "$@"
