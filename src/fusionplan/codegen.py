@@ -112,6 +112,12 @@ def cache_dir() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "fusionplan"
 
 
+def use_triton_cache_inside_ours() -> None:
+    """Triton's compiled-kernel cache goes under ours (unless the user chose a place for it), so that
+    ``fusionplan-cache`` can show and clear everything a plan compiled."""
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))
+
+
 _modules: dict[str, ModuleType] = {}
 _modules_lock = threading.Lock()
 
@@ -126,6 +132,7 @@ def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
     The interpreter flag is part of the key: Triton decides at decoration time whether a kernel
     runs compiled or interpreted.
     """
+    use_triton_cache_inside_ours()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     name = f"fusionplan_gen_{stem}_{digest}"
     key = name + (":interpret" if _interpreting() else "")

@@ -83,6 +83,41 @@ def find_mode(requested: str | None = None) -> str:
     return mode
 
 
+def find_config(
+    solver: str,
+    signature: object,
+    device: str,
+    candidates: list[ConvConfig],
+    benchmark,
+    db=None,
+) -> ConvConfig:
+    """NORMAL find mode: the stored winner for this signature if the perf database has a valid one,
+    else benchmark every candidate (``benchmark(config)`` returns milliseconds, or raises when the
+    configuration cannot run) and store the fastest."""
+    from fusionplan.perfdb import default_db
+
+    db = db or default_db()
+    stored = db.get(solver, signature, device)
+    if stored is not None:
+        try:
+            config = ConvConfig(**stored)
+        except TypeError:  # an entry of another shape: ignored and replaced below
+            config = None
+        if config is not None and config in candidates:
+            return config
+    timings = {}
+    for config in dict.fromkeys(candidates):
+        try:
+            timings[config] = benchmark(config)
+        except Exception:  # does not fit this device (shared memory, registers): skipped
+            continue
+    if not timings:
+        return candidates[0]
+    best = min(timings, key=timings.get)
+    db.put(solver, signature, device, dict(vars(best)), timings[best])
+    return best
+
+
 def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool) -> PointwiseConfig:
     """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW."""
     if interpret:

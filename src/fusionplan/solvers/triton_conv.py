@@ -267,40 +267,36 @@ class TritonConvKernel(Kernel):
         self.last_launch = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
 
     def find(self, device: torch.device) -> tuning.ConvConfig:
-        """Benchmark every candidate configuration on random data of the plan's shapes (NORMAL find
-        mode); the winner is remembered per kernel source, signature and device."""
+        """NORMAL find mode: the perf database's winner for this kernel, or benchmark every
+        candidate configuration on random data of the plan's shapes and store the fastest."""
         from fusionplan.testing import random_record  # testing builds on the plan layer: import late
 
-        key = (self._source, self.spec.signature(), self.dot_precision, torch.cuda.get_device_name(device))
-        if key in _FOUND:
-            return _FOUND[key]
-        import triton.testing
-
+        props = torch.cuda.get_device_properties(device)
+        device_name = f"{props.name} sm_{props.major}{props.minor}"
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)
         x.normal_()
         out = torch.empty_strided(out_desc.dims, out_desc.strides, dtype=out_desc.dtype.torch_dtype, device=device)
         records = [random_record(op, device, param_dtype=torch.float32) for op in self.spec.ops]
         packed, values, flags = self._derive(records, device)
-        timings = {}
-        for cfg in dict.fromkeys([self.config, *tuning.CONV_CANDIDATES]):
-            try:
-                self._launch(cfg, x, packed, out, out, values, flags, False)
-                timings[cfg] = triton.testing.do_bench(
-                    lambda cfg=cfg: self._launch(cfg, x, packed, out, out, values, flags, False),
-                    warmup=5,
-                    rep=20,
-                    return_mode="median",
-                )
-            except Exception:  # a configuration that does not fit this device (shared memory): skipped
-                continue
-        best = min(timings, key=timings.get) if timings else self.config
-        _FOUND[key] = best
-        return best
 
+        def benchmark(cfg: tuning.ConvConfig) -> float:
+            import triton.testing
 
-#: Winners of NORMAL-mode searches in this process: (source, signature, precision, device) -> config.
-_FOUND: dict[tuple, tuning.ConvConfig] = {}
+            self._launch(cfg, x, packed, out, out, values, flags, False)
+            return triton.testing.do_bench(
+                lambda: self._launch(cfg, x, packed, out, out, values, flags, False),
+                warmup=5,
+                rep=20,
+                return_mode="median",
+            )
+
+        candidates = list(dict.fromkeys([self.config, *tuning.CONV_CANDIDATES]))
+        return tuning.find_config(self.solver_name, self.tuning_key(), device_name, candidates, benchmark)
+
+    def tuning_key(self) -> tuple:
+        """Everything the generated code and its tuning depend on."""
+        return (self._source, self.spec.signature(), self.dot_precision)
 
 
 def triton_cdiv(a: int, b: int) -> int:

@@ -1,0 +1,80 @@
+"""fusionplan-cache: see and clear fusionplan's caches.
+
+    fusionplan-cache info              # where the caches are, their sizes, perf database entries
+    fusionplan-cache clear             # everything: generated kernels, Triton's compiled kernels, perf database
+    fusionplan-cache clear --perfdb    # only the perf database (tuning results)
+
+The cache directory is $FUSIONPLAN_CACHE_DIR, else $XDG_CACHE_HOME/fusionplan, else ~/.cache/fusionplan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from fusionplan.codegen import cache_dir
+from fusionplan.perfdb import default_db
+
+
+def _size(path: Path) -> tuple[int, int]:
+    """(files, bytes) under ``path``."""
+    if not path.exists():
+        return 0, 0
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def info() -> str:
+    root = cache_dir()
+    lines = [f"cache directory: {root}"]
+    for name, what in (("kernels", "generated Triton sources"), ("triton", "Triton's compiled kernels")):
+        files, nbytes = _size(root / name)
+        lines.append(f"  {name}/: {what}: {files} files, {nbytes / 2**20:.1f} MiB")
+    db = default_db()
+    lines.append(f"  {db.path.name}: perf database: {db.count()} tuned configurations")
+    return "\n".join(lines)
+
+
+def clear(kernels: bool, perfdb: bool, triton: bool) -> list[str]:
+    root = cache_dir()
+    done = []
+    if kernels and (root / "kernels").exists():
+        shutil.rmtree(root / "kernels")
+        done.append("generated kernels")
+    if triton and (root / "triton").exists():
+        shutil.rmtree(root / "triton")
+        done.append("Triton's compiled kernels")
+    if perfdb:
+        default_db().clear()
+        done.append("perf database")
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fusionplan-cache",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="show where the caches are and what they hold")
+    clear_parser = sub.add_parser("clear", help="delete cached kernels and tuning results (all unless narrowed)")
+    clear_parser.add_argument("--kernels", action="store_true", help="only the generated Triton sources")
+    clear_parser.add_argument("--triton", action="store_true", help="only Triton's compiled kernels")
+    clear_parser.add_argument("--perfdb", action="store_true", help="only the perf database")
+    opts = parser.parse_args(argv)
+    if opts.command == "info":
+        print(info())
+        return 0
+    narrowed = opts.kernels or opts.triton or opts.perfdb
+    done = clear(opts.kernels or not narrowed, opts.perfdb or not narrowed, opts.triton or not narrowed)
+    print("cleared: " + (", ".join(done) if done else "nothing (the caches were empty)"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
