@@ -126,8 +126,12 @@ def test_four_processes_at_once(cache, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     backend = "triton" if interpreter_active() else "cpu"
-    procs = [subprocess.Popen([sys.executable, str(script), str(w), backend], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for w in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(w), backend], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for w in range(4)
+    ]
     outs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-2000:]
@@ -166,11 +170,22 @@ def test_truncated_kernel_file_is_rewritten(cache, monkeypatch):
     assert path.read_text() == text
 
 
-def _conv_tuning_key(dtype="float", layout="NHWC", shape=(2, 8, 9, 9), chain="CBA", act=fp.ActivationMode.RELU,
-                     bn=fp.BatchNormMode.SPATIAL, conv=((1, 1), (1, 1), (1, 1), 1), k=8, tf32=False):
+def _conv_tuning_key(
+    dtype="float",
+    layout="NHWC",
+    shape=(2, 8, 9, 9),
+    chain="CBA",
+    act=fp.ActivationMode.RELU,
+    bn=fp.BatchNormMode.SPATIAL,
+    conv=((1, 1), (1, 1), (1, 1), 1),
+    k=8,
+    tf32=False,
+):
     x_desc = fp.TensorDescriptor.packed(dtype, shape, layout)
     plan = fp.FusionPlan(x_desc)
-    plan.add_conv_forward(fp.ConvolutionDescriptor(*conv), fp.TensorDescriptor.packed(dtype, (k, shape[1] // conv[3], 3, 3)))
+    plan.add_conv_forward(
+        fp.ConvolutionDescriptor(*conv), fp.TensorDescriptor.packed(dtype, (k, shape[1] // conv[3], 3, 3))
+    )
     for letter in chain[1:]:
         ch = plan.output_desc.dims[1]
         if letter == "B":
@@ -183,17 +198,32 @@ def _conv_tuning_key(dtype="float", layout="NHWC", shape=(2, 8, 9, 9), chain="CB
     from fusionplan.solvers.triton_conv import TritonConvKernel
 
     handle = fp.Handle("cpu", allow_tf32=tf32)
-    return (signature_digest(TritonConvKernel(plan.spec(), handle).tuning_key()),
-            (plan.spec().signature(), handle.tf32_allowed()))
+    return (
+        signature_digest(TritonConvKernel(plan.spec(), handle).tuning_key()),
+        (plan.spec().signature(), handle.tf32_allowed()),
+    )
 
 
 @pytest.mark.skipif(not interpreter_active(), reason="builds Triton kernels (interpreter)")
-@pytest.mark.parametrize("change", [
-    dict(dtype="half"), dict(layout="NCHW"), dict(shape=(2, 8, 9, 10)), dict(shape=(3, 8, 9, 9)),
-    dict(chain="CBNA"), dict(chain="CAB"), dict(act=fp.ActivationMode.ELU), dict(chain="CN", bn=fp.BatchNormMode.SPATIAL),
-    dict(conv=((0, 0), (1, 1), (1, 1), 1)), dict(conv=((1, 1), (2, 2), (1, 1), 1)), dict(conv=((2, 2), (1, 1), (2, 2), 1)),
-    dict(conv=((1, 1), (1, 1), (1, 1), 2)), dict(k=16), dict(tf32=True),
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(dtype="half"),
+        dict(layout="NCHW"),
+        dict(shape=(2, 8, 9, 10)),
+        dict(shape=(3, 8, 9, 9)),
+        dict(chain="CBNA"),
+        dict(chain="CAB"),
+        dict(act=fp.ActivationMode.ELU),
+        dict(chain="CN", bn=fp.BatchNormMode.SPATIAL),
+        dict(conv=((0, 0), (1, 1), (1, 1), 1)),
+        dict(conv=((1, 1), (2, 2), (1, 1), 1)),
+        dict(conv=((2, 2), (1, 1), (2, 2), 1)),
+        dict(conv=((1, 1), (1, 1), (1, 1), 2)),
+        dict(k=16),
+        dict(tf32=True),
+    ],
+)
 def test_cache_keys_differ_when_code_relevant_fields_differ(cache, change):
     base = _conv_tuning_key()
     assert _conv_tuning_key() == base  # the same plan again: the same keys
