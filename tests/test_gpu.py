@@ -18,6 +18,7 @@ from fusionplan.shapes import load_shapes
 from fusionplan.testing import EPS, TF32_EPS, compare, random_args, random_record, reference_output
 
 from .test_solvers import CONV_SHAPES, build
+from .util import random_conv_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -206,42 +207,25 @@ def test_alpha_beta_prior(precision):
 
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
-    rng = random.Random(7000 + seed)
     torch.manual_seed(seed)
-    n, c, h, w = rng.randint(1, 4), rng.choice([1, 3, 4, 8, 16, 17]), rng.randint(5, 40), rng.randint(5, 40)
-    groups = rng.choice([1, 1, c])
-    k = groups * rng.randint(1, 9)
-    r, s = rng.choice([1, 3, 5, 7]), rng.choice([1, 3])
-    pad, stride, dil = (
-        (rng.randint(0, 3), rng.randint(0, 2)),
-        (rng.randint(1, 3), rng.randint(1, 2)),
-        (rng.randint(1, 2), 1),
-    )
+    rng = random.Random(7000 + seed)
     precision = rng.choice(list(PRECISIONS))
-    dtype = PRECISIONS[precision][0]
-    layout = rng.choice(["NCHW", "NHWC"])
-    chain = "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 5)))
-    x = input_tensor((n, c, h, w), dtype, layout)
-    try:
-        plan = build(
-            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-            chain,
-            k,
-            r,
-            s,
-            pad,
-            stride,
-            dil,
-            groups,
-            rng.choice(list(BatchNormMode)),
-            rng.choice(list(ActivationMode)),
-            DT_NAME[dtype],
-            rng.choice(["NCHW", "NHWC"]),
-        )
-    except fp.BadParmError as exc:
-        assert "empty" in str(exc)
+    drawn = random_conv_plan(
+        rng,
+        [PRECISIONS[precision][0]],
+        "cuda",
+        batch=(1, 4),
+        channels=(1, 3, 4, 8, 16, 17),
+        hw=(5, 40),
+        filters=(1, 3, 5, 7),
+        strides=(1, 3),
+        max_pad=3,
+        post_ops=5,
+    )
+    if drawn is None:
         return
-    run_and_check(plan, precision, x, rng.choice(["NCHW", "NHWC"]))
+    plan, x, out_layout = drawn
+    run_and_check(plan, precision, x, out_layout)
 
 
 @pytest.mark.parametrize("chain", ["CBNA", "NA"])

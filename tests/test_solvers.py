@@ -7,8 +7,9 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.testing import add_chain
 
-from .util import DTYPES, check_against_reference, make_input, poisoned, random_args
+from .util import DTYPES, check_against_reference, make_input, poisoned, random_args, random_conv_plan
 
 SOLVERS = ["cpu", "reference"]
 
@@ -41,19 +42,20 @@ CHAINS = {
 
 
 def build(plan, chain, k, r, s, pad, stride, dil, groups, bn_mode, act_mode, dtype_name, w_layout="NCHW"):
-    for letter in chain:
-        ch = plan.output_desc.dims[1]
-        if letter == "C":
-            conv = fp.ConvolutionDescriptor(pad, stride, dil, groups)
-            plan.add_conv_forward(conv, fp.TensorDescriptor.packed(dtype_name, (k, ch // groups, r, s), w_layout))
-        elif letter == "B":
-            plan.add_bias_forward(fp.TensorDescriptor.packed(dtype_name, (1, ch, 1, 1)))
-        elif letter == "N":
-            dims = (1, ch, 1, 1) if bn_mode == BatchNormMode.SPATIAL else (1, *plan.output_desc.dims[1:])
-            plan.add_batchnorm_inference(bn_mode, fp.TensorDescriptor.packed(dtype_name, dims))
-        elif letter == "A":
-            plan.add_activation_forward(act_mode)
-    return plan
+    """The chain's operators, batch-norm parameters in ``dtype_name``."""
+    conv = fp.ConvolutionDescriptor(pad, stride, dil, groups) if "C" in chain else None
+    return add_chain(
+        plan,
+        chain,
+        conv=conv,
+        k=k,
+        r=r,
+        s=s,
+        w_layout=w_layout,
+        bn_mode=bn_mode,
+        activation=act_mode,
+        param_dtype=dtype_name,
+    )
 
 
 DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
@@ -186,44 +188,13 @@ def test_alpha_beta_blend_prior_output(solver, chain):
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_plans(seed):
-    """Randomly drawn chains, shapes, layouts, dtypes: the CPU solver agrees with the oracle."""
-    rng = random.Random(seed)
+    """Randomly drawn chains (operators before the convolution too), shapes, layouts, dtypes: the CPU
+    solver agrees with the oracle."""
     torch.manual_seed(seed)
-    n, c, h, w = rng.randint(1, 3), rng.choice([1, 3, 4, 6]), rng.randint(5, 14), rng.randint(5, 14)
-    groups = rng.choice([1, 1, c])
-    k = groups * rng.randint(1, 5)
-    r, s = rng.choice([1, 3, 5]), rng.choice([1, 3])
-    pad, stride, dil = (
-        (rng.randint(0, 2), rng.randint(0, 2)),
-        (rng.randint(1, 2), rng.randint(1, 2)),
-        (rng.randint(1, 2), 1),
-    )
-    dtype = rng.choice([torch.float32, torch.float16, torch.bfloat16])
-    layout = rng.choice(["NCHW", "NHWC"])
-    chain = (
-        "".join(rng.choice("BNA") for _ in range(rng.randint(0, 2)))
-        + "C"
-        + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 4)))
-    )
-    x = make_input((n, c, h, w), dtype, layout)
-    try:
-        plan = build(
-            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-            chain,
-            k,
-            r,
-            s,
-            pad,
-            stride,
-            dil,
-            groups,
-            rng.choice(list(BatchNormMode)),
-            rng.choice(list(ActivationMode)),
-            DT_NAME[dtype],
-        )
-    except fp.BadParmError as exc:  # an empty output for this draw
-        assert "empty" in str(exc)
+    drawn = random_conv_plan(random.Random(seed), [torch.float32, torch.float16, torch.bfloat16], pre_ops=2)
+    if drawn is None:
         return
+    plan, x, out_layout = drawn
     handle = fp.Handle("cpu")
     assert plan.compile(handle) == "cpu-folded"
-    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))

@@ -13,7 +13,7 @@ import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
 
 from .test_solvers import CONV_SHAPES, DT_NAME, build
-from .util import check_against_reference, make_input, poisoned, random_args, random_record
+from .util import check_against_reference, make_input, poisoned, random_args, random_conv_plan, random_record
 
 pytest.importorskip("triton")
 from fusionplan.codegen import interpreter_active  # noqa: E402
@@ -244,39 +244,12 @@ def test_pointwise_in_place_and_strided():
 
 @pytest.mark.parametrize("seed", range(16))
 def test_random_plans(seed):
-    rng = random.Random(1000 + seed)
     torch.manual_seed(seed)
-    n, c, h, w = rng.randint(1, 2), rng.choice([1, 3, 4, 6, 8]), rng.randint(5, 14), rng.randint(5, 14)
-    groups = rng.choice([1, 1, c])
-    k = groups * rng.randint(1, 5)
-    r, s = rng.choice([1, 3, 5]), rng.choice([1, 3])
-    pad = (rng.randint(0, 2), rng.randint(0, 2))
-    stride, dil = (rng.randint(1, 2), rng.randint(1, 2)), (rng.randint(1, 2), rng.randint(1, 2))
-    dtype = rng.choice(DTYPES)
-    layout = rng.choice(["NCHW", "NHWC"])
-    chain = "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, 5)))
-    x = make_input((n, c, h, w), dtype, layout)
-    try:
-        plan = build(
-            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-            chain,
-            k,
-            r,
-            s,
-            pad,
-            stride,
-            dil,
-            groups,
-            rng.choice(list(BatchNormMode)),
-            rng.choice(list(ActivationMode)),
-            DT_NAME[dtype],
-            rng.choice(["NCHW", "NHWC"]),
-        )
-    except fp.BadParmError as exc:
-        assert "empty" in str(exc)
+    drawn = random_conv_plan(random.Random(1000 + seed), DTYPES, batch=(1, 2), channels=(1, 3, 4, 6, 8))
+    if drawn is None:
         return
+    plan, x, out_layout = drawn
     handle = compile_triton(plan)
-    out_layout = rng.choice(["NCHW", "NHWC"])
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 

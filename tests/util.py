@@ -35,3 +35,55 @@ def check_against_reference(plan, handle, x, args, y, prior=None, tol=None):
     assert result.rel_norm < (tol or TOLERANCE[x.dtype]), f"{plan.combination} {x.dtype}: {result}"
     assert result.rms_ok, f"MIOpen rms rule failed for {plan.combination} {x.dtype}: {result}"
     return result.rel_norm
+
+
+def random_conv_plan(
+    rng,
+    dtypes,
+    device="cpu",
+    batch=(1, 3),
+    channels=(1, 3, 4, 6),
+    hw=(5, 14),
+    filters=(1, 3, 5),
+    strides=(1, 2),
+    max_pad=2,
+    pre_ops=0,
+    post_ops=4,
+):
+    """A randomly drawn convolution plan and its input: shapes, groups/depthwise, padding, stride,
+    dilation, chain, dtype, layouts. Returns (plan, x, output layout), or None when the draw gives an
+    empty output (which must be the only reason to refuse it)."""
+    from fusionplan.enums import ActivationMode, BatchNormMode
+    from fusionplan.testing import add_chain
+
+    n, c = rng.randint(*batch), rng.choice(list(channels))
+    h, w = rng.randint(*hw), rng.randint(*hw)
+    groups = rng.choice([1, 1, c])
+    k = groups * rng.randint(1, 5)
+    conv = fp.ConvolutionDescriptor(
+        (rng.randint(0, max_pad), rng.randint(0, max_pad)),
+        (rng.randint(*strides), rng.randint(*strides)),
+        (rng.randint(1, 2), rng.randint(1, 2)),
+        groups,
+    )
+    dtype = rng.choice(list(dtypes))
+    layout = rng.choice(["NCHW", "NHWC"])
+    chain = "".join(rng.choice("BNA") for _ in range(rng.randint(0, pre_ops)))
+    chain += "C" + "".join(rng.choice("BNA") for _ in range(rng.randint(0, post_ops)))
+    x = make_input((n, c, h, w), dtype, layout, device)
+    try:
+        plan = add_chain(
+            fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+            chain,
+            conv=conv,
+            k=k,
+            r=rng.choice(list(filters)),
+            s=rng.choice(list(filters)),
+            w_layout=rng.choice(["NCHW", "NHWC"]),
+            bn_mode=rng.choice(list(BatchNormMode)),
+            activation=rng.choice(list(ActivationMode)),
+        )
+    except fp.BadParmError as exc:
+        assert "empty" in str(exc)
+        return None
+    return plan, x, rng.choice(["NCHW", "NHWC"])

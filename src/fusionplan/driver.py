@@ -27,7 +27,7 @@ from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
 from fusionplan.solvers.reference_solver import ReferenceKernel
-from fusionplan.testing import EPS, TF32_EPS, compare, random_args, random_tensor, reference_output
+from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_tensor, reference_output
 
 COMMANDS = {"CBAInfer": DataType.FLOAT, "CBAInferfp16": DataType.HALF, "CBAInferbfp16": DataType.BFLOAT16}
 #: -F values, as MIOpenDriver: C = convolution, B = bias, N = batch-norm, A = activation.
@@ -104,28 +104,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_plan(opts: argparse.Namespace, dtype: DataType) -> FusionPlan:
-    mode = FUSION_MODES[opts.fusion_mode]
     layout = Layout[opts.layout]
-    dims = (opts.shape_n, opts.shape_c, opts.shape_H, opts.shape_W)
-    plan = FusionPlan(TensorDescriptor.packed(dtype, dims, layout))
-    bn_mode = BatchNormMode(opts.bn_mode)
-    param_dtype = DataType.FLOAT if dtype != DataType.DOUBLE else dtype
-    for letter in mode:
-        channels = plan.output_desc.dims[1]
-        if letter == "c":
-            conv = ConvolutionDescriptor(
-                (opts.shape_p, opts.shape_q), (opts.shape_u, opts.shape_v), (opts.shape_l, opts.shape_j), opts.shape_g
-            )
-            w = (opts.shape_k, channels // max(opts.shape_g, 1), opts.shape_y, opts.shape_x)
-            plan.add_conv_forward(conv, TensorDescriptor.packed(dtype, w, layout))
-        elif letter == "b":
-            plan.add_bias_forward(TensorDescriptor.packed(dtype, (1, channels, 1, 1)))
-        elif letter == "n":
-            pdims = (1, channels, 1, 1) if bn_mode == BatchNormMode.SPATIAL else (1, *plan.output_desc.dims[1:])
-            plan.add_batchnorm_inference(bn_mode, TensorDescriptor.packed(param_dtype, pdims))
-        else:
-            plan.add_activation_forward(ActivationMode(opts.activ_mode))
-    return plan
+    plan = FusionPlan(TensorDescriptor.packed(dtype, (opts.shape_n, opts.shape_c, opts.shape_H, opts.shape_W), layout))
+    conv = ConvolutionDescriptor(
+        (opts.shape_p, opts.shape_q), (opts.shape_u, opts.shape_v), (opts.shape_l, opts.shape_j), opts.shape_g
+    )
+    return add_chain(
+        plan,
+        FUSION_MODES[opts.fusion_mode],
+        conv=conv,
+        k=opts.shape_k,
+        r=opts.shape_y,
+        s=opts.shape_x,
+        w_layout=layout,
+        bn_mode=BatchNormMode(opts.bn_mode),
+        activation=ActivationMode(opts.activ_mode),
+        param_dtype=DataType.FLOAT,
+    )
 
 
 def time_ms(fn: Callable[[], None], iterations: int, device: torch.device) -> float:

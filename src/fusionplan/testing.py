@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionplan.enums import ActivationMode, Layout
+from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
+from fusionplan.enums import ActivationMode, BatchNormMode, DataType, Layout
 from fusionplan.ops import (
     ActivationArgs,
     ActivationForwardOp,
@@ -47,6 +48,41 @@ ACTIV_PARAMS = {
     ActivationMode.LEAKYRELU: (0.1, 0.0, 1.0),
     ActivationMode.ELU: (0.9, 0.0, 1.0),
 }
+
+
+def add_chain(
+    plan: FusionPlan,
+    chain: str,
+    *,
+    conv: ConvolutionDescriptor | None = None,
+    k: int = 1,
+    r: int = 1,
+    s: int = 1,
+    w_layout: Layout | str = Layout.NCHW,
+    bn_mode: BatchNormMode = BatchNormMode.SPATIAL,
+    activation: ActivationMode = ActivationMode.RELU,
+    param_dtype: DataType | str | None = None,
+) -> FusionPlan:
+    """Add operators named by letters in data order (C convolution, B bias, N batch-norm inference,
+    A activation, either case) to ``plan``: a K x C/groups x R x S filter for C, parameters shaped
+    for the current channels (batch-norm parameters in ``param_dtype``, default the data's)."""
+    dtype = plan.input_desc.dtype
+    for letter in chain.upper():
+        channels = plan.output_desc.dims[1]
+        if letter == "C":
+            conv_desc = conv or ConvolutionDescriptor()
+            w = TensorDescriptor.packed(dtype, (k, channels // conv_desc.groups, r, s), w_layout)
+            plan.add_conv_forward(conv_desc, w)
+        elif letter == "B":
+            plan.add_bias_forward(TensorDescriptor.packed(dtype, (1, channels, 1, 1)))
+        elif letter == "N":
+            dims = (1, channels, 1, 1) if bn_mode == BatchNormMode.SPATIAL else (1, *plan.output_desc.dims[1:])
+            plan.add_batchnorm_inference(bn_mode, TensorDescriptor.packed(param_dtype or dtype, dims))
+        elif letter == "A":
+            plan.add_activation_forward(activation)
+        else:
+            raise ValueError(f"chain {chain!r}: letters are C, B, N, A")
+    return plan
 
 
 def random_tensor(

@@ -22,11 +22,20 @@ from torch import nn
 
 import fusionplan as fp
 from fusionplan import solvers
-from fusionplan.enums import ActivationMode, BatchNormMode, DataType, Layout
+from fusionplan.enums import ActivationMode, DataType, Layout
 from fusionplan.ops import ConvForwardOp
 from fusionplan.shapes import ConvShape
 from fusionplan.solvers.reference_solver import ReferenceKernel
-from fusionplan.testing import EPS, TF32_EPS, TOLERANCE, compare, random_args, random_tensor, reference_output
+from fusionplan.testing import (
+    EPS,
+    TF32_EPS,
+    TOLERANCE,
+    add_chain,
+    compare,
+    random_args,
+    random_tensor,
+    reference_output,
+)
 
 #: precision name -> (dtype, TF32 allowed)
 PRECISIONS = {
@@ -76,25 +85,23 @@ class Case:
 
 
 def build_plan(case: Case) -> fp.FusionPlan:
-    dtype = DT_NAME[case.dtype]
-    plan = fp.FusionPlan(fp.TensorDescriptor.packed(dtype, case.input_dims(), Layout[case.layout]))
+    plan = fp.FusionPlan(fp.TensorDescriptor.packed(DT_NAME[case.dtype], case.input_dims(), Layout[case.layout]))
     layer = case.layer
-    for letter in case.mode:
-        channels = plan.output_desc.dims[1]
-        if letter == "C":
-            conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1))
-            w = fp.TensorDescriptor.packed(dtype, (layer.k, channels, layer.r, layer.s), Layout[case.layout])
-            plan.add_conv_forward(conv, w)
-        elif letter == "B":
-            plan.add_bias_forward(fp.TensorDescriptor.packed(dtype, (1, channels, 1, 1)))
-        elif letter == "N":
-            desc = fp.TensorDescriptor.packed(DataType.FLOAT, (1, channels, 1, 1))
-            plan.add_batchnorm_inference(BatchNormMode.SPATIAL, desc)
-        elif letter == "A":
-            plan.add_activation_forward(case.activation)
-        else:
-            raise fp.BadParmError(f"mode {case.mode!r}: letters are C, B, N, A")
-    return plan
+    conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1))
+    try:
+        return add_chain(
+            plan,
+            case.mode,
+            conv=conv,
+            k=layer.k,
+            r=layer.r,
+            s=layer.s,
+            w_layout=Layout[case.layout],
+            activation=case.activation,
+            param_dtype=DataType.FLOAT,
+        )
+    except ValueError as exc:
+        raise fp.BadParmError(f"mode {case.mode!r}: {exc}") from None
 
 
 class EagerChain(nn.Module):
