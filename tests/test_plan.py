@@ -366,3 +366,40 @@ def test_in_place_weight_update_is_seen(handle):
     ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops]).output
     torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(y1, y2)
+
+
+# ---- repeated calls reuse the last call's checks; anything different is checked again --------------
+def test_checks_reused_only_for_identical_calls(compiled):
+    plan, handle, x, y, args = compiled
+    plan.execute(handle, x, y, args)
+    plan.execute(handle, x, y, args)  # the reused path
+    for bad_y, error in ((y[:, :5], fp.TensorMismatchError), (y.double(), fp.TensorMismatchError)):
+        with pytest.raises(error):
+            plan.execute(handle, x, bad_y, args)
+    with pytest.raises(fp.TensorMismatchError):
+        plan.execute(handle, x.to(memory_format=torch.channels_last), y, args)
+    with pytest.raises(fp.MissingArgumentError):
+        plan.execute(handle, x, y, fp.OperatorArgs())
+    with pytest.raises(fp.TensorMismatchError):
+        plan.execute(handle, x, y, args, y_desc=desc((2, 6, 9, 7), layout="NHWC"))
+
+
+def test_new_arguments_after_a_reused_call_are_checked_and_used(compiled):
+    plan, handle, x, y, args = compiled
+    from fusionplan.reference import run_reference
+
+    plan.execute(handle, x, y, args)
+    plan.execute(handle, x, y, args)
+    with pytest.raises(fp.BadParmError):
+        args.set(plan.ops[1], fp.BiasArgs(bias=torch.randn(7)))  # refused at set: nothing changes
+    args.set(plan.ops[3], fp.ActivationArgs(beta=0.5))  # now the prior output is needed
+    prior = torch.randn(2, 6, 9, 7)
+    y.copy_(prior)
+    plan.execute(handle, x, y, args)
+    ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops], prior).output
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    other, third = random_args(plan), random_args(plan)  # other arguments objects (beta 0), alternating
+    for a in (other, third, other):
+        y2 = torch.full((2, 6, 9, 7), float("nan"))
+        plan.execute(handle, x, y2, a)
+        assert not torch.isnan(y2).any()

@@ -50,12 +50,14 @@ class OperatorArgs:
 
     def __init__(self) -> None:
         self._records: dict[FusionOp, OpArgs] = {}
+        self.generation = 0  # changes with every set: executes that saw an older one check again
 
     def set(self, op: FusionOp, record: OpArgs) -> None:
         """Validate ``record`` against ``op`` and store it (replacing any earlier one)."""
         if not isinstance(op, FusionOp):
             raise BadParmError(f"expected a fusion operator, got {type(op).__name__}")
         self._records[op] = op.check_args(record)
+        self.generation += 1
 
     def get(self, op: FusionOp) -> OpArgs | None:
         return self._records.get(op)
@@ -67,7 +69,7 @@ class OperatorArgs:
         return len(self._records)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Compiled:
     version: int
     solver: str
@@ -126,6 +128,7 @@ class FusionPlan:
         self._ops: list[FusionOp] = []
         self._version = 0
         self._compiled: dict[int, _Compiled] = {}
+        self._last_checked: tuple | None = None  # (call key, validated records, needs prior) of the last execute
         self._lock = threading.Lock()
 
     # -- inspection ---------------------------------------------------------------------------
@@ -264,6 +267,21 @@ class FusionPlan:
         typed exception is raised and nothing is written. ``prior`` replaces y's prior contents as
         the tensor that beta blends in (default: y itself)."""
         entry = self._entry(handle)
+        # Repeated calls with tensors like the last call's and unchanged arguments reuse its checks:
+        # the checks depend only on what this key holds (records are immutable once set).
+        key = None
+        if (
+            prior is None
+            and isinstance(args, OperatorArgs)
+            and isinstance(x, torch.Tensor)
+            and isinstance(y, torch.Tensor)
+        ):
+            key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), x_desc, y_desc)
+            last = self._last_checked
+            if last is not None and last[0] == key:
+                with torch.no_grad(), handle.activate():
+                    entry.kernel.run(x, y, last[1], y if last[2] else None)
+                return
         spec = entry.spec
         x = as_tensor(x, "input")
         y = as_tensor(y, "output")
@@ -272,8 +290,14 @@ class FusionPlan:
         records = _records(spec, args)
         p = _prior(spec, records, y, prior)
         _check_devices(handle, x, y, p, records)
+        if key is not None:
+            self._last_checked = (key, records, p is not None)
         with torch.no_grad(), handle.activate():
             entry.kernel.run(x, y, records, p)
+
+
+def _tensor_key(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _check_input(spec: PlanSpec, x: torch.Tensor, x_desc: TensorDescriptor | None) -> None:
