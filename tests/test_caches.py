@@ -278,3 +278,11 @@ def test_cache_command(cache, capsys):
     assert "perf database" in capsys.readouterr().out
     assert PerfDB().count() == 0
     assert cache_main(["clear"]) == 0
+
+
+def test_tune_command_on_the_cpu(cache, capsys):
+    from fusionplan.tune import main as tune_main
+
+    assert tune_main(["--device", "cpu", "--layers", "r50_01,r50_22", "--batch", "1", "--precisions", "fp32"]) == 0
+    out = capsys.readouterr().out
+    assert "4 plans compiled by cpu-folded, which has no tuning" in out

@@ -273,16 +273,20 @@ class TritonConvKernel(Kernel):
 
         props = torch.cuda.get_device_properties(device)
         device_name = f"{props.name} sm_{props.major}{props.minor}"
-        in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
-        x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)
-        x.normal_()
-        out = torch.empty_strided(out_desc.dims, out_desc.strides, dtype=out_desc.dtype.torch_dtype, device=device)
-        records = [random_record(op, device, param_dtype=torch.float32) for op in self.spec.ops]
-        packed, values, flags = self._derive(records, device)
+        data: list = []  # made on the first benchmark only: a perf database hit needs none of it
 
         def benchmark(cfg: tuning.ConvConfig) -> float:
             import triton.testing
 
+            if not data:
+                in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
+                x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)
+                out = torch.empty_strided(
+                    out_desc.dims, out_desc.strides, dtype=out_desc.dtype.torch_dtype, device=device
+                )
+                records = [random_record(op, device, param_dtype=torch.float32) for op in self.spec.ops]
+                data.append((x.normal_(), out, *self._derive(records, device)))
+            x, out, packed, values, flags = data[0]
             self._launch(cfg, x, packed, out, out, values, flags, False)
             return triton.testing.do_bench(
                 lambda: self._launch(cfg, x, packed, out, out, values, flags, False),
