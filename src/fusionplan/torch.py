@@ -1,0 +1,369 @@
+"""PyTorch integration: fuse a model's conv -> batch-norm -> activation chains in one call.
+
+    fused = fusionplan.torch.fuse(model.eval())
+    y = fused(x)                          # same outputs; each chain runs as one fusion plan
+    print(fused.fusion_report)            # what was fused, what was skipped and why
+
+The model is traced with torch.fx. Conv2d -> [BatchNorm2d] -> [activation] chains and
+BatchNorm2d -> activation chains (module or functional forms) are replaced by modules that call
+the ``fusionplan::fused_chain`` custom operator, which compiles a plan per input signature
+(shape, dtype, layout, device) and caches it. The original submodules stay where they were: the
+parameters are the model's own, ``state_dict`` keys are unchanged, ``.to(device, dtype,
+memory_format)`` moves them. The custom operator has a fake (meta) implementation, so the fused
+model traces under torch.compile and torch.export. Fusion is for inference: ``fuse`` refuses a
+model in training mode, and a fused module put back into training mode raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from fusionplan.api import default_handle
+from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
+from fusionplan.enums import ActivationMode, BatchNormMode, DataType
+from fusionplan.errors import BadParmError
+from fusionplan.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
+from fusionplan.plan import FusionPlan, OperatorArgs
+
+# ---- which activations map to MIOpen modes ------------------------------------------------------------
+
+
+def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = None) -> tuple | None:
+    """(mode, alpha, beta, gamma) for an activation module or function, or None."""
+    kwargs = kwargs or {}
+    if isinstance(target, nn.ReLU) or target in (F.relu, torch.relu, torch.relu_):
+        return (ActivationMode.RELU, 1.0, 0.0, 1.0)
+    if isinstance(target, nn.ReLU6) or target is F.relu6:
+        return (ActivationMode.CLIPPEDRELU, 6.0, 0.0, 1.0)
+    if isinstance(target, nn.Hardtanh) and target.min_val == 0.0:
+        return (ActivationMode.CLIPPEDRELU, float(target.max_val), 0.0, 1.0)
+    if isinstance(target, nn.LeakyReLU):
+        return (ActivationMode.LEAKYRELU, float(target.negative_slope), 0.0, 1.0)
+    if target is F.leaky_relu:
+        slope = node_args[1] if len(node_args) > 1 else kwargs.get("negative_slope", 0.01)
+        return (ActivationMode.LEAKYRELU, float(slope), 0.0, 1.0) if isinstance(slope, (int, float)) else None
+    if isinstance(target, nn.ELU):
+        return (ActivationMode.ELU, float(target.alpha), 0.0, 1.0)
+    if isinstance(target, nn.Sigmoid) or target in (torch.sigmoid, F.sigmoid):
+        return (ActivationMode.LOGISTIC, 1.0, 0.0, 1.0)
+    if isinstance(target, nn.Tanh) or target in (torch.tanh, F.tanh):
+        return (ActivationMode.TANH, 1.0, 1.0, 1.0)
+    if isinstance(target, nn.Softplus) and target.beta == 1:
+        # PyTorch returns x above its threshold (20): log(1 + e^x) differs from x by e^-20 there.
+        return (ActivationMode.SOFTRELU, 1.0, 0.0, 1.0)
+    if isinstance(target, nn.Identity):
+        return (ActivationMode.PASTHRU, 1.0, 0.0, 1.0)
+    return None
+
+
+# ---- the custom operator --------------------------------------------------------------------------------
+_PLANS: dict[tuple, tuple[FusionPlan, tuple]] = {}
+_PLANS_LOCK = threading.Lock()
+
+
+def _conv_out_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> list[int]:
+    n, _, h, wd = x.shape
+    k, _, r, s = w.shape
+    oh = (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1
+    ow = (wd + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1
+    return [n, k, oh, ow]
+
+
+def _memory_format(x: torch.Tensor) -> torch.memory_format:
+    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+        return torch.channels_last
+    return torch.contiguous_format
+
+
+@torch.library.custom_op("fusionplan::fused_chain", mutates_args=())
+def fused_chain(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    conv_bias: torch.Tensor | None,
+    bn_weight: torch.Tensor | None,
+    bn_bias: torch.Tensor | None,
+    bn_mean: torch.Tensor | None,
+    bn_var: torch.Tensor | None,
+    bn_eps: float,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    groups: int,
+    act_mode: int,
+    act_alpha: float,
+    act_beta: float,
+    act_gamma: float,
+) -> torch.Tensor:
+    """[conv2d (+bias)] -> [batch-norm inference] -> [activation, mode -1 = none], as one fusion plan."""
+    plan, ops = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
+    args = OperatorArgs()
+    i = 0
+    if weight is not None:
+        args.set(ops[i], ConvArgs(weight=weight.contiguous()))
+        i += 1
+        if conv_bias is not None:
+            args.set(ops[i], BiasArgs(bias=conv_bias))
+            i += 1
+    if bn_weight is not None:
+        args.set(
+            ops[i], BatchNormInferenceArgs(scale=bn_weight, bias=bn_bias, mean=bn_mean, variance=bn_var, epsilon=bn_eps)
+        )
+        i += 1
+    if act_mode >= 0:
+        args.set(ops[i], ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma))
+    out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device).to(memory_format=_memory_format(x))
+    plan.execute(default_handle(x.device), x, out, args)
+    return out
+
+
+@fused_chain.register_fake
+def _(
+    x,
+    weight,
+    conv_bias,
+    bn_weight,
+    bn_bias,
+    bn_mean,
+    bn_var,
+    bn_eps,
+    stride,
+    padding,
+    dilation,
+    groups,
+    act_mode,
+    act_alpha,
+    act_beta,
+    act_gamma,
+):
+    shape = list(x.shape) if weight is None else _conv_out_shape(x, weight, stride, padding, dilation)
+    return x.new_empty(shape).to(memory_format=_memory_format(x))
+
+
+def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
+    x_desc = TensorDescriptor.from_tensor(x)
+    w_desc = None if weight is None else TensorDescriptor.from_tensor(weight.contiguous())
+    key = (
+        x_desc,
+        x.device,
+        w_desc,
+        conv_bias is not None and conv_bias.dtype,
+        bn_weight is not None and (bn_weight.dtype, bn_weight.dim()),
+        tuple(stride),
+        tuple(padding),
+        tuple(dilation),
+        groups,
+        act_mode,
+    )
+    with _PLANS_LOCK:
+        hit = _PLANS.get(key)
+    if hit is not None:
+        return hit
+    plan = FusionPlan(x_desc)
+    ops = []
+    if weight is not None:
+        ops.append(
+            plan.add_conv_forward(ConvolutionDescriptor(tuple(padding), tuple(stride), tuple(dilation), groups), w_desc)
+        )
+        if conv_bias is not None:
+            ops.append(
+                plan.add_bias_forward(
+                    TensorDescriptor.packed(DataType.from_torch(conv_bias.dtype), (1, conv_bias.numel(), 1, 1))
+                )
+            )
+    if bn_weight is not None:
+        channels = plan.output_desc.dims[1]
+        ops.append(
+            plan.add_batchnorm_inference(
+                BatchNormMode.SPATIAL,
+                TensorDescriptor.packed(DataType.from_torch(bn_weight.dtype), (1, channels, 1, 1)),
+            )
+        )
+    if act_mode >= 0:
+        ops.append(plan.add_activation_forward(ActivationMode(act_mode)))
+    plan.compile(default_handle(x.device))
+    with _PLANS_LOCK:
+        _PLANS[key] = (plan, tuple(ops))
+    return plan, tuple(ops)
+
+
+# ---- the replacement module ------------------------------------------------------------------------------
+class FusedChain(nn.Module):
+    """Runs [conv] -> [batch-norm] -> [activation] as one plan. The conv and batch-norm modules are
+    referenced, not owned: they stay registered where the model had them."""
+
+    def __init__(self, conv: nn.Conv2d | None, bn: nn.BatchNorm2d | None, activation: tuple | None, name: str) -> None:
+        super().__init__()
+        self._refs = (conv, bn)  # a tuple, so nn.Module does not register them a second time
+        self.activation = activation
+        self.chain_name = name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
+        conv, bn = self._refs
+        x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        mode, a, b, g = self.activation if self.activation is not None else (-1, 1.0, 0.0, 1.0)
+
+        def param(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.detach()  # inference only: no gradient flows through a plan
+
+        return fused_chain(
+            x,
+            None if conv is None else param(conv.weight),
+            None if conv is None else param(conv.bias),
+            None if bn is None else param(bn.weight),
+            None if bn is None else param(bn.bias),
+            None if bn is None else bn.running_mean,
+            None if bn is None else bn.running_var,
+            1e-5 if bn is None else float(bn.eps),
+            [1, 1] if conv is None else list(conv.stride),
+            [0, 0] if conv is None else list(conv.padding),
+            [1, 1] if conv is None else list(conv.dilation),
+            1 if conv is None else conv.groups,
+            int(mode),
+            a,
+            b,
+            g,
+        )
+
+
+# ---- finding chains in the graph -------------------------------------------------------------------------
+@dataclass
+class FusionReport:
+    fused: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"fused {len(self.fused)} chains:"] + [f"  {f}" for f in self.fused]
+        lines += [f"skipped {len(self.skipped)}:"] + [f"  {s}" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _module(gm: torch.fx.GraphModule, node: torch.fx.Node) -> nn.Module | None:
+    return gm.get_submodule(node.target) if node.op == "call_module" else None
+
+
+def _conv_refusal(conv: nn.Conv2d) -> str | None:
+    if conv.padding_mode != "zeros":
+        return f"padding_mode={conv.padding_mode!r} (only zero padding is fused)"
+    if isinstance(conv.padding, str):
+        return f"padding={conv.padding!r} (explicit padding is fused)"
+    if type(conv) is not nn.Conv2d:
+        return f"{type(conv).__name__} is not a plain Conv2d"
+    return None
+
+
+def _bn_refusal(bn: nn.BatchNorm2d) -> str | None:
+    if not bn.track_running_stats or bn.running_mean is None:
+        return "batch-norm without running statistics"
+    if not bn.affine:
+        return "batch-norm without affine parameters"
+    return None
+
+
+def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    users = list(node.users)
+    return users[0] if len(users) == 1 else None
+
+
+def _activation_node(gm, node) -> tuple | None:
+    if node is None:
+        return None
+    if node.op == "call_module":
+        return _activation_of(gm.get_submodule(node.target))
+    if node.op == "call_function" and node.args:
+        return _activation_of(node.target, node.args, node.kwargs)  # in place or not: the same value
+    if node.op == "call_method" and node.target in ("relu", "relu_", "sigmoid", "tanh"):
+        return _activation_of(
+            {"relu": torch.relu, "relu_": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[node.target]
+        )
+    return None
+
+
+def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool = False) -> torch.fx.GraphModule:
+    """A copy of ``model`` (eval mode) with its conv/batch-norm/activation chains fused.
+
+    ``example_inputs`` is optional: when given, the fused model is run on them once and compared
+    with the original (a mismatch raises). The returned module has a ``fusion_report``.
+    """
+    if model.training:
+        raise BadParmError(
+            "fuse() works on models in eval mode (batch-norm uses running statistics): call model.eval() first"
+        )
+    gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+    report = FusionReport()
+    counter = 0
+    erased: set[torch.fx.Node] = set()
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module" or node in erased:
+            continue
+        module = _module(gm, node)
+        conv = module if isinstance(module, nn.Conv2d) else None
+        bn = module if isinstance(module, nn.BatchNorm2d) else None
+        if conv is None and bn is None:
+            continue
+        if conv is not None:
+            why = _conv_refusal(conv)
+            if why:
+                report.skipped.append(f"{node.target}: {why}")
+                continue
+        chain = [node]
+        nxt = _single_user(node)
+        if conv is not None and nxt is not None and isinstance(_module(gm, nxt), nn.BatchNorm2d):
+            why = _bn_refusal(_module(gm, nxt))
+            if why is None:
+                bn = _module(gm, nxt)
+                chain.append(nxt)
+                nxt = _single_user(nxt)
+            else:
+                report.skipped.append(f"{nxt.target}: {why}")
+        elif bn is not None and _bn_refusal(bn):
+            report.skipped.append(f"{node.target}: {_bn_refusal(bn)}")
+            continue
+        activation = _activation_node(gm, nxt)
+        if activation is not None:
+            chain.append(nxt)
+        if conv is None and activation is None:
+            report.skipped.append(f"{node.target}: a batch-norm alone is left to PyTorch (no activation follows)")
+            continue
+        name = f"fused_chain_{counter}"
+        counter += 1
+        gm.add_submodule(name, FusedChain(conv, bn, activation, " -> ".join(str(n.target) for n in chain)).eval())
+        with gm.graph.inserting_after(chain[-1]):
+            new = gm.graph.call_module(name, (node.args[0],))
+        chain[-1].replace_all_uses_with(new)
+        for old in reversed(chain):
+            gm.graph.erase_node(old)
+            erased.add(old)
+        described = " -> ".join(_describe(gm, n) for n in chain)
+        report.fused.append(f"{name}: {described}")
+    gm.graph.lint()
+    gm.recompile()
+    gm.fusion_report = report
+    if verbose:
+        print(report)
+    if example_inputs is not None:
+        _check_same_outputs(model, gm, example_inputs)
+    return gm
+
+
+def _describe(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
+    if node.op == "call_module":
+        return f"{node.target} ({type(gm.get_submodule(node.target)).__name__})"
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _check_same_outputs(model: nn.Module, fused: nn.Module, example_inputs: tuple) -> None:
+    with torch.no_grad():
+        expected, got = model(*example_inputs), fused(*example_inputs)
+    tol = 1e-2 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-4
+    err = ((got.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)).item()
+    if err > tol:
+        raise BadParmError(f"the fused model's output differs from the original's: relative error {err:.2e}")

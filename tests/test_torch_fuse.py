@@ -1,0 +1,160 @@
+"""fusionplan.torch.fuse on a ResNet-like model: same outputs, report, state_dict, torch.compile."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusionplan as fp
+import fusionplan.torch as fpt
+from fusionplan.codegen import interpreter_active
+
+
+class ConvBNAct(nn.Module):
+    def __init__(self, c, k, stride=1, groups=1, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(c, k, 3, stride, 1, groups=groups, bias=False)
+        self.bn = nn.BatchNorm2d(k)
+        self.act = act if act is not None else nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+class Residual(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.a = ConvBNAct(c, c)
+        self.b = nn.Conv2d(c, c, 1)
+        self.bn = nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return F.relu(x + self.bn(self.b(self.a(x))))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = ConvBNAct(3, 8, stride=2)
+        self.res = Residual(8)
+        self.dw = ConvBNAct(8, 8, groups=8, act=nn.ReLU6())
+        self.pw = ConvBNAct(8, 12, act=nn.LeakyReLU(0.2))
+        self.e = ConvBNAct(12, 12, act=nn.ELU(0.7))
+        self.s = ConvBNAct(12, 12, act=nn.Sigmoid())
+        self.t = nn.Conv2d(12, 16, 3, padding=1)
+        self.bn_t = nn.BatchNorm2d(16)
+        self.reflect = nn.Conv2d(16, 16, 3, padding=1, padding_mode="reflect")
+        self.bn_alone = nn.BatchNorm2d(16)
+        self.head = nn.Linear(16, 5)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.res(x)
+        x = self.s(self.e(self.pw(self.dw(x))))
+        x = torch.tanh(self.bn_t(self.t(x)))
+        x = self.bn_alone(self.reflect(x))
+        return self.head(x.mean((2, 3)))
+
+
+def model():
+    torch.manual_seed(0)
+    m = TinyResNet().eval()
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.normal_()
+            mod.running_var.uniform_(0.5, 2.0)
+            mod.weight.data.normal_()
+            mod.bias.data.normal_()
+    return m
+
+
+def test_fuse_matches_eager_and_reports():
+    m = model()
+    x = torch.randn(2, 3, 20, 18)
+    fused = fpt.fuse(m, (x,))
+    torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+    report = fused.fusion_report
+    assert len(report.fused) == 8, str(report)
+    text = str(report)
+    for chain in (
+        "stem.conv (Conv2d) -> stem.bn (BatchNorm2d) -> stem.act (ReLU)",
+        "dw.act (ReLU6)",
+        "pw.act (LeakyReLU)",
+        "e.act (ELU)",
+        "s.act (Sigmoid)",
+        "t (Conv2d) -> bn_t (BatchNorm2d) -> tanh",
+        "res.b (Conv2d) -> res.bn (BatchNorm2d)",
+    ):
+        assert chain in text, chain
+    assert "reflect: padding_mode='reflect'" in text
+    assert "bn_alone: a batch-norm alone is left to PyTorch" in text
+    assert isinstance(fused.get_submodule("reflect"), nn.Conv2d)  # untouched
+
+
+def test_state_dict_round_trips():
+    m = model()
+    fused = fpt.fuse(m)
+    assert set(fused.state_dict()) == set(m.state_dict())
+    fresh = TinyResNet().eval()
+    fresh.load_state_dict(fused.state_dict())
+    x = torch.randn(1, 3, 16, 16)
+    torch.testing.assert_close(fresh(x), m(x))
+    other = model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    fused.load_state_dict(other.state_dict())  # the fused model reads the loaded parameters
+    torch.testing.assert_close(fused(x), other(x), rtol=1e-4, atol=1e-5)
+
+
+def test_torch_compile_and_layouts():
+    m = model()
+    fused = fpt.fuse(m)
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(torch.compile(fused)(x), m(x), rtol=1e-4, atol=1e-5)
+    cl = fused.to(memory_format=torch.channels_last)
+    torch.testing.assert_close(cl(x.to(memory_format=torch.channels_last)), m(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fused.double()(x.double()), m.double()(x.double()), rtol=1e-10, atol=1e-10)
+
+
+def test_training_mode_is_refused():
+    m = model().train()
+    with pytest.raises(fp.BadParmError, match="eval"):
+        fpt.fuse(m)
+    fused = fpt.fuse(m.eval())
+    fused.train()
+    with pytest.raises(RuntimeError, match="inference"):
+        fused(torch.randn(1, 3, 16, 16))
+
+
+def test_example_inputs_check_outputs():
+    m = model()
+    fused = fpt.fuse(m, (torch.randn(1, 3, 16, 16),), verbose=True)
+    assert fused.fusion_report.fused
+
+
+def test_dlpack_input_to_a_fused_chain():
+    m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    fused = fpt.fuse(m)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8), dtype=np.float32)
+    chain = fused.get_submodule("fused_chain_0")
+    torch.testing.assert_close(chain(x), m(torch.from_numpy(x)))
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="needs Triton's interpreter")
+def test_fused_model_through_the_triton_kernels(monkeypatch):
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    fpt._PLANS.clear()
+    m = nn.Sequential(
+        ConvBNAct(3, 8, stride=2), ConvBNAct(8, 8, groups=8), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU()
+    ).eval()
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(1, 3, 12, 10)
+    fused = fpt.fuse(m)
+    torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+    solvers = {plan.compiled_solver(fp.default_handle("cpu")) for plan, _ in fpt._PLANS.values()}
+    assert solvers == {"triton-conv"}
+    fpt._PLANS.clear()
