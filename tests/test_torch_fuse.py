@@ -158,3 +158,12 @@ def test_fused_model_through_the_triton_kernels(monkeypatch):
     solvers = {plan.compiled_solver(fp.default_handle("cpu")) for plan, _ in fpt._PLANS.values()}
     assert solvers == {"triton-conv"}
     fpt._PLANS.clear()
+
+
+def test_inference_mode():
+    m = model()
+    fused = fpt.fuse(m)
+    x = torch.randn(1, 3, 16, 16)
+    with torch.inference_mode():
+        torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)

@@ -8,6 +8,8 @@ at the convolution); each stage's coefficients are computed once per argument se
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -130,24 +132,35 @@ def split_at_conv(ops: Sequence[FusionOp]) -> tuple[list[FusionOp], ConvForwardO
 
 def args_fingerprint(records: Sequence[OpArgs]) -> tuple:
     """Version counters of every argument tensor: equal fingerprints of the same records mean the
-    derived data (folded coefficients, repacked weights) is still valid."""
-    return tuple(t._version for r in records for t in r._tensors)
+    derived data (folded coefficients, repacked weights) is still valid. Tensors made under
+    torch.inference_mode have no version counter; for them the record's identity is all there is."""
+    return tuple(None if t.is_inference() else t._version for r in records for t in r._tensors)
 
 
 class PerArgsCache:
-    """Holds data derived from one argument set; recomputed when the records or their tensors change.
+    """Data derived from argument sets, recomputed when a record or one of its tensors changes.
 
-    The cached entry is swapped atomically, so concurrent executes see either the old or the new one.
+    Several argument sets are kept (least recently used first out): one kernel serves every layer of
+    the same shape, each with its own weights, and must not re-derive on every alternation.
     """
 
-    def __init__(self) -> None:
-        self._entry: tuple | None = None
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple, tuple] = OrderedDict()
+        self._lock = threading.Lock()
 
     def get(self, records: Sequence[OpArgs], derive) -> object:
+        key = tuple(id(r) for r in records)
         versions = args_fingerprint(records)
-        entry = self._entry
-        if entry is not None and entry[1] == versions and all(a is b for a, b in zip(entry[0], records)):
-            return entry[2]
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None and entry[1] == versions and all(a is b for a, b in zip(entry[0], records)):
+                self._entries.move_to_end(key)
+                return entry[2]
         value = derive(records)
-        self._entry = (tuple(records), versions, value)
+        with self._lock:
+            self._entries[key] = (tuple(records), versions, value)  # holding the records keeps their ids unique
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
         return value

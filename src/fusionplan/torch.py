@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -103,10 +104,59 @@ def fused_chain(
 ) -> torch.Tensor:
     """[conv2d (+bias)] -> [batch-norm inference] -> [activation, mode -1 = none], as one fusion plan."""
     plan, ops = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
+    args = _args_for(
+        plan,
+        ops,
+        weight,
+        conv_bias,
+        bn_weight,
+        bn_bias,
+        bn_mean,
+        bn_var,
+        bn_eps,
+        act_mode,
+        act_alpha,
+        act_beta,
+        act_gamma,
+    )
+    out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device).to(memory_format=_memory_format(x))
+    plan.execute(default_handle(x.device), x, out, args)
+    return out
+
+
+_ARGS: OrderedDict[tuple, OperatorArgs] = OrderedDict()
+
+
+def _tensor_identity(t: torch.Tensor | None) -> tuple | None:
+    """Where a parameter lives and which version of it this is (inference tensors carry no version:
+    a change of their contents in place under inference_mode is not seen)."""
+    if t is None:
+        return None
+    return (t.data_ptr(), t.shape, t.dtype, None if t.is_inference() else t._version)
+
+
+def _args_for(
+    plan, ops, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, act_mode, act_alpha, act_beta, act_gamma
+) -> OperatorArgs:
+    """The arguments of one chain, made once per parameter set (so folded batch-norm and repacked
+    weights are reused by every later call)."""
+    key = (
+        id(plan),
+        *(_tensor_identity(t) for t in (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)),
+        bn_eps,
+        act_alpha,
+        act_beta,
+        act_gamma,
+    )
+    with _PLANS_LOCK:
+        args = _ARGS.get(key)
+        if args is not None:
+            _ARGS.move_to_end(key)
+            return args
     args = OperatorArgs()
     i = 0
     if weight is not None:
-        args.set(ops[i], ConvArgs(weight=weight.contiguous()))
+        args.set(ops[i], ConvArgs(weight=weight))
         i += 1
         if conv_bias is not None:
             args.set(ops[i], BiasArgs(bias=conv_bias))
@@ -118,9 +168,11 @@ def fused_chain(
         i += 1
     if act_mode >= 0:
         args.set(ops[i], ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma))
-    out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device).to(memory_format=_memory_format(x))
-    plan.execute(default_handle(x.device), x, out, args)
-    return out
+    with _PLANS_LOCK:
+        _ARGS[key] = args
+        while len(_ARGS) > 1024:
+            _ARGS.popitem(last=False)
+    return args
 
 
 @fused_chain.register_fake
@@ -148,7 +200,7 @@ def _(
 
 def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
     x_desc = TensorDescriptor.from_tensor(x)
-    w_desc = None if weight is None else TensorDescriptor.from_tensor(weight.contiguous())
+    w_desc = None if weight is None else TensorDescriptor.from_tensor(weight)  # any layout: no copy
     key = (
         x_desc,
         x.device,

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fusionplan.activations import activation_forward
-from fusionplan.enums import ActivationMode
+from fusionplan.enums import ActivationMode, Layout
 from fusionplan.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
 from fusionplan.ops import (
     AFFINE_OPS,
@@ -155,7 +155,9 @@ class CpuFoldedKernel(Kernel):
             a.scale = 1.0
             if isinstance(a.shift, Tensor) and _per_channel(a.shift):
                 bias, a.shift = a.shift.reshape(-1).contiguous(), 0.0
-        return FoldedConv(weight.contiguous(), bias, a)
+        # oneDNN wants the weights in the activations' layout; another layout is reordered on every call
+        fmt = torch.channels_last if self.spec.input_desc.layout == Layout.NHWC else torch.contiguous_format
+        return FoldedConv(weight.contiguous(memory_format=fmt), bias, a)
 
     # -- execute ------------------------------------------------------------------------------
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:

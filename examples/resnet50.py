@@ -1,0 +1,148 @@
+"""ResNet-50 fused by fusionplan in one call: outputs compared with eager, then timed.
+
+    python examples/resnet50.py                       # GPU: fp16 channels_last, batch 1, 32, 128
+    python examples/resnet50.py --batches 1 --device cpu
+
+torchvision's ResNet-50 with random weights (nothing is downloaded); without torchvision, the
+same architecture defined below. Batch-norm statistics are randomized so that batch-norm is not
+the identity. Times are medians of CUDA-event timings (GPU) or wall clock (CPU), eager vs fused vs
+torch.compile (default mode; on the CPU only with --compile, it takes minutes there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+import fusionplan.torch as fpt
+
+
+# ---- ResNet-50 v1.5 (torchvision's architecture) when torchvision is absent ---------------------------
+class Bottleneck(nn.Module):
+    def __init__(self, c_in: int, width: int, stride: int) -> None:
+        super().__init__()
+        c_out = width * 4
+        self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
+        self.conv3, self.bn3 = nn.Conv2d(width, c_out, 1, bias=False), nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        return self.relu(self.bn3(self.conv3(out)) + identity)
+
+
+class ResNet50(nn.Module):
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64)
+        self.relu, self.maxpool = nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)
+        layers, c_in = [], 64
+        for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            stage = []
+            for i in range(blocks):
+                stage.append(Bottleneck(c_in, width, stride if i == 0 else 1))
+                c_in = width * 4
+            layers.append(nn.Sequential(*stage))
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.avgpool, self.fc = nn.AdaptiveAvgPool2d(1), nn.Linear(2048, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet50() -> nn.Module:
+    try:
+        import torchvision
+
+        return torchvision.models.resnet50(weights=None)
+    except ImportError:
+        return ResNet50()
+
+
+def randomize_batchnorm(model: nn.Module) -> None:
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+
+
+def median_ms(module, x: torch.Tensor, iters: int) -> float:
+    """Median milliseconds of ``module(x)``."""
+    device = x.device
+    for _ in range(3):
+        module(x)
+    samples = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            module(x)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            module(x)
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batches", default=None, help="comma-separated (default 1,32,128 on a GPU, 1 on the CPU)")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--compile", action="store_true", help="also time torch.compile on the CPU (slow to compile)")
+    opts = p.parse_args(argv)
+    device = torch.device(opts.device)
+    gpu = device.type == "cuda"
+    dtype = torch.float16 if gpu else torch.float32
+    batches = [int(b) for b in (opts.batches or ("1,32,128" if gpu else "1")).split(",")]
+    torch.manual_seed(0)
+    model = resnet50().eval()
+    randomize_batchnorm(model)
+    model = model.to(device=device, dtype=dtype, memory_format=torch.channels_last)
+    fused = fpt.fuse(model)
+    print(f"fused {len(fused.fusion_report.fused)} chains, skipped {len(fused.fusion_report.skipped)}")
+    ok = True
+    compiled = torch.compile(model) if (gpu or opts.compile) else None
+    print(
+        f"{'batch':>5} | {'eager ms':>9} | {'fused ms':>9} | {'compile ms':>10} | fused/eager | fused/compile | "
+        f"max rel err | top-1 agree"
+    )
+    for batch in batches:
+        x = torch.randn(batch, 3, 224, 224, device=device).to(dtype).to(memory_format=torch.channels_last)
+        with torch.inference_mode():
+            ref, out = model(x).float(), fused(x).float()
+            err = ((out - ref).abs().max() / ref.abs().max()).item()
+            agree = (out.argmax(1) == ref.argmax(1)).float().mean().item()
+            t_eager = median_ms(model, x, opts.iters)
+            t_fused = median_ms(fused, x, opts.iters)
+            t_comp = median_ms(compiled, x, opts.iters) if compiled is not None else float("nan")
+        ok &= err < (2e-2 if gpu else 1e-4) and agree >= 0.9
+        print(
+            f"{batch:>5} | {t_eager:>9.3f} | {t_fused:>9.3f} | {t_comp:>10.3f} | {t_eager / t_fused:>11.2f} | "
+            f"{t_comp / t_fused:>13.2f} | {err:>11.2e} | {agree:>11.2f}"
+        )
+    print("PASSED" if ok else "FAILED: outputs differ from eager")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
