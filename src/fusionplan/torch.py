@@ -25,6 +25,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.library import custom_op
 
 from fusionplan.api import default_handle
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
@@ -83,7 +84,7 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-@torch.library.custom_op("fusionplan::fused_chain", mutates_args=())
+@custom_op("fusionplan::fused_chain", mutates_args=())
 def fused_chain(
     x: torch.Tensor,
     weight: torch.Tensor | None,

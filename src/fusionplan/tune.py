@@ -1,6 +1,6 @@
 """fusionplan-tune: fill the perf database ahead of time for a set of shapes.
 
-    fusionplan-tune                                        # the 23 ResNet-50 layers, batch 32, fp16 NHWC, CBNA and CBA
+    fusionplan-tune             # on a GPU: the 23 ResNet-50 layers, batch 32, fp16 NHWC, CBNA and CBA
     fusionplan-tune --shapes my_layers.csv --batch 1,32 --precisions fp16,bf16 --layouts NHWC,NCHW
 
 Each plan is compiled in NORMAL find mode: its solver benchmarks the candidate configurations once
@@ -15,13 +15,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from fusionplan.benchmark.cases import PRECISIONS, Case, build_plan
-from fusionplan.benchmark.cli import _split
-from fusionplan.enums import ActivationMode
+from fusionplan.benchmark.cases import build_plan
+from fusionplan.benchmark.cli import add_case_options, cases_from
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle, resolve_device
 from fusionplan.perfdb import default_db
-from fusionplan.shapes import load_shapes
 
 TUNED_SOLVERS = ("triton-conv",)
 
@@ -33,15 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=__doc__.split("\n\n", 1)[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--shapes", default=None, help="CSV of shapes (name,C,K,H,W,R,S,stride,pad); default: ResNet-50 v1.5"
-    )
-    p.add_argument("--layers", default="all", help="comma-separated layer names, or 'all' (default)")
-    p.add_argument("--batch", default="32", help="comma-separated batch sizes (default 32)")
-    p.add_argument("--precisions", default="fp16", help=f"comma-separated, of {', '.join(PRECISIONS)} (default fp16)")
-    p.add_argument("--layouts", default="NHWC", help="comma-separated NCHW,NHWC (default NHWC)")
-    p.add_argument("--modes", default="CBNA,CBA", help="comma-separated operator chains (default CBNA,CBA)")
-    p.add_argument("--device", default=None, help="cuda or cuda:N (default: the current device)")
+    add_case_options(p)
     return p
 
 
@@ -52,17 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FusionPlanError as exc:
         print(f"fusionplan-tune: {exc}", file=sys.stderr)
         return 2
-    shapes = load_shapes(opts.shapes)
-    if opts.layers != "all":
-        shapes = [s for s in shapes if s.name in _split(opts.layers)]
-    cases = [
-        Case(s, int(b), p, lay, m.upper(), ActivationMode.RELU)
-        for p in _split(opts.precisions)
-        for lay in _split(opts.layouts)
-        for m in _split(opts.modes)
-        for b in _split(opts.batch)
-        for s in shapes
-    ]
+    cases = cases_from(opts, device)
     db = default_db()
     before = db.count()
     skipped: dict[str, int] = {}

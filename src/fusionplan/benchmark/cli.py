@@ -28,13 +28,8 @@ from fusionplan.handle import resolve_device
 from fusionplan.shapes import load_shapes
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="fusionplan-bench",
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_case_options(p: argparse.ArgumentParser) -> None:
+    """The options that select cases (shared with fusionplan-tune)."""
     p.add_argument(
         "--shapes", default=None, help="CSV of shapes (name,C,K,H,W,R,S,stride,pad); default: ResNet-50 v1.5"
     )
@@ -56,6 +51,17 @@ def build_parser() -> argparse.ArgumentParser:
         "batch-norm + activation on the layer's output activation)",
     )
     p.add_argument("--activation", default="relu", help="activation mode of the chains (default relu)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: a GPU if present)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fusionplan-bench",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_case_options(p)
     p.add_argument(
         "--baselines",
         default=None,
@@ -66,7 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=50, help="timed runs per variant (median; default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no launch gaps)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: a GPU if present)")
     p.add_argument("--out", default=None, help="directory for results.csv, results.json, summary.md and the PNG plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--seed", type=int, default=0, help="random seed of inputs and arguments")
