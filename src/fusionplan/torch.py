@@ -200,12 +200,13 @@ def _(
 
 
 def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
-    x_desc = TensorDescriptor.from_tensor(x)
-    w_desc = None if weight is None else TensorDescriptor.from_tensor(weight)  # any layout: no copy
+    # Raw shapes and strides key the cache: descriptors (validated, so not free) are built on a miss only.
     key = (
-        x_desc,
+        x.shape,
+        x.stride(),
+        x.dtype,
         x.device,
-        w_desc,
+        None if weight is None else (weight.shape, weight.stride(), weight.dtype),
         conv_bias is not None and conv_bias.dtype,
         bn_weight is not None and (bn_weight.dtype, bn_weight.dim()),
         tuple(stride),
@@ -218,6 +219,8 @@ def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
         hit = _PLANS.get(key)
     if hit is not None:
         return hit
+    x_desc = TensorDescriptor.from_tensor(x)
+    w_desc = None if weight is None else TensorDescriptor.from_tensor(weight)  # any layout: no copy
     plan = FusionPlan(x_desc)
     ops = []
     if weight is not None:
