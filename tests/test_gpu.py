@@ -15,10 +15,9 @@ import torch
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.shapes import load_shapes
-from fusionplan.testing import EPS, TF32_EPS, compare, random_args, random_record, reference_output
+from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
-from .test_solvers import CONV_SHAPES, build
-from .util import random_conv_plan
+from .util import CONV_SHAPES, DT_NAME, plan_for, random_conv_plan, shape_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -28,7 +27,6 @@ PRECISIONS = {  # name: (dtype, TF32 allowed, relative-norm tolerance, epsilon o
     "fp16": (torch.float16, False, 1e-2, EPS[torch.float16]),
     "bf16": (torch.bfloat16, False, 1e-2, EPS[torch.bfloat16]),
 }
-DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16"}
 CHAINS = ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "CANB", "CNAAB"]  # MIOpen's six and two unusual orders
 LAYERS = load_shapes()
 
@@ -69,19 +67,16 @@ def input_tensor(shape, dtype, layout):
 def test_resnet50_layer(layer, precision, layout, chain):
     dtype = PRECISIONS[precision][0]
     x = input_tensor((8, layer.c, layer.h, layer.w), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         chain,
-        layer.k,
-        layer.r,
-        layer.s,
-        (layer.pad, layer.pad),
-        (layer.stride, layer.stride),
-        (1, 1),
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.RELU,
-        DT_NAME[dtype],
+        conv=fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride), (1, 1), 1),
+        k=layer.k,
+        r=layer.r,
+        s=layer.s,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype=DT_NAME[dtype],
     )
     run_and_check(plan, precision, x, layout)
 
@@ -91,22 +86,8 @@ def test_resnet50_layer(layer, precision, layout, chain):
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
 def test_odd_shapes(shape_key, layout, precision, bn_mode):
-    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
-    dtype = PRECISIONS[precision][0]
-    x = input_tensor((n, c, h, w), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        "CBNA",
-        k,
-        r,
-        s,
-        pad,
-        stride,
-        dil,
-        groups,
-        bn_mode,
-        ActivationMode.ELU,
-        DT_NAME[dtype],
+    plan, x = shape_plan(
+        shape_key, "CBNA", PRECISIONS[precision][0], layout, bn_mode, ActivationMode.ELU, device="cuda"
     )
     run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW")
 
@@ -116,19 +97,16 @@ def test_odd_shapes(shape_key, layout, precision, bn_mode):
 def test_activations(act, precision):
     dtype = PRECISIONS[precision][0]
     x = input_tensor((4, 16, 15, 13), dtype, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         "CBA",
-        24,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.SPATIAL,
-        act,
-        DT_NAME[dtype],
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=24,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=act,
+        param_dtype=DT_NAME[dtype],
     )
     run_and_check(plan, precision, x, "NHWC")
 
@@ -140,19 +118,8 @@ def test_activations(act, precision):
 def test_pointwise_chains(chain, layout, precision, bn_mode):
     dtype = PRECISIONS[precision][0]
     x = input_tensor((8, 64, 28, 28), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        chain,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        bn_mode,
-        ActivationMode.LEAKYRELU,
-        DT_NAME[dtype],
+    plan = add_chain(
+        plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.LEAKYRELU, param_dtype=DT_NAME[dtype]
     )
     run_and_check(plan, precision, x, layout)
 
@@ -160,19 +127,8 @@ def test_pointwise_chains(chain, layout, precision, bn_mode):
 def test_pointwise_large_tensor():
     """A 1 GiB fp16 tensor (2^29 elements) through an NA chain."""
     x = input_tensor((64, 256, 128, 256), torch.float16, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        "NA",
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.RELU,
-        "half",
+    plan = add_chain(
+        plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="half"
     )
     run_and_check(plan, "fp16", x, "NHWC")
 
@@ -181,19 +137,16 @@ def test_pointwise_large_tensor():
 def test_alpha_beta_prior(precision):
     dtype = PRECISIONS[precision][0]
     x = input_tensor((4, 32, 14, 14), dtype, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         "CBNAB",
-        48,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.PER_ACTIVATION,
-        ActivationMode.TANH,
-        DT_NAME[dtype],
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=48,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.PER_ACTIVATION,
+        activation=ActivationMode.TANH,
+        param_dtype=DT_NAME[dtype],
     )
     rng = random.Random(5)
     args = fp.OperatorArgs()
@@ -233,19 +186,16 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
     """After the first launch, kernels are called directly; the specialization key must follow
     every change that matters: new inputs, another output layout, a misaligned output view."""
     x0 = input_tensor((4, 32, 14, 14), torch.float16, "NHWC")
-    plan = build(
+    plan = add_chain(
         fp.FusionPlan(fp.TensorDescriptor.from_tensor(x0)),
         chain,
-        48,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.RELU,
-        "half",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=48,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="half",
     )
     handle = fp.Handle("cuda")
     plan.compile(handle)
@@ -269,19 +219,16 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
 
 def test_execute_under_cuda_graph_capture():
     x = input_tensor((8, 64, 28, 28), torch.float16, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         "CBNA",
-        64,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.RELU,
-        "half",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=64,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="half",
     )
     handle = fp.Handle("cuda")
     plan.compile(handle)

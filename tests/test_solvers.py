@@ -9,21 +9,19 @@ import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.testing import add_chain
 
-from .util import DTYPES, check_against_reference, make_input, poisoned, random_args, random_conv_plan
+from .util import (
+    CONV_SHAPES,
+    DTYPES,
+    check_against_reference,
+    make_input,
+    plan_for,
+    poisoned,
+    random_args,
+    random_conv_plan,
+    shape_plan,
+)
 
 SOLVERS = ["cpu", "reference"]
-
-# (N, C, H, W, K, R, S, pad, stride, dilation, groups)
-CONV_SHAPES = {
-    "stem-C3": (2, 3, 13, 11, 17, 3, 3, (1, 1), (1, 1), (1, 1), 1),
-    "stride2": (2, 8, 13, 11, 16, 3, 3, (1, 1), (2, 2), (1, 1), 1),
-    "dilation2": (1, 5, 12, 10, 7, 3, 3, (2, 2), (1, 1), (2, 2), 1),
-    "grouped": (2, 6, 9, 9, 9, 3, 3, (1, 1), (1, 1), (1, 1), 3),
-    "depthwise": (2, 8, 11, 7, 8, 3, 3, (1, 1), (1, 1), (1, 1), 8),
-    "1x1": (3, 16, 7, 7, 17, 1, 1, (0, 0), (1, 1), (1, 1), 1),
-    "asymmetric": (1, 4, 10, 13, 5, 1, 5, (0, 2), (1, 2), (1, 1), 1),
-    "7x7-stride2-pad3": (1, 3, 16, 16, 8, 7, 7, (3, 3), (2, 2), (1, 1), 1),
-}
 
 # Driver fusion modes (-F) plus unusual orders and repeats.
 CHAINS = {
@@ -41,26 +39,6 @@ CHAINS = {
 }
 
 
-def build(plan, chain, k, r, s, pad, stride, dil, groups, bn_mode, act_mode, dtype_name, w_layout="NCHW"):
-    """The chain's operators, batch-norm parameters in ``dtype_name``."""
-    conv = fp.ConvolutionDescriptor(pad, stride, dil, groups) if "C" in chain else None
-    return add_chain(
-        plan,
-        chain,
-        conv=conv,
-        k=k,
-        r=r,
-        s=s,
-        w_layout=w_layout,
-        bn_mode=bn_mode,
-        activation=act_mode,
-        param_dtype=dtype_name,
-    )
-
-
-DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
-
-
 def run_case(
     solver,
     shape_key,
@@ -72,23 +50,7 @@ def run_case(
     out_layout=None,
     w_layout="NCHW",
 ):
-    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
-    x = make_input((n, c, h, w), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        chain,
-        k,
-        r,
-        s,
-        pad,
-        stride,
-        dil,
-        groups,
-        bn_mode,
-        act,
-        DT_NAME[dtype],
-        w_layout,
-    )
+    plan, x = shape_plan(shape_key, chain, dtype, layout, bn_mode, act, w_layout)
     handle = fp.Handle("cpu")
     assert plan.compile(handle, backend=solver) == {"cpu": "cpu-folded", "reference": "reference"}[solver]
     args = random_args(plan)
@@ -128,20 +90,7 @@ def test_layout_changes_and_weight_layouts(solver):
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
 def test_pointwise_chains(solver, chain, bn_mode):
     x = make_input((2, 5, 7, 3), torch.float32, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        chain,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        bn_mode,
-        ActivationMode.ELU,
-        "float",
-    )
+    plan = add_chain(plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.ELU, param_dtype="float")
     handle = fp.Handle("cpu")
     plan.compile(handle, backend=solver)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
@@ -157,19 +106,16 @@ def test_double_data_computes_in_double():
 def test_alpha_beta_blend_prior_output(solver, chain):
     """result = alpha * op(x) + beta * y_prior, for every operator."""
     x = make_input((2, 4, 6, 5), torch.float32, "NCHW")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         chain,
-        4,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.PER_ACTIVATION,
-        ActivationMode.TANH,
-        "float",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=4,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.PER_ACTIVATION,
+        activation=ActivationMode.TANH,
+        param_dtype="float",
     )
     handle = fp.Handle("cpu")
     plan.compile(handle, backend=solver)

@@ -11,9 +11,20 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.testing import add_chain
 
-from .test_solvers import CONV_SHAPES, DT_NAME, build
-from .util import check_against_reference, make_input, poisoned, random_args, random_conv_plan, random_record
+from .util import (
+    CONV_SHAPES,
+    DT_NAME,
+    check_against_reference,
+    make_input,
+    plan_for,
+    poisoned,
+    random_args,
+    random_conv_plan,
+    random_record,
+    shape_plan,
+)
 
 pytest.importorskip("triton")
 from fusionplan.codegen import interpreter_active  # noqa: E402
@@ -46,23 +57,7 @@ def conv_case(
     act=ActivationMode.RELU,
     w_layout="NCHW",
 ):
-    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
-    x = make_input((n, c, h, w), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        chain,
-        k,
-        r,
-        s,
-        pad,
-        stride,
-        dil,
-        groups,
-        bn_mode,
-        act,
-        DT_NAME[dtype],
-        w_layout,
-    )
+    plan, x = shape_plan(shape_key, chain, dtype, layout, bn_mode, act, w_layout)
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-conv"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout or layout))
@@ -105,19 +100,16 @@ def test_strided_input_view():
 @pytest.mark.parametrize("chain", ["CBNA", "CAB"])
 def test_alpha_beta_and_prior(chain):
     x = make_input((2, 4, 6, 5), torch.float32, "NHWC")
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         chain,
-        4,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.PER_ACTIVATION,
-        ActivationMode.TANH,
-        "float",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=4,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.PER_ACTIVATION,
+        activation=ActivationMode.TANH,
+        param_dtype="float",
     )
     handle = compile_triton(plan)
     rng = random.Random(3)
@@ -143,19 +135,16 @@ def test_conv_in_place_output_is_safe():
 
 def test_argument_changes_reach_the_kernel():
     x = make_input((1, 4, 6, 6), torch.float32)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         "CBNA",
-        5,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.RELU,
-        "float",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=5,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="float",
     )
     handle = compile_triton(plan)
     args = random_args(plan)
@@ -169,19 +158,16 @@ def test_argument_changes_reach_the_kernel():
 
 def test_kernel_source_is_generated_from_the_chain():
     x = make_input((1, 3, 6, 6), torch.float32)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+    plan = add_chain(
+        plan_for(x),
         "CBNAN",
-        4,
-        3,
-        3,
-        (1, 1),
-        (1, 1),
-        (1, 1),
-        1,
-        BatchNormMode.PER_ACTIVATION,
-        ActivationMode.ELU,
-        "float",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=4,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.PER_ACTIVATION,
+        activation=ActivationMode.ELU,
+        param_dtype="float",
     )
     handle = compile_triton(plan)
     src = plan.kernel_source(handle)
@@ -195,19 +181,8 @@ def test_kernel_source_is_generated_from_the_chain():
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_pointwise_chains(chain, layout, bn_mode, dtype):
     x = make_input((2, 5, 7, 3), dtype, layout)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        chain,
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        bn_mode,
-        ActivationMode.SOFTRELU,
-        DT_NAME[dtype],
+    plan = add_chain(
+        plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.SOFTRELU, param_dtype=DT_NAME[dtype]
     )
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-pointwise"
@@ -216,19 +191,8 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
 
 def test_pointwise_in_place_and_strided():
     x = torch.randn(2, 3, 5, 6)
-    plan = build(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        "NA",
-        0,
-        0,
-        0,
-        0,
-        0,
-        0,
-        1,
-        BatchNormMode.SPATIAL,
-        ActivationMode.CLIPPEDRELU,
-        "float",
+    plan = add_chain(
+        plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.CLIPPEDRELU, param_dtype="float"
     )
     handle = compile_triton(plan)
     args = random_args(plan)

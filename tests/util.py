@@ -9,6 +9,19 @@ from fusionplan.reference import run_reference
 from fusionplan.testing import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
+
+# (N, C, H, W, K, R, S, pad, stride, dilation, groups)
+CONV_SHAPES = {
+    "stem-C3": (2, 3, 13, 11, 17, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "stride2": (2, 8, 13, 11, 16, 3, 3, (1, 1), (2, 2), (1, 1), 1),
+    "dilation2": (1, 5, 12, 10, 7, 3, 3, (2, 2), (1, 1), (2, 2), 1),
+    "grouped": (2, 6, 9, 9, 9, 3, 3, (1, 1), (1, 1), (1, 1), 3),
+    "depthwise": (2, 8, 11, 7, 8, 3, 3, (1, 1), (1, 1), (1, 1), 8),
+    "1x1": (3, 16, 7, 7, 17, 1, 1, (0, 0), (1, 1), (1, 1), 1),
+    "asymmetric": (1, 4, 10, 13, 5, 1, 5, (0, 2), (1, 2), (1, 1), 1),
+    "7x7-stride2-pad3": (1, 3, 16, 16, 8, 7, 7, (3, 3), (2, 2), (1, 1), 1),
+}
 
 
 def make_input(shape, dtype, layout: str = "NCHW", device="cpu", gen=None) -> torch.Tensor:
@@ -16,6 +29,33 @@ def make_input(shape, dtype, layout: str = "NCHW", device="cpu", gen=None) -> to
     if layout == "NHWC":
         x = x.to(memory_format=torch.channels_last)
     return x.to(device)
+
+
+def plan_for(x: torch.Tensor) -> fp.FusionPlan:
+    """An empty plan whose input descriptor is x's."""
+    return fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+
+
+def shape_plan(shape_key, chain, dtype, layout, bn_mode=None, act=None, w_layout="NCHW", device="cpu"):
+    """A random input of the named odd shape (CONV_SHAPES) and the plan of ``chain`` on it."""
+    from fusionplan.enums import ActivationMode, BatchNormMode
+    from fusionplan.testing import add_chain
+
+    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
+    x = make_input((n, c, h, w), dtype, layout, device)
+    plan = add_chain(
+        plan_for(x),
+        chain,
+        conv=fp.ConvolutionDescriptor(pad, stride, dil, groups),
+        k=k,
+        r=r,
+        s=s,
+        w_layout=w_layout,
+        bn_mode=bn_mode if bn_mode is not None else BatchNormMode.SPATIAL,
+        activation=act if act is not None else ActivationMode.RELU,
+        param_dtype=DT_NAME[dtype],
+    )
+    return plan, x
 
 
 def poisoned(desc: fp.TensorDescriptor, layout: str = "NCHW", device="cpu") -> torch.Tensor:

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 import torch.nn.functional as F
+from torch import library as torch_library
 from torch import nn
-from torch.library import custom_op
 
 from fusionplan.api import default_handle
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
@@ -84,7 +84,7 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-@custom_op("fusionplan::fused_chain", mutates_args=())
+@torch_library.custom_op("fusionplan::fused_chain", mutates_args=())
 def fused_chain(
     x: torch.Tensor,
     weight: torch.Tensor | None,
