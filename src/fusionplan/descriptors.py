@@ -148,6 +148,10 @@ class TensorDescriptor:
         """Strides with those of size-1 dims zeroed: equal keys mean interchangeable strides."""
         return tuple(0 if d == 1 else s for d, s in zip(self.dims, self.strides))
 
+    def max_offset(self) -> int:
+        """The element offset of the last element from the first (strides are never negative)."""
+        return sum((d - 1) * s for d, s in zip(self.dims, self.strides))
+
     def same_strides(self, strides: Sequence[int]) -> bool:
         return all(d == 1 or a == b for d, a, b in zip(self.dims, self.strides, strides))
 

@@ -82,6 +82,12 @@ class Handle:
             return None
         return self._stream if self._stream is not None else torch.cuda.current_stream(self.device)
 
+    def is_active(self) -> bool:
+        """True when ``activate()`` would change nothing: no stream of its own, device current."""
+        if self.device.type != "cuda":
+            return True
+        return self._stream is None and torch.cuda.current_device() == self.device.index
+
     @contextlib.contextmanager
     def activate(self) -> Iterator[None]:
         """Make the handle's device and stream current for the work inside."""

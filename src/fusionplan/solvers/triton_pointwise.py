@@ -14,11 +14,12 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import Launcher, alignment_key, emit_stages, indent, int_key, interpreter_active, load_module
+from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module
 from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
+from fusionplan.launch import Launcher, RepeatCache, Repeating, alignment_key, int_key, needs_int64, repeat_for
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import device_why_not, needs_int64, shares_memory, stage_arguments, triton_cdiv
+from fusionplan.solvers.triton_conv import device_why_not, shares_memory, stage_arguments, triton_cdiv
 
 Tensor = torch.Tensor
 
@@ -86,7 +87,7 @@ def _hw_flat(t: Tensor) -> bool:
     return t.shape[2] == 1 or t.shape[3] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
 
 
-class TritonPointwiseKernel(Kernel):
+class TritonPointwiseKernel(Repeating, Kernel):
     solver_name = "triton-pointwise"
 
     def __init__(self, spec: PlanSpec, handle) -> None:
@@ -100,6 +101,7 @@ class TritonPointwiseKernel(Kernel):
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
         self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active())
         self._derived = PerArgsCache()
+        self._repeats = RepeatCache()
 
     def source(self) -> str:
         return self._source
@@ -127,9 +129,12 @@ class TritonPointwiseKernel(Kernel):
         args = [x, out, p, *values, c, h * w, w, num_pb, *strides, *consts]
         value_tensors = [v for v in values if isinstance(v, Tensor)]
         key = (consts, int_key(strides), alignment_key(x, out, p, *value_tensors))
-        self.launcher(grid, key, args, cfg.num_warps, 1)
+        kernel = self.launcher(grid, key, args, cfg.num_warps, 1)
         if out is not y:
             y.copy_(out)
+        elif p is y:
+            same = x.stride() == y.stride()  # in place on the same elements is safe, see above
+            self._repeats.put(repeat_for(self.launcher, kernel, grid, args, (0, 1, 2), x, y, records, prior, same))
 
 
 class TritonPointwiseSolver(Solver):

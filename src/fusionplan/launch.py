@@ -1,0 +1,224 @@
+"""Launching generated Triton kernels with low host overhead.
+
+Three levels, cheapest last:
+- ``Launcher`` goes through Triton's ``fn[grid](...)`` the first time for a specialization key
+  (binding, specialization, compilation or cache lookup), then calls the compiled kernel directly.
+- ``BoundLaunch`` is one call's compiled kernel, grid and arguments, with the data pointers as
+  plain integers; repeating the call only swaps the pointers of the input and output.
+- ``Repeat`` holds a ``BoundLaunch`` with what it was bound for (the records, their tensors'
+  versions, the tensors' extents), so a solver's ``rerun`` can check in a few comparisons that
+  the next call may reuse it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fusionplan.codegen import interpreter_active
+from fusionplan.folding import args_fingerprint
+from fusionplan.ops import OpArgs
+
+Tensor = torch.Tensor
+
+
+def current_raw_stream() -> int:
+    """The current CUDA stream of the current device, as Triton's launcher takes it."""
+    get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if get_raw is not None:
+        return get_raw(torch._C._cuda_getDevice())
+    return torch.cuda.current_stream().cuda_stream
+
+
+def launch_compiled(kernel, grid: tuple[int, int, int], args: Sequence) -> None:
+    """Launch a compiled Triton kernel the way Triton's own launch path does, minus its binding."""
+    from triton import knobs
+
+    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+    stream = current_raw_stream()
+    metadata = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
+    gx, gy, gz = grid
+    kernel.run(gx, gy, gz, stream, kernel.function, kernel.packed_metadata, metadata, enter, leave, *args)
+
+
+class Launcher:
+    """Launches a generated kernel, calling the compiled kernel directly after the first launch.
+
+    Triton's ``fn[grid](...)`` binds every argument, computes its specialization and looks up its
+    cache on each call (tens of microseconds for our ~50 arguments). The first launch for a given
+    ``key`` goes through it; the compiled kernel it returns is kept, and later launches with the
+    same key call it directly. The caller's key must cover everything Triton specializes on that
+    can vary between calls (pointer alignment, integers equal to 1 or divisible by 16,
+    constexprs). ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off (and ``BoundLaunch`` with it).
+    """
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.names = list(getattr(fn, "arg_names", []))
+        self._compiled: dict[tuple, object] = {}
+        self.direct = (
+            not interpreter_active() and os.environ.get("FUSIONPLAN_DIRECT_LAUNCH", "1") != "0" and bool(self.names)
+        )
+
+    def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
+        """Launch; returns Triton's compiled kernel (None in the interpreter)."""
+        kernel = self._compiled.get(key) if self.direct else None
+        if kernel is None:
+            if len(args) != len(self.names):
+                raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
+            kernel = self.fn[grid](**dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
+            if self.direct and kernel is not None and hasattr(kernel, "run"):
+                self._compiled[key] = kernel
+            return kernel
+        launch_compiled(kernel, grid, args)
+        return kernel
+
+    def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
+        """Compile (or load from Triton's cache) without launching, so that the first execute does
+        not pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
+        if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
+            return None
+        kernel = self.fn.warmup(**dict(zip(self.names, args)), grid=grid, num_warps=num_warps, num_stages=num_stages)
+        if kernel is not None and hasattr(kernel, "run"):
+            self._compiled[key] = kernel
+        return kernel
+
+
+class BoundLaunch:
+    """A compiled kernel with one call's grid and arguments bound; ``launch`` repeats the call
+    with other data pointers in ``pointer_slots``. Pointers are passed as integers: Triton's
+    launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query."""
+
+    __slots__ = ("kernel", "grid", "args", "slots", "_keep")
+
+    def __init__(self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int]) -> None:
+        self.kernel = kernel
+        self.grid = grid
+        self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
+        self.slots = tuple(pointer_slots)
+        self._keep = [a for a in args if isinstance(a, Tensor)]  # the addresses in args stay valid
+
+    def launch(self, pointers: Sequence[int]) -> None:
+        args = self.args.copy()
+        for slot, ptr in zip(self.slots, pointers):
+            args[slot] = ptr
+        launch_compiled(self.kernel, self.grid, args)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A bound launch and the conditions under which a call may reuse it: the same records object
+    with unchanged tensors, and input/output tensors (of the signature the caller guarantees) that
+    are 16-byte aligned like the bound ones and either disjoint or, where ``in_place_ok``, the same."""
+
+    bound: BoundLaunch
+    records: Sequence[OpArgs]
+    versions: tuple
+    x_bytes: int
+    y_bytes: int
+    prior_given: bool
+    in_place_ok: bool = False
+
+    def try_launch(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> bool:
+        """Launch on x -> y (y also the prior where one is given) if the conditions hold; False if not."""
+        if records is not self.records or (prior is not None) != self.prior_given:
+            return False
+        if prior is not None and prior is not y:
+            return False
+        xp, yp = x.data_ptr(), y.data_ptr()
+        if (xp | yp) & 15:
+            return False
+        if xp < yp + self.y_bytes and yp < xp + self.x_bytes and not (self.in_place_ok and xp == yp):
+            return False
+        if args_fingerprint(records) != self.versions:
+            return False
+        self.bound.launch((xp, yp, yp))
+        return True
+
+
+class RepeatCache:
+    """Repeats of recent launches, one per records object: a kernel serves every plan of its
+    signature (in a network, every layer of one shape), each with its own arguments."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._by_records: dict[int, Repeat] = {}
+
+    def get(self, records: Sequence[OpArgs]) -> Repeat | None:
+        return self._by_records.get(id(records))  # try_launch checks identity: ids may be reused
+
+    def put(self, repeat: Repeat | None) -> None:
+        if repeat is None:
+            return
+        if len(self._by_records) >= self.size:
+            self._by_records.clear()
+        self._by_records[id(repeat.records)] = repeat
+
+
+class Repeating:
+    """For kernels whose ``run`` stores ``Repeat``s in ``self._repeats``: ``rerun`` launches a
+    matching one directly and falls back to ``run``."""
+
+    _repeats: RepeatCache
+
+    def rerun(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        repeat = self._repeats.get(records)
+        if repeat is None or not repeat.try_launch(x, y, records, prior):
+            with torch.no_grad():
+                self.run(x, y, records, prior)  # type: ignore[attr-defined]
+
+
+def repeat_for(
+    launcher: Launcher,
+    kernel,
+    grid: tuple[int, int, int],
+    args: Sequence,
+    pointer_slots: tuple[int, int, int],
+    x: Tensor,
+    y: Tensor,
+    records: Sequence[OpArgs],
+    prior: Tensor | None,
+    in_place_ok: bool = False,
+) -> Repeat | None:
+    """A ``Repeat`` of a launch that read x and wrote y (y also the prior where one was given),
+    with the slots of x, y and the prior in ``args``; None when the launch cannot be repeated
+    directly (interpreter, direct launch off, or a pointer not 16-byte aligned)."""
+    if not launcher.direct or kernel is None or not hasattr(kernel, "run"):
+        return None
+    if any(a.data_ptr() % 16 for a in args if isinstance(a, Tensor)):
+        return None  # repeats check for aligned pointers only
+    return Repeat(
+        BoundLaunch(kernel, grid, args, pointer_slots),
+        records,
+        args_fingerprint(records),
+        extent_bytes(x),
+        extent_bytes(y),
+        prior is not None,
+        in_place_ok,
+    )
+
+
+def extent_bytes(t: Tensor) -> int:
+    """Bytes from a tensor's first element to one past its last (strides are never negative)."""
+    if t.numel() == 0:
+        return 0
+    return (sum((d - 1) * s for d, s in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def needs_int64(*tensors: Tensor) -> bool:
+    """True when an element offset into one of the tensors may not fit in int32. Kernels index
+    from each tensor's first element, so its extent bounds the offsets."""
+    return any(extent_bytes(t) // t.element_size() >= 2**31 - 1 for t in tensors if t.numel())
+
+
+def alignment_key(*tensors) -> tuple[bool, ...]:
+    """Triton specializes pointers on 16-byte alignment."""
+    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
+
+
+def int_key(values) -> tuple[tuple[bool, bool], ...]:
+    """Triton specializes integers on == 1 and on divisibility by 16."""
+    return tuple((v == 1, v % 16 == 0) for v in values)
