@@ -217,6 +217,52 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
         assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
 
 
+@pytest.mark.parametrize("chain", ["CBNA", "NA"])
+def test_repeats_follow_what_changes(chain):
+    """Repeated calls launch a bound kernel directly; each call below changes one thing that must
+    send it back through the full path: alternating argument sets, two plans sharing one kernel,
+    a parameter changed in place, a misaligned input, the output aliasing the input, a handle
+    with its own stream."""
+    shape = (4, 32, 14, 14)
+
+    def new_plan():
+        x = input_tensor(shape, torch.float16, "NHWC")
+        conv = fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1)
+        return add_chain(plan_for(x), chain, conv=conv, k=32, r=3, s=3, param_dtype="float")
+
+    plans = [new_plan(), new_plan()]
+    handle = fp.Handle("cuda")
+    for plan in plans:
+        plan.compile(handle)
+    assert plans[0]._entry(handle).kernel is plans[1]._entry(handle).kernel
+    arg_sets = [[random_args(p, "cuda", param_dtype=torch.float32) for _ in range(2)] for p in plans]
+    stream_handle = fp.Handle("cuda", stream=torch.cuda.Stream())
+    plans[0].compile(stream_handle)
+    scale = next(r.scale for r in (arg_sets[0][0].get(op) for op in plans[0].ops) if hasattr(r, "scale"))
+    n, c, hh, ww = shape
+    for i in range(24):
+        which, h = i % 2, handle
+        x = input_tensor(shape, torch.float16, "NHWC")
+        y = torch.full(shape, float("nan"), device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+        if i == 8:
+            scale.mul_(-1.5)  # in place: the folded coefficients must follow
+        elif i == 12:  # an input view 2 bytes into its storage
+            x = torch.randn(x.numel() + 1, device="cuda").half()[1:].view(n, hh, ww, c).permute(0, 3, 1, 2)
+        elif i in (14, 16):
+            y = x  # in place (the convolution goes through a temporary)
+        elif i == 18:
+            h = stream_handle
+        plan, args = plans[which], arg_sets[which][(i // 2) % 2]
+        if h is stream_handle:
+            plan, args = plans[0], arg_sets[0][0]
+        ref = reference_output(plan, x, args)
+        torch.cuda.synchronize()  # the stream handle's stream does not wait for the default one
+        plan.execute(h, x, y, args)
+        torch.cuda.synchronize()
+        result = compare(y, ref, EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
+
+
 def test_execute_under_cuda_graph_capture():
     x = input_tensor((8, 64, 28, 28), torch.float16, "NHWC")
     plan = add_chain(

@@ -399,7 +399,8 @@ def test_new_arguments_after_a_reused_call_are_checked_and_used(compiled):
     ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops], prior).output
     torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     other, third = random_args(plan), random_args(plan)  # other arguments objects (beta 0), alternating
-    for a in (other, third, other):
+    for a in (other, third, other, third, args):  # each set's checks are remembered; each result its own
         y2 = torch.full((2, 6, 9, 7), float("nan"))
-        plan.execute(handle, x, y2, a)
-        assert not torch.isnan(y2).any()
+        plan.execute(handle, x, y2, a, prior=prior if a is args else None)
+        ref = run_reference(plan.ops, x, [a.get(op) for op in plan.ops], prior if a is args else None).output
+        torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
