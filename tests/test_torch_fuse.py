@@ -155,7 +155,7 @@ def test_fused_model_through_the_triton_kernels(monkeypatch):
     x = torch.randn(1, 3, 12, 10)
     fused = fpt.fuse(m)
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
-    solvers = {plan.compiled_solver(fp.default_handle("cpu")) for plan, _ in fpt._PLANS.values()}
+    solvers = {plan.compiled_solver(handle) for plan, _, handle, _ in fpt._PLANS.values()}
     assert solvers == {"triton-conv"}
     fpt._PLANS.clear()
 
@@ -167,3 +167,25 @@ def test_inference_mode():
     with torch.inference_mode():
         torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+def test_eager_calls_skip_the_dispatcher_and_watched_calls_go_through_the_op():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Recorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    m = model()
+    fused = fpt.fuse(m)
+    x = torch.randn(2, 3, 16, 16)
+    assert fpt._eager_call(x)
+    direct = fused(x)
+    with Recorder():
+        watched = fused(x)
+    assert any("fusionplan.fused_chain" in s for s in seen)
+    torch.testing.assert_close(direct, watched)
+    torch.testing.assert_close(direct, m(x), rtol=1e-4, atol=1e-5)

@@ -31,6 +31,7 @@ from fusionplan.api import default_handle
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.errors import BadParmError
+from fusionplan.handle import Handle
 from fusionplan.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
 from fusionplan.plan import FusionPlan, OperatorArgs
 
@@ -66,7 +67,7 @@ def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = 
 
 
 # ---- the custom operator --------------------------------------------------------------------------------
-_PLANS: dict[tuple, tuple[FusionPlan, tuple]] = {}
+_PLANS: dict[tuple, tuple[FusionPlan, tuple, Handle, torch.memory_format]] = {}
 _PLANS_LOCK = threading.Lock()
 
 
@@ -104,10 +105,8 @@ def fused_chain(
     act_gamma: float,
 ) -> torch.Tensor:
     """[conv2d (+bias)] -> [batch-norm inference] -> [activation, mode -1 = none], as one fusion plan."""
-    plan, ops = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
-    args = _args_for(
-        plan,
-        ops,
+    return _run_chain(
+        x,
         weight,
         conv_bias,
         bn_weight,
@@ -115,14 +114,36 @@ def fused_chain(
         bn_mean,
         bn_var,
         bn_eps,
+        stride,
+        padding,
+        dilation,
+        groups,
         act_mode,
         act_alpha,
         act_beta,
         act_gamma,
     )
-    out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device).to(memory_format=_memory_format(x))
-    plan.execute(default_handle(x.device), x, out, args)
+
+
+def _run_chain(
+    x, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, stride, padding, dilation, groups, *act
+) -> torch.Tensor:
+    """The custom op's implementation; eager calls of fused modules come here directly."""
+    plan, ops, handle, fmt = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act[0])
+    args = _args_for(plan, ops, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, *act)
+    out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
+    plan.execute(handle, x, out, args)
     return out
+
+
+def _eager_call(x: torch.Tensor) -> bool:
+    """True for a plain call on a plain tensor: not traced by torch.compile or export, no dispatch
+    mode watching. Such calls skip the dispatcher (tens of microseconds per call); all others go
+    through the custom op, so that tracing sees it."""
+    if type(x) is not torch.Tensor or torch.compiler.is_compiling():
+        return False
+    stack_depth = getattr(torch._C, "_len_torch_dispatch_stack", None)
+    return stack_depth is not None and stack_depth() == 0
 
 
 _ARGS: OrderedDict[tuple, OperatorArgs] = OrderedDict()
@@ -243,10 +264,12 @@ def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
         )
     if act_mode >= 0:
         ops.append(plan.add_activation_forward(ActivationMode(act_mode)))
-    plan.compile(default_handle(x.device))
+    handle = default_handle(x.device)
+    plan.compile(handle)
+    entry = (plan, tuple(ops), handle, _memory_format(x))
     with _PLANS_LOCK:
-        _PLANS[key] = (plan, tuple(ops))
-    return plan, tuple(ops)
+        _PLANS[key] = entry
+    return entry
 
 
 # ---- the replacement module ------------------------------------------------------------------------------
@@ -265,19 +288,24 @@ class FusedChain(nn.Module):
             raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
         conv, bn = self._refs
         x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-        mode, a, b, g = self.activation if self.activation is not None else (-1, 1.0, 0.0, 1.0)
-
-        def param(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.detach()  # inference only: no gradient flows through a plan
-
-        return fused_chain(
-            x,
-            None if conv is None else param(conv.weight),
-            None if conv is None else param(conv.bias),
-            None if bn is None else param(bn.weight),
-            None if bn is None else param(bn.bias),
+        params = (
+            None if conv is None else conv.weight,
+            None if conv is None else conv.bias,
+            None if bn is None else bn.weight,
+            None if bn is None else bn.bias,
             None if bn is None else bn.running_mean,
             None if bn is None else bn.running_var,
+        )
+        if _eager_call(x):  # plans do no autograd: parameters are read as they are
+            return _run_chain(x, *params, *self._hyperparameters())
+        detached = (None if t is None else t.detach() for t in params)  # the op has no autograd formula
+        return fused_chain(x, *detached, *self._hyperparameters())
+
+    def _hyperparameters(self) -> tuple:
+        """The chain's scalar arguments, in the op's order after the parameters."""
+        conv, bn = self._refs
+        mode, a, b, g = self.activation if self.activation is not None else (-1, 1.0, 0.0, 1.0)
+        return (
             1e-5 if bn is None else float(bn.eps),
             [1, 1] if conv is None else list(conv.stride),
             [0, 0] if conv is None else list(conv.padding),
