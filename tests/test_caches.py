@@ -286,3 +286,35 @@ def test_tune_command_on_the_cpu(cache, capsys):
     assert tune_main(["--device", "cpu", "--layers", "r50_01,r50_22", "--batch", "1", "--precisions", "fp32"]) == 0
     out = capsys.readouterr().out
     assert "4 plans compiled by cpu-folded, which has no tuning" in out
+
+
+# ---- launch records: a damaged or stale record costs a compile, never an error ---------------------------
+def test_launch_records_that_cannot_be_used_are_ignored(cache, caplog, monkeypatch):
+    import json
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache / "triton"))
+
+    from fusionplan.launch import load_recorded_kernel, record_kernel
+
+    class Fn:  # what Triton's source object needs from a kernel function
+        __name__ = "conv_kernel"
+        arg_names = ["x_ptr"]
+
+    path = cache / "launch" / "r.json"
+    assert load_recorded_kernel(path, Fn()) is None  # no record
+    path.parent.mkdir(parents=True)
+    path.write_text('{"hash": ')  # truncated
+    with caplog.at_level(logging.WARNING, logger="fusionplan"):
+        assert load_recorded_kernel(path, Fn()) is None
+    assert "unreadable" in caplog.text
+    stale = {
+        "hash": "0" * 64,
+        "metadata_file": "conv_kernel.json",
+        "signature": [["x_ptr", "*fp32"]],
+        "constants": [],
+        "attrs": [],
+    }
+    path.write_text(json.dumps(stale))  # Triton's cache has no such entry
+    assert load_recorded_kernel(path, Fn()) is None
+    record_kernel(cache / "launch" / "x.json", object())  # not a compiled kernel: nothing written
+    assert not (cache / "launch" / "x.json").exists()

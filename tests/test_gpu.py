@@ -263,6 +263,34 @@ def test_repeats_follow_what_changes(chain):
         assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
 
 
+def test_kernels_load_from_their_launch_records(tmp_path, monkeypatch):
+    """A new launcher (as in a new process) finds the compiled kernel through its launch record,
+    without Triton's compile path, and it computes the same results."""
+    from fusionplan.launch import Launcher
+
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    x = input_tensor((2, 24, 9, 11), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=40, r=3, s=3, param_dtype="float")
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    kernel = plan._entry(handle).kernel
+    (key,) = kernel.launcher._compiled
+    assert list((tmp_path / "launch").glob("*.json"))
+    fresh = Launcher(kernel.launcher.fn)
+    cfg = kernel.config
+    loaded = fresh._load_recorded(key, cfg.num_warps, cfg.num_stages)
+    assert loaded is not None and loaded is not kernel.launcher._compiled[key]
+    kernel.launcher = fresh
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.full(plan.output_desc.dims, float("nan"), device="cuda", dtype=torch.float16)
+    y = y.to(memory_format=torch.channels_last)
+    plan.execute(handle, x, y, args)
+    assert list(fresh._compiled.values()) == [loaded]  # the launch used the loaded kernel
+    result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+    assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+
 def test_execute_under_cuda_graph_capture():
     x = input_tensor((8, 64, 28, 28), torch.float16, "NHWC")
     plan = add_chain(

@@ -30,7 +30,11 @@ def _size(path: Path) -> tuple[int, int]:
 def info() -> str:
     root = cache_dir()
     lines = [f"cache directory: {root}"]
-    for name, what in (("kernels", "generated Triton sources"), ("triton", "Triton's compiled kernels")):
+    for name, what in (
+        ("kernels", "generated Triton sources"),
+        ("triton", "Triton's compiled kernels"),
+        ("launch", "launch records (where Triton's cache holds each kernel)"),
+    ):
         files, nbytes = _size(root / name)
         lines.append(f"  {name}/: {what}: {files} files, {nbytes / 2**20:.1f} MiB")
     db = default_db()
@@ -47,6 +51,9 @@ def clear(kernels: bool, perfdb: bool, triton: bool) -> list[str]:
     if triton and (root / "triton").exists():
         shutil.rmtree(root / "triton")
         done.append("Triton's compiled kernels")
+    if triton and (root / "launch").exists():  # they point into Triton's cache
+        shutil.rmtree(root / "launch")
+        done.append("launch records")
     if perfdb:
         default_db().clear()
         done.append("perf database")

@@ -126,6 +126,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: readers see the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
     """Write ``source`` (once, atomically) and import it; modules are kept per text and mode.
 
@@ -144,10 +152,7 @@ def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{name}.py"
         if not path.exists() or path.read_text() != source:
-            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(source)
-            os.replace(tmp, path)
+            write_atomic(path, source)
         spec = importlib.util.spec_from_file_location(key.replace(":", "_"), path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)

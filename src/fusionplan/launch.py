@@ -8,21 +8,33 @@ Three levels, cheapest last:
 - ``Repeat`` holds a ``BoundLaunch`` with what it was bound for (the records, their tensors'
   versions, the tensors' extents), so a solver's ``rerun`` can check in a few comparisons that
   the next call may reuse it.
+
+Compiled kernels are also found again in a new process without Triton's compile path (whose
+first call in a process hashes Triton's own installation, about half a second): after Triton
+compiles a kernel, a small record under ``<cache>/launch/`` notes where Triton's cache holds it
+and the specialization it was compiled for; a later process with the same launch key loads it
+from there directly. Any problem with a record (missing, damaged, Triton's entry gone, another
+Triton version) means the normal path: a record can cost a recompilation, never a wrong kernel.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from fusionplan.codegen import interpreter_active
+from fusionplan.codegen import cache_dir, interpreter_active, write_atomic
 from fusionplan.folding import args_fingerprint
 from fusionplan.ops import OpArgs
 
 Tensor = torch.Tensor
+log = logging.getLogger("fusionplan")
 
 
 def current_raw_stream() -> int:
@@ -66,25 +78,108 @@ class Launcher:
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter)."""
         kernel = self._compiled.get(key) if self.direct else None
+        if kernel is None and self.direct:
+            kernel = self._load_recorded(key, num_warps, num_stages)
         if kernel is None:
             if len(args) != len(self.names):
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             kernel = self.fn[grid](**dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
             if self.direct and kernel is not None and hasattr(kernel, "run"):
-                self._compiled[key] = kernel
+                self._keep(key, kernel, num_warps, num_stages)
             return kernel
         launch_compiled(kernel, grid, args)
         return kernel
 
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
-        """Compile (or load from Triton's cache) without launching, so that the first execute does
-        not pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
+        """Compile (or load) and initialize without launching, so that the first execute does not
+        pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
-        kernel = self.fn.warmup(**dict(zip(self.names, args)), grid=grid, num_warps=num_warps, num_stages=num_stages)
-        if kernel is not None and hasattr(kernel, "run"):
+        kernel = self._load_recorded(key, num_warps, num_stages)
+        if kernel is None:
+            kernel = self.fn.warmup(
+                **dict(zip(self.names, args)), grid=grid, num_warps=num_warps, num_stages=num_stages
+            )
+            if kernel is None or not hasattr(kernel, "run"):
+                return None
+            self._keep(key, kernel, num_warps, num_stages)
+        kernel._init_handles()  # loads the binary onto the device now
+        return kernel
+
+    def _keep(self, key: tuple, kernel, num_warps: int, num_stages: int) -> None:
+        self._compiled[key] = kernel
+        record_kernel(self._record_path(key, num_warps, num_stages), kernel)
+
+    def _load_recorded(self, key: tuple, num_warps: int, num_stages: int):
+        path = self._record_path(key, num_warps, num_stages)
+        kernel = load_recorded_kernel(path, self.fn) if path is not None else None
+        if kernel is not None:
             self._compiled[key] = kernel
         return kernel
+
+    def _record_path(self, key: tuple, num_warps: int, num_stages: int) -> Path | None:
+        """The record's file: named by everything that selects the compiled kernel."""
+        try:
+            import triton
+
+            module = getattr(getattr(self.fn, "fn", self.fn), "__module__", "")  # named by its source's hash
+            env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_"))
+            device = torch.cuda.get_device_capability()
+            ident = repr((module, key, num_warps, num_stages, device, triton.__version__, env))
+        except Exception:  # no device, or an unusual key: no record
+            return None
+        return cache_dir() / "launch" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def record_kernel(path: Path | None, kernel) -> None:
+    """Note where Triton's cache holds ``kernel`` and what it was specialized for (best effort)."""
+    if path is None:
+        return
+    try:
+        src = kernel.src
+        record = {
+            "hash": kernel.hash,
+            "metadata_file": next(name for name in kernel.metadata_group if name.endswith(".json")),
+            "signature": list(src.signature.items()),
+            "constants": [[list(k), v] for k, v in src.constants.items()],
+            "attrs": [[list(k), v] for k, v in src.attrs.items()],
+        }
+        text = json.dumps(record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+    except Exception as exc:  # a Triton without these attributes, constants JSON cannot hold, a full disk
+        log.debug("no launch record for %s: %s", getattr(kernel, "name", "?"), exc)
+
+
+def load_recorded_kernel(path: Path, fn):
+    """The compiled kernel a record points to, loaded from Triton's cache; None when there is no
+    usable record (the caller compiles through Triton)."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("launch record %s is unreadable (%s): ignored", path, exc)
+        return None
+    try:
+        from triton.compiler.compiler import ASTSource, CompiledKernel
+        from triton.runtime.cache import get_cache_manager
+
+        src = ASTSource(
+            fn,
+            dict(record["signature"]),
+            {tuple(k): v for k, v in record["constants"]},
+            {tuple(k): v for k, v in record["attrs"]},
+        )
+        group = get_cache_manager(record["hash"]).get_group(record["metadata_file"])
+        if not group:
+            return None  # Triton's cache was cleared: compile again
+        kernel = CompiledKernel(src, group, record["hash"])
+        kernel._init_handles()
+        return kernel
+    except Exception as exc:
+        log.warning("launch record %s could not be used (%s): compiling through Triton", path, exc)
+        return None
 
 
 class BoundLaunch:
