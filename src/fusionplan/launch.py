@@ -45,11 +45,17 @@ def current_raw_stream() -> int:
     return torch.cuda.current_stream().cuda_stream
 
 
+_runtime_knobs = None
+
+
 def launch_compiled(kernel, grid: tuple[int, int, int], args: Sequence) -> None:
     """Launch a compiled Triton kernel the way Triton's own launch path does, minus its binding."""
-    from triton import knobs
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
 
-    enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        _runtime_knobs = knobs.runtime
+    enter, leave = _runtime_knobs.launch_enter_hook, _runtime_knobs.launch_exit_hook
     stream = current_raw_stream()
     metadata = kernel.launch_metadata(grid, stream, *args) if enter is not None else None
     gx, gy, gz = grid

@@ -1,0 +1,59 @@
+"""One ResNet-50 layer, fused by fusionplan and by cuDNN, one launch each, for Nsight Compute.
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
+        --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
+        python bench/ncu_layer.py --layer r50_02
+
+Everything is compiled and warmed up first; the profiler range holds exactly one fusionplan
+execute (CBNA-ReLU) and one cuDNN fused conv+bias+ReLU (batch-norm folded), fp16 NHWC.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import fusionplan as fp
+from fusionplan.benchmark.cases import cudnn_fused
+from fusionplan.shapes import resnet50_layer
+from fusionplan.testing import add_chain, random_args
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layer", default="r50_02")
+    p.add_argument("--batch", type=int, default=32)
+    a = p.parse_args()
+    s = resnet50_layer(a.layer)
+    x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=torch.channels_last)
+    plan = add_chain(
+        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
+        "CBNA",
+        conv=fp.ConvolutionDescriptor((s.pad, s.pad), (s.stride, s.stride)),
+        k=s.k,
+        r=s.r,
+        s=s.s,
+        w_layout="NHWC",
+        param_dtype="float",
+    )
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    cudnn = cudnn_fused(plan, args)
+    assert cudnn is not None
+    for _ in range(5):
+        plan.execute(handle, x, y, args)
+        cudnn(x)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    plan.execute(handle, x, y, args)
+    cudnn(x)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    print(f"{a.layer}: config {plan._entry(handle).kernel.config}")
+
+
+if __name__ == "__main__":
+    main()
