@@ -156,6 +156,10 @@ def test_alpha_beta_prior(precision):
         )
     y = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, "NHWC", args=args, y=y)
+    # priors of other dtypes and layouts, one after the other: each needs its own compiled kernel
+    for prior_dtype, fmt in ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)):
+        prior = torch.randn(plan.output_desc.dims, device="cuda").to(prior_dtype).to(memory_format=fmt)
+        run_and_check(plan, precision, x, "NHWC", args=args, prior=prior)
 
 
 @pytest.mark.parametrize("seed", range(24))

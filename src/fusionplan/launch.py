@@ -83,6 +83,7 @@ class Launcher:
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter)."""
+        key = (key, argument_types(args))
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None and self.direct:
             kernel = self._load_recorded(key, num_warps, num_stages)
@@ -99,6 +100,7 @@ class Launcher:
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
+        key = (key, argument_types(args))
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         kernel = self._load_recorded(key, num_warps, num_stages)
@@ -135,6 +137,22 @@ class Launcher:
         except Exception:  # no device, or an unusual key: no record
             return None
         return cache_dir() / "launch" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def argument_types(args: Sequence) -> tuple:
+    """What Triton's signature holds of each argument besides the caller's key: element types of
+    pointers (a kernel compiled for fp16 data must not run on fp32), integer widths, constexpr values."""
+    types = []
+    for a in args:
+        if isinstance(a, Tensor):
+            types.append(a.dtype)
+        elif isinstance(a, bool) or a is None or isinstance(a, str):
+            types.append(a)
+        elif isinstance(a, int):
+            types.append("i32" if -(2**31) <= a < 2**31 else "i64")
+        else:
+            types.append(type(a).__name__)
+    return tuple(types)
 
 
 def record_kernel(path: Path | None, kernel) -> None:
