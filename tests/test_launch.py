@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fusionplan.folding import args_fingerprint
-from fusionplan.launch import Repeat, RepeatCache, extent_bytes, needs_int64
+from fusionplan.launch import Repeat, RepeatCache, extent_bytes, needs_int64, specialization
 from fusionplan.testing import add_chain
 
 from .util import make_input, plan_for, random_args
@@ -87,3 +87,20 @@ def test_repeat_cache_is_per_records_and_bounded(setup):
         other = list(records)
         cache.put(Repeat(FakeBound(), other, (), 0, 0, False))
     assert len(cache._by_records) <= 2
+
+
+def test_specialization_follows_everything_triton_compiles_for():
+    t = torch.empty(64)
+    base = specialization([t, 64, 3, 1.5, True, "ieee"])
+    assert specialization([torch.empty(64), 64, 3, 2.5, True, "ieee"]) == base  # other data, same kernel
+    for changed in (
+        [t.half(), 64, 3, 1.5, True, "ieee"],  # element type
+        [t[1:], 64, 3, 1.5, True, "ieee"],  # alignment
+        [t, 48, 3, 1.5, True, "ieee"],  # 48 % 16 == 0 but 48 != 64: same
+        [t, 65, 3, 1.5, True, "ieee"],  # no longer divisible by 16
+        [t, 64, 1, 1.5, True, "ieee"],  # equal to 1
+        [t, 64, 2**31, 1.5, True, "ieee"],  # 64-bit
+        [t, 64, 3, 1.5, False, "ieee"],  # constexpr
+        [t, 64, 3, 1.5, True, "tf32"],
+    ):
+        assert (specialization(changed) == base) == (changed[1] == 48), changed

@@ -68,9 +68,8 @@ class Launcher:
     Triton's ``fn[grid](...)`` binds every argument, computes its specialization and looks up its
     cache on each call (tens of microseconds for our ~50 arguments). The first launch for a given
     ``key`` goes through it; the compiled kernel it returns is kept, and later launches with the
-    same key call it directly. The caller's key must cover everything Triton specializes on that
-    can vary between calls (pointer alignment, integers equal to 1 or divisible by 16,
-    constexprs). ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off (and ``BoundLaunch`` with it).
+    same key call it directly. The key is the caller's (launch options) with the arguments'
+    ``specialization``. ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off (and ``BoundLaunch`` with it).
     """
 
     def __init__(self, fn) -> None:
@@ -83,7 +82,7 @@ class Launcher:
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter)."""
-        key = (key, argument_types(args))
+        key = (key, specialization(args))
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None and self.direct:
             kernel = self._load_recorded(key, num_warps, num_stages)
@@ -100,7 +99,7 @@ class Launcher:
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
-        key = (key, argument_types(args))
+        key = (key, specialization(args))
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         kernel = self._load_recorded(key, num_warps, num_stages)
@@ -139,20 +138,21 @@ class Launcher:
         return cache_dir() / "launch" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
 
 
-def argument_types(args: Sequence) -> tuple:
-    """What Triton's signature holds of each argument besides the caller's key: element types of
-    pointers (a kernel compiled for fp16 data must not run on fp32), integer widths, constexpr values."""
-    types = []
+def specialization(args: Sequence) -> tuple:
+    """Everything Triton's compiled kernel depends on in the arguments of a launch: element type and
+    16-byte alignment of pointers, width of integers and whether they equal 1 or divide by 16,
+    constexpr values. Equal specializations (and equal launch options) mean the same compiled kernel."""
+    spec = []
     for a in args:
         if isinstance(a, Tensor):
-            types.append(a.dtype)
+            spec.append((a.dtype, a.data_ptr() % 16 == 0))
         elif isinstance(a, bool) or a is None or isinstance(a, str):
-            types.append(a)
+            spec.append(a)
         elif isinstance(a, int):
-            types.append("i32" if -(2**31) <= a < 2**31 else "i64")
+            spec.append((-(2**31) <= a < 2**31, a == 1, a % 16 == 0))
         else:
-            types.append(type(a).__name__)
-    return tuple(types)
+            spec.append(type(a).__name__)
+    return tuple(spec)
 
 
 def record_kernel(path: Path | None, kernel) -> None:
@@ -331,13 +331,3 @@ def needs_int64(*tensors: Tensor) -> bool:
     """True when an element offset into one of the tensors may not fit in int32. Kernels index
     from each tensor's first element, so its extent bounds the offsets."""
     return any(extent_bytes(t) // t.element_size() >= 2**31 - 1 for t in tensors if t.numel())
-
-
-def alignment_key(*tensors) -> tuple[bool, ...]:
-    """Triton specializes pointers on 16-byte alignment."""
-    return tuple(t.data_ptr() % 16 == 0 for t in tensors)
-
-
-def int_key(values) -> tuple[tuple[bool, bool], ...]:
-    """Triton specializes integers on == 1 and on divisibility by 16."""
-    return tuple((v == 1, v % 16 == 0) for v in values)

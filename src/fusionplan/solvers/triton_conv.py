@@ -29,7 +29,7 @@ from fusionplan.folding import (
     split_at_conv,
     stage_affine,
 )
-from fusionplan.launch import Launcher, RepeatCache, Repeating, alignment_key, int_key, needs_int64, repeat_for
+from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.ops import ActivationArgs, ConvArgs, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
@@ -266,10 +266,7 @@ class TritonConvKernel(Repeating, Kernel):
             *flags.values(),
         )
         args = [x, packed, out, p, *values, *self.geometry, *strides, *self.conv_args, *consts]
-        # everything Triton specializes on that can change between calls with the same arguments
-        value_tensors = [v for v in values if isinstance(v, Tensor)]
-        key = (cfg, consts, int_key(strides), alignment_key(x, packed, out, p, *value_tensors))
-        return grid, key, args
+        return grid, cfg, args  # the launcher adds the arguments' specialization to the key
 
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:
         grid, key, args = self._launch_args(cfg, x, packed, out, out, values, flags, False)

@@ -16,7 +16,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module
 from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
-from fusionplan.launch import Launcher, RepeatCache, Repeating, alignment_key, int_key, needs_int64, repeat_for
+from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import device_why_not, shares_memory, stage_arguments, triton_cdiv
@@ -127,9 +127,7 @@ class TritonPointwiseKernel(Repeating, Kernel):
             *flags.values(),
         )
         args = [x, out, p, *values, c, h * w, w, num_pb, *strides, *consts]
-        value_tensors = [v for v in values if isinstance(v, Tensor)]
-        key = (consts, int_key(strides), alignment_key(x, out, p, *value_tensors))
-        kernel = self.launcher(grid, key, args, cfg.num_warps, 1)
+        kernel = self.launcher(grid, cfg, args, cfg.num_warps, 1)
         if out is not y:
             y.copy_(out)
         elif p is y:
