@@ -227,3 +227,62 @@ def test_backend_triton_refuses_what_it_cannot_fuse():
     plan.add_activation_forward(ActivationMode.RELU)
     with pytest.raises(fp.UnsupportedOpError, match="DOUBLE"):
         plan.compile(fp.Handle("cpu"))
+
+
+# ---- 1x1 convolutions as GEMMs read through tensor descriptors -------------------------------------------
+def gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
+    x = make_input((n, c, h, w), dtype, "NHWC")
+    kw.setdefault("param_dtype", DT_NAME[dtype])
+    return add_chain(plan_for(x), chain, k=k, r=1, s=1, **kw), x
+
+
+@pytest.mark.parametrize("dims", [(1, 8, 5, 7, 8), (2, 24, 6, 5, 40), (3, 32, 4, 4, 16)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+def test_gemm_solver(dims, dtype, out_layout):
+    """Tails in every dimension: 35 pixels, C=24 against 16-wide K steps, K=40 against 32-wide tiles."""
+    plan, x = gemm_plan(*dims, dtype)
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-gemm"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("chain", ["C", "CNA", "CBNAB", "CANB"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_gemm_chains_with_alpha_beta(chain, bn_mode):
+    plan, x = gemm_plan(2, 16, 3, 5, 24, torch.float32, chain, bn_mode=bn_mode, activation=ActivationMode.ELU)
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-gemm"
+    rng = random.Random(len(chain))
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
+
+
+def test_gemm_misaligned_input_takes_the_implicit_gemm():
+    plan, x = gemm_plan(2, 8, 4, 3, 8, torch.float32)
+    handle = compile_triton(plan)
+    shifted = torch.empty(x.numel() + 1)[1:].view(2, 4, 3, 8).permute(0, 3, 1, 2)  # 4 bytes into its storage
+    shifted.copy_(x)
+    assert shifted.data_ptr() % 16 and shifted.stride() == x.stride()
+    check_against_reference(plan, handle, shifted, random_args(plan), poisoned(plan.output_desc, "NHWC"))
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        (dict(n=1, c=8, h=5, w=5, k=8, r=3), "1x1"),
+        (dict(n=1, c=8, h=5, w=5, k=8, layout="NCHW"), "channels-last"),
+        (dict(n=1, c=3, h=5, w=5, k=8, dtype=torch.float16), "16-byte rows"),
+    ],
+)
+def test_gemm_solver_says_why_not(case, reason):
+    dtype = case.get("dtype", torch.float32)
+    x = make_input((case["n"], case["c"], case["h"], case["w"]), dtype, case.get("layout", "NHWC"))
+    r = case.get("r", 1)
+    plan = add_chain(plan_for(x), "CA", k=case["k"], r=r, s=r, conv=fp.ConvolutionDescriptor((r // 2, r // 2)))
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm")
+    assert reason in verdict.reason
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-conv"  # the next solver takes it

@@ -48,6 +48,24 @@ def current_raw_stream() -> int:
 _runtime_knobs = None
 
 
+def _torch_scratch(size: int, alignment: int, stream) -> Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_scratch_allocator() -> None:
+    """Kernels that build tensor descriptors on the device need global scratch memory from Triton's
+    allocator. It is a context variable (each thread starts without one): set torch's caching
+    allocator where none is set, and leave a user's own allocator alone."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:
+        return
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        import triton
+
+        triton.set_allocator(_torch_scratch)
+
+
 def launch_compiled(kernel, grid: tuple[int, int, int], args: Sequence) -> None:
     """Launch a compiled Triton kernel the way Triton's own launch path does, minus its binding."""
     global _runtime_knobs
@@ -83,6 +101,7 @@ class Launcher:
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter)."""
         key = (key, specialization(args))
+        ensure_scratch_allocator()
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None and self.direct:
             kernel = self._load_recorded(key, num_warps, num_stages)
@@ -211,10 +230,11 @@ class BoundLaunch:
     with other data pointers in ``pointer_slots``. Pointers are passed as integers: Triton's
     launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query."""
 
-    __slots__ = ("kernel", "grid", "args", "slots", "_keep")
+    __slots__ = ("kernel", "grid", "args", "slots", "_keep", "needs_scratch")
 
     def __init__(self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int]) -> None:
         self.kernel = kernel
+        self.needs_scratch = getattr(getattr(kernel, "metadata", None), "global_scratch_size", 0) > 0
         self.grid = grid
         self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         self.slots = tuple(pointer_slots)
@@ -224,6 +244,8 @@ class BoundLaunch:
         args = self.args.copy()
         for slot, ptr in zip(self.slots, pointers):
             args[slot] = ptr
+        if self.needs_scratch:
+            ensure_scratch_allocator()
         launch_compiled(self.kernel, self.grid, args)
 
 

@@ -19,11 +19,12 @@ from fusionplan.plan import FusionPlan
 Builder = Callable[[FusionPlan], None]
 
 
-def _conv(groups: int = 1, stride: int = 1, dilation: int = 1) -> Builder:
+def _conv(groups: int = 1, stride: int = 1, dilation: int = 1, size: int = 3) -> Builder:
     def add(plan: FusionPlan) -> None:
         c = plan.output_desc.dims[1]
-        conv = ConvolutionDescriptor((1, 1), (stride, stride), (dilation, dilation), groups)
-        plan.add_conv_forward(conv, TensorDescriptor.packed(plan.input_desc.dtype, (c, c // groups, 3, 3)))
+        pad = size // 2
+        conv = ConvolutionDescriptor((pad, pad), (stride, stride), (dilation, dilation), groups)
+        plan.add_conv_forward(conv, TensorDescriptor.packed(plan.input_desc.dtype, (c, c // groups, size, size)))
 
     return add
 
@@ -48,6 +49,7 @@ LETTERS: dict[str, Builder] = {"C": _conv(), "B": _bias, "N": _bn, "A": _act}
 ROWS: list[tuple[str, list[Builder]]] = [
     ("CBNA, CBA, CNA, CN, CA, CB (MIOpen's set)", [LETTERS[c] for c in "CBNA"]),
     ("convolution + any chain of B/N/A, any order, repeats", [LETTERS[c] for c in "CANBAB"]),
+    ("1x1 stride-1 convolution chains (NCHW, NHWC)", [_conv(size=1), _bn, _act]),
     ("pointwise ops before the convolution (e.g. NAC)", [LETTERS[c] for c in "NAC"]),
     ("grouped / depthwise convolution chains", [_conv(groups=4), _bias, _act]),
     ("strided / dilated convolution chains", [_conv(stride=2, dilation=2), _bn, _act]),

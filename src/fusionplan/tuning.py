@@ -72,6 +72,35 @@ def conv_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtyp
     return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
 
 
+#: GEMM tiles (1x1 convolutions read through tensor descriptors): wide tiles, deep pipelines.
+GEMM_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(128, 128, 64, 8, 8, 4),
+    ConvConfig(128, 256, 64, 8, 8, 3),
+    ConvConfig(128, 128, 64, 8, 4, 4),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(64, 64, 64, 8, 4, 5),
+    ConvConfig(128, 128, 32, 8, 8, 4),
+    ConvConfig(64, 64, 32, 8, 4, 4),
+]
+
+
+def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+    """A configuration for an [m, k] x [k, n] product: 128x128 tiles over two warp groups when
+    they still fill the GPU (about 132 multiprocessors), smaller tiles when the product is small."""
+    if interpret:
+        return CONV_INTERPRETER
+    wide = dtype in (torch.float16, torch.bfloat16)
+    block_k = _pow2_at_least(k, 16, 64 if wide else 32)
+    stages = 4 if wide else 3
+    tiles_128 = -(-m // 128) * -(-n // 128)
+    if tiles_128 >= 264 and n >= 128:
+        return ConvConfig(128, 128, block_k, 8, 8, stages)
+    if -(-m // 128) * -(-n // 64) >= 132:
+        return ConvConfig(128, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
+    return ConvConfig(64, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
+
+
 FIND_MODES = ("FAST", "NORMAL")
 
 

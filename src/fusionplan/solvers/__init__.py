@@ -15,6 +15,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
+from fusionplan.solvers.triton_gemm import TritonGemmSolver
 from fusionplan.solvers.triton_pointwise import TritonPointwiseSolver
 
 if TYPE_CHECKING:
@@ -26,7 +27,13 @@ BACKEND_ENV = "FUSIONPLAN_BACKEND"
 #: Priority order. Each solver knows its device: on a CUDA handle the CPU solver says no and the
 #: Triton solvers come first; on a CPU handle the CPU solver comes first (the Triton solvers run
 #: there only in Triton's interpreter, when FUSIONPLAN_BACKEND=triton asks for them).
-REGISTRY: list[Solver] = [CpuFoldedSolver(), TritonConvSolver(), TritonPointwiseSolver(), ReferenceSolver()]
+REGISTRY: list[Solver] = [
+    CpuFoldedSolver(),
+    TritonGemmSolver(),
+    TritonConvSolver(),
+    TritonPointwiseSolver(),
+    ReferenceSolver(),
+]
 
 
 def requested_backend(backend: str | None = None) -> str | None:

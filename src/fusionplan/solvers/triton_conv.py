@@ -102,9 +102,13 @@ def conv_kernel(
                     mask=c_ok[:, None] & n_mask[None, :], other=0.0)
         acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    # epilogue: the operator chain on the fp32 accumulator, then one store
     ch = grp * K_G + offs_n
-    ch_mask = n_mask
+{tail}'''
+
+#: The end of every convolution kernel: the operator chain on the fp32 accumulator ``acc`` of the
+#: [pixels, channels] tile, then one store in the output's strides. Expects offs_m/offs_n masks
+#: (m_mask, n_mask), the output channel ``ch``, and the pixel's n_img, pix, oh, ow and ohw.
+EPILOGUE_TAIL = """    ch_mask = n_mask
     mask = m_mask[:, None] & n_mask[None, :]
     elem = ch[None, :] * ohw + pix[:, None]
     if HAS_PRIOR:
@@ -116,17 +120,19 @@ def conv_kernel(
 {epilogue}
     tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
              h.to(y_ptr.dtype.element_ty), mask=mask)
-'''
+"""
 
 
-def render_conv_source(spec: PlanSpec, stages: list[Stage]) -> str:
+def render_conv_source(spec: PlanSpec, stages: list[Stage], template: str | None = None) -> str:
+    """A convolution kernel's source: ``template`` (default the implicit GEMM) with the generated
+    epilogue of ``stages``."""
     epi = emit_stages(stages, spec.ops)
-    return _TEMPLATE.format(
+    return (template or _TEMPLATE).format(
         chain="".join(op.letter for op in spec.ops[1:]) or "nothing",
         n_stages=len(stages),
         stage_params="".join(p + ", " for p in epi.params),
         stage_flags="".join(f + ": tl.constexpr, " for f in epi.constexprs),
-        epilogue=indent(epi.body, 4),
+        tail=EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4)),
     )
 
 
@@ -185,6 +191,8 @@ def pack_weights(w: Tensor, groups: int) -> Tensor:
 
 class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
+    template: str | None = None  # the implicit GEMM
+    stem = "conv"  # generated files and the kernel function are named after it
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -192,9 +200,9 @@ class TritonConvKernel(Repeating, Kernel):
         assert conv is not None
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
-        self._source = render_conv_source(spec, self.stages)
-        module, self.path = load_module(self._source, "conv")
-        self.launcher = Launcher(module.conv_kernel)
+        self._source = render_conv_source(spec, self.stages, self.template)
+        module, self.path = load_module(self._source, self.stem)
+        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"))
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
@@ -203,7 +211,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.groups, self.k, self.out_hw = g, k, (oh, ow)
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
-        self.config = tuning.conv_heuristic(n * oh * ow, k // g, c // g, dtype.torch_dtype, interpreter_active())
+        self.config = self.heuristic(n * oh * ow, k // g, c // g, dtype.torch_dtype)
         self._derived = PerArgsCache()
         self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
         self._repeats = RepeatCache()
@@ -214,6 +222,12 @@ class TritonConvKernel(Repeating, Kernel):
 
     def source(self) -> str:
         return self._source
+
+    @staticmethod
+    def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
+        return tuning.conv_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active())
+
+    candidates = tuning.CONV_CANDIDATES  # what NORMAL find benchmarks
 
     def _derive(self, records: Sequence[OpArgs], device: torch.device) -> tuple:
         rec = records[self.conv.index]
@@ -317,7 +331,7 @@ class TritonConvKernel(Repeating, Kernel):
                 return_mode="median",
             )
 
-        candidates = list(dict.fromkeys([self.config, *tuning.CONV_CANDIDATES]))
+        candidates = list(dict.fromkeys([self.config, *self.candidates]))
         return tuning.find_config(self.solver_name, self.tuning_key(), device_name, candidates, benchmark)
 
     def tuning_key(self) -> tuple:
