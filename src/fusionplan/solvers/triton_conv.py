@@ -118,21 +118,27 @@ EPILOGUE_TAIL = """    ch_mask = n_mask
         p = 0.0
     h = acc
 {epilogue}
-    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
+{store}"""
+
+#: The store of EPILOGUE_TAIL: element by element, in the output's own strides.
+POINTER_STORE = """    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
              h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
 
-def render_conv_source(spec: PlanSpec, stages: list[Stage], template: str | None = None) -> str:
+def render_conv_source(
+    spec: PlanSpec, stages: list[Stage], template: str | None = None, store: str = POINTER_STORE, depth: int = 0
+) -> str:
     """A convolution kernel's source: ``template`` (default the implicit GEMM) with the generated
-    epilogue of ``stages``."""
+    epilogue of ``stages`` and ``store``, indented ``depth`` more levels (inside a loop)."""
     epi = emit_stages(stages, spec.ops)
+    tail = EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=store)
     return (template or _TEMPLATE).format(
         chain="".join(op.letter for op in spec.ops[1:]) or "nothing",
         n_stages=len(stages),
         stage_params="".join(p + ", " for p in epi.params),
         stage_flags="".join(f + ": tl.constexpr, " for f in epi.constexprs),
-        tail=EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4)),
+        tail=indent(tail.rstrip("\n").split("\n"), 4 * depth) + "\n",
     )
 
 
@@ -210,7 +216,6 @@ def pack_weights(w: Tensor, groups: int) -> Tensor:
 
 class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
-    template: str | None = None  # the implicit GEMM
     stem = "conv"  # generated files and the kernel function are named after it
 
     def __init__(self, spec: PlanSpec, handle) -> None:
@@ -219,7 +224,7 @@ class TritonConvKernel(Repeating, Kernel):
         assert conv is not None
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
-        self._source = render_conv_source(spec, self.stages, self.template)
+        self._source = self.render(spec, self.stages)
         module, self.path = load_module(self._source, self.stem)
         self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"))
         n, c, h, w = spec.input_desc.dims
@@ -241,6 +246,10 @@ class TritonConvKernel(Repeating, Kernel):
 
     def source(self) -> str:
         return self._source
+
+    @staticmethod
+    def render(spec: PlanSpec, stages: list[Stage]) -> str:
+        return render_conv_source(spec, stages)
 
     @staticmethod
     def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:

@@ -15,13 +15,19 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import interpreter_active
+from fusionplan.codegen import indent, interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
-from fusionplan.folding import split_at_conv
+from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import TritonConvKernel, device_why_not, triton_cdiv
+from fusionplan.solvers.triton_conv import (
+    POINTER_STORE,
+    TritonConvKernel,
+    device_why_not,
+    render_conv_source,
+    triton_cdiv,
+)
 
 Tensor = torch.Tensor
 
@@ -38,41 +44,55 @@ def gemm_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, STORE_TILES: tl.constexpr,
     {stage_flags}
 ):
     a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, C], strides=[C, 1], block_shape=[BLOCK_M, BLOCK_K])
     b_desc = tl.make_tensor_descriptor(w_ptr, shape=[C, K], strides=[K, 1], block_shape=[BLOCK_K, BLOCK_N])
-    pid = tl.program_id(0)
+    if STORE_TILES:  # packed channels-last output: [M, K] row-major, written a tile at a time
+        y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_N])
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K, BLOCK_N)
-    # GROUP_M swizzle: neighbouring programs share weight columns in L2
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = tl.cdiv(C, BLOCK_K)
     num_pid_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_M
-    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
+    # persistent: each program walks tiles NUM_PROGRAMS apart; flattening the two loops lets the
+    # loads of the next tile overlap this tile's epilogue
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
+        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
+        group_id = tile // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+        pid_n = (tile % num_pid_in_group) // group_size_m
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kb in range(0, k_steps):
+            a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
+            b = b_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(C, BLOCK_K)):
-        a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-        b = b_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_mask = offs_m < M
-    n_mask = offs_n < K
-    if IDX64:  # offsets of outputs past 2^31 elements
-        offs_m = offs_m.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
-    ohw = OHW
-    n_img = offs_m // ohw
-    pix = offs_m % ohw
-    oh = pix // OW
-    ow = pix % OW
-    ch = offs_n
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        m_mask = offs_m < M
+        n_mask = offs_n < K
+        if IDX64:  # offsets of outputs past 2^31 elements
+            offs_m = offs_m.to(tl.int64)
+            offs_n = offs_n.to(tl.int64)
+        ohw = OHW
+        n_img = offs_m // ohw
+        pix = offs_m % ohw
+        oh = pix // OW
+        ow = pix % OW
+        ch = offs_n
 {tail}'''
+
+#: The GEMM's store: a tile through the output's descriptor when the output is packed
+#: channels-last and aligned (bounds clipped by the hardware), element by element otherwise.
+_STORE = (
+    "    if STORE_TILES:\n"
+    "        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], h.to(y_ptr.dtype.element_ty))\n"
+    "    else:\n" + indent(POINTER_STORE.rstrip("\n").split("\n"), 4) + "\n"
+)
 
 
 def gemm_why_not(spec: PlanSpec) -> str | None:
@@ -99,14 +119,23 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
 
 class TritonGemmKernel(TritonConvKernel):
     solver_name = "triton-gemm"
-    template = _TEMPLATE
     stem = "gemm"
     candidates = tuning.GEMM_CANDIDATES
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle
         self._conv_kernel: TritonConvKernel | None = None
+        # persistent programs: one per multiprocessor (two in the interpreter, so that the loop
+        # over tiles runs there too)
+        if handle.device.type == "cuda":
+            self.max_programs = torch.cuda.get_device_properties(handle.device).multi_processor_count
+        else:
+            self.max_programs = 2
         super().__init__(spec, handle)
+
+    @staticmethod
+    def render(spec: PlanSpec, stages: list[Stage]) -> str:
+        return render_conv_source(spec, stages, _TEMPLATE, _STORE, depth=1)
 
     @staticmethod
     def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
@@ -139,8 +168,11 @@ class TritonGemmKernel(TritonConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         m, c, k = self.geometry[:3]
         oh, ow = self.out_hw
-        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), 1, 1)
+        programs = min(triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), self.max_programs)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
+        dims = (self.spec.input_desc.dims[0], k, oh, ow)
+        nhwc = layout_strides(dims, Layout.NHWC)
+        packed_nhwc = all(d == 1 or a == b for d, a, b in zip(dims, out_strides[:4], nhwc))
         consts = (
             cfg.block_m,
             cfg.block_n,
@@ -149,10 +181,12 @@ class TritonGemmKernel(TritonConvKernel):
             self.dot_precision,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
+            programs,
+            packed_nhwc and out.data_ptr() % 16 == 0,
             *flags.values(),
         )
         args = [x, packed, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
-        return grid, cfg, args
+        return (programs, 1, 1), cfg, args
 
 
 class TritonGemmSolver(Solver):
