@@ -5,7 +5,8 @@
 Each compile measurement runs in a fresh Python process with its own cache directory, so "cold"
 means nothing on disk (Triton's cache points inside ours), "warm" the same directory a second
 time. Times are from just before ``plan.compile`` to a finished first ``execute`` (synchronized),
-after torch, the CUDA context and Triton's import are done (the import is timed and reported). Host overhead: CPU time per call over 10,000 executes of
+after torch, the CUDA context and Triton's import are done (the import is timed and reported).
+Host overhead: CPU time per call over 10,000 executes of
 a tiny plan, against 10,000 empty torch launches; a CUDA graph of 100 executes is replayed and
 checked. Writes results.json and results.md to --out.
 """
