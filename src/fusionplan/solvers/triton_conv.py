@@ -19,7 +19,6 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module, triton_available
-from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import (
     ActStage,
@@ -52,64 +51,58 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, STORE_TILES: tl.constexpr,
     {stage_flags}
 ):
+    pid = tl.program_id(0)
     grp = tl.program_id(1)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K_G, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
+    # GROUP_M swizzle: neighbouring programs share weight columns in L2
     num_pid_in_group = GROUP_M * num_pid_n
-    num_cb = tl.cdiv(C_G, BLOCK_K)
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < K_G
+    if IDX64:  # offsets of tensors past 2^31 elements
+        offs_m = offs_m.to(tl.int64)
+        offs_n = offs_n.to(tl.int64)
+        offs_k = offs_k.to(tl.int64)
     ohw = OH * OW
+    n_img = offs_m // ohw
+    pix = offs_m % ohw
+    oh = pix // OW
+    ow = pix % OW
+    ih0 = oh * str_h - pad_h
+    iw0 = ow * str_w - pad_w
+    x_rows = x_ptr + n_img * sxn + (grp * C_G) * sxc
     w_grp = w_ptr + grp * (R * S * C_G * K_G)
-    if STORE_TILES:  # packed channels-last output, one group: [M, K] row-major, written a tile at a time
-        y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, K_G], strides=[K_G, 1], block_shape=[BLOCK_M, BLOCK_N])
-    # persistent: each program walks tiles NUM_PROGRAMS apart; flattening the two loops lets the
-    # loads of the next tile overlap this tile's epilogue
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-        pid_n = (tile % num_pid_in_group) // group_size_m
 
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        m_mask = offs_m < M
-        n_mask = offs_n < K_G
-        if IDX64:  # offsets of tensors past 2^31 elements
-            offs_m = offs_m.to(tl.int64)
-            offs_n = offs_n.to(tl.int64)
-            offs_k = offs_k.to(tl.int64)
-        n_img = offs_m // ohw
-        pix = offs_m % ohw
-        oh = pix // OW
-        ow = pix % OW
-        ih0 = oh * str_h - pad_h
-        iw0 = ow * str_w - pad_w
-        x_rows = x_ptr + n_img * sxn + (grp * C_G) * sxc
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    num_cb = tl.cdiv(C_G, BLOCK_K)
+    for kb in range(0, R * S * num_cb):
+        rs = kb // num_cb
+        c0 = (kb % num_cb) * BLOCK_K
+        r = rs // S
+        s = rs % S
+        ih = ih0 + r * dil_h
+        iw = iw0 + s * dil_w
+        row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+        cc = c0 + offs_k
+        c_ok = cc < C_G
+        a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
+                    mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
+                    mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kb in range(0, R * S * num_cb):
-            rs = kb // num_cb
-            c0 = (kb % num_cb) * BLOCK_K
-            r = rs // S
-            s = rs % S
-            ih = ih0 + r * dil_h
-            iw = iw0 + s * dil_w
-            row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            cc = c0 + offs_k
-            c_ok = cc < C_G
-            a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                        mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
-                        mask=c_ok[:, None] & n_mask[None, :], other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-        ch = grp * K_G + offs_n
+    ch = grp * K_G + offs_n
 {tail}'''
 
 #: The end of every convolution kernel: the operator chain on the fp32 accumulator ``acc`` of the
@@ -131,14 +124,6 @@ EPILOGUE_TAIL = """    ch_mask = n_mask
 POINTER_STORE = """    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
              h.to(y_ptr.dtype.element_ty), mask=mask)
 """
-
-#: The store of kernels with a STORE_TILES flag: a tile through the output's descriptor when the
-#: output is packed channels-last and aligned (bounds clipped by the hardware), else POINTER_STORE.
-TILE_STORE = (
-    "    if STORE_TILES:\n"
-    "        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], h.to(y_ptr.dtype.element_ty))\n"
-    "    else:\n" + indent(POINTER_STORE.rstrip("\n").split("\n"), 4) + "\n"
-)
 
 
 def render_conv_source(
@@ -254,10 +239,6 @@ class TritonConvKernel(Repeating, Kernel):
         self._derived = PerArgsCache()
         self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
         self._repeats = RepeatCache()
-        # one persistent program per multiprocessor (or two); one in the interpreter, so that
-        # every program loops over several tiles there
-        on_gpu = handle.device.type == "cuda"
-        self.sm_count = torch.cuda.get_device_properties(handle.device).multi_processor_count if on_gpu else 1
         if handle.device.type == "cuda":
             if tuning.find_mode(handle.find_mode) == "NORMAL":
                 self.config = self.find(handle.device)
@@ -268,26 +249,7 @@ class TritonConvKernel(Repeating, Kernel):
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_conv_source(spec, stages, store=TILE_STORE, depth=1)
-
-    def programs(self, tiles: int, cfg: tuning.ConvConfig) -> int:
-        """Persistent programs for ``tiles`` tiles: as many as fit on the device at once (two per
-        multiprocessor for 4-warp tiles, one for wider), never more than tiles."""
-        return min(tiles, self.sm_count * (2 if cfg.num_warps <= 4 else 1))
-
-    def store_tiles(self, out: Tensor, out_strides: Sequence[int]) -> bool:
-        """Whether the output can be written through a tensor descriptor: one group, packed
-        channels-last ([pixels, K] row-major), 16-byte aligned rows and base."""
-        n = self.spec.input_desc.dims[0]
-        dims = (n, self.k, *self.out_hw)
-        nhwc = layout_strides(dims, Layout.NHWC)
-        return (
-            self.groups == 1
-            and all(d == 1 or a == b for d, a, b in zip(dims, out_strides, nhwc))
-            and self.k * out.element_size() % 16 == 0
-            and out.data_ptr() % 16 == 0
-            and self.geometry[0] < 2**31
-        )
+        return render_conv_source(spec, stages)
 
     @staticmethod
     def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
@@ -331,8 +293,7 @@ class TritonConvKernel(Repeating, Kernel):
         """Grid, specialization key and arguments of one launch. ``strides`` and ``idx64`` default
         to the tensors' own (stand-in tensors for compiling ahead pass the plan's)."""
         m, _, k_g = self.geometry[:3]
-        programs = self.programs(triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), cfg)
-        grid = (programs, self.groups, 1)
+        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups, 1)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (
             self.conv.w_desc.dims[2],
@@ -344,8 +305,6 @@ class TritonConvKernel(Repeating, Kernel):
             self.dot_precision,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
-            programs,
-            self.store_tiles(out, strides[4:8]),
             *flags.values(),
         )
         args = [x, packed, out, p, *values, *self.geometry, *strides, *self.conv_args, *consts]

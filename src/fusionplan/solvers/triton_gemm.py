@@ -15,14 +15,14 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import interpreter_active
+from fusionplan.codegen import indent, interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
-    TILE_STORE,
+    POINTER_STORE,
     TritonConvKernel,
     device_why_not,
     render_conv_source,
@@ -86,6 +86,14 @@ def gemm_kernel(
         ch = offs_n
 {tail}'''
 
+#: The GEMM's store: a tile through the output's descriptor when the output is packed
+#: channels-last and aligned (bounds clipped by the hardware), element by element otherwise.
+_STORE = (
+    "    if STORE_TILES:\n"
+    "        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], h.to(y_ptr.dtype.element_ty))\n"
+    "    else:\n" + indent(POINTER_STORE.rstrip("\n").split("\n"), 4) + "\n"
+)
+
 
 def gemm_why_not(spec: PlanSpec) -> str | None:
     """Why the plan's convolution is not a plain GEMM over its input, or None when it is."""
@@ -117,11 +125,17 @@ class TritonGemmKernel(TritonConvKernel):
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle
         self._conv_kernel: TritonConvKernel | None = None
+        # persistent programs: one per multiprocessor (two in the interpreter, so that the loop
+        # over tiles runs there too)
+        if handle.device.type == "cuda":
+            self.max_programs = torch.cuda.get_device_properties(handle.device).multi_processor_count
+        else:
+            self.max_programs = 2
         super().__init__(spec, handle)
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_conv_source(spec, stages, _TEMPLATE, TILE_STORE, depth=1)
+        return render_conv_source(spec, stages, _TEMPLATE, _STORE, depth=1)
 
     @staticmethod
     def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
@@ -154,8 +168,11 @@ class TritonGemmKernel(TritonConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         m, c, k = self.geometry[:3]
         oh, ow = self.out_hw
-        programs = self.programs(triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), cfg)
+        programs = min(triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), self.max_programs)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
+        dims = (self.spec.input_desc.dims[0], k, oh, ow)
+        nhwc = layout_strides(dims, Layout.NHWC)
+        packed_nhwc = all(d == 1 or a == b for d, a, b in zip(dims, out_strides[:4], nhwc))
         consts = (
             cfg.block_m,
             cfg.block_n,
@@ -165,7 +182,7 @@ class TritonGemmKernel(TritonConvKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             programs,
-            self.store_tiles(out, out_strides[:4]),
+            packed_nhwc and out.data_ptr() % 16 == 0,
             *flags.values(),
         )
         args = [x, packed, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
