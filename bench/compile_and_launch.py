@@ -85,7 +85,7 @@ def run_child(cache: Path, find_mode: str) -> dict:
 
 
 # ---- host overhead ------------------------------------------------------------------------------------
-def per_call_us(fn, n: int) -> float:
+def per_call_us(fn, n: int = 2000) -> float:
     for _ in range(100):
         fn()
     torch.cuda.synchronize()

@@ -8,24 +8,11 @@ kernel launch alone. Times are CPU microseconds per call (the GPU queue absorbs 
 
 from __future__ import annotations
 
-import time
-
 import torch
+from compile_and_launch import per_call_us  # bench/ is the script's directory
 
 import fusionplan as fp
 from fusionplan.testing import random_args
-
-
-def per_call_us(fn, n: int = 2000) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    us = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return us
 
 
 def plan_for(chain: str) -> tuple[fp.FusionPlan, torch.Tensor]:
