@@ -360,3 +360,35 @@ def test_tensors_past_2_to_the_31_elements(chain):
     assert not torch.isnan(y[:, :, ::997]).any()
     del x, y
     torch.cuda.empty_cache()
+
+
+def test_dlpack_arrays_from_cupy_and_jax():
+    """Any DLPack-capable array on the same device: CuPy arrays in and out (the output written in
+    place), a JAX array in, for a plan and for a fused torch module."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    cupy = pytest.importorskip("cupy")
+    x_t = input_tensor((2, 16, 9, 7), torch.float16, "NCHW")
+    plan = add_chain(plan_for(x_t), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=24, r=3, s=3)
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    x_cp = cupy.from_dlpack(x_t)
+    y_cp = cupy.full(plan.output_desc.dims, cupy.nan, dtype=cupy.float16)
+    plan.execute(handle, x_cp, y_cp, args)
+    torch.cuda.synchronize()
+    result = compare(torch.from_dlpack(y_cp), reference_output(plan, x_t, args), EPS[torch.float16])
+    assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+    import fusionplan.torch as fpt
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(16, 8, 3, padding=1), torch.nn.ReLU()).eval().cuda().half()
+    fused = fpt.fuse(model)
+    chain = next(m for m in fused.modules() if isinstance(m, fpt.FusedChain))
+    with torch.no_grad():
+        ref = model(x_t)
+        torch.testing.assert_close(chain(x_cp), ref, rtol=1e-2, atol=1e-2)
+        jax = pytest.importorskip("jax")
+        x_jax = jax.dlpack.from_dlpack(x_cp)  # a JAX array on the same GPU
+        torch.testing.assert_close(chain(x_jax), ref, rtol=1e-2, atol=1e-2)
