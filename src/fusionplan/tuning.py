@@ -101,6 +101,27 @@ def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) 
     return ConvConfig(64, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
 
 
+#: Window tiles (stride-1 convolutions read as input boxes): block_m is a window of 8-pixel rows.
+WINDOW_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(128, 128, 64, 8, 8, 3),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(64, 64, 64, 8, 4, 4),
+    ConvConfig(128, 64, 32, 8, 4, 4),
+    ConvConfig(64, 64, 32, 8, 4, 4),
+]
+
+
+def window_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+    """16x8-pixel windows when there are many output pixels, 8x8 when few; 64 channels per step."""
+    if interpret:
+        return ConvConfig(16, 16, 16, 8, 4, 1)  # 2x8 windows: small tiles for the interpreter
+    wide = dtype in (torch.float16, torch.bfloat16)
+    block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
+    block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
+    return ConvConfig(128 if m >= 50_000 else 64, block_n, block_k, 8, 4, 4 if wide else 3)
+
+
 FIND_MODES = ("FAST", "NORMAL")
 
 

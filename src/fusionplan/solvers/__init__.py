@@ -17,6 +17,7 @@ from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
 from fusionplan.solvers.triton_gemm import TritonGemmSolver
 from fusionplan.solvers.triton_pointwise import TritonPointwiseSolver
+from fusionplan.solvers.triton_window import TritonWindowSolver
 
 if TYPE_CHECKING:
     from fusionplan.handle import Handle
@@ -30,6 +31,7 @@ BACKEND_ENV = "FUSIONPLAN_BACKEND"
 REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     TritonGemmSolver(),
+    TritonWindowSolver(),
     TritonConvSolver(),
     TritonPointwiseSolver(),
     ReferenceSolver(),
