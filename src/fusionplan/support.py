@@ -46,10 +46,11 @@ def _act(plan: FusionPlan) -> None:
 LETTERS: dict[str, Builder] = {"C": _conv(), "B": _bias, "N": _bn, "A": _act}
 
 #: (what the row stands for, the representative chain it is checked with)
-ROWS: list[tuple[str, list[Builder]]] = [
+ROWS: list[tuple] = [  # (title, builders[, input channels (default 8)])
     ("CBNA, CBA, CNA, CN, CA, CB (MIOpen's set)", [LETTERS[c] for c in "CBNA"]),
     ("convolution + any chain of B/N/A, any order, repeats", [LETTERS[c] for c in "CANBAB"]),
     ("1x1 stride-1 convolution chains (NCHW, NHWC)", [_conv(size=1), _bn, _act]),
+    ("stride-1 convolution chains with C >= 128 (NCHW, NHWC)", [_conv(), _bn, _act], 128),
     ("pointwise ops before the convolution (e.g. NAC)", [LETTERS[c] for c in "NAC"]),
     ("grouped / depthwise convolution chains", [_conv(groups=4), _bias, _act]),
     ("strided / dilated convolution chains", [_conv(stride=2, dilation=2), _bn, _act]),
@@ -68,13 +69,13 @@ DEVICES = {"CPU": torch.device("cpu"), "CUDA GPU": torch.device("cuda", 0)}
 DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)
 
 
-def _solver_for(builders: list[Builder], device: torch.device) -> str:
+def _solver_for(builders: list[Builder], device: torch.device, channels: int = 8) -> str:
     """Names of the solvers chosen for the row's plan in each dtype and layout (deduplicated)."""
     handle = types.SimpleNamespace(device=device, tf32_allowed=lambda: True)  # verdicts only read these
     chosen: list[str] = []
     for dtype in DTYPES:
         for layout in ("NCHW", "NHWC"):
-            plan = FusionPlan(TensorDescriptor.packed(dtype, (2, 8, 12, 12), layout))
+            plan = FusionPlan(TensorDescriptor.packed(dtype, (2, channels, 12, 12), layout))
             for build in builders:
                 build(plan)
             found = next((v.solver for v in solvers.verdicts(plan.spec(), handle) if v.applicable), "none")
@@ -86,8 +87,9 @@ def _solver_for(builders: list[Builder], device: torch.device) -> str:
 def support_table() -> str:
     """The Markdown table: for each kind of plan, the solver compile picks on each device."""
     lines = ["| plan | " + " | ".join(DEVICES) + " |", "|---" * (len(DEVICES) + 1) + "|"]
-    for title, builders in ROWS:
-        lines.append(f"| {title} | " + " | ".join(_solver_for(builders, d) for d in DEVICES.values()) + " |")
+    for title, builders, *channels in ROWS:
+        solvers_by_device = (_solver_for(builders, d, *channels) for d in DEVICES.values())
+        lines.append(f"| {title} | " + " | ".join(solvers_by_device) + " |")
     return "\n".join(lines)
 
 

@@ -111,6 +111,11 @@ def window_why_not(spec: PlanSpec) -> str | None:
         return f"tensor descriptors need 16-byte rows: C={ch} and K={k} elements of {size} bytes"
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
+    if ch < tuning.WINDOW_MIN_CHANNELS:
+        return (
+            f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: with one channel block per filter tap the window kernel "
+            "measured slower than triton-conv's implicit GEMM on the H100 (bench/NOTES.md, section 8)"
+        )
     return None
 
 
