@@ -26,9 +26,11 @@ def setup():
     records = [args.get(op) for op in plan.ops]
     y = torch.empty(plan.output_desc.dims)
 
-    def repeat(prior_given=False, in_place_ok=False):
+    def repeat(prior_given=False, in_place_ok=False, prior_read=False):
+        versions = args_fingerprint(records)
+        nbytes = extent_bytes(y)
         return Repeat(
-            FakeBound(), records, args_fingerprint(records), extent_bytes(x), extent_bytes(y), prior_given, in_place_ok
+            FakeBound(), records, versions, extent_bytes(x), nbytes, prior_given, in_place_ok, prior_read, nbytes
         )
 
     return x, y, records, repeat
@@ -49,10 +51,24 @@ def test_changed_records_or_prior_refuse(setup):
     r = repeat()
     assert not r.try_launch(x, y, list(records), None)  # an equal list, another object
     assert not r.try_launch(x, y, records, y)  # a prior where the bound call had none
-    assert not repeat(prior_given=True).try_launch(x, y, records, torch.empty_like(y))  # a prior that is not y
     records[0].weight.mul_(2.0)  # in place: derived data is stale
     assert not r.try_launch(x, y, records, None)
     assert r.bound.launched == []
+
+
+def test_a_separate_prior_is_read_unless_it_partly_overlaps_the_output(setup):
+    x, y, records, repeat = setup
+    prior = torch.empty_like(y)
+    r = repeat(prior_given=True, prior_read=True)
+    assert r.try_launch(x, y, records, prior)
+    assert r.bound.launched == [(x.data_ptr(), y.data_ptr(), prior.data_ptr())]
+    placeholder = repeat(prior_given=True)  # the kernel was built without reading the prior
+    assert placeholder.try_launch(x, y, records, prior)
+    assert placeholder.bound.launched == [(x.data_ptr(), y.data_ptr(), y.data_ptr())]
+    storage = torch.empty(2 * y.numel())
+    out, shifted = storage[: y.numel()].view(y.shape), storage[4 : 4 + y.numel()].view(y.shape)
+    assert not r.try_launch(x, out, records, shifted)
+    assert r.try_launch(x, out, records, out)  # the output itself: each element read, then written
 
 
 def test_misaligned_or_overlapping_tensors_refuse(setup):

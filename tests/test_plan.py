@@ -404,3 +404,18 @@ def test_new_arguments_after_a_reused_call_are_checked_and_used(compiled):
         plan.execute(handle, x, y2, a, prior=prior if a is args else None)
         ref = run_reference(plan.ops, x, [a.get(op) for op in plan.ops], prior if a is args else None).output
         torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_calls_with_separate_priors_use_each_prior(compiled):
+    plan, handle, x, y, args = compiled
+    from fusionplan.reference import run_reference
+
+    args.set(plan.ops[2], fp.BatchNormInferenceArgs(**{**args.get(plan.ops[2]).field_values(), "beta": 1.0}))
+    records = [args.get(op) for op in plan.ops]
+    for _ in range(3):  # the second and third calls take the checked path
+        prior = torch.randn(2, 6, 9, 7)
+        plan.execute(handle, x, y, args, prior=prior)
+        ref = run_reference(plan.ops, x, records, prior).output
+        torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+    with pytest.raises(fp.TensorMismatchError):
+        plan.execute(handle, x, y, args, prior=torch.randn(2, 6, 9, 8))

@@ -252,8 +252,9 @@ class BoundLaunch:
 @dataclass(frozen=True)
 class Repeat:
     """A bound launch and the conditions under which a call may reuse it: the same records object
-    with unchanged tensors, and input/output tensors (of the signature the caller guarantees) that
-    are 16-byte aligned like the bound ones and either disjoint or, where ``in_place_ok``, the same."""
+    with unchanged tensors, and input/output/prior tensors (of the signature the caller guarantees)
+    that are 16-byte aligned like the bound ones, with the output overlapping neither the input
+    (unless ``in_place_ok`` and they are the same) nor a separate prior."""
 
     bound: BoundLaunch
     records: Sequence[OpArgs]
@@ -262,21 +263,24 @@ class Repeat:
     y_bytes: int
     prior_given: bool
     in_place_ok: bool = False
+    prior_read: bool = False  # the prior slot holds the prior (else the output, as a placeholder)
+    prior_bytes: int = 0
 
     def try_launch(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> bool:
-        """Launch on x -> y (y also the prior where one is given) if the conditions hold; False if not."""
+        """Launch on x -> y (reading the prior where one is given) if the conditions hold; False if not."""
         if records is not self.records or (prior is not None) != self.prior_given:
             return False
-        if prior is not None and prior is not y:
-            return False
         xp, yp = x.data_ptr(), y.data_ptr()
-        if (xp | yp) & 15:
+        pp = prior.data_ptr() if self.prior_read and prior is not None else yp
+        if (xp | yp | pp) & 15:
             return False
         if xp < yp + self.y_bytes and yp < xp + self.x_bytes and not (self.in_place_ok and xp == yp):
             return False
+        if pp != yp and pp < yp + self.y_bytes and yp < pp + self.prior_bytes:
+            return False  # a prior partly overlapping the output: elements read after being written
         if args_fingerprint(records) != self.versions:
             return False
-        self.bound.launch((xp, yp, yp))
+        self.bound.launch((xp, yp, pp))
         return True
 
 
@@ -323,10 +327,11 @@ def repeat_for(
     records: Sequence[OpArgs],
     prior: Tensor | None,
     in_place_ok: bool = False,
+    prior_read: bool = False,
 ) -> Repeat | None:
-    """A ``Repeat`` of a launch that read x and wrote y (y also the prior where one was given),
-    with the slots of x, y and the prior in ``args``; None when the launch cannot be repeated
-    directly (interpreter, direct launch off, or a pointer not 16-byte aligned)."""
+    """A ``Repeat`` of a launch that read x and wrote y, with the slots of x, y and the prior in
+    ``args`` (the prior slot holding ``prior`` when ``prior_read``, else y); None when the launch
+    cannot be repeated directly (interpreter, direct launch off, or a pointer not 16-byte aligned)."""
     if not launcher.direct or kernel is None or not hasattr(kernel, "run"):
         return None
     if any(a.data_ptr() % 16 for a in args if isinstance(a, Tensor)):
@@ -339,6 +344,8 @@ def repeat_for(
         extent_bytes(y),
         prior is not None,
         in_place_ok,
+        prior_read,
+        extent_bytes(prior) if prior is not None else 0,
     )
 
 

@@ -276,21 +276,22 @@ class FusionPlan:
         # keys are kept: a framework runs one plan for every layer of its shape, with their arguments.
         key = None
         if (
-            prior is None
-            and isinstance(args, OperatorArgs)
+            isinstance(args, OperatorArgs)
             and isinstance(x, torch.Tensor)
             and isinstance(y, torch.Tensor)
+            and (prior is None or isinstance(prior, torch.Tensor))
         ):
-            key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), x_desc, y_desc)
+            prior_key = None if prior is None else _tensor_key(prior)
+            key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
             checked = self._checked.get(key)
             if checked is not None:
                 records, needs_prior = checked
-                prior_y = y if needs_prior else None
+                p = (y if prior is None else prior) if needs_prior else None
                 if handle.is_active():
-                    entry.kernel.rerun(x, y, records, prior_y)
+                    entry.kernel.rerun(x, y, records, p)
                 else:
                     with handle.activate():
-                        entry.kernel.rerun(x, y, records, prior_y)
+                        entry.kernel.rerun(x, y, records, p)
                 return
         spec = entry.spec
         x = as_tensor(x, "input")

@@ -76,9 +76,9 @@ class Kernel(ABC):
         records: Sequence[OpArgs],
         prior: torch.Tensor | None,
     ) -> None:
-        """``run`` again, called when ``records`` is the object of a previous ``run`` and x and y have
-        that call's shapes, strides, dtypes and devices (``prior`` is None or y). Solvers may skip
-        what depends on those alone; autograd is not disabled by the caller."""
+        """``run`` again, called when ``records`` is the object of a previous ``run`` and x, y and the
+        prior (if any) have that call's shapes, strides, dtypes and devices. Solvers may skip what
+        depends on those alone; autograd is not disabled by the caller."""
         with torch.no_grad():
             self.run(x, y, records, prior)
 

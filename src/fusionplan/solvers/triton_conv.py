@@ -274,8 +274,10 @@ class TritonConvKernel(Repeating, Kernel):
         self.last_launch = kernel
         if out is not y:
             y.copy_(out)
-        elif p is y:
-            self._repeats.put(repeat_for(self.launcher, kernel, grid, args, (0, 2, 3), x, y, records, prior))
+        else:
+            slots = (0, 2, 3)  # x, y, prior
+            repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior)
+            self._repeats.put(repeat)
 
     def _launch_args(
         self,

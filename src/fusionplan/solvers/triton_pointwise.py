@@ -130,9 +130,10 @@ class TritonPointwiseKernel(Repeating, Kernel):
         kernel = self.launcher(grid, cfg, args, cfg.num_warps, 1)
         if out is not y:
             y.copy_(out)
-        elif p is y:
+        else:
             same = x.stride() == y.stride()  # in place on the same elements is safe, see above
-            self._repeats.put(repeat_for(self.launcher, kernel, grid, args, (0, 1, 2), x, y, records, prior, same))
+            repeat = repeat_for(self.launcher, kernel, grid, args, (0, 1, 2), x, y, records, prior, same, has_prior)
+            self._repeats.put(repeat)
 
 
 class TritonPointwiseSolver(Solver):
