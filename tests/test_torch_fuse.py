@@ -84,7 +84,7 @@ def test_fuse_matches_eager_and_reports():
         "e.act (ELU)",
         "s.act (Sigmoid)",
         "t (Conv2d) -> bn_t (BatchNorm2d) -> tanh",
-        "res.b (Conv2d) -> res.bn (BatchNorm2d)",
+        "res.b (Conv2d) -> res.bn (BatchNorm2d) -> add -> relu",  # the residual connection joins the chain
     ):
         assert chain in text, chain
     assert "reflect: padding_mode='reflect'" in text
@@ -189,3 +189,57 @@ def test_eager_calls_skip_the_dispatcher_and_watched_calls_go_through_the_op():
     assert any("fusionplan.fused_chain" in s for s in seen)
     torch.testing.assert_close(direct, watched)
     torch.testing.assert_close(direct, m(x), rtol=1e-4, atol=1e-5)
+
+
+class ResidualAdd(nn.Module):
+    """conv -> bn -> (+ other) -> relu, with the add written in several ways."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.conv, self.bn = nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)
+        self.shift = nn.Parameter(torch.randn(1, 8, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn(self.conv(x))
+        if self.how == "plus":
+            out = x + out
+        elif self.how == "iadd-out":
+            out += x
+        elif self.how == "alpha":  # a scaled add is not a residual connection
+            out = torch.add(out, x, alpha=2.0)
+        elif self.how == "method":
+            out = out.add(x)
+        elif self.how == "broadcast":
+            out = out + self.shift
+        return torch.relu(out)
+
+
+@pytest.mark.parametrize("how", ["plus", "iadd-out", "method", "broadcast", "alpha"])
+def test_residual_adds_join_the_chain(how):
+    m = ResidualAdd(how).eval()
+    m.bn.running_var.uniform_(0.5, 2.0)
+    fused = fpt.fuse(m)
+    (chain,) = fused.fusion_report.fused
+    joined = how != "alpha"
+    assert ("add" in chain) == joined, chain
+    x = torch.randn(2, 8, 9, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x.clone()), m(x.clone()), rtol=1e-4, atol=1e-5)
+        if joined:
+            compiled = torch.compile(fused)
+            torch.testing.assert_close(compiled(x.clone()), m(x.clone()), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="needs Triton's interpreter")
+def test_residual_chain_through_the_triton_kernels(monkeypatch):
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    fpt._PLANS.clear()
+    m = ResidualAdd("plus").eval()
+    m.bn.running_var.uniform_(0.5, 2.0)
+    fused = fpt.fuse(m)
+    x = torch.randn(1, 8, 10, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+    assert {plan.compiled_solver(handle) for plan, _, handle, _ in fpt._PLANS.values()} == {"triton-conv"}
+    fpt._PLANS.clear()

@@ -4,8 +4,9 @@
     y = fused(x)                          # same outputs; each chain runs as one fusion plan
     print(fused.fusion_report)            # what was fused, what was skipped and why
 
-The model is traced with torch.fx. Conv2d -> [BatchNorm2d] -> [activation] chains and
-BatchNorm2d -> activation chains (module or functional forms) are replaced by modules that call
+The model is traced with torch.fx. Conv2d -> [BatchNorm2d] -> [+ residual] -> [activation] chains
+and BatchNorm2d -> [+ residual] -> activation chains (module or functional forms; the residual
+add of a ResNet block becomes the plan's prior with beta = 1) are replaced by modules that call
 the ``fusionplan::fused_chain`` custom operator, which compiles a plan per input signature
 (shape, dtype, layout, device) and caches it. The original submodules stay where they were: the
 parameters are the model's own, ``state_dict`` keys are unchanged, ``.to(device, dtype,
@@ -17,6 +18,8 @@ model in training mode, and a fused module put back into training mode raises.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import operator
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 from torch import library as torch_library
 from torch import nn
 
+from fusionplan.activations import activation_forward
 from fusionplan.api import default_handle
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
@@ -103,8 +107,10 @@ def fused_chain(
     act_alpha: float,
     act_beta: float,
     act_gamma: float,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[conv2d (+bias)] -> [batch-norm inference] -> [activation, mode -1 = none], as one fusion plan."""
+    """[conv2d (+bias)] -> [batch-norm inference] -> [+ residual] -> [activation, mode -1 = none], as
+    one fusion plan; the residual, shaped like the output, is the plan's prior (beta = 1)."""
     return _run_chain(
         x,
         weight,
@@ -122,17 +128,36 @@ def fused_chain(
         act_alpha,
         act_beta,
         act_gamma,
+        residual,
     )
 
 
 def _run_chain(
-    x, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, stride, padding, dilation, groups, *act
+    x,
+    weight,
+    conv_bias,
+    bn_weight,
+    bn_bias,
+    bn_mean,
+    bn_var,
+    bn_eps,
+    stride,
+    padding,
+    dilation,
+    groups,
+    act_mode,
+    act_alpha,
+    act_beta,
+    act_gamma,
+    residual=None,
 ) -> torch.Tensor:
     """The custom op's implementation; eager calls of fused modules come here directly."""
-    plan, ops, handle, fmt = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act[0])
-    args = _args_for(plan, ops, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, *act)
+    plan, ops, handle, fmt = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
+    act = (act_mode, act_alpha, act_beta, act_gamma)
+    params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps)
+    args = _args_for(plan, ops, *params, *act, residual is not None)
     out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
-    plan.execute(handle, x, out, args)
+    plan.execute(handle, x, out, args, prior=residual)
     return out
 
 
@@ -158,10 +183,24 @@ def _tensor_identity(t: torch.Tensor | None) -> tuple | None:
 
 
 def _args_for(
-    plan, ops, weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps, act_mode, act_alpha, act_beta, act_gamma
+    plan,
+    ops,
+    weight,
+    conv_bias,
+    bn_weight,
+    bn_bias,
+    bn_mean,
+    bn_var,
+    bn_eps,
+    act_mode,
+    act_alpha,
+    act_beta,
+    act_gamma,
+    residual: bool = False,
 ) -> OperatorArgs:
     """The arguments of one chain, made once per parameter set (so folded batch-norm and repacked
-    weights are reused by every later call)."""
+    weights are reused by every later call). With a residual, the operator before the activation
+    blends in the prior: its output is op(h) + 1 * residual."""
     key = (
         id(plan),
         *(_tensor_identity(t) for t in (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)),
@@ -169,27 +208,29 @@ def _args_for(
         act_alpha,
         act_beta,
         act_gamma,
+        residual,
     )
     with _PLANS_LOCK:
         args = _ARGS.get(key)
         if args is not None:
             _ARGS.move_to_end(key)
             return args
-    args = OperatorArgs()
-    i = 0
+    records = []
     if weight is not None:
-        args.set(ops[i], ConvArgs(weight=weight))
-        i += 1
+        records.append(ConvArgs(weight=weight))
         if conv_bias is not None:
-            args.set(ops[i], BiasArgs(bias=conv_bias))
-            i += 1
+            records.append(BiasArgs(bias=conv_bias))
     if bn_weight is not None:
-        args.set(
-            ops[i], BatchNormInferenceArgs(scale=bn_weight, bias=bn_bias, mean=bn_mean, variance=bn_var, epsilon=bn_eps)
+        records.append(
+            BatchNormInferenceArgs(scale=bn_weight, bias=bn_bias, mean=bn_mean, variance=bn_var, epsilon=bn_eps)
         )
-        i += 1
+    if residual:
+        records[-1] = dataclasses.replace(records[-1], beta=1.0)
     if act_mode >= 0:
-        args.set(ops[i], ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma))
+        records.append(ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma))
+    args = OperatorArgs()
+    for op, record in zip(ops, records):
+        args.set(op, record)
     with _PLANS_LOCK:
         _ARGS[key] = args
         while len(_ARGS) > 1024:
@@ -215,6 +256,7 @@ def _(
     act_alpha,
     act_beta,
     act_gamma,
+    residual=None,
 ):
     shape = list(x.shape) if weight is None else _conv_out_shape(x, weight, stride, padding, dilation)
     return x.new_empty(shape).to(memory_format=_memory_format(x))
@@ -274,16 +316,24 @@ def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
 
 # ---- the replacement module ------------------------------------------------------------------------------
 class FusedChain(nn.Module):
-    """Runs [conv] -> [batch-norm] -> [activation] as one plan. The conv and batch-norm modules are
-    referenced, not owned: they stay registered where the model had them."""
+    """Runs [conv] -> [batch-norm] -> [+ residual] -> [activation] as one plan. The conv and
+    batch-norm modules are referenced, not owned: they stay registered where the model had them."""
 
-    def __init__(self, conv: nn.Conv2d | None, bn: nn.BatchNorm2d | None, activation: tuple | None, name: str) -> None:
+    def __init__(
+        self,
+        conv: nn.Conv2d | None,
+        bn: nn.BatchNorm2d | None,
+        activation: tuple | None,
+        name: str,
+        residual: bool = False,
+    ) -> None:
         super().__init__()
         self._refs = (conv, bn)  # a tuple, so nn.Module does not register them a second time
         self.activation = activation
         self.chain_name = name
+        self.residual = residual
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
             raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
         conv, bn = self._refs
@@ -296,10 +346,34 @@ class FusedChain(nn.Module):
             None if bn is None else bn.running_mean,
             None if bn is None else bn.running_var,
         )
+        if residual is not None and not self._fits(x, residual):
+            return self._unfused(x, residual)  # e.g. a broadcast residual: not the plan's prior
         if _eager_call(x):  # plans do no autograd: parameters are read as they are
-            return _run_chain(x, *params, *self._hyperparameters())
+            return _run_chain(x, *params, *self._hyperparameters(), residual)
         detached = (None if t is None else t.detach() for t in params)  # the op has no autograd formula
-        return fused_chain(x, *detached, *self._hyperparameters())
+        return fused_chain(x, *detached, *self._hyperparameters(), residual)
+
+    def _fits(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        """Whether the residual can be the plan's prior: the output's shape, dtype and device."""
+        c = self._refs[0]
+        shape = list(x.shape) if c is None else _conv_out_shape(x, c.weight, c.stride, c.padding, c.dilation)
+        return (
+            isinstance(residual, torch.Tensor)
+            and list(residual.shape) == shape
+            and residual.dtype == x.dtype
+            and residual.device == x.device
+        )
+
+    def _unfused(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """The chain in plain torch operations, for residuals a plan cannot take."""
+        conv, bn = self._refs
+        h = x if conv is None else conv(x)
+        h = h if bn is None else bn(h)
+        h = h + residual
+        if self.activation is None:
+            return h
+        mode, a, b, g = self.activation
+        return activation_forward(ActivationMode(mode), h, a, b, g)
 
     def _hyperparameters(self) -> tuple:
         """The chain's scalar arguments, in the op's order after the parameters."""
@@ -371,6 +445,25 @@ def _activation_node(gm, node) -> tuple | None:
     return None
 
 
+_ADDS = (operator.add, operator.iadd, torch.add)
+
+
+def _residual_operand(node: torch.fx.Node | None, produced: torch.fx.Node) -> torch.fx.Node | None:
+    """For ``node`` = produced + other (a residual connection), the other tensor's node, else None.
+    An in-place add must update ``produced`` (which fusion removes), never the other tensor."""
+    if node is None or node.kwargs or len(node.args) != 2:
+        return None
+    a, b = node.args
+    if node.op == "call_function" and node.target in _ADDS:
+        in_place = node.target is operator.iadd
+    elif node.op == "call_method" and node.target in ("add", "add_"):
+        in_place = node.target == "add_"
+    else:
+        return None
+    other = b if a is produced else a if b is produced and not in_place else None
+    return other if isinstance(other, torch.fx.Node) and other is not produced else None
+
+
 def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool = False) -> torch.fx.GraphModule:
     """A copy of ``model`` (eval mode) with its conv/batch-norm/activation chains fused.
 
@@ -411,17 +504,23 @@ def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool
         elif bn is not None and _bn_refusal(bn):
             report.skipped.append(f"{node.target}: {_bn_refusal(bn)}")
             continue
+        residual = _residual_operand(nxt, chain[-1])
+        if residual is not None:
+            chain.append(nxt)
+            nxt = _single_user(nxt)
         activation = _activation_node(gm, nxt)
         if activation is not None:
             chain.append(nxt)
-        if conv is None and activation is None:
+        if conv is None and activation is None and residual is None:
             report.skipped.append(f"{node.target}: a batch-norm alone is left to PyTorch (no activation follows)")
             continue
         name = f"fused_chain_{counter}"
         counter += 1
-        gm.add_submodule(name, FusedChain(conv, bn, activation, " -> ".join(str(n.target) for n in chain)).eval())
+        title = " -> ".join(str(n.target) if n.op == "call_module" else n.name for n in chain)
+        gm.add_submodule(name, FusedChain(conv, bn, activation, title, residual is not None).eval())
         with gm.graph.inserting_after(chain[-1]):
-            new = gm.graph.call_module(name, (node.args[0],))
+            call_args = (node.args[0],) if residual is None else (node.args[0], residual)
+            new = gm.graph.call_module(name, call_args)
         chain[-1].replace_all_uses_with(new)
         for old in reversed(chain):
             gm.graph.erase_node(old)
