@@ -326,3 +326,12 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
     shifted = torch.empty(x.numel() + 1)[1:].view(2, 7, 9, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
     shifted.copy_(x)
     check_against_reference(plan, handle, shifted, args, torch.randn(plan.output_desc.dims))
+
+
+@pytest.mark.parametrize("shape_key", ["stem-C3", "7x7-stride2-pad3", "depthwise", "dilation2", "asymmetric"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout):
+    plan, x = shape_plan(shape_key, "CBNA", torch.float32, layout)
+    handle = compile_triton(plan)
+    assert plan._entry(handle).kernel.fold_s
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))

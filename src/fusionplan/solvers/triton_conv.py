@@ -48,7 +48,7 @@ def conv_kernel(
     M, C_G, K_G, H, W, OH, OW,
     sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, str_h, str_w, dil_h, dil_w,
-    R: tl.constexpr, S: tl.constexpr,
+    R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
@@ -85,22 +85,41 @@ def conv_kernel(
     w_grp = w_ptr + grp * (R * S * C_G * K_G)
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    num_cb = tl.cdiv(C_G, BLOCK_K)
-    for kb in range(0, R * S * num_cb):
-        rs = kb // num_cb
-        c0 = (kb % num_cb) * BLOCK_K
-        r = rs // S
-        s = rs % S
-        ih = ih0 + r * dil_h
-        iw = iw0 + s * dil_w
-        row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        cc = c0 + offs_k
-        c_ok = cc < C_G
-        a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                    mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-        b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
-                    mask=c_ok[:, None] & n_mask[None, :], other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    if FOLD_S:
+        # few channels (the stem's 3): one reduction step covers a whole filter row, its (s, c)
+        # pairs in the weights' own order, instead of a mostly empty step per tap
+        SC = S * C_G
+        num_jb = tl.cdiv(SC, BLOCK_K)
+        for kb in range(0, R * num_jb):
+            r = kb // num_jb
+            jj = (kb % num_jb) * BLOCK_K + offs_k
+            j_ok = jj < SC
+            s = jj // C_G
+            cc = jj % C_G
+            ih = ih0 + r * dil_h
+            iw = iw0[:, None] + (s * dil_w)[None, :]
+            ok = (m_mask & (ih >= 0) & (ih < H))[:, None] & (iw >= 0) & (iw < W) & j_ok[None, :]
+            a = tl.load(x_rows[:, None] + (ih * sxh)[:, None] + iw * sxw + cc[None, :] * sxc, mask=ok, other=0.0)
+            b = tl.load(w_grp + (r * SC + jj)[:, None] * K_G + offs_n[None, :],
+                        mask=j_ok[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+    else:
+        num_cb = tl.cdiv(C_G, BLOCK_K)
+        for kb in range(0, R * S * num_cb):
+            rs = kb // num_cb
+            c0 = (kb % num_cb) * BLOCK_K
+            r = rs // S
+            s = rs % S
+            ih = ih0 + r * dil_h
+            iw = iw0 + s * dil_w
+            row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+            cc = c0 + offs_k
+            c_ok = cc < C_G
+            a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
+                        mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
+                        mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     ch = grp * K_G + offs_n
 {tail}'''
@@ -235,7 +254,11 @@ class TritonConvKernel(Repeating, Kernel):
         self.groups, self.k, self.out_hw = g, k, (oh, ow)
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
-        self.config = self.heuristic(n * oh * ow, k // g, c // g, dtype.torch_dtype)
+        filter_w = conv.w_desc.dims[3]
+        # the reduction runs over whole filter rows when a tap alone would fill little of a step
+        self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
+        depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
+        self.config = self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype)
         self._derived = PerArgsCache()
         self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
         self._repeats = RepeatCache()
@@ -300,6 +323,7 @@ class TritonConvKernel(Repeating, Kernel):
         consts = (
             self.conv.w_desc.dims[2],
             self.conv.w_desc.dims[3],
+            self.fold_s,
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
