@@ -126,6 +126,13 @@ def window_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dt
     return ConvConfig(128 if m >= 50_000 else 64, block_n, block_k, 8, 4, 4 if wide else 3)
 
 
+def fold_filter_rows() -> bool:
+    """Whether triton-conv reduces over whole filter rows when a group has few channels (the stem's
+    3): verified in Triton's interpreter, not yet measured on a GPU, so off unless
+    FUSIONPLAN_FOLD_ROWS=1."""
+    return os.environ.get("FUSIONPLAN_FOLD_ROWS", "0") == "1"
+
+
 FIND_MODES = ("FAST", "NORMAL")
 
 

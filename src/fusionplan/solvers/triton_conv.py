@@ -256,7 +256,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         filter_w = conv.w_desc.dims[3]
         # the reduction runs over whole filter rows when a tap alone would fill little of a step
-        self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
+        self.fold_s = tuning.fold_filter_rows() and c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
         self.config = self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype)
         self._derived = PerArgsCache()
@@ -387,7 +387,7 @@ class TritonConvKernel(Repeating, Kernel):
 
     def tuning_key(self) -> tuple:
         """Everything the generated code and its tuning depend on."""
-        return (self._source, self.spec.signature(), self.dot_precision)
+        return (self._source, self.spec.signature(), self.dot_precision, self.fold_s)
 
 
 def triton_cdiv(a: int, b: int) -> int:
