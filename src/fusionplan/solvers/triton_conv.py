@@ -394,19 +394,45 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class DescriptorConvKernel(TritonConvKernel):
+    """Base of kernels that read the input through tensor descriptors, whose base address must be
+    16-byte aligned: other inputs run through triton-conv's implicit GEMM for the same plan."""
+
+    def __init__(self, spec: PlanSpec, handle) -> None:
+        self._handle = handle
+        self._conv_kernel: TritonConvKernel | None = None
+        super().__init__(spec, handle)
+
+    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        if x.data_ptr() % 16:
+            self._implicit_gemm().run(x, y, records, prior)
+        else:
+            super().run(x, y, records, prior)
+
+    def _implicit_gemm(self) -> TritonConvKernel:
+        if self._conv_kernel is None:
+            self._conv_kernel = TritonConvKernel(self.spec, self._handle)
+        return self._conv_kernel
+
+
+def conv_plan_why_not(spec: PlanSpec, handle) -> str | None:
+    """What keeps every Triton convolution kernel from a plan, or None."""
+    if spec.phase != Phase.INFERENCE:
+        return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
+    pre, conv, _ = split_at_conv(spec.ops)
+    if conv is None:
+        return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
+    if pre:
+        return "operators before the convolution are not fused into the Triton kernel yet"
+    return device_why_not(handle, spec.dtype)
+
+
 class TritonConvSolver(Solver):
     name = "triton-conv"
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        if spec.phase != Phase.INFERENCE:
-            return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
-        pre, conv, _ = split_at_conv(spec.ops)
-        if conv is None:
-            return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
-        if pre:
-            return "operators before the convolution are not fused into the Triton kernel yet"
-        return device_why_not(handle, spec.dtype)
+        return conv_plan_why_not(spec, handle)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonConvKernel(spec, handle)

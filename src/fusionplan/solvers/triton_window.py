@@ -13,8 +13,6 @@ compute some pixels past the image, masked at the store. The epilogue is triton-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 from fusionplan import tuning
@@ -22,9 +20,13 @@ from fusionplan.codegen import interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
-from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import TritonConvKernel, device_why_not, render_conv_source, triton_cdiv
+from fusionplan.solvers.triton_conv import (
+    DescriptorConvKernel,
+    conv_plan_why_not,
+    render_conv_source,
+    triton_cdiv,
+)
 
 Tensor = torch.Tensor
 
@@ -119,15 +121,10 @@ def window_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-class TritonWindowKernel(TritonConvKernel):
+class TritonWindowKernel(DescriptorConvKernel):
     solver_name = "triton-window"
     stem = "window"
     candidates = tuning.WINDOW_CANDIDATES
-
-    def __init__(self, spec: PlanSpec, handle) -> None:
-        self._handle = handle
-        self._conv_kernel: TritonConvKernel | None = None
-        super().__init__(spec, handle)
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -136,18 +133,6 @@ class TritonWindowKernel(TritonConvKernel):
     @staticmethod
     def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         return tuning.window_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active())
-
-    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        if x.data_ptr() % 16:  # a tensor descriptor's base must be 16-byte aligned
-            self._implicit_gemm().run(x, y, records, prior)
-        else:
-            super().run(x, y, records, prior)
-
-    def _implicit_gemm(self) -> TritonConvKernel:
-        """triton-conv's kernel for the same plan, for inputs a descriptor cannot read."""
-        if self._conv_kernel is None:
-            self._conv_kernel = TritonConvKernel(self.spec, self._handle)
-        return self._conv_kernel
 
     def _launch_args(
         self,
@@ -190,14 +175,7 @@ class TritonWindowSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        if spec.phase != Phase.INFERENCE:
-            return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
-        pre, conv, _ = split_at_conv(spec.ops)
-        if conv is None:
-            return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
-        if pre:
-            return "operators before the convolution are not fused into the Triton kernel yet"
-        return window_why_not(spec) or device_why_not(handle, spec.dtype)
+        return conv_plan_why_not(spec, handle) or window_why_not(spec)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonWindowKernel(spec, handle)
