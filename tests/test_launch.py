@@ -120,3 +120,33 @@ def test_specialization_follows_everything_triton_compiles_for():
         [t, 64, 3, 1.5, True, "tf32"],
     ):
         assert (specialization(changed) == base) == (changed[1] == 48), changed
+
+
+def test_scratch_allocator_is_set_where_none_is_and_a_users_is_kept():
+    import threading
+
+    triton = pytest.importorskip("triton")
+    from triton.runtime import _allocation
+
+    from fusionplan.launch import ensure_scratch_allocator
+
+    seen = {}
+
+    def in_a_fresh_thread():  # a new thread starts without an allocator (context variable)
+        seen["before"] = _allocation._allocator.get()
+        ensure_scratch_allocator()
+        seen["after"] = _allocation._allocator.get()
+
+        def mine(size, alignment, stream):
+            return torch.empty(size, dtype=torch.int8)
+
+        triton.set_allocator(mine)
+        ensure_scratch_allocator()
+        seen["kept"] = _allocation._allocator.get() is mine
+
+    t = threading.Thread(target=in_a_fresh_thread)
+    t.start()
+    t.join()
+    assert isinstance(seen["before"], _allocation.NullAllocator)
+    assert not isinstance(seen["after"], _allocation.NullAllocator)
+    assert seen["kept"]
