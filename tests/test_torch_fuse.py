@@ -243,3 +243,21 @@ def test_residual_chain_through_the_triton_kernels(monkeypatch):
         torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
     assert {plan.compiled_solver(handle) for plan, _, handle, _ in fpt._PLANS.values()} == {"triton-conv"}
     fpt._PLANS.clear()
+
+
+def test_fused_module_follows_replaced_and_changed_parameters():
+    m = ResidualAdd("plus").eval()
+    fused = fpt.fuse(m)  # a copy: its conv and bn are fused.conv and fused.bn
+    x = torch.randn(1, 8, 6, 5)
+
+    def expected():
+        return torch.relu(x + fused.bn(fused.conv(x)))
+
+    with torch.no_grad():
+        fused(x)
+        fused.conv.weight = nn.Parameter(torch.randn_like(fused.conv.weight))  # a new parameter object
+        torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
+        fused.bn.running_mean.add_(0.5)  # in place: same object and storage, new version
+        torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
+        fused.bn.weight.data = torch.randn(8)  # new storage under the same parameter object
+        torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
