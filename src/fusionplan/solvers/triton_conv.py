@@ -415,8 +415,8 @@ class DescriptorConvKernel(TritonConvKernel):
         return self._conv_kernel
 
 
-def conv_plan_why_not(spec: PlanSpec, handle) -> str | None:
-    """What keeps every Triton convolution kernel from a plan, or None."""
+def conv_plan_why_not(spec: PlanSpec) -> str | None:
+    """What in the plan keeps every Triton convolution kernel from it, or None."""
     if spec.phase != Phase.INFERENCE:
         return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
     pre, conv, _ = split_at_conv(spec.ops)
@@ -424,7 +424,7 @@ def conv_plan_why_not(spec: PlanSpec, handle) -> str | None:
         return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
     if pre:
         return "operators before the convolution are not fused into the Triton kernel yet"
-    return device_why_not(handle, spec.dtype)
+    return None
 
 
 class TritonConvSolver(Solver):
@@ -432,7 +432,7 @@ class TritonConvSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        return conv_plan_why_not(spec, handle)
+        return conv_plan_why_not(spec) or device_why_not(handle, spec.dtype)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonConvKernel(spec, handle)

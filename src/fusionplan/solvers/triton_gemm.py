@@ -22,6 +22,7 @@ from fusionplan.solvers.triton_conv import (
     POINTER_STORE,
     DescriptorConvKernel,
     conv_plan_why_not,
+    device_why_not,
     render_conv_source,
     triton_cdiv,
 )
@@ -177,7 +178,7 @@ class TritonGemmSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        return conv_plan_why_not(spec, handle) or gemm_why_not(spec)
+        return conv_plan_why_not(spec) or gemm_why_not(spec) or device_why_not(handle, spec.dtype)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonGemmKernel(spec, handle)

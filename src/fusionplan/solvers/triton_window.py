@@ -24,6 +24,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
     DescriptorConvKernel,
     conv_plan_why_not,
+    device_why_not,
     render_conv_source,
     triton_cdiv,
 )
@@ -175,7 +176,7 @@ class TritonWindowSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        return conv_plan_why_not(spec, handle) or window_why_not(spec)
+        return conv_plan_why_not(spec) or window_why_not(spec) or device_why_not(handle, spec.dtype)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonWindowKernel(spec, handle)
