@@ -336,3 +336,34 @@ def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout, m
     handle = compile_triton(plan)
     assert plan._entry(handle).kernel.fold_s
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+
+
+# ---- depthwise convolutions computed directly (chosen by name) --------------------------------------------
+DEPTHWISE_CASES = {  # name: (n, c, h, w, multiplier, r, pads, strides, dilations)
+    "3x3": (2, 8, 13, 11, 1, 3, (1, 1), (1, 1), (1, 1)),
+    "stride2": (1, 24, 12, 9, 1, 3, (1, 1), (2, 2), (1, 1)),
+    "5x5-dilation2": (1, 5, 14, 13, 1, 5, (4, 4), (1, 1), (2, 2)),
+    "multiplier2": (2, 6, 7, 8, 2, 3, (0, 0), (1, 1), (1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(DEPTHWISE_CASES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_depthwise_solver(case, layout, dtype):
+    n, c, h, w, mult, r, pads, strides, dils = DEPTHWISE_CASES[case]
+    x = make_input((n, c, h, w), dtype, layout)
+    conv = fp.ConvolutionDescriptor(pads, strides, dils, groups=c)
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=c * mult, r=r, s=r, param_dtype=DT_NAME[dtype])
+    handle = fp.Handle("cpu")
+    assert plan.compile(handle, solver="triton-depthwise") == "triton-depthwise"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+
+
+def test_depthwise_solver_is_chosen_by_name_only_and_says_why_not():
+    x = make_input((1, 8, 6, 6), torch.float32, "NHWC")
+    plan = add_chain(plan_for(x), "CA", k=8, r=3, s=3, conv=fp.ConvolutionDescriptor((1, 1), groups=8))
+    assert plan.compiled_solver(compile_triton(plan)) == "triton-conv"
+    dense = add_chain(plan_for(x), "CA", k=8, r=3, s=3, conv=fp.ConvolutionDescriptor((1, 1)))
+    verdict = next(v for v in dense.explain(fp.Handle("cpu")) if v.solver == "triton-depthwise")
+    assert "not depthwise" in verdict.reason

@@ -133,6 +133,19 @@ def fold_filter_rows() -> bool:
     return os.environ.get("FUSIONPLAN_FOLD_ROWS", "0") == "1"
 
 
+#: Depthwise tiles: block_m pixels x block_n channels (block_k, group_m unused); no pipelining.
+DEPTHWISE_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(64, 64, 16, 1, 4, 1),
+    ConvConfig(128, 32, 16, 1, 4, 1),
+    ConvConfig(32, 128, 16, 1, 4, 1),
+    ConvConfig(128, 64, 16, 1, 8, 1),
+]
+
+
+def depthwise_heuristic(interpret: bool) -> ConvConfig:
+    return ConvConfig(16, 16, 16, 1, 4, 1) if interpret else DEPTHWISE_CANDIDATES[0]
+
+
 FIND_MODES = ("FAST", "NORMAL")
 
 

@@ -15,6 +15,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
+from fusionplan.solvers.triton_depthwise import TritonDepthwiseSolver
 from fusionplan.solvers.triton_gemm import TritonGemmSolver
 from fusionplan.solvers.triton_pointwise import TritonPointwiseSolver
 from fusionplan.solvers.triton_window import TritonWindowSolver
@@ -33,6 +34,7 @@ REGISTRY: list[Solver] = [
     TritonGemmSolver(),
     TritonWindowSolver(),
     TritonConvSolver(),
+    TritonDepthwiseSolver(),  # after triton-conv: chosen by name only until measured on a GPU
     TritonPointwiseSolver(),
     ReferenceSolver(),
 ]
