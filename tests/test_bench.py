@@ -58,3 +58,19 @@ def test_bad_options_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cpu", "--precisions", "fp8"])
     assert main(["--device", "cpu", "--baselines", "tensorrt"]) == 2
+
+
+def test_packaged_depthwise_shapes_run_as_depthwise_plans(capsys):
+    from fusionplan.benchmark.cases import Case, build_plan
+    from fusionplan.shapes import load_shapes
+
+    shapes = load_shapes("mobilenet_v2_depthwise")
+    assert len(shapes) == 10 and all(s.groups == s.c == s.k for s in shapes)
+    assert sum(s.count for s in shapes) == 17  # MobileNetV2's depthwise convolutions
+    last = shapes[-1]
+    assert last.flops(1) == 2 * 960 * 7 * 7 * 9
+    plan = build_plan(Case(last, 1, "fp32", "NHWC", "CBNA"))
+    assert plan.ops[0].conv.groups == 960
+    args = ["--shapes", "mobilenet_v2_depthwise", "--layers", "mbv2_dw_09", "--device", "cpu", "--batch", "1"]
+    assert main([*args, "--modes", "CBNA", "--iters", "2", "--warmup", "1", "--no-plots"]) == 0
+    assert "mbv2_dw_09" in capsys.readouterr().out

@@ -20,18 +20,23 @@ class ConvShape:
     stride: int
     pad: int
     count: int = 1
+    groups: int = 1
 
     def flops(self, n: int) -> int:
         """Multiply-adds x 2 of the convolution at batch ``n``."""
         oh = (self.h + 2 * self.pad - self.r) // self.stride + 1
         ow = (self.w + 2 * self.pad - self.s) // self.stride + 1
-        return 2 * n * self.k * oh * ow * self.c * self.r * self.s
+        return 2 * n * self.k * oh * ow * (self.c // self.groups) * self.r * self.s
+
+
+PACKAGED = {"resnet50": "resnet50_v1.5_convs.csv", "mobilenet_v2_depthwise": "mobilenet_v2_depthwise.csv"}
 
 
 def load_shapes(path: str | Path | None = None) -> list[ConvShape]:
-    """Shapes from a CSV with columns name,C,K,H,W,R,S,stride,pad[,count_in_model]; default ResNet-50."""
-    if path is None:
-        text = resources.files("fusionplan").joinpath("data/resnet50_v1.5_convs.csv").read_text()
+    """Shapes from a CSV with columns name,C,K,H,W,R,S,stride,pad[,count_in_model][,groups]; default
+    ResNet-50. ``mobilenet_v2_depthwise`` names the packaged MobileNetV2 depthwise layers."""
+    if path is None or str(path) in PACKAGED:
+        text = resources.files("fusionplan").joinpath(f"data/{PACKAGED[str(path or 'resnet50')]}").read_text()
     else:
         text = Path(path).read_text()
     rows = csv.DictReader(text.splitlines())
@@ -47,6 +52,7 @@ def load_shapes(path: str | Path | None = None) -> list[ConvShape]:
             int(r["stride"]),
             int(r["pad"]),
             int(r.get("count_in_model") or 1),
+            int(r.get("groups") or 1),
         )
         for r in rows
     ]

@@ -87,7 +87,7 @@ class Case:
 def build_plan(case: Case) -> fp.FusionPlan:
     plan = fp.FusionPlan(fp.TensorDescriptor.packed(DT_NAME[case.dtype], case.input_dims(), Layout[case.layout]))
     layer = case.layer
-    conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1))
+    conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1), layer.groups)
     try:
         return add_chain(
             plan,

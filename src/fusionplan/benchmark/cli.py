@@ -31,7 +31,10 @@ from fusionplan.shapes import load_shapes
 def add_case_options(p: argparse.ArgumentParser) -> None:
     """The options that select cases (shared with fusionplan-tune)."""
     p.add_argument(
-        "--shapes", default=None, help="CSV of shapes (name,C,K,H,W,R,S,stride,pad); default: ResNet-50 v1.5"
+        "--shapes",
+        default=None,
+        help="CSV of shapes (name,C,K,H,W,R,S,stride,pad[,count_in_model][,groups]), or a packaged set: "
+        "resnet50 (default), mobilenet_v2_depthwise",
     )
     p.add_argument("--layers", default="all", help="comma-separated layer names from the shapes, or 'all' (default)")
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 32 on a GPU, 1 on the CPU)")
