@@ -110,52 +110,23 @@ def fused_chain(
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[conv2d (+bias)] -> [batch-norm inference] -> [+ residual] -> [activation, mode -1 = none], as
-    one fusion plan; the residual, shaped like the output, is the plan's prior (beta = 1)."""
-    return _run_chain(
-        x,
-        weight,
-        conv_bias,
-        bn_weight,
-        bn_bias,
-        bn_mean,
-        bn_var,
-        bn_eps,
-        stride,
-        padding,
-        dilation,
-        groups,
-        act_mode,
-        act_alpha,
-        act_beta,
-        act_gamma,
-        residual,
-    )
+    one fusion plan; the residual, shaped like the output, is the plan's prior (beta = 1). Eager
+    calls of fused modules skip the dispatcher (FusedChain._run_prepared)."""
+    params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)
+    hyper = (bn_eps, stride, padding, dilation, groups, act_mode, act_alpha, act_beta, act_gamma)
+    return _execute_new(*_prepare(x, params, hyper, residual), x, residual)
 
 
-def _run_chain(
-    x,
-    weight,
-    conv_bias,
-    bn_weight,
-    bn_bias,
-    bn_mean,
-    bn_var,
-    bn_eps,
-    stride,
-    padding,
-    dilation,
-    groups,
-    act_mode,
-    act_alpha,
-    act_beta,
-    act_gamma,
-    residual=None,
-) -> torch.Tensor:
-    """The custom op's implementation; eager calls of fused modules come here directly."""
-    plan, ops, handle, fmt = _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
-    act = (act_mode, act_alpha, act_beta, act_gamma)
-    params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, bn_eps)
-    args = _args_for(plan, ops, *params, *act, residual is not None)
+def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
+    """(plan, arguments, handle, output memory format) of a chain: ``params`` are the six parameter
+    tensors in the op's order, ``hyper`` its scalar arguments (FusedChain._hyperparameters)."""
+    plan, ops, handle, fmt = _plan_for(x, *params[:3], *hyper[1:6])
+    args = _args_for(plan, ops, *params, hyper[0], *hyper[5:], residual is not None)
+    return plan, args, handle, fmt
+
+
+def _execute_new(plan, args, handle, fmt, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """Run a chain's plan into a new output tensor in the input's memory format."""
     out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
     plan.execute(handle, x, out, args, prior=residual)
     return out
@@ -365,13 +336,8 @@ class FusedChain(nn.Module):
         storage = tuple(None if t is None else (id(t), t.data_ptr()) for t in params)
         state = self._prepared
         if state is None or state[0] != signature or state[1] != storage:
-            plan, ops, handle, fmt = _plan_for(x, *params[:3], *hyper[1:6])
-            args = _args_for(plan, ops, *params, hyper[0], *hyper[5:], residual is not None)
-            state = self._prepared = (signature, storage, plan, args, handle, fmt)
-        _, _, plan, args, handle, fmt = state
-        out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
-        plan.execute(handle, x, out, args, prior=residual)
-        return out
+            state = self._prepared = (signature, storage, *_prepare(x, params, hyper, residual))
+        return _execute_new(*state[2:], x, residual)
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """Whether the residual can be the plan's prior: the output's shape, dtype and device."""
