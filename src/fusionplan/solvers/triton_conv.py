@@ -19,6 +19,7 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module, triton_available
+from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import (
     ActStage,
@@ -413,6 +414,20 @@ class DescriptorConvKernel(TritonConvKernel):
         if self._conv_kernel is None:
             self._conv_kernel = TritonConvKernel(self.spec, self._handle)
         return self._conv_kernel
+
+
+def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
+    """Why tensor descriptors cannot read the plan's input and repacked weights, or None: the input
+    must be packed channels-last, and rows of C input and K output channels whole 16-byte units.
+    ``reading`` says how the input would be read, for the message."""
+    x = spec.input_desc
+    if not x.same_strides(layout_strides(x.dims, Layout.NHWC)):
+        return f"the input must be packed channels-last (NHWC) to be {reading}; it is {x.layout_name}"
+    ch, k = x.dims[1], spec.output_desc.dims[1]
+    size = x.dtype.torch_dtype.itemsize
+    if ch * size % 16 or k * size % 16:
+        return f"tensor descriptors need 16-byte rows: C={ch} and K={k} elements of {size} bytes"
+    return None
 
 
 def conv_plan_why_not(spec: PlanSpec) -> str | None:

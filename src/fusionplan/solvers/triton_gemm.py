@@ -22,6 +22,7 @@ from fusionplan.solvers.triton_conv import (
     POINTER_STORE,
     DescriptorConvKernel,
     conv_plan_why_not,
+    descriptor_input_why_not,
     device_why_not,
     render_conv_source,
     triton_cdiv,
@@ -102,14 +103,10 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
         return "only 1x1 convolutions with stride 1 and no padding are plain GEMMs"
     if c.groups != 1:
         return "grouped convolutions are not one GEMM"
-    x = spec.input_desc
-    if not x.same_strides(layout_strides(x.dims, Layout.NHWC)):
-        return f"the input must be packed channels-last (NHWC) to be read as a matrix; it is {x.layout_name}"
-    n, ch, h, w = x.dims
-    k = conv.output_desc.dims[1]
-    size = x.dtype.torch_dtype.itemsize
-    if ch * size % 16 or k * size % 16:
-        return f"tensor descriptors need 16-byte rows: C={ch} and K={k} elements of {size} bytes"
+    why = descriptor_input_why_not(spec, "read as a matrix")
+    if why:
+        return why
+    n, _, h, w = spec.input_desc.dims
     if n * h * w >= 2**31:
         return "more than 2^31 - 1 pixels do not fit a tensor descriptor's dimension"
     return None

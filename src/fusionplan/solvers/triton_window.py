@@ -17,13 +17,13 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import interpreter_active
-from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
     DescriptorConvKernel,
     conv_plan_why_not,
+    descriptor_input_why_not,
     device_why_not,
     render_conv_source,
     triton_cdiv,
@@ -104,14 +104,11 @@ def window_why_not(spec: PlanSpec) -> str | None:
         return "input windows are contiguous for stride 1 only"
     if c.groups != 1:
         return "grouped convolutions are not read as windows"
+    why = descriptor_input_why_not(spec, "read in boxes")
+    if why:
+        return why
     x = spec.input_desc
-    if not x.same_strides(layout_strides(x.dims, Layout.NHWC)):
-        return f"the input must be packed channels-last (NHWC) to be read in boxes; it is {x.layout_name}"
     ch = x.dims[1]
-    k = conv.output_desc.dims[1]
-    size = x.dtype.torch_dtype.itemsize
-    if ch * size % 16 or k * size % 16:
-        return f"tensor descriptors need 16-byte rows: C={ch} and K={k} elements of {size} bytes"
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
     if ch < tuning.WINDOW_MIN_CHANNELS:
