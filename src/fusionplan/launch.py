@@ -359,4 +359,9 @@ def extent_bytes(t: Tensor) -> int:
 def needs_int64(*tensors: Tensor) -> bool:
     """True when an element offset into one of the tensors may not fit in int32. Kernels index
     from each tensor's first element, so its extent bounds the offsets."""
-    return any(extent_bytes(t) // t.element_size() >= 2**31 - 1 for t in tensors if t.numel())
+    return any(offset_needs_int64(extent_bytes(t) // t.element_size() - 1) for t in tensors if t.numel())
+
+
+def offset_needs_int64(max_offset: int) -> bool:
+    """Whether element offsets up to ``max_offset`` (one past it, the end) may not fit in int32."""
+    return max_offset >= 2**31 - 2

@@ -30,7 +30,7 @@ from fusionplan.folding import (
     split_at_conv,
     stage_affine,
 )
-from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
+from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, offset_needs_int64, repeat_for
 from fusionplan.ops import ActivationArgs, ConvArgs, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
@@ -261,7 +261,6 @@ class TritonConvKernel(Repeating, Kernel):
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
         self.config = self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype)
         self._derived = PerArgsCache()
-        self.last_launch = None  # Triton's compiled kernel of the latest launch (for inspection)
         self._repeats = RepeatCache()
         if handle.device.type == "cuda":
             if tuning.find_mode(handle.find_mode) == "NORMAL":
@@ -295,7 +294,6 @@ class TritonConvKernel(Repeating, Kernel):
         p = prior if has_prior else out
         grid, key, args = self._launch_args(self.config, x, packed, out, p, values, flags, has_prior)
         kernel = self.launcher(grid, key, args, self.config.num_warps, self.config.num_stages)
-        self.last_launch = kernel
         if out is not y:
             y.copy_(out)
         else:
@@ -348,7 +346,7 @@ class TritonConvKernel(Repeating, Kernel):
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         strides = (*in_desc.strides, *out_desc.strides, *out_desc.strides)
-        idx64 = max(in_desc.max_offset(), out_desc.max_offset()) >= 2**31 - 1
+        idx64 = offset_needs_int64(max(in_desc.max_offset(), out_desc.max_offset()))  # as needs_int64 decides
         cfg = self.config
         tensors = (stand_in,) * 4  # x, packed weights, output, prior
         grid, key, args = self._launch_args(cfg, *tensors, values, flags, False, strides, idx64)
