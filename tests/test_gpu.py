@@ -283,7 +283,7 @@ def test_kernels_load_from_their_launch_records(tmp_path, monkeypatch):
     assert list((tmp_path / "launch").glob("*.json"))
     fresh = Launcher(kernel.launcher.fn)
     cfg = kernel.config
-    loaded = fresh._load_recorded(key, cfg.num_warps, cfg.num_stages)
+    loaded = fresh._load_recorded(key, fresh._record_path(key, cfg.num_warps, cfg.num_stages))
     assert loaded is not None and loaded is not kernel.launcher._compiled[key]
     kernel.launcher = fresh
     args = random_args(plan, "cuda", param_dtype=torch.float32)

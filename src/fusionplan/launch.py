@@ -103,14 +103,15 @@ class Launcher:
         key = (key, specialization(args))
         ensure_scratch_allocator()
         kernel = self._compiled.get(key) if self.direct else None
-        if kernel is None and self.direct:
-            kernel = self._load_recorded(key, num_warps, num_stages)
+        if kernel is None:
+            record = self._record_path(key, num_warps, num_stages) if self.direct else None
+            kernel = self._load_recorded(key, record)
         if kernel is None:
             if len(args) != len(self.names):
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             kernel = self.fn[grid](**dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
             if self.direct and kernel is not None and hasattr(kernel, "run"):
-                self._keep(key, kernel, num_warps, num_stages)
+                self._keep(key, kernel, record)
             return kernel
         launch_compiled(kernel, grid, args)
         return kernel
@@ -121,24 +122,24 @@ class Launcher:
         key = (key, specialization(args))
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
-        kernel = self._load_recorded(key, num_warps, num_stages)
+        record = self._record_path(key, num_warps, num_stages)
+        kernel = self._load_recorded(key, record)
         if kernel is None:
             kernel = self.fn.warmup(
                 **dict(zip(self.names, args)), grid=grid, num_warps=num_warps, num_stages=num_stages
             )
             if kernel is None or not hasattr(kernel, "run"):
                 return None
-            self._keep(key, kernel, num_warps, num_stages)
+            self._keep(key, kernel, record)
         kernel._init_handles()  # loads the binary onto the device now
         return kernel
 
-    def _keep(self, key: tuple, kernel, num_warps: int, num_stages: int) -> None:
+    def _keep(self, key: tuple, kernel, record: Path | None) -> None:
         self._compiled[key] = kernel
-        record_kernel(self._record_path(key, num_warps, num_stages), kernel)
+        record_kernel(record, kernel)
 
-    def _load_recorded(self, key: tuple, num_warps: int, num_stages: int):
-        path = self._record_path(key, num_warps, num_stages)
-        kernel = load_recorded_kernel(path, self.fn) if path is not None else None
+    def _load_recorded(self, key: tuple, record: Path | None):
+        kernel = load_recorded_kernel(record, self.fn) if record is not None else None
         if kernel is not None:
             self._compiled[key] = kernel
         return kernel
