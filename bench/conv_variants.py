@@ -1,11 +1,13 @@
 """GPU: the fused conv kernel's tuning candidates against cuDNN, per layer (GPU time only).
 
     python bench/conv_variants.py [--layers r50_02,r50_10] [--batch 32] [--dtype fp16] [--layout NHWC]
+        [--solver triton-window] [--candidates 1] [--normal 1]
 
 For each layer: cuDNN's convolution alone, cuDNN's fused conv+bias+ReLU, PyTorch eager
-conv+bias+ReLU, and fusionplan's CBA-ReLU kernel with each configuration of
-tuning.CONV_CANDIDATES (plus the heuristic's pick). Times are medians of triton.testing.do_bench
-(L2 flushed between runs), so host overhead is excluded; it is measured separately per execute.
+conv+bias+ReLU, and fusionplan's CBA-ReLU kernel (the first applicable solver, or ``--solver``)
+with the heuristic's configuration and, with ``--candidates 1``, each of the solver's candidates.
+Times are medians of triton.testing.do_bench (L2 flushed between runs), so host overhead is
+excluded; it is measured separately per execute.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import torch.nn.functional as F
 import triton.testing
 
 import fusionplan as fp
-from fusionplan import tuning
 from fusionplan.shapes import load_shapes
 from fusionplan.testing import compare, reference_output
 
@@ -67,7 +68,7 @@ def run_layer(shape, opts, dtype: torch.dtype, fmt: torch.memory_format) -> None
     t_cudnn_cba = bench(lambda: torch.cudnn_convolution_relu(x, w, b, (st, st), (pd, pd), (1, 1), 1))
     t_eager = bench(lambda: torch.relu(F.conv2d(x, w, b, st, pd)))
     plan = fp.Plan(x).conv(w, stride=st, padding=pd).bias(b).relu()
-    plan.compile()
+    plan.core.compile(plan.handle, solver=opts.solver)
     kernel = plan.core._entry(plan.handle).kernel
     y = torch.empty(plan.core.output_desc.dims, device="cuda", dtype=dtype).to(memory_format=fmt)
     records = [plan.args.get(op) for op in plan.core.ops]
@@ -75,9 +76,7 @@ def run_layer(shape, opts, dtype: torch.dtype, fmt: torch.memory_format) -> None
     results = {}
     configs = [("heuristic", kernel.config)]
     if opts.candidates:
-        configs += [
-            (f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}", c) for c in tuning.CONV_CANDIDATES
-        ]
+        configs += [(f"{c.block_m}x{c.block_n}x{c.block_k}w{c.num_warps}s{c.num_stages}", c) for c in kernel.candidates]
     for name, cfg in configs:
         kernel.config = cfg
         try:
@@ -96,19 +95,22 @@ def run_layer(shape, opts, dtype: torch.dtype, fmt: torch.memory_format) -> None
     host_us = host_time(lambda: plan.core.execute(plan.handle, x, y, args))
     run_us = host_time(lambda: kernel.run(x, y, records, None))
     packed, values, flags = kernel._derived.get(records, None)
-    launch_us = host_time(lambda: kernel._launch(kernel.config, x, packed, y, y, values, flags, False))
-    normal = fp.Plan(x, handle=fp.Handle("cuda", find_mode="NORMAL")).conv(w, stride=st, padding=pd).bias(b).relu()
-    normal.compile()
-    nk = normal.core._entry(normal.handle).kernel
-    t_normal = bench(lambda: nk.run(x, y, records, None))
+    launch_us = host_time(lambda: kernel._launch(kernel.config, x, packed, y, values, flags))
+    normal_note = ""
+    if opts.normal:
+        normal = fp.Plan(x, handle=fp.Handle("cuda", find_mode="NORMAL")).conv(w, stride=st, padding=pd).bias(b).relu()
+        normal.core.compile(normal.handle, solver=opts.solver)
+        nk = normal.core._entry(normal.handle).kernel
+        t_normal = bench(lambda: nk.run(x, y, records, None))
+        normal_note = f" | NORMAL {t_normal * 1e3:.1f}us {nk.config} ratio {t_normal / t_cudnn_cba:.2f}"
     best = min((v, k) for k, v in results.items() if isinstance(v, float))
     print(
-        f"{shape.name} C{shape.c} K{shape.k} {shape.r}x{shape.s}/{st} {shape.h}x{shape.w}: "
+        f"{shape.name} C{shape.c} K{shape.k} {shape.r}x{shape.s}/{st} {shape.h}x{shape.w} {kernel.solver_name}: "
         f"cudnn conv {t_conv * 1e3:.1f}us, cudnn CBA-relu {t_cudnn_cba * 1e3:.1f}us, eager {t_eager * 1e3:.1f}us | "
         f"ours heuristic {_us(results['heuristic'])} "
         f"best {best[0] * 1e3:.1f}us ({best[1]}, {flops / best[0] / 1e9:.0f} TFLOP/s) "
-        f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f} | NORMAL {t_normal * 1e3:.1f}us {nk.config} "
-        f"ratio {t_normal / t_cudnn_cba:.2f} | host execute {host_us:.0f}us run {run_us:.0f}us launch {launch_us:.0f}us"
+        f"ratio best/cudnnCBA {best[0] / t_cudnn_cba:.2f}{normal_note} | "
+        f"host execute {host_us:.0f}us run {run_us:.0f}us launch {launch_us:.0f}us"
     )
     print("   ", {k: (round(v * 1e3, 1) if isinstance(v, float) else v) for k, v in results.items()}, flush=True)
 
@@ -120,6 +122,8 @@ def main() -> None:
     p.add_argument("--dtype", default="fp16")
     p.add_argument("--layout", default="NHWC")
     p.add_argument("--candidates", type=int, default=0, help="also time every tuning candidate")
+    p.add_argument("--solver", default=None, help="force one solver (default: the first applicable)")
+    p.add_argument("--normal", type=int, default=0, help="also time NORMAL find's pick")
     opts = p.parse_args()
     dtype = DT[opts.dtype]
     names = opts.layers.split(",")

@@ -24,6 +24,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layer", default="r50_02")
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--solver", default=None, help="force one solver (default: the first applicable)")
     a = p.parse_args()
     s = resnet50_layer(a.layer)
     x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=torch.channels_last)
@@ -38,7 +39,7 @@ def main() -> None:
         param_dtype="float",
     )
     handle = fp.Handle("cuda")
-    plan.compile(handle)
+    plan.compile(handle, solver=a.solver)
     args = random_args(plan, "cuda", param_dtype=torch.float32)
     y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
     cudnn = cudnn_fused(plan, args)
@@ -52,7 +53,7 @@ def main() -> None:
     cudnn(x)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"{a.layer}: config {plan._entry(handle).kernel.config}")
+    print(f"{a.layer}: {plan.compiled_solver(handle)}, config {plan._entry(handle).kernel.config}")
 
 
 if __name__ == "__main__":

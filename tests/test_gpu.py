@@ -36,10 +36,10 @@ def triton_only(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
 
 
-def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None):
+def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None, solver=None):
     dtype, tf32, tol, eps = PRECISIONS[precision]
     handle = fp.Handle("cuda", allow_tf32=tf32)
-    assert plan.compile(handle).startswith("triton-")
+    assert plan.compile(handle, solver=solver).startswith("triton-")
     args = args or random_args(plan, "cuda", param_dtype=torch.float32)
     fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
     if y is None:
@@ -160,6 +160,51 @@ def test_alpha_beta_prior(precision):
     for prior_dtype, fmt in ((torch.float32, torch.contiguous_format), (torch.float16, torch.channels_last)):
         prior = torch.randn(plan.output_desc.dims, device="cuda").to(prior_dtype).to(memory_format=fmt)
         run_and_check(plan, precision, x, "NHWC", args=args, prior=prior)
+
+
+#: Shapes beside CONV_SHAPES that select the other convolution solvers: (n, c, h, w, k, r, s, pad, stride, groups)
+SOLVER_SHAPES = {
+    "window-C128": (2, 128, 9, 10, 24, 3, 3, (1, 1), (1, 1), 1),
+    "window-5x5": (1, 128, 12, 7, 16, 5, 5, (2, 2), (1, 1), 1),
+    "gemm-1x1": (3, 64, 7, 9, 40, 1, 1, (0, 0), (1, 1), 1),
+    "depthwise-x2": (2, 16, 13, 11, 32, 3, 3, (1, 1), (1, 1), 16),
+    "depthwise-stride2": (2, 32, 14, 15, 32, 3, 3, (1, 1), (2, 2), 32),
+    "depthwise-5x5": (1, 24, 9, 9, 24, 5, 5, (2, 2), (1, 1), 24),
+}
+
+
+def solver_plan(key, dtype, layout):
+    n, c, h, w, k, r, s, pad, stride, groups = SOLVER_SHAPES[key]
+    x = input_tensor((n, c, h, w), dtype, layout)
+    plan = add_chain(
+        plan_for(x),
+        "CBNA",
+        conv=fp.ConvolutionDescriptor(pad, stride, (1, 1), groups),
+        k=k,
+        r=r,
+        s=s,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.ELU,
+        param_dtype=DT_NAME[dtype],
+    )
+    return plan, x
+
+
+@pytest.mark.parametrize("key", list(CONV_SHAPES) + list(SOLVER_SHAPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+def test_every_applicable_solver(key, layout, precision):
+    """Each Triton solver that accepts a plan computes it, not only the one the registry picks first."""
+    dtype = PRECISIONS[precision][0]
+    if key in CONV_SHAPES:
+        plan, x = shape_plan(key, "CBNA", dtype, layout, act=ActivationMode.ELU, device="cuda")
+    else:
+        plan, x = solver_plan(key, dtype, layout)
+    handle = fp.Handle("cuda")
+    applicable = [v.solver for v in plan.explain(handle) if v.applicable and v.solver.startswith("triton-")]
+    assert applicable, f"no Triton solver for {key}: {plan.explain(handle)}"
+    for name in applicable:
+        run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW", solver=name)
 
 
 @pytest.mark.parametrize("seed", range(24))

