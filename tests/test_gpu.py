@@ -207,6 +207,29 @@ def test_every_applicable_solver(key, layout, precision):
         run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW", solver=name)
 
 
+@pytest.mark.parametrize("pixels", [64, 128, 256])
+@pytest.mark.parametrize("hw", [(28, 28), (14, 14), (8, 8), (13, 11), (9, 30), (56, 56)])
+def test_window_shapes(pixels, hw):
+    """Every window the tile chooser picks computes every output pixel right, whatever the image."""
+    from fusionplan import tuning
+
+    if tuning.window_shape(*hw, pixels) is None:
+        pytest.skip(f"no {pixels}-pixel window fits {hw}")
+    for stages, block_n in ((3, 64), (4, 128)):
+        x = input_tensor((3, 128, *hw), torch.float16, "NHWC")
+        conv = fp.ConvolutionDescriptor((1, 1))
+        plan = add_chain(plan_for(x), "CBA", conv=conv, k=128, r=3, s=3, param_dtype="half")
+        handle = fp.Handle("cuda")
+        assert plan.compile(handle, solver="triton-window") == "triton-window"
+        plan._entry(handle).kernel.config = tuning.ConvConfig(pixels, block_n, 64, 8, 4, stages)
+        args = random_args(plan, "cuda", param_dtype=torch.float32)
+        y = torch.full(plan.output_desc.dims, float("nan"), dtype=torch.float16, device="cuda")
+        y = y.to(memory_format=torch.channels_last)
+        plan.execute(handle, x, y, args)
+        result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2 and result.rms_ok, f"{stages=} {block_n=}: {result}"
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

@@ -291,10 +291,10 @@ def test_gemm_solver_says_why_not(case, reason):
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------
 WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, dilations); the window solver takes C >= 128
     "3x3-edges": (2, 128, 13, 11, 8, 3, 3, (1, 1), (1, 1)),
-    "channel-tail": (1, 136, 6, 9, 40, 3, 3, (1, 1), (1, 1)),  # C=136 against 16-wide K steps
-    "5x5-no-pad": (1, 128, 9, 12, 16, 5, 5, (0, 0), (1, 1)),
+    "channel-tail": (1, 136, 8, 9, 40, 3, 3, (1, 1), (1, 1)),  # C=136 against 16-wide K steps
+    "5x5-no-pad": (1, 128, 12, 12, 16, 5, 5, (0, 0), (1, 1)),
     "dilation2": (1, 128, 10, 10, 8, 3, 3, (2, 2), (2, 2)),
-    "1x5-asymmetric": (1, 144, 7, 10, 8, 1, 5, (0, 2), (1, 1)),
+    "1x5-asymmetric": (1, 144, 8, 10, 8, 1, 5, (0, 2), (1, 1)),
 }
 
 
@@ -313,7 +313,7 @@ def test_window_solver(case, dtype, out_layout):
 
 @pytest.mark.parametrize("chain", ["C", "CBNAB", "CANB"])
 def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
-    x = make_input((2, 128, 7, 9), torch.float32, "NHWC")
+    x = make_input((2, 128, 8, 9), torch.float32, "NHWC")
     conv = fp.ConvolutionDescriptor((1, 1))
     plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=3, s=3, bn_mode=BatchNormMode.PER_ACTIVATION)
     handle = compile_triton(plan)
@@ -323,7 +323,7 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
     for op in plan.ops:
         args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
-    shifted = torch.empty(x.numel() + 1)[1:].view(2, 7, 9, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
+    shifted = torch.empty(x.numel() + 1)[1:].view(2, 8, 9, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
     shifted.copy_(x)
     check_against_reference(plan, handle, shifted, args, torch.randn(plan.output_desc.dims))
 

@@ -115,6 +115,12 @@ def window_why_not(spec: PlanSpec) -> str | None:
     ch = x.dims[1]
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
+    oh, ow = spec.output_desc.dims[2:]
+    if tuning.largest_window(oh, ow) < 64:
+        return (
+            f"windows that fit a {oh}x{ow} output hold fewer than 64 pixels (8x8), too few for the "
+            "tensor-core products; triton-conv's implicit GEMM takes any size"
+        )
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return (
             f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: with one channel block per filter tap the window kernel "
@@ -132,9 +138,9 @@ class TritonWindowKernel(DescriptorConvKernel):
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_conv_source(spec, stages, _TEMPLATE)
 
-    @staticmethod
-    def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return tuning.window_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active())
+    def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
+        oh, ow = self.out_hw
+        return tuning.window_heuristic(m, k_per_group, c_per_group, oh, ow, dtype, interpreter_active())
 
     def pack(self, weight: Tensor) -> Tensor:
         """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
@@ -157,7 +163,10 @@ class TritonWindowKernel(DescriptorConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         n, c, h, w = self.spec.input_desc.dims
         oh, ow = self.out_hw
-        tile_h, tile_w = tuning.window_shape(oh, ow, cfg.block_m)
+        window = tuning.window_shape(oh, ow, cfg.block_m)
+        if window is None:  # NORMAL find skips such a candidate
+            raise ValueError(f"no window of {cfg.block_m} pixels fits a {oh}x{ow} output")
+        tile_h, tile_w = window
         windows = n * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
