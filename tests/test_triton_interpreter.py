@@ -311,6 +311,25 @@ def test_window_solver(case, dtype, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
+STRIDED_WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides)
+    "3x3-stride2": (1, 128, 17, 16, 8, 3, 3, (1, 1), (2, 2)),
+    "1x1-stride2": (2, 128, 16, 18, 24, 1, 1, (0, 0), (2, 2)),
+    "3x3-stride3": (1, 128, 25, 24, 8, 3, 3, (1, 1), (3, 3)),
+    "5x5-stride-2x1": (1, 136, 17, 9, 8, 5, 5, (2, 2), (2, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED_WINDOW_CASES))
+@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+def test_strided_window_solver(case, out_layout):
+    n, c, h, w, k, r, s, pads, strides = STRIDED_WINDOW_CASES[case]
+    x = make_input((n, c, h, w), torch.float32, "NHWC")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-window"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
 @pytest.mark.parametrize("chain", ["C", "CBNAB", "CANB"])
 def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
     x = make_input((2, 128, 8, 9), torch.float32, "NHWC")

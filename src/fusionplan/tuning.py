@@ -123,20 +123,24 @@ WINDOW_CANDIDATES: list[ConvConfig] = [
 ]
 
 
-def window_heuristic(m: int, k: int, c: int, oh: int, ow: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+def window_heuristic(
+    m: int, k: int, c: int, out_hw: tuple[int, int], area: tuple[int, int], dtype: torch.dtype, interpret: bool
+) -> ConvConfig:
     """The largest window (up to 256 pixels) that fits the image and still gives about one program
     per multiprocessor (120 of the H100's 132), 128 output channels, 64 input channels per step.
     H100, fp16, batch 32: r50_10 (28x28) 24.0 us with 16x16 windows against 28.9 with 64-pixel
-    ones; r50_16 (14x14) 24.3 us with 8x8 windows and 128 channels against 43.2 with 64."""
+    ones; r50_16 (14x14) 24.3 us with 8x8 windows and 128 channels against 43.2 with 64. Windows
+    must fit in ``area`` (rows, columns); the output is ``out_hw``."""
     if interpret:
-        return ConvConfig(min(16, largest_window(oh, ow)), 16, 16, 8, 4, 1)  # small tiles for the interpreter
+        return ConvConfig(min(16, largest_window(*area)), 16, 16, 8, 4, 1)  # small tiles for the interpreter
     wide = dtype in (torch.float16, torch.bfloat16)
     block_k = _pow2_at_least(c, 16, 64 if wide else 32)
     block_n = _pow2_at_least(k, 16, 128)
+    oh, ow = out_hw
     images = m // (oh * ow)
-    pixels = largest_window(oh, ow)
+    pixels = largest_window(*area)
     while pixels > 64:
-        tile_h, tile_w = window_shape(oh, ow, pixels)
+        tile_h, tile_w = window_shape(*area, pixels)
         if images * -(-oh // tile_h) * -(-ow // tile_w) * -(-k // block_n) >= 120:
             break
         pixels //= 2

@@ -1,14 +1,17 @@
-"""Triton window solver: a stride-1 convolution (any filter, padding, dilation) on packed
+"""Triton window solver: a convolution (any filter and padding; dilation with stride 1) on packed
 channels-last input, followed by any chain of bias, batch-norm inference and activations, as ONE
-kernel whose input tiles are loaded as boxes through a tensor descriptor.
+kernel whose input tiles are loaded as boxes through tensor descriptors.
 
 Each program computes a window of TILE_H x TILE_W output pixels of one image for BLOCK_N output
 channels. With stride 1, the input pixels that filter tap (r, s) meets for that window are again
 a TILE_H x TILE_W window of the input, shifted by (r * dil_h - pad_h, s * dil_w - pad_w): one box
 [1, TILE_H, TILE_W, BLOCK_K] of the NHWC input, which TMA loads whole, zero-filling what falls in
 the padding. That replaces the per-element address and mask arithmetic of triton-conv's gather,
-which bounds it on the H100 (bench/NOTES.md, section 5). Windows at the right and bottom edges
-compute some pixels past the image, masked at the store. The epilogue is triton-conv's.
+which bounds it on the H100 (bench/NOTES.md, section 5). With stride s, the input is read through
+s x s views, each holding the pixels of one row and column class mod s (a base offset and the
+strides times s): in such a view the taps of that class meet windows again. Windows at the right
+and bottom edges compute some pixels past the image, masked at the store. The epilogue is
+triton-conv's.
 """
 
 from __future__ import annotations
@@ -43,14 +46,11 @@ def window_kernel(
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, dil_h, dil_w,
-    R: tl.constexpr, S: tl.constexpr,
+    R: tl.constexpr, S: tl.constexpr, STR_H: tl.constexpr, STR_W: tl.constexpr,
     TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
 ):
-    x_desc = tl.make_tensor_descriptor(
-        x_ptr, shape=[N, H, W, C], strides=[H * W * C, W * C, C, 1], block_shape=[1, TILE_H, TILE_W, BLOCK_K]
-    )
     w_desc = tl.make_tensor_descriptor(
         w_ptr, shape=[K, R * S * C], strides=[R * S * C, 1], block_shape=[BLOCK_N, BLOCK_K]
     )
@@ -70,17 +70,36 @@ def window_kernel(
     # a register operand ran serialized (bench/NOTES.md, section 10).
     acc = tl.zeros((BLOCK_N, TILE_H * TILE_W), dtype=tl.float32)
     num_cb = tl.cdiv(C, BLOCK_K)
-    for kb in range(0, R * S * num_cb):
-        rs = kb // num_cb
-        c0 = (kb % num_cb) * BLOCK_K
-        r = rs // S
-        s = rs % S
-        # channels past C read zeros from the input box, so weight columns of the next tap they
-        # meet add nothing
-        a = x_desc.load([n, oh0 + r * dil_h - pad_h, ow0 + s * dil_w - pad_w, c0])
-        a = tl.reshape(a, (TILE_H * TILE_W, BLOCK_K))
-        b = w_desc.load([pid_n * BLOCK_N, rs * C + c0])
-        acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
+    for ph in tl.static_range(STR_H):
+        for pw in tl.static_range(STR_W):
+            # The taps that read input rows = ph and columns = pw (mod the stride) read, for a window
+            # of outputs, a window of the view of the input that holds only such pixels: one box of
+            # that view per tap (with stride 1, the input itself). Stride > 1 comes with dilation 1.
+            r0 = (ph + pad_h) % STR_H
+            s0 = (pw + pad_w) % STR_W
+            n_r = tl.cdiv(R - r0, STR_H)
+            n_s = tl.cdiv(S - s0, STR_W)
+            if n_r * n_s > 0:
+                x_desc = tl.make_tensor_descriptor(
+                    x_ptr + (ph * W + pw) * C,
+                    shape=[N, tl.cdiv(H - ph, STR_H), tl.cdiv(W - pw, STR_W), C],
+                    strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
+                    block_shape=[1, TILE_H, TILE_W, BLOCK_K],
+                )
+                for kb in range(0, n_r * n_s * num_cb):
+                    t = kb // num_cb
+                    c0 = (kb % num_cb) * BLOCK_K
+                    r = r0 + (t // n_s) * STR_H
+                    s = s0 + (t % n_s) * STR_W
+                    # exact divisions: r * dil_h - pad_h - ph is a multiple of the stride
+                    ih = oh0 + (r * dil_h - pad_h - ph) // STR_H
+                    iw = ow0 + (s * dil_w - pad_w - pw) // STR_W
+                    # channels past C read zeros from the input box, so weight columns of the next
+                    # tap they meet add nothing
+                    a = x_desc.load([n, ih, iw, c0])
+                    a = tl.reshape(a, (TILE_H * TILE_W, BLOCK_K))
+                    b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
+                    acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
     acc = tl.trans(acc)
 
     offs_m = tl.arange(0, TILE_H * TILE_W)
@@ -99,13 +118,23 @@ def window_kernel(
 {tail}'''
 
 
+def window_area(spec: PlanSpec) -> tuple[int, int]:
+    """The rows and columns a window may span: the output's, within the smallest view of the
+    input that one stride class of pixels forms (H // stride rows), since boxes must fit inside."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    (h, w), (oh, ow) = spec.input_desc.dims[2:], conv.output_desc.dims[2:]
+    str_h, str_w = conv.conv.strides
+    return min(oh, h // str_h), min(ow, w // str_w)
+
+
 def window_why_not(spec: PlanSpec) -> str | None:
     """Why the plan's convolution cannot run over windows, or None when it can."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     c = conv.conv
-    if c.strides != (1, 1):
-        return "input windows are contiguous for stride 1 only"
+    if c.strides != (1, 1) and c.dilations != (1, 1):
+        return "strided convolutions are read as windows with dilation 1 only"
     if c.groups != 1:
         return "grouped convolutions are not read as windows"
     why = descriptor_input_why_not(spec, "read in boxes")
@@ -115,11 +144,11 @@ def window_why_not(spec: PlanSpec) -> str | None:
     ch = x.dims[1]
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
-    oh, ow = spec.output_desc.dims[2:]
-    if tuning.largest_window(oh, ow) < 64:
+    rows, cols = window_area(spec)
+    if tuning.largest_window(rows, cols) < 64:
         return (
-            f"windows that fit a {oh}x{ow} output hold fewer than 64 pixels (8x8), too few for the "
-            "tensor-core products; triton-conv's implicit GEMM takes any size"
+            f"windows that fit {rows}x{cols} pixels hold fewer than 64 (8x8), too few for the tensor-core "
+            "products; triton-conv's implicit GEMM takes any size"
         )
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return (
@@ -139,8 +168,8 @@ class TritonWindowKernel(DescriptorConvKernel):
         return render_conv_source(spec, stages, _TEMPLATE)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        oh, ow = self.out_hw
-        return tuning.window_heuristic(m, k_per_group, c_per_group, oh, ow, dtype, interpreter_active())
+        area = window_area(self.spec)
+        return tuning.window_heuristic(m, k_per_group, c_per_group, self.out_hw, area, dtype, interpreter_active())
 
     def pack(self, weight: Tensor) -> Tensor:
         """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
@@ -163,17 +192,18 @@ class TritonWindowKernel(DescriptorConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         n, c, h, w = self.spec.input_desc.dims
         oh, ow = self.out_hw
-        window = tuning.window_shape(oh, ow, cfg.block_m)
+        window = tuning.window_shape(*window_area(self.spec), cfg.block_m)
         if window is None:  # NORMAL find skips such a candidate
             raise ValueError(f"no window of {cfg.block_m} pixels fits a {oh}x{ow} output")
         tile_h, tile_w = window
         windows = n * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
-        pads, _, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
+        pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         consts = (
             self.conv.w_desc.dims[2],
             self.conv.w_desc.dims[3],
+            *conv_strides,
             tile_h,
             tile_w,
             cfg.block_n,
