@@ -68,16 +68,18 @@ def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None, solver:
                 reason = candidate.why_not(spec, handle)
             except Exception as exc:  # a solver's check must never take compile down
                 reason = f"applicability check failed: {type(exc).__name__}: {exc}"
-        out.append(Verdict(candidate.name, candidate.family, reason))
+        deferred = candidate.defer_why(spec, handle) if reason is None and solver is None else None
+        out.append(Verdict(candidate.name, candidate.family, reason, deferred))
     return out
 
 
 def select(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> Solver:
-    """The first applicable solver, or UnsupportedOpError with every solver's reason."""
+    """The first applicable solver that is not deferred, else the first deferred one, or
+    UnsupportedOpError with every solver's reason."""
     found = verdicts(spec, handle, backend, solver)
-    for solver, verdict in zip(REGISTRY, found):
-        if verdict.applicable:
-            return solver
+    applicable = [(s, v) for s, v in zip(REGISTRY, found) if v.applicable]
+    if applicable:  # a stable sort: priority order among the preferred, then among the deferred
+        return min(applicable, key=lambda pair: pair[1].deferred is not None)[0]
     reasons = "; ".join(str(v) for v in found)
     raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
 

@@ -101,16 +101,26 @@ class Solver(ABC):
     def build(self, spec: PlanSpec, handle: Handle) -> Kernel:
         """Compile ``spec`` (for which ``why_not`` returned None)."""
 
+    def defer_why(self, spec: PlanSpec, handle: Handle) -> str | None:
+        """For a plan this solver can run: why later solvers should be tried first (measured
+        slower there), or None. A deferred solver still runs the plan when named, or when no
+        later solver can."""
+        return None
+
 
 @dataclass(frozen=True)
 class Verdict:
     solver: str
     family: str
     reason: str | None  # None: applicable
+    deferred: str | None = None  # applicable, but later solvers are tried first, for this reason
 
     @property
     def applicable(self) -> bool:
         return self.reason is None
 
     def __str__(self) -> str:
-        return f"{self.solver} [{self.family}]: " + ("applicable" if self.applicable else f"no: {self.reason}")
+        if not self.applicable:
+            return f"{self.solver} [{self.family}]: no: {self.reason}"
+        after = f" (after others: {self.deferred})" if self.deferred else ""
+        return f"{self.solver} [{self.family}]: applicable{after}"

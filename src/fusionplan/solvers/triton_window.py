@@ -141,7 +141,6 @@ def window_why_not(spec: PlanSpec) -> str | None:
     if why:
         return why
     x = spec.input_desc
-    ch = x.dims[1]
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
     rows, cols = window_area(spec)
@@ -150,11 +149,18 @@ def window_why_not(spec: PlanSpec) -> str | None:
             f"windows that fit {rows}x{cols} pixels hold fewer than 64 (8x8), too few for the tensor-core "
             "products; triton-conv's implicit GEMM takes any size"
         )
+    return None
+
+
+def window_defer_why(spec: PlanSpec) -> str | None:
+    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    ch = spec.input_desc.dims[1]
     if ch < tuning.WINDOW_MIN_CHANNELS:
-        return (
-            f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: with one channel block per filter tap the window kernel "
-            "measured slower than triton-conv's implicit GEMM on the H100 (bench/NOTES.md, section 8)"
-        )
+        return f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: one channel block per filter tap, slower than triton-conv"
+    if conv.conv.strides != (1, 1):
+        return "strided: the stride-class views measured no faster than triton-conv"
     return None
 
 
@@ -223,6 +229,9 @@ class TritonWindowSolver(Solver):
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         return conv_plan_why_not(spec) or window_why_not(spec) or device_why_not(handle, spec.dtype)
+
+    def defer_why(self, spec: PlanSpec, handle) -> str | None:
+        return window_defer_why(spec)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonWindowKernel(spec, handle)
