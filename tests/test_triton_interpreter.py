@@ -389,3 +389,15 @@ def test_depthwise_solver_is_chosen_by_name_only_and_says_why_not():
     dense = add_chain(plan_for(x), "CA", k=8, r=3, s=3, conv=fp.ConvolutionDescriptor((1, 1)))
     verdict = next(v for v in dense.explain(fp.Handle("cpu")) if v.solver == "triton-depthwise")
     assert "not depthwise" in verdict.reason
+
+
+def test_gemm_defers_where_it_measured_slower():
+    """1x1 layers with few pixels and C >= 4K run on the convolution kernels unless the GEMM is named."""
+    x = make_input((1, 64, 4, 4), torch.float32, "NHWC")
+    plan = add_chain(plan_for(x), "CA", k=16, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)))
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm")
+    assert verdict.applicable and "C=64 >= 4K" in verdict.deferred
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-conv"
+    assert plan.compile(handle, solver="triton-gemm") == "triton-gemm"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))

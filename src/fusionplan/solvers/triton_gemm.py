@@ -94,6 +94,20 @@ _STORE = (
 )
 
 
+#: Few output pixels and a reduction at least 4x the output channels: the GEMM's tiles measured
+#: slower than the convolution kernels (H100, fp16, batch 32: r50_15 16.3 us against 13.3 for
+#: triton-window, r50_21 19.8 against 17.0 for triton-conv; bench/NOTES.md, section 10).
+GEMM_DEFER_PIXELS = 16384
+
+
+def gemm_defer_why(spec: PlanSpec) -> str | None:
+    n, c, h, w = spec.input_desc.dims
+    k = spec.output_desc.dims[1]
+    if n * h * w < GEMM_DEFER_PIXELS and c >= 4 * k:
+        return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 4K: slower than the convolution kernels"
+    return None
+
+
 def gemm_why_not(spec: PlanSpec) -> str | None:
     """Why the plan's convolution is not a plain GEMM over its input, or None when it is."""
     _, conv, _ = split_at_conv(spec.ops)
@@ -176,6 +190,9 @@ class TritonGemmSolver(Solver):
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         return conv_plan_why_not(spec) or gemm_why_not(spec) or device_why_not(handle, spec.dtype)
+
+    def defer_why(self, spec: PlanSpec, handle) -> str | None:
+        return gemm_defer_why(spec)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonGemmKernel(spec, handle)
