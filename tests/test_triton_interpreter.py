@@ -323,11 +323,17 @@ STRIDED_WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides)
 @pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
 def test_strided_window_solver(case, out_layout):
     n, c, h, w, k, r, s, pads, strides = STRIDED_WINDOW_CASES[case]
-    x = make_input((n, c, h, w), torch.float32, "NHWC")
-    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
+    x = make_input((n, c, h, w), torch.float16, "NHWC")
+    plan = add_chain(
+        plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s, param_dtype="half"
+    )
     handle = compile_triton(plan)
-    # windows run strided convolutions when named; by default triton-conv does (measured faster)
+    # 16-bit data: windows run strided convolutions when named; by default triton-conv does (measured
+    # faster); with fp32 data windows are preferred
     assert plan.compiled_solver(handle) == "triton-conv"
+    x32 = make_input((n, c, h, w), torch.float32, "NHWC")
+    plan32 = add_chain(plan_for(x32), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
+    assert plan32.compile(fp.Handle("cpu")) == "triton-window"
     verdict = next(v for v in plan.explain(handle) if v.solver == "triton-window")
     assert verdict.applicable and "strided" in verdict.deferred and "after others" in str(verdict)
     assert plan.compile(handle, solver="triton-window") == "triton-window"

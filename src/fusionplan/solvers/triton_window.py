@@ -20,6 +20,7 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import interpreter_active
+from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
@@ -153,9 +154,12 @@ def window_why_not(spec: PlanSpec) -> str | None:
 
 
 def window_defer_why(spec: PlanSpec) -> str | None:
-    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10)."""
+    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10):
+    16-bit data only; with fp32 (TF32) data windows were faster on every layer they take."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
+    if spec.dtype == DataType.FLOAT:
+        return None
     ch = spec.input_desc.dims[1]
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: one channel block per filter tap, slower than triton-conv"
