@@ -388,10 +388,10 @@ def test_depthwise_solver(case, layout, dtype):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
 
 
-def test_depthwise_solver_is_chosen_by_name_only_and_says_why_not():
+def test_depthwise_solver_is_chosen_before_triton_conv_and_says_why_not():
     x = make_input((1, 8, 6, 6), torch.float32, "NHWC")
     plan = add_chain(plan_for(x), "CA", k=8, r=3, s=3, conv=fp.ConvolutionDescriptor((1, 1), groups=8))
-    assert plan.compiled_solver(compile_triton(plan)) == "triton-conv"
+    assert plan.compiled_solver(compile_triton(plan)) == "triton-depthwise"
     dense = add_chain(plan_for(x), "CA", k=8, r=3, s=3, conv=fp.ConvolutionDescriptor((1, 1)))
     verdict = next(v for v in dense.explain(fp.Handle("cpu")) if v.solver == "triton-depthwise")
     assert "not depthwise" in verdict.reason
