@@ -49,7 +49,7 @@ def conv_kernel(
     M, C_G, K_G, H, W, OH, OW,
     sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, str_h, str_w, dil_h, dil_w,
-    R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr,
+    R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
@@ -101,8 +101,12 @@ def conv_kernel(
             iw = iw0[:, None] + (s * dil_w)[None, :]
             ok = (m_mask & (ih >= 0) & (ih < H))[:, None] & (iw >= 0) & (iw < W) & j_ok[None, :]
             a = tl.load(x_rows[:, None] + (ih * sxh)[:, None] + iw * sxw + cc[None, :] * sxc, mask=ok, other=0.0)
-            b = tl.load(w_grp + (r * SC + jj)[:, None] * K_G + offs_n[None, :],
-                        mask=j_ok[:, None] & n_mask[None, :], other=0.0)
+            if W_KMAJOR:
+                b = tl.load(w_grp + (r * SC + jj)[:, None] + offs_n[None, :] * (R * SC),
+                            mask=j_ok[:, None] & n_mask[None, :], other=0.0)
+            else:
+                b = tl.load(w_grp + (r * SC + jj)[:, None] * K_G + offs_n[None, :],
+                            mask=j_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         num_cb = tl.cdiv(C_G, BLOCK_K)
@@ -118,8 +122,12 @@ def conv_kernel(
             c_ok = cc < C_G
             a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                         mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
-                        mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            if W_KMAJOR:
+                b = tl.load(w_grp + (rs * C_G + cc)[:, None] + offs_n[None, :] * (R * S * C_G),
+                            mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            else:
+                b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
+                            mask=c_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     ch = grp * K_G + offs_n
@@ -237,6 +245,7 @@ def pack_weights(w: Tensor, groups: int) -> Tensor:
 class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
     stem = "conv"  # generated files and the kernel function are named after it
+    kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -255,6 +264,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.groups, self.k, self.out_hw = g, k, (oh, ow)
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
+        self.w_kmajor = dtype == DataType.FLOAT and self.kmajor_fp32_weights
         filter_w = conv.w_desc.dims[3]
         # the reduction runs over whole filter rows when a tap alone would fill little of a step
         # (the stem: 7 steps of 21 of 32 instead of 49 steps of 3 of 16; 1.7x faster on the H100)
@@ -282,8 +292,10 @@ class TritonConvKernel(Repeating, Kernel):
     candidates = tuning.CONV_CANDIDATES  # what NORMAL find benchmarks
 
     def pack(self, weight: Tensor) -> Tensor:
-        """The weights as the kernel reads them (once per argument set)."""
-        return pack_weights(weight, self.groups).contiguous()
+        """The weights as the kernel reads them (once per argument set): [g, R*S*C/g, K/g], or for
+        fp32 data [g, K/g, R*S*C/g], the reduction contiguous, as TF32 wgmma reads its B operand."""
+        packed = pack_weights(weight, self.groups)
+        return (packed.transpose(1, 2) if self.w_kmajor else packed).contiguous()
 
     def _derive(self, records: Sequence[OpArgs], device: torch.device) -> tuple:
         rec = records[self.conv.index]
@@ -328,6 +340,7 @@ class TritonConvKernel(Repeating, Kernel):
             self.conv.w_desc.dims[2],
             self.conv.w_desc.dims[3],
             self.fold_s,
+            self.w_kmajor,
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,

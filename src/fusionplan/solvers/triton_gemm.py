@@ -132,6 +132,7 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
 
 class TritonGemmKernel(DescriptorConvKernel):
     solver_name = "triton-gemm"
+    kmajor_fp32_weights = False  # its weight layout is its own
     stem = "gemm"
     candidates = tuning.GEMM_CANDIDATES
 
