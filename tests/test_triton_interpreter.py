@@ -47,6 +47,13 @@ def compile_triton(plan):
     return handle
 
 
+def compile_named(plan, solver):
+    """Compile with one solver (it may defer to others by default, for speed, but must accept)."""
+    handle = fp.Handle("cpu")
+    assert plan.compile(handle, solver=solver) == solver
+    return handle
+
+
 def conv_case(
     shape_key,
     chain,
@@ -242,8 +249,7 @@ def gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
 def test_gemm_solver(dims, dtype, out_layout):
     """Tails in every dimension: 35 pixels, C=24 against 16-wide K steps, K=40 against 32-wide tiles."""
     plan, x = gemm_plan(*dims, dtype)
-    handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) == "triton-gemm"
+    handle = compile_named(plan, "triton-gemm")
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
@@ -251,8 +257,7 @@ def test_gemm_solver(dims, dtype, out_layout):
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
 def test_gemm_chains_with_alpha_beta(chain, bn_mode):
     plan, x = gemm_plan(2, 16, 3, 5, 24, torch.float32, chain, bn_mode=bn_mode, activation=ActivationMode.ELU)
-    handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) == "triton-gemm"
+    handle = compile_named(plan, "triton-gemm")
     rng = random.Random(len(chain))
     args = fp.OperatorArgs()
     for op in plan.ops:
@@ -328,12 +333,8 @@ def test_strided_window_solver(case, out_layout):
         plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s, param_dtype="half"
     )
     handle = compile_triton(plan)
-    # 16-bit data: windows run strided convolutions when named; by default triton-conv does (measured
-    # faster); with fp32 data windows are preferred
+    # windows run strided convolutions when named; by default triton-conv does (measured faster)
     assert plan.compiled_solver(handle) == "triton-conv"
-    x32 = make_input((n, c, h, w), torch.float32, "NHWC")
-    plan32 = add_chain(plan_for(x32), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
-    assert plan32.compile(fp.Handle("cpu")) == "triton-window"
     verdict = next(v for v in plan.explain(handle) if v.solver == "triton-window")
     assert verdict.applicable and "strided" in verdict.deferred and "after others" in str(verdict)
     assert plan.compile(handle, solver="triton-window") == "triton-window"
@@ -399,10 +400,13 @@ def test_depthwise_solver_is_chosen_before_triton_conv_and_says_why_not():
 
 def test_gemm_defers_where_it_measured_slower():
     """1x1 layers with few pixels and C >= 4K run on the convolution kernels unless the GEMM is named."""
-    x = make_input((1, 64, 4, 4), torch.float32, "NHWC")
-    plan = add_chain(plan_for(x), "CA", k=16, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)))
+    x = make_input((1, 64, 4, 4), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x), "CA", k=16, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)), param_dtype="half")
     verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm")
     assert verdict.applicable and "C=64 >= 4K" in verdict.deferred
+    x32 = make_input((1, 64, 4, 4), torch.float32, "NHWC")
+    plan32 = add_chain(plan_for(x32), "CA", k=64, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)))
+    assert "fp32" in next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-gemm").deferred
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-conv"
     assert plan.compile(handle, solver="triton-gemm") == "triton-gemm"
