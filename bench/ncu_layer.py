@@ -17,7 +17,7 @@ import torch
 import fusionplan as fp
 from fusionplan.benchmark.cases import cudnn_fused
 from fusionplan.shapes import resnet50_layer
-from fusionplan.testing import add_chain, random_args
+from fusionplan.testing import layer_plan, random_args
 
 
 def main() -> None:
@@ -28,16 +28,7 @@ def main() -> None:
     a = p.parse_args()
     s = resnet50_layer(a.layer)
     x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=torch.channels_last)
-    plan = add_chain(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        "CBNA",
-        conv=fp.ConvolutionDescriptor((s.pad, s.pad), (s.stride, s.stride)),
-        k=s.k,
-        r=s.r,
-        s=s.s,
-        w_layout="NHWC",
-        param_dtype="float",
-    )
+    plan = layer_plan(s, x, "CBNA")
     handle = fp.Handle("cuda")
     plan.compile(handle, solver=a.solver)
     args = random_args(plan, "cuda", param_dtype=torch.float32)

@@ -23,7 +23,7 @@ import torch
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.testing import add_chain
+from fusionplan.testing import layer_plan
 
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
 
@@ -97,16 +97,7 @@ def main() -> None:
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     s = resnet50_layer(a.layer)
     x = torch.empty(a.batch, s.c, s.h, s.w, dtype=dtype).to(memory_format=torch.channels_last)
-    plan = add_chain(
-        fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)),
-        a.mode,
-        conv=fp.ConvolutionDescriptor((s.pad, s.pad), (s.stride, s.stride)),
-        k=s.k,
-        r=s.r,
-        s=s.s,
-        w_layout="NHWC",
-        param_dtype="float",
-    )
+    plan = layer_plan(s, x, a.mode)
     kernel = solver_named(a.solver).build(plan.spec(), fp.Handle("cpu"))
     grid, _, args, num_warps, num_stages = captured_launch(kernel)
     compiled = triton.compile(
