@@ -208,15 +208,16 @@ def test_every_applicable_solver(key, layout, precision):
 
 
 @pytest.mark.parametrize("pixels", [64, 128, 256])
-@pytest.mark.parametrize("hw", [(28, 28), (14, 14), (8, 8), (13, 11), (9, 30), (56, 56)])
+@pytest.mark.parametrize("hw", [(28, 28), (14, 14), (8, 8), (13, 11), (9, 30), (56, 56), (7, 7), (4, 5)])
 def test_window_shapes(pixels, hw):
-    """Every window the tile chooser picks computes every output pixel right, whatever the image."""
+    """Every window the tile chooser picks computes every output pixel right, whatever the image
+    (windows of several images on small ones; 5 images, so the last group is partial)."""
     from fusionplan import tuning
 
-    if tuning.window_shape(*hw, pixels) is None:
-        pytest.skip(f"no {pixels}-pixel window fits {hw}")
+    if tuning.window_shape(5, *hw, pixels) is None:
+        pytest.skip(f"no {pixels}-pixel window fits 5 images of {hw}")
     for stages, block_n in ((3, 64), (4, 128)):
-        x = input_tensor((3, 128, *hw), torch.float16, "NHWC")
+        x = input_tensor((5, 128, *hw), torch.float16, "NHWC")
         conv = fp.ConvolutionDescriptor((1, 1))
         plan = add_chain(plan_for(x), "CBA", conv=conv, k=128, r=3, s=3, param_dtype="half")
         handle = fp.Handle("cuda")

@@ -300,6 +300,7 @@ WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, dilations); the window sol
     "5x5-no-pad": (1, 128, 12, 12, 16, 5, 5, (0, 0), (1, 1)),
     "dilation2": (1, 128, 10, 10, 8, 3, 3, (2, 2), (2, 2)),
     "1x5-asymmetric": (1, 144, 8, 10, 8, 1, 5, (0, 2), (1, 1)),
+    "small-images": (5, 128, 5, 6, 8, 3, 3, (1, 1), (1, 1)),  # windows span several images
 }
 
 

@@ -124,13 +124,13 @@ WINDOW_CANDIDATES: list[ConvConfig] = [
 
 
 def window_heuristic(
-    m: int, k: int, c: int, out_hw: tuple[int, int], area: tuple[int, int], dtype: torch.dtype, interpret: bool
+    m: int, k: int, c: int, out_hw: tuple[int, int], area: tuple[int, int, int], dtype: torch.dtype, interpret: bool
 ) -> ConvConfig:
-    """The largest window (up to 256 pixels) that fits the image and still gives about one program
+    """The largest window (up to 256 pixels) that fits the images and still gives about one program
     per multiprocessor (120 of the H100's 132), 128 output channels, 64 input channels per step.
     H100, fp16, batch 32: r50_10 (28x28) 24.0 us with 16x16 windows against 28.9 with 64-pixel
     ones; r50_16 (14x14) 24.3 us with 8x8 windows and 128 channels against 43.2 with 64. Windows
-    must fit in ``area`` (rows, columns); the output is ``out_hw``."""
+    must fit in ``area`` (images, rows, columns); the output is ``out_hw``."""
     if interpret:
         return ConvConfig(min(16, largest_window(*area)), 16, 16, 8, 4, 1)  # small tiles for the interpreter
     wide = dtype in (torch.float16, torch.bfloat16)
@@ -140,8 +140,8 @@ def window_heuristic(
     images = m // (oh * ow)
     pixels = largest_window(*area)
     while pixels > 64:
-        tile_h, tile_w = window_shape(*area, pixels)
-        if images * -(-oh // tile_h) * -(-ow // tile_w) * -(-k // block_n) >= 120:
+        tile_n, tile_h, tile_w = window_shape(*area, pixels)
+        if -(-images // tile_n) * -(-oh // tile_h) * -(-ow // tile_w) * -(-k // block_n) >= 120:
             break
         pixels //= 2
     warps = 8 if pixels * block_n >= 256 * 128 else 4
@@ -149,29 +149,40 @@ def window_heuristic(
     return ConvConfig(pixels, block_n, block_k, 8, warps, stages)
 
 
-def window_shape(oh: int, ow: int, pixels: int) -> tuple[int, int] | None:
-    """The TILE_H x TILE_W output window of ``pixels`` (a power of two) pixels that computes the
-    fewest pixels past an OH x OW image (28x28 takes 16x16 windows, not 8x8 ones that compute
-    31 % more), or None when no such window fits inside the image: tensor-descriptor boxes
-    larger than the image gave wrong or unwritten outputs on the H100 with Triton 3.6 (some shapes,
-    not reproducibly; bench/NOTES.md, section 10). Ties go to the squarest window."""
+def window_shape(images: int, oh: int, ow: int, pixels: int) -> tuple[int, int, int] | None:
+    """The TILE_N x TILE_H x TILE_W output window (TILE_N images) of ``pixels`` (a power of two)
+    pixels that computes the fewest pixels past ``images`` OH x OW images (28x28 takes 16x16
+    windows, not 8x8 ones that compute 31 % more), or None when no such window fits inside them:
+    tensor-descriptor boxes larger than the image gave wrong or unwritten outputs on the H100
+    with Triton 3.6 (some shapes, not reproducibly; bench/NOTES.md, section 10). Windows span
+    several images only where no window of one image fits (7x7 images: 4x4 windows of 4 images
+    for 64 pixels). Ties go to the squarest."""
+    shapes = []
+    for tile_w in (4, 8, 16, 32):
+        tile_h = 1
+        while tile_h * tile_w <= pixels:
+            if tile_w <= ow and tile_h <= oh and pixels == tile_h * tile_w:
+                shapes.append((1, tile_h, tile_w))
+            tile_h *= 2
 
-    def cost(tile_w: int) -> tuple[int, int]:
-        tile_h = pixels // tile_w
-        computed = -(-oh // tile_h) * tile_h * (-(-ow // tile_w) * tile_w)
+    def cost(shape: tuple[int, int, int]) -> tuple[int, int]:
+        _, tile_h, tile_w = shape
+        computed = -(-oh // tile_h) * tile_h * -(-ow // tile_w) * tile_w
         return computed, abs(tile_h.bit_length() - tile_w.bit_length())
 
-    widths = [w for w in (4, 8, 16, 32) if w <= min(pixels, ow) and pixels // w <= oh]
-    if not widths:
+    if shapes:
+        return min(shapes, key=cost)
+    # several images: the largest window of one image that fits, as many images as make the pixels
+    tile_h, tile_w = 1 << (min(oh, 32).bit_length() - 1), 1 << (min(ow, 32).bit_length() - 1)
+    if tile_w < 4 or pixels % (tile_h * tile_w) or pixels // (tile_h * tile_w) > images:
         return None
-    tile_w = min(widths, key=cost)
-    return pixels // tile_w, tile_w
+    return pixels // (tile_h * tile_w), tile_h, tile_w
 
 
-def largest_window(oh: int, ow: int, most: int = 256) -> int:
-    """The most pixels (a power of two, at most ``most``) of a window that fits an OH x OW image."""
+def largest_window(images: int, oh: int, ow: int, most: int = 256) -> int:
+    """The most pixels (a power of two, at most ``most``) of a window that fits the images."""
     pixels = most
-    while pixels > 1 and window_shape(oh, ow, pixels) is None:
+    while pixels > 1 and window_shape(images, oh, ow, pixels) is None:
         pixels //= 2
     return pixels
 

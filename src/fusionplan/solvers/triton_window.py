@@ -2,8 +2,9 @@
 channels-last input, followed by any chain of bias, batch-norm inference and activations, as ONE
 kernel whose input tiles are loaded as boxes through tensor descriptors.
 
-Each program computes a window of TILE_H x TILE_W output pixels of one image for BLOCK_N output
-channels. With stride 1, the input pixels that filter tap (r, s) meets for that window are again
+Each program computes a window of TILE_H x TILE_W output pixels of TILE_N images (several
+only for small images: 4x4 windows of four 7x7 outputs) for BLOCK_N output channels. With
+stride 1, the input pixels that filter tap (r, s) meets for that window are again
 a TILE_H x TILE_W window of the input, shifted by (r * dil_h - pad_h, s * dil_w - pad_w): one box
 [1, TILE_H, TILE_W, BLOCK_K] of the NHWC input, which TMA loads whole, zero-filling what falls in
 the padding. That replaces the per-element address and mask arithmetic of triton-conv's gather,
@@ -48,7 +49,7 @@ def window_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, dil_h, dil_w,
     R: tl.constexpr, S: tl.constexpr, STR_H: tl.constexpr, STR_W: tl.constexpr,
-    TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    TILE_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
 ):
@@ -61,7 +62,7 @@ def window_kernel(
     tiles_h = tl.cdiv(OH, TILE_H)
     tw = pid % tiles_w
     th = (pid // tiles_w) % tiles_h
-    n = pid // (tiles_w * tiles_h)
+    n0 = (pid // (tiles_w * tiles_h)) * TILE_N
     oh0 = th * TILE_H
     ow0 = tw * TILE_W
 
@@ -69,7 +70,7 @@ def window_kernel(
     # the B operand, which wgmma reads from shared memory as TMA left it. As the A operand, its
     # reshape from the box's 4-D shape made Triton stage it through registers, and wgmma with
     # a register operand ran serialized (bench/NOTES.md, section 10).
-    acc = tl.zeros((BLOCK_N, TILE_H * TILE_W), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_N, TILE_N * TILE_H * TILE_W), dtype=tl.float32)
     num_cb = tl.cdiv(C, BLOCK_K)
     for ph in tl.static_range(STR_H):
         for pw in tl.static_range(STR_W):
@@ -85,7 +86,7 @@ def window_kernel(
                     x_ptr + (ph * W + pw) * C,
                     shape=[N, tl.cdiv(H - ph, STR_H), tl.cdiv(W - pw, STR_W), C],
                     strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
-                    block_shape=[1, TILE_H, TILE_W, BLOCK_K],
+                    block_shape=[TILE_N, TILE_H, TILE_W, BLOCK_K],
                 )
                 for kb in range(0, n_r * n_s * num_cb):
                     t = kb // num_cb
@@ -97,19 +98,19 @@ def window_kernel(
                     iw = ow0 + (s * dil_w - pad_w - pw) // STR_W
                     # channels past C read zeros from the input box, so weight columns of the next
                     # tap they meet add nothing
-                    a = x_desc.load([n, ih, iw, c0])
-                    a = tl.reshape(a, (TILE_H * TILE_W, BLOCK_K))
+                    a = x_desc.load([n0, ih, iw, c0])
+                    a = tl.reshape(a, (TILE_N * TILE_H * TILE_W, BLOCK_K))
                     b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
                     acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
     acc = tl.trans(acc)
 
-    offs_m = tl.arange(0, TILE_H * TILE_W)
+    offs_m = tl.arange(0, TILE_N * TILE_H * TILE_W)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    oh = oh0 + offs_m // TILE_W
+    n_img = n0 + offs_m // (TILE_H * TILE_W)
+    oh = oh0 + (offs_m // TILE_W) % TILE_H
     ow = ow0 + offs_m % TILE_W
-    m_mask = (oh < OH) & (ow < OW)
+    m_mask = (n_img < N) & (oh < OH) & (ow < OW)
     n_mask = offs_n < K
-    n_img = n + offs_m * 0
     if IDX64:  # offsets of outputs past 2^31 elements
         n_img = n_img.to(tl.int64)
         offs_n = offs_n.to(tl.int64)
@@ -119,14 +120,14 @@ def window_kernel(
 {tail}'''
 
 
-def window_area(spec: PlanSpec) -> tuple[int, int]:
-    """The rows and columns a window may span: the output's, within the smallest view of the
-    input that one stride class of pixels forms (H // stride rows), since boxes must fit inside."""
+def window_area(spec: PlanSpec) -> tuple[int, int, int]:
+    """The images, rows and columns a window may span: the output's, within the smallest view of
+    the input that one stride class of pixels forms (H // stride rows), since boxes must fit inside."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     (h, w), (oh, ow) = spec.input_desc.dims[2:], conv.output_desc.dims[2:]
     str_h, str_w = conv.conv.strides
-    return min(oh, h // str_h), min(ow, w // str_w)
+    return spec.input_desc.dims[0], min(oh, h // str_h), min(ow, w // str_w)
 
 
 def window_why_not(spec: PlanSpec) -> str | None:
@@ -144,11 +145,11 @@ def window_why_not(spec: PlanSpec) -> str | None:
     x = spec.input_desc
     if max(x.dims) >= 2**31:
         return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
-    rows, cols = window_area(spec)
-    if tuning.largest_window(rows, cols) < 64:
+    images, rows, cols = window_area(spec)
+    if tuning.largest_window(images, rows, cols) < 64:
         return (
-            f"windows that fit {rows}x{cols} pixels hold fewer than 64 (8x8), too few for the tensor-core "
-            "products; triton-conv's implicit GEMM takes any size"
+            f"windows that fit {images} image(s) of {rows}x{cols} pixels hold fewer than 64, too few for the "
+            "tensor-core products; triton-conv's implicit GEMM takes any size"
         )
     return None
 
@@ -203,9 +204,9 @@ class TritonWindowKernel(DescriptorConvKernel):
         oh, ow = self.out_hw
         window = tuning.window_shape(*window_area(self.spec), cfg.block_m)
         if window is None:  # NORMAL find skips such a candidate
-            raise ValueError(f"no window of {cfg.block_m} pixels fits a {oh}x{ow} output")
-        tile_h, tile_w = window
-        windows = n * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
+            raise ValueError(f"no window of {cfg.block_m} pixels fits {n} {oh}x{ow} outputs")
+        tile_n, tile_h, tile_w = window
+        windows = triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
@@ -213,6 +214,7 @@ class TritonWindowKernel(DescriptorConvKernel):
             self.conv.w_desc.dims[2],
             self.conv.w_desc.dims[3],
             *conv_strides,
+            tile_n,
             tile_h,
             tile_w,
             cfg.block_n,
