@@ -404,7 +404,9 @@ def test_gemm_defers_where_it_measured_slower():
     x = make_input((1, 64, 4, 4), torch.float16, "NHWC")
     plan = add_chain(plan_for(x), "CA", k=16, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)), param_dtype="half")
     verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm")
-    assert verdict.applicable and "C=64 >= 4K" in verdict.deferred
+    assert verdict.applicable and "M=16 pixels < 4096" in verdict.deferred
+    wide = add_chain(plan_for(make_input((1, 64, 64, 80), torch.float16, "NHWC")), "CA", k=16, param_dtype="half")
+    assert "C=64 >= 4K" in next(v for v in wide.explain(fp.Handle("cpu")) if v.solver == "triton-gemm").deferred
     x32 = make_input((1, 64, 4, 4), torch.float32, "NHWC")
     plan32 = add_chain(plan_for(x32), "CA", k=64, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)))
     assert "fp32" in next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-gemm").deferred
