@@ -96,9 +96,9 @@ _STORE = (
 
 
 #: Few output pixels: the GEMM's tiles measured slower than the convolution kernels on the H100
-#: (fp16, batch 32): with C >= 4K below 16384 pixels (r50_15 16.3 us against 13.3 for
-#: triton-window), and below 4096 pixels whatever the channels (r50_19 and r50_21, 7x7 outputs:
-#: triton-window 16.0 and 20.2 us against 20.6 and 20.7 for the others; bench/NOTES.md, section 10).
+#: (fp16, batch 32): with C >= 2K below 16384 pixels (r50_15 16.7 us against 13.0 for
+#: triton-window, r50_17 21.5 against 18.5), and below 4096 pixels whatever the channels (7x7
+#: outputs: r50_19 16.7 against 12.3, r50_21 19.9 against 14.4; bench/NOTES.md, section 10).
 GEMM_DEFER_PIXELS = 16384
 GEMM_DEFER_PIXELS_ANY = 4096
 
@@ -111,8 +111,8 @@ def gemm_defer_why(spec: PlanSpec) -> str | None:
         return "fp32 data: triton-conv measured as fast or faster on every 1x1 layer of ResNet-50"
     if n * h * w < GEMM_DEFER_PIXELS_ANY:
         return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS_ANY}: slower than the convolution kernels"
-    if n * h * w < GEMM_DEFER_PIXELS and c >= 4 * k:
-        return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 4K: slower than the convolution kernels"
+    if n * h * w < GEMM_DEFER_PIXELS and c >= 2 * k:
+        return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 2K: slower than the convolution kernels"
     return None
 
 

@@ -158,13 +158,18 @@ def window_defer_why(spec: PlanSpec) -> str | None:
     """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    ch = spec.input_desc.dims[1]
+    n, ch = spec.input_desc.dims[:2]
+    oh, ow = conv.output_desc.dims[2:]
+    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: one channel block per filter tap, slower than triton-conv"
-    if conv.conv.strides != (1, 1):
-        return "strided: the stride-class views measured no faster than triton-conv"
-    if spec.dtype == DataType.FLOAT and conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1:
-        return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
+    if spec.dtype == DataType.FLOAT:
+        if conv.conv.strides != (1, 1):
+            return "strided, fp32 data: triton-conv measured faster (TF32: r50_14 39.2 against 53.3 us)"
+        if one_by_one:
+            return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
+    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= 16384:
+        return "strided 1x1 filter on many pixels: triton-conv measured faster (fp16: r50_08 35.7 against 38.9 us)"
     return None
 
 
