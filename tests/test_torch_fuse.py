@@ -261,3 +261,36 @@ def test_fused_module_follows_replaced_and_changed_parameters():
         torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
         fused.bn.weight.data = torch.randn(8)  # new storage under the same parameter object
         torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
+
+    with torch.no_grad():  # the same, after calls that took the repeat path
+        for _ in range(2):
+            fused(x)
+        fused.bn.eps = 0.1  # a scalar argument
+        torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
+        fused.conv.weight.mul_(2.0)
+        torch.testing.assert_close(fused(x), expected(), rtol=1e-4, atol=1e-5)
+
+
+def test_repeated_eager_calls_rerun_without_preparing_again(monkeypatch):
+    m = ResidualAdd("plus").eval()
+    fused = fpt.fuse(m)
+    (chain,) = [mod for mod in fused.modules() if isinstance(mod, fpt.FusedChain)]
+    prepared = []
+    original = chain._run_prepared
+    monkeypatch.setattr(chain, "_run_prepared", lambda *a: prepared.append(1) or original(*a))
+    x = torch.randn(2, 8, 6, 5)
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(fused(x.clone()), m(x.clone()), rtol=1e-4, atol=1e-5)
+        assert len(prepared) == 1  # the first call prepared; the others repeated
+        other = torch.randn(1, 8, 7, 5)  # another input shape: prepared again, then repeated
+        for _ in range(2):
+            torch.testing.assert_close(fused(other.clone()), m(other.clone()), rtol=1e-4, atol=1e-5)
+        assert len(prepared) == 2
+        strided = torch.randn(2, 8, 6, 5).to(memory_format=torch.channels_last)
+        torch.testing.assert_close(fused(strided.clone()), m(strided.clone()), rtol=1e-4, atol=1e-5)
+        assert len(prepared) == 3
+    m.train()
+    fused.train()
+    with pytest.raises(RuntimeError, match="inference"):
+        fused(x)

@@ -304,8 +304,13 @@ class FusedChain(nn.Module):
         self.chain_name = name
         self.residual = residual
         self._prepared: tuple | None = None  # see _run_prepared
+        self._repeat: tuple | None = None  # see _repeat_call
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        if self._repeat is not None and not self.training:
+            out = self._repeat_call(x, residual)
+            if out is not None:
+                return out
         if self.training:
             raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
         conv, bn = self._refs
@@ -337,7 +342,45 @@ class FusedChain(nn.Module):
         state = self._prepared
         if state is None or state[0] != signature or state[1] != storage:
             state = self._prepared = (signature, storage, *_prepare(x, params, hyper, residual))
-        return _execute_new(*state[2:], x, residual)
+        out = _execute_new(*state[2:], x, residual)
+        plan, args, handle, fmt = state[2:]
+        run = plan.repeater(handle, x, out, args, residual)
+        key = (self._repeat_key(x, residual), self._parameter_key())
+        self._repeat = None if run is None else (*key, out.shape, fmt, run)
+        return out
+
+    # The repeat path: a later eager call with an input (and residual) like the previous call's and
+    # the same parameter tensors and scalar arguments allocates its output and reruns the kernel,
+    # without rebuilding the parameter and argument tuples or the plan's checks (about 10 of the
+    # 23 microseconds of host time per chain on a 2-core CPU).
+    def _repeat_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+        key, params, shape, fmt, run = self._repeat
+        if type(x) is not torch.Tensor or self._repeat_key(x, residual) != key or self._parameter_key() != params:
+            return None
+        if not _eager_call(x):
+            return None
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+        return out if run(x, out, residual) else None
+
+    @staticmethod
+    def _repeat_key(x: torch.Tensor, residual: torch.Tensor | None) -> tuple:
+        r = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
+        return (x.shape, x.stride(), x.dtype, x.device, r)
+
+    def _parameter_key(self) -> tuple:
+        """The parameter tensors (identity and storage) and scalar arguments a call would read. The
+        previous call's tensors are held by its arguments, so their ids are not reused meanwhile."""
+        conv, bn = self._refs
+        key: list = [self.activation]
+        if conv is not None:
+            w, b = conv._parameters["weight"], conv._parameters["bias"]
+            key += [id(w), w.data_ptr(), id(b), None if b is None else b.data_ptr()]
+            key += [conv.stride, conv.padding, conv.dilation, conv.groups]
+        if bn is not None:
+            p, b = bn._parameters, bn._buffers
+            tensors = (p["weight"], p["bias"], b["running_mean"], b["running_var"])
+            key += [bn.eps, *(id(t) for t in tensors), *(t.data_ptr() for t in tensors)]
+        return tuple(key)
 
     def _fits(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
         """Whether the residual can be the plan's prior: the output's shape, dtype and device."""
