@@ -419,3 +419,21 @@ def test_repeated_calls_with_separate_priors_use_each_prior(compiled):
         torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
     with pytest.raises(fp.TensorMismatchError):
         plan.execute(handle, x, y, args, prior=torch.randn(2, 6, 9, 8))
+
+
+def test_repeater_repeats_a_checked_call_for_new_tensors(compiled):
+    plan, handle, x, y, args = compiled
+    from fusionplan.reference import run_reference
+
+    assert plan.repeater(handle, x, y, args) is None  # nothing checked yet
+    plan.execute(handle, x, y, args)
+    run = plan.repeater(handle, x, y, args)
+    assert plan.repeater(handle, x, y[:, :5], args) is None  # tensors unlike the checked call's
+    records = [args.get(op) for op in plan.ops]
+    for _ in range(2):
+        x2, y2 = torch.randn_like(x), torch.full_like(y, float("nan"))
+        assert run(x2, y2, None)
+        torch.testing.assert_close(y2.double(), run_reference(plan.ops, x2, records).output, rtol=1e-5, atol=1e-5)
+    args.set(plan.ops[3], fp.ActivationArgs(beta=0.5))  # arguments set again: the repeater declines
+    y3 = torch.full_like(y, float("nan"))
+    assert not run(x, y3, None) and torch.isnan(y3).all()
