@@ -416,3 +416,11 @@ def test_gemm_defers_where_it_measured_slower():
     assert plan.compiled_solver(handle) == "triton-conv"
     assert plan.compile(handle, solver="triton-gemm") == "triton-gemm"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
+
+
+def test_window_solver_leaves_tensors_past_2_to_the_31_elements_to_triton_conv():
+    big = fp.TensorDescriptor.packed("half", (1, 128, 4096, 4096), "NHWC")
+    plan = fp.FusionPlan(big)
+    plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("half", (128, 128, 3, 3)))
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-window")
+    assert "2^31" in verdict.reason

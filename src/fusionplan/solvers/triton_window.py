@@ -143,8 +143,10 @@ def window_why_not(spec: PlanSpec) -> str | None:
     if why:
         return why
     x = spec.input_desc
-    if max(x.dims) >= 2**31:
-        return "a dimension past 2^31 - 1 does not fit a tensor descriptor"
+    n, c, h, w = x.dims
+    if n * c * h * w >= 2**31 or spec.output_desc.numel() >= 2**31:
+        # the kernel computes the views' strides (H*W*C) and bases in 32-bit integers
+        return "tensors of 2^31 elements or more are read by triton-conv (64-bit offsets)"
     images, rows, cols = window_area(spec)
     if tuning.largest_window(images, rows, cols) < 64:
         return (
