@@ -144,3 +144,33 @@ def test_random_plans(seed):
     handle = fp.Handle("cpu")
     assert plan.compile(handle) == "cpu-folded"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+def test_no_applicability_check_raises_on_common_plans():
+    """A solver's check that raises is reported as a refusal (compile never fails on it), which can
+    hide a bug: no check may raise on the support table's plans or on the ResNet-50 layers."""
+    import types
+
+    from fusionplan import solvers
+    from fusionplan.shapes import load_shapes
+    from fusionplan.support import ROWS
+    from fusionplan.testing import layer_plan
+
+    plans = []
+    for _, builders, *channels in ROWS:
+        for dtype in ("float", "half", "bfloat16"):
+            for layout in ("NCHW", "NHWC"):
+                dims = (2, channels[0] if channels else 8, 9, 9)
+                plan = fp.FusionPlan(fp.TensorDescriptor.packed(dtype, dims, layout))
+                for build in builders:
+                    build(plan)
+                plans.append(plan)
+    for shape in load_shapes():
+        for dtype in (torch.float16, torch.float32):
+            x = torch.empty(32, shape.c, shape.h, shape.w, dtype=dtype).to(memory_format=torch.channels_last)
+            plans.append(layer_plan(shape, x, "CBNA"))
+    for device in ("cpu", "cuda"):
+        handle = types.SimpleNamespace(device=torch.device(device), tf32_allowed=lambda: True)
+        for plan in plans:
+            for verdict in solvers.verdicts(plan.spec(), handle):
+                assert "applicability check failed" not in (verdict.reason or ""), (plan.describe(), str(verdict))

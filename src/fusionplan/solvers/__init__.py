@@ -77,11 +77,18 @@ def select(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: s
     """The first applicable solver that is not deferred, else the first deferred one, or
     UnsupportedOpError with every solver's reason."""
     found = verdicts(spec, handle, backend, solver)
-    applicable = [(s, v) for s, v in zip(REGISTRY, found) if v.applicable]
-    if applicable:  # a stable sort: priority order among the preferred, then among the deferred
-        return min(applicable, key=lambda pair: pair[1].deferred is not None)[0]
+    chosen = choice(found)
+    if chosen is not None:
+        return solver_named(chosen.solver)
     reasons = "; ".join(str(v) for v in found)
     raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
+
+
+def choice(found: list[Verdict]) -> Verdict | None:
+    """The verdict compile follows: the first applicable one that does not defer, else the first
+    applicable one, else None."""
+    applicable = [v for v in found if v.applicable]
+    return min(applicable, key=lambda v: v.deferred is not None) if applicable else None  # min is stable
 
 
 def solver_named(name: str) -> Solver:
@@ -91,4 +98,4 @@ def solver_named(name: str) -> Solver:
     raise BadParmError(f"no solver named {name!r}; registered: {', '.join(s.name for s in REGISTRY)}")
 
 
-__all__ = ["REGISTRY", "Kernel", "PlanSpec", "Solver", "Verdict", "select", "verdicts", "solver_named"]
+__all__ = ["REGISTRY", "Kernel", "PlanSpec", "Solver", "Verdict", "choice", "select", "verdicts", "solver_named"]

@@ -144,7 +144,7 @@ def window_why_not(spec: PlanSpec) -> str | None:
         return why
     x = spec.input_desc
     n, c, h, w = x.dims
-    if n * c * h * w >= 2**31 or spec.output_desc.numel() >= 2**31:
+    if n * c * h * w >= 2**31 or spec.output_desc.numel >= 2**31:
         # the kernel computes the views' strides (H*W*C) and bases in 32-bit integers
         return "tensors of 2^31 elements or more are read by triton-conv (64-bit offsets)"
     images, rows, cols = window_area(spec)
