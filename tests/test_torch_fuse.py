@@ -294,3 +294,29 @@ def test_repeated_eager_calls_rerun_without_preparing_again(monkeypatch):
     fused.train()
     with pytest.raises(RuntimeError, match="inference"):
         fused(x)
+
+
+def test_custom_op_repeats_calls_and_follows_parameter_changes():
+    """The op reruns a call like an earlier one directly; parameters changed in place (a new
+    version) or replaced are seen."""
+    m = ResidualAdd("plus").eval()
+    conv, bn = m.conv, m.bn
+    x, r = torch.randn(1, 8, 6, 5), torch.randn(1, 8, 6, 5)
+
+    def op(weight):
+        params = (weight, None, bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var)
+        return fpt.fused_chain(x, *params, bn.eps, [1, 1], [1, 1], [1, 1], 1, 3, 1.0, 0.0, 1.0, r)
+
+    def expected():
+        return torch.relu(bn(conv(x)) + r)
+
+    with torch.no_grad():
+        for _ in range(3):
+            torch.testing.assert_close(op(conv.weight.detach()), expected(), rtol=1e-4, atol=1e-5)
+        bn.running_mean.add_(0.5)
+        torch.testing.assert_close(op(conv.weight.detach()), expected(), rtol=1e-4, atol=1e-5)
+        conv.weight.mul_(-1.0)
+        torch.testing.assert_close(op(conv.weight.detach()), expected(), rtol=1e-4, atol=1e-5)
+        new = torch.randn_like(conv.weight)
+        conv.weight.copy_(new)
+        torch.testing.assert_close(op(new), expected(), rtol=1e-4, atol=1e-5)

@@ -114,7 +114,33 @@ def fused_chain(
     calls of fused modules skip the dispatcher (FusedChain._run_prepared)."""
     params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)
     hyper = (bn_eps, stride, padding, dilation, groups, act_mode, act_alpha, act_beta, act_gamma)
-    return _execute_new(*_prepare(x, params, hyper, residual), x, residual)
+    key = _op_call_key(x, params, hyper, residual)
+    seen = _OP_CALLS.get(key)
+    if seen is not None:  # a call like an earlier one: rerun its plan without preparing or checking again
+        shape, fmt, run = seen
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+        if run(x, out, residual):
+            return out
+    plan, args, handle, fmt = _prepare(x, params, hyper, residual)
+    out = _execute_new(plan, args, handle, fmt, x, residual)
+    run = plan.repeater(handle, x, out, args, residual)
+    if run is not None:
+        if len(_OP_CALLS) >= 256:
+            _OP_CALLS.clear()
+        _OP_CALLS[key] = (out.shape, fmt, run)
+    return out
+
+
+#: The custom op's calls that can be repeated: (input and residual layout, parameter identities
+#: and versions, scalar arguments) -> (output shape, memory format, the plan's repeater). The
+#: repeater holds the parameters through its arguments, so their addresses are not reused meanwhile.
+_OP_CALLS: dict[tuple, tuple] = {}
+
+
+def _op_call_key(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
+    r = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
+    scalars = tuple(tuple(h) if isinstance(h, list) else h for h in hyper)
+    return (x.shape, x.stride(), x.dtype, x.device, r, tuple(_tensor_identity(t) for t in params), scalars)
 
 
 def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
