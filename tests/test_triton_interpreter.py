@@ -300,7 +300,7 @@ WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, dilations); the window sol
     "5x5-no-pad": (1, 128, 12, 12, 16, 5, 5, (0, 0), (1, 1)),
     "dilation2": (1, 128, 10, 10, 8, 3, 3, (2, 2), (2, 2)),
     "1x5-asymmetric": (1, 144, 8, 10, 8, 1, 5, (0, 2), (1, 1)),
-    "small-images": (5, 128, 5, 6, 8, 3, 3, (1, 1), (1, 1)),  # windows span several images
+    "small-images": (9, 128, 2, 5, 8, 3, 3, (1, 1), (1, 1)),  # windows span several images
 }
 
 
@@ -344,9 +344,14 @@ def test_strided_window_solver(case, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
-@pytest.mark.parametrize("chain", ["C", "CBNAB", "CANB"])
-def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
-    x = make_input((2, 128, 8, 9), torch.float32, "NHWC")
+ALPHA_BETA_CASES = [("C", (2, 8, 9)), ("CBNAB", (2, 8, 9)), ("CANB", (2, 8, 9)), ("CBNAB", (9, 2, 5))]
+
+
+@pytest.mark.parametrize("chain, dims", ALPHA_BETA_CASES)
+def test_window_chains_with_alpha_beta_and_misaligned_input(chain, dims):
+    """Priors blended by alpha/beta, windows of one image and (2x5 images) of several."""
+    n, h, w = dims
+    x = make_input((n, 128, h, w), torch.float32, "NHWC")
     conv = fp.ConvolutionDescriptor((1, 1))
     plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=3, s=3, bn_mode=BatchNormMode.PER_ACTIVATION)
     handle = compile_triton(plan)
@@ -356,7 +361,7 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain):
     for op in plan.ops:
         args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
-    shifted = torch.empty(x.numel() + 1)[1:].view(2, 8, 9, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
+    shifted = torch.empty(x.numel() + 1)[1:].view(n, h, w, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
     shifted.copy_(x)
     check_against_reference(plan, handle, shifted, args, torch.randn(plan.output_desc.dims))
 
