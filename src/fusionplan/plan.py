@@ -285,13 +285,7 @@ class FusionPlan:
             key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
             checked = self._checked.get(key)
             if checked is not None:
-                records, needs_prior = checked
-                p = (y if prior is None else prior) if needs_prior else None
-                if handle.is_active():
-                    entry.kernel.rerun(x, y, records, p)
-                else:
-                    with handle.activate():
-                        entry.kernel.rerun(x, y, records, p)
+                _rerun_checked(handle, entry.kernel, checked, x, y, prior)
                 return
         spec = entry.spec
         x = as_tensor(x, "input")
@@ -321,22 +315,28 @@ class FusionPlan:
         checked = self._checked.get(key)
         if checked is None:
             return None
-        records, needs_prior = checked
         kernel = entry.kernel
 
         def run(x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None) -> bool:
             """False (nothing run) when the arguments changed: execute again instead."""
             if args.generation != generation:
                 return False
-            p = (y if prior is None else prior) if needs_prior else None
-            if handle.is_active():
-                kernel.rerun(x, y, records, p)
-            else:
-                with handle.activate():
-                    kernel.rerun(x, y, records, p)
+            _rerun_checked(handle, kernel, checked, x, y, prior)
             return True
 
         return run
+
+
+def _rerun_checked(handle: Handle, kernel, checked: tuple, x: torch.Tensor, y: torch.Tensor, prior) -> None:
+    """Run a call whose checks passed before: ``checked`` is what they found (the records, and
+    whether the plan reads a prior: y's contents unless ``prior`` is given)."""
+    records, needs_prior = checked
+    p = (y if prior is None else prior) if needs_prior else None
+    if handle.is_active():
+        kernel.rerun(x, y, records, p)
+    else:
+        with handle.activate():
+            kernel.rerun(x, y, records, p)
 
 
 def _tensor_key(t: torch.Tensor) -> tuple:

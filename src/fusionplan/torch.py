@@ -116,18 +116,14 @@ def fused_chain(
     hyper = (bn_eps, stride, padding, dilation, groups, act_mode, act_alpha, act_beta, act_gamma)
     key = _op_call_key(x, params, hyper, residual)
     seen = _OP_CALLS.get(key)
-    if seen is not None:  # a call like an earlier one: rerun its plan without preparing or checking again
-        shape, fmt, run = seen
-        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-        if run(x, out, residual):
-            return out
-    plan, args, handle, fmt = _prepare(x, params, hyper, residual)
-    out = _execute_new(plan, args, handle, fmt, x, residual)
-    run = plan.repeater(handle, x, out, args, residual)
-    if run is not None:
+    out = None if seen is None else _repeat_new(seen, x, residual)  # a call like an earlier one
+    if out is not None:
+        return out
+    out, repeat = _run_new(x, params, hyper, residual)
+    if repeat is not None:
         if len(_OP_CALLS) >= 256:
             _OP_CALLS.clear()
-        _OP_CALLS[key] = (out.shape, fmt, run)
+        _OP_CALLS[key] = repeat
     return out
 
 
@@ -138,9 +134,13 @@ _OP_CALLS: dict[tuple, tuple] = {}
 
 
 def _op_call_key(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
-    r = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
     scalars = tuple(tuple(h) if isinstance(h, list) else h for h in hyper)
-    return (x.shape, x.stride(), x.dtype, x.device, r, tuple(_tensor_identity(t) for t in params), scalars)
+    return (_layout(x), _layout(residual), tuple(_tensor_identity(t) for t in params), scalars)
+
+
+def _layout(t: torch.Tensor | None) -> tuple | None:
+    """What a plan's checks depend on in a tensor: shape, strides, dtype, device."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
 
 
 def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
@@ -151,11 +151,22 @@ def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tenso
     return plan, args, handle, fmt
 
 
-def _execute_new(plan, args, handle, fmt, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-    """Run a chain's plan into a new output tensor in the input's memory format."""
+def _run_new(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
+    """Run a chain into a new output tensor in the input's memory format: (the output, and for
+    calls like this one (output shape, memory format, the plan's repeater), or None)."""
+    plan, args, handle, fmt = _prepare(x, params, hyper, residual)
     out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
     plan.execute(handle, x, out, args, prior=residual)
-    return out
+    run = plan.repeater(handle, x, out, args, residual)
+    return out, None if run is None else (out.shape, fmt, run)
+
+
+def _repeat_new(repeat: tuple, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
+    """A call like the one ``repeat`` came from, into a new output; None when its arguments were
+    set again since (the caller runs the call anew)."""
+    shape, fmt, run = repeat
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    return out if run(x, out, residual) else None
 
 
 def _eager_call(x: torch.Tensor) -> bool:
@@ -329,7 +340,6 @@ class FusedChain(nn.Module):
         self.activation = activation
         self.chain_name = name
         self.residual = residual
-        self._prepared: tuple | None = None  # see _run_prepared
         self._repeat: tuple | None = None  # see _repeat_call
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -360,21 +370,12 @@ class FusedChain(nn.Module):
     def _run_prepared(
         self, x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None
     ) -> torch.Tensor:
-        """The custom op's work for an eager call, with the plan and arguments of the previous call
-        when the input's signature, the parameter objects and their storage are the same (values
-        changed in place are seen by the kernels themselves, through the tensors' versions)."""
-        signature = (x.shape, x.stride(), x.dtype, x.device, residual is None, hyper)
-        storage = tuple(None if t is None else (id(t), t.data_ptr()) for t in params)
-        state = self._prepared
-        if state is None or state[0] != signature or state[1] != storage:
-            state = self._prepared = (signature, storage, *_prepare(x, params, hyper, residual))
-        out = _execute_new(*state[2:], x, residual)
-        plan, args, handle, fmt = state[2:]
-        run = plan.repeater(handle, x, out, args, residual)
-        if run is not None:
+        """The custom op's work for an eager call; what a call like it needs to repeat it is kept."""
+        out, repeat = _run_new(x, params, hyper, residual)
+        if repeat is not None:
             sources = tuple((where, name, where[name]) for where, name in self._parameter_slots())
             ptrs = tuple(None if t is None else t.data_ptr() for _, _, t in sources)
-            self._repeat = (self._repeat_key(x, residual), sources, ptrs, self._scalars(), out.shape, fmt, run)
+            self._repeat = (_layout(x), _layout(residual), sources, ptrs, self._scalars(), repeat)
         return out
 
     # The repeat path: a later eager call with an input (and residual) like the previous call's and
@@ -383,22 +384,16 @@ class FusedChain(nn.Module):
     # (22.7 -> 8.8 us of host time per chain on a 2-core CPU, the kernel excluded). The previous
     # call's tensors are held by its arguments, so comparing identities is sound.
     def _repeat_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
-        key, sources, ptrs, scalars, shape, fmt, run = self._repeat
-        if type(x) is not torch.Tensor or self._repeat_key(x, residual) != key or self._scalars() != scalars:
+        x_layout, r_layout, sources, ptrs, scalars, repeat = self._repeat
+        if type(x) is not torch.Tensor or _layout(x) != x_layout or _layout(residual) != r_layout:
+            return None
+        if self._scalars() != scalars:
             return None
         for (where, name, tensor), ptr in zip(sources, ptrs):
             current = where[name]
             if current is not tensor or (ptr is not None and current.data_ptr() != ptr):
                 return None
-        if not _eager_call(x):
-            return None
-        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-        return out if run(x, out, residual) else None
-
-    @staticmethod
-    def _repeat_key(x: torch.Tensor, residual: torch.Tensor | None) -> tuple:
-        r = None if residual is None else (residual.shape, residual.stride(), residual.dtype, residual.device)
-        return (x.shape, x.stride(), x.dtype, x.device, r)
+        return _repeat_new(repeat, x, residual) if _eager_call(x) else None
 
     def _parameter_slots(self) -> list[tuple[dict, str]]:
         """Where each parameter tensor a call reads is registered (the module's own dictionaries:
