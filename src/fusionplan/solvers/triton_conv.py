@@ -84,6 +84,13 @@ def conv_kernel(
     iw0 = ow * str_w - pad_w
     x_rows = x_ptr + n_img * sxn + (grp * C_G) * sxc
     w_grp = w_ptr + grp * (R * S * C_G * K_G)
+    # strides of the packed weights along the reduction and the output channels
+    if W_KMAJOR:  # [g, K/g, R*S*C/g]
+        w_sk = 1
+        w_sn = R * S * C_G
+    else:  # [g, R*S*C/g, K/g]
+        w_sk = K_G
+        w_sn = 1
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if FOLD_S:
@@ -101,12 +108,8 @@ def conv_kernel(
             iw = iw0[:, None] + (s * dil_w)[None, :]
             ok = (m_mask & (ih >= 0) & (ih < H))[:, None] & (iw >= 0) & (iw < W) & j_ok[None, :]
             a = tl.load(x_rows[:, None] + (ih * sxh)[:, None] + iw * sxw + cc[None, :] * sxc, mask=ok, other=0.0)
-            if W_KMAJOR:
-                b = tl.load(w_grp + (r * SC + jj)[:, None] + offs_n[None, :] * (R * SC),
-                            mask=j_ok[:, None] & n_mask[None, :], other=0.0)
-            else:
-                b = tl.load(w_grp + (r * SC + jj)[:, None] * K_G + offs_n[None, :],
-                            mask=j_ok[:, None] & n_mask[None, :], other=0.0)
+            b = tl.load(w_grp + (r * SC + jj)[:, None] * w_sk + offs_n[None, :] * w_sn,
+                        mask=j_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         num_cb = tl.cdiv(C_G, BLOCK_K)
@@ -122,12 +125,8 @@ def conv_kernel(
             c_ok = cc < C_G
             a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                         mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            if W_KMAJOR:
-                b = tl.load(w_grp + (rs * C_G + cc)[:, None] + offs_n[None, :] * (R * S * C_G),
-                            mask=c_ok[:, None] & n_mask[None, :], other=0.0)
-            else:
-                b = tl.load(w_grp + (rs * C_G + cc)[:, None] * K_G + offs_n[None, :],
-                            mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn,
+                        mask=c_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
     ch = grp * K_G + offs_n
