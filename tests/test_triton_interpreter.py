@@ -290,7 +290,7 @@ def test_gemm_solver_says_why_not(case, reason):
     verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm")
     assert reason in verdict.reason
     handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) in ("triton-window", "triton-conv")  # a later solver takes it
+    assert plan.compiled_solver(handle) in ("triton-window", "triton-stem", "triton-conv")  # a later solver takes it
 
 
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------
@@ -370,9 +370,71 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain, dims):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout):
     plan, x = shape_plan(shape_key, "CBNA", torch.float32, layout)
-    handle = compile_triton(plan)
+    handle = compile_named(plan, "triton-conv")
     assert plan._entry(handle).kernel.fold_s
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+
+
+# ---- few input channels read as stretches of input rows (the stem) ----------------------------------------
+STEM_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides, dilations)
+    "resnet-stem": (1, 3, 16, 18, 8, 7, 7, (3, 3), (2, 2), (1, 1)),  # runs of 2 pixels
+    "3x3-odd": (2, 3, 13, 11, 17, 3, 3, (1, 1), (1, 1), (1, 1)),
+    "dilation2-C5": (1, 5, 12, 10, 7, 3, 3, (2, 2), (1, 1), (2, 2)),
+    "1x5-stride-1x2": (2, 4, 9, 13, 5, 1, 5, (0, 2), (1, 2), (1, 1)),
+    "5x3-stride3-C1": (1, 1, 14, 17, 9, 5, 3, (2, 0), (3, 3), (1, 1)),  # single channel, no column padding
+    "C15-K40": (1, 15, 7, 9, 40, 3, 3, (1, 1), (1, 1), (1, 1)),  # the widest input; channel tiles of K
+}
+
+
+@pytest.mark.parametrize("case", list(STEM_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+def test_stem_solver(case, dtype, out_layout):
+    n, c, h, w, k, r, s, pads, strides, dils = STEM_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NHWC")
+    conv = fp.ConvolutionDescriptor(pads, strides, dils)
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, param_dtype=DT_NAME[dtype])
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-stem"
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("chain", ["C", "CBNAB", "CANB"])
+def test_stem_chains_with_alpha_beta_and_misaligned_input(chain):
+    """Priors blended by alpha/beta; an input 2 bytes into its storage (no aligned vector loads)."""
+    n, c, h, w = 2, 3, 11, 12
+    x = make_input((n, c, h, w), torch.float16, "NHWC")
+    conv = fp.ConvolutionDescriptor((3, 3), (2, 2))
+    plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=7, s=7, param_dtype="half")
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) == "triton-stem"
+    rng = random.Random(len(chain))
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1), param_dtype=torch.float16))
+    check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims).half())
+    shifted = torch.empty(x.numel() + 1, dtype=torch.float16)[1:].view(n, h, w, c).permute(0, 3, 1, 2)
+    shifted.copy_(x)
+    check_against_reference(plan, handle, shifted, args, torch.randn(plan.output_desc.dims).half())
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        (dict(c=16), "C=16 > 15"),
+        (dict(layout="NCHW"), "NHWC rows"),
+        (dict(groups=3, k=6), "grouped"),
+        (dict(r=1, s=45, w=48), "longer than 128"),
+    ],
+)
+def test_stem_solver_says_why_not(case, reason):
+    c, k, r, s = case.get("c", 3), case.get("k", 8), case.get("r", 3), case.get("s", 3)
+    x = make_input((1, c, 8, case.get("w", 9)), torch.float32, case.get("layout", "NHWC"))
+    conv = fp.ConvolutionDescriptor((0, 0), groups=case.get("groups", 1))
+    plan = add_chain(plan_for(x), "CA", k=k, r=r, s=s, conv=conv)
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-stem")
+    assert reason in verdict.reason, verdict.reason
+    assert plan.compiled_solver(compile_triton(plan)) != "triton-stem"
 
 
 # ---- depthwise convolutions computed directly (before triton-conv) -----------------------------------------

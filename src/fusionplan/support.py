@@ -46,11 +46,16 @@ def _act(plan: FusionPlan) -> None:
 LETTERS: dict[str, Builder] = {"C": _conv(), "B": _bias, "N": _bn, "A": _act}
 
 #: (what the row stands for, the representative chain it is checked with)
-ROWS: list[tuple] = [  # (title, builders[, input channels (default 8)])
+ROWS: list[tuple] = [  # (title, builders[, input channels (default 64)])
     ("CBNA, CBA, CNA, CN, CA, CB (MIOpen's set)", [LETTERS[c] for c in "CBNA"]),
     ("convolution + any chain of B/N/A, any order, repeats", [LETTERS[c] for c in "CANBAB"]),
     ("1x1 stride-1 convolution chains (NCHW, NHWC)", [_conv(size=1), _bn, _act]),
     ("stride-1 convolution chains with C >= 128 (NCHW, NHWC)", [_conv(), _bn, _act], 128),
+    (
+        "convolution chains on few input channels, C <= 15 (the stem: C=3, 7x7, stride 2)",
+        [_conv(stride=2, size=7), _bn, _act],
+        3,
+    ),
     ("pointwise ops before the convolution (e.g. NAC)", [LETTERS[c] for c in "NAC"]),
     ("grouped / depthwise convolution chains", [_conv(groups=4), _bias, _act]),
     ("strided / dilated convolution chains", [_conv(stride=2, dilation=2), _bn, _act]),
@@ -69,7 +74,7 @@ DEVICES = {"CPU": torch.device("cpu"), "CUDA GPU": torch.device("cuda", 0)}
 DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)
 
 
-def _solver_for(builders: list[Builder], device: torch.device, channels: int = 8) -> str:
+def _solver_for(builders: list[Builder], device: torch.device, channels: int = 64) -> str:
     """Names of the solvers chosen for the row's plan in each dtype and layout (deduplicated)."""
     handle = types.SimpleNamespace(device=device, tf32_allowed=lambda: True)  # verdicts only read these
     chosen: list[str] = []

@@ -187,6 +187,27 @@ def largest_window(images: int, oh: int, ow: int, most: int = 256) -> int:
     return pixels
 
 
+#: Stem tiles (few input channels, runs of input rows): block_m runs of pixels x block_n output
+#: channels (block_k: the stretch length, which the plan fixes; group_m unused).
+STEM_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(128, 64, 32, 1, 4, 4),
+    ConvConfig(128, 64, 32, 1, 8, 4),
+    ConvConfig(128, 64, 32, 1, 4, 3),
+    ConvConfig(64, 64, 32, 1, 4, 4),
+    ConvConfig(256, 64, 32, 1, 8, 3),
+    ConvConfig(128, 128, 32, 1, 8, 3),
+    ConvConfig(64, 128, 32, 1, 4, 4),
+]
+
+
+def stem_heuristic(runs: int, k: int, stretch: int, interpret: bool) -> ConvConfig:
+    """``runs`` runs of output pixels, ``k`` output channels, ``stretch`` elements per step."""
+    if interpret:
+        return ConvConfig(16, 16, stretch, 1, 4, 1)
+    block_n = _pow2_at_least(k, 16, 64)
+    return ConvConfig(128 if runs >= 50_000 else 64, block_n, stretch, 1, 4, 4)
+
+
 #: Depthwise tiles: block_m pixels x block_n channels (block_k, group_m unused); no pipelining.
 DEPTHWISE_CANDIDATES: list[ConvConfig] = [
     ConvConfig(64, 64, 16, 1, 4, 1),

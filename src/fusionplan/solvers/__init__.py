@@ -18,6 +18,7 @@ from fusionplan.solvers.triton_conv import TritonConvSolver
 from fusionplan.solvers.triton_depthwise import TritonDepthwiseSolver
 from fusionplan.solvers.triton_gemm import TritonGemmSolver
 from fusionplan.solvers.triton_pointwise import TritonPointwiseSolver
+from fusionplan.solvers.triton_stem import TritonStemSolver
 from fusionplan.solvers.triton_window import TritonWindowSolver
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     TritonGemmSolver(),
     TritonWindowSolver(),
+    TritonStemSolver(),  # few input channels (the stem)
     TritonDepthwiseSolver(),  # before triton-conv: 23-59x faster on MobileNetV2's depthwise layers (H100)
     TritonConvSolver(),
     TritonPointwiseSolver(),
