@@ -59,7 +59,11 @@ class TinyResNet(nn.Module):
 
 def model():
     torch.manual_seed(0)
-    m = TinyResNet().eval()
+    return randomize_bn(TinyResNet().eval())
+
+
+def randomize_bn(m: nn.Module) -> nn.Module:
+    """Batch-norm statistics and affine parameters away from the identity."""
     for mod in m.modules():
         if isinstance(mod, nn.BatchNorm2d):
             mod.running_mean.normal_()
@@ -116,6 +120,25 @@ def test_torch_compile_and_layouts():
     cl = fused.to(memory_format=torch.channels_last)
     torch.testing.assert_close(cl(x.to(memory_format=torch.channels_last)), m(x), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(fused.double()(x.double()), m.double()(x.double()), rtol=1e-10, atol=1e-10)
+
+
+def test_torch_compile_traces_many_chains_in_one_graph_after_eager_calls():
+    """Twelve chains of different strides and paddings, called eagerly first (the repeat path set):
+    torch.compile traces the model as one graph, without breaks (which recompiled per chain)."""
+    layers = []
+    for i in range(12):
+        size = 3 if i % 2 else 1
+        layers += [nn.Conv2d(8, 8, size, 1 + (i % 3 == 2), size // 2), nn.BatchNorm2d(8), nn.ReLU()]
+    m = randomize_bn(nn.Sequential(*layers).eval())
+    fused = fpt.fuse(m)
+    x = torch.randn(2, 8, 32, 32)
+    with torch.no_grad():
+        fused(x), fused(x)
+        torch._dynamo.reset()
+        explained = torch._dynamo.explain(fused)(x)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), explained.break_reasons
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fused)(x), m(x), rtol=1e-4, atol=1e-5)
 
 
 def test_training_mode_is_refused():

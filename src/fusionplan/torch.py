@@ -343,15 +343,34 @@ class FusedChain(nn.Module):
         self._repeat: tuple | None = None  # see _repeat_call
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self._repeat is not None and not self.training:
+        if self.training:
+            raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
+        if torch.compiler.is_compiling():
+            # traced: straight to the custom op. The repeat path compares data pointers, which
+            # breaks the graph; each break's resume frame then recompiles per chain (their
+            # strides and paddings differ) until torch.compile's recompile limit falls back to eager.
+            return self._op_call(x, residual)
+        if self._repeat is not None:
             out = self._repeat_call(x, residual)
             if out is not None:
                 return out
-        if self.training:
-            raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
-        conv, bn = self._refs
         x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-        params = (
+        if _eager_call(x):  # plans do no autograd: parameters are read as they are
+            if residual is not None and not self._fits(x, residual):
+                return self._unfused(x, residual)  # e.g. a broadcast residual: not the plan's prior
+            return self._run_prepared(x, self._params(), self._hyperparameters(), residual)
+        return self._op_call(x, residual)
+
+    def _op_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The chain through the custom op, as torch.compile, export and dispatch modes see it."""
+        if residual is not None and not self._fits(x, residual):
+            return self._unfused(x, residual)
+        detached = (None if t is None else t.detach() for t in self._params())  # the op has no autograd formula
+        return fused_chain(x, *detached, *self._hyperparameters(), residual)
+
+    def _params(self) -> tuple:
+        conv, bn = self._refs
+        return (
             None if conv is None else conv.weight,
             None if conv is None else conv.bias,
             None if bn is None else bn.weight,
@@ -359,13 +378,6 @@ class FusedChain(nn.Module):
             None if bn is None else bn.running_mean,
             None if bn is None else bn.running_var,
         )
-        if residual is not None and not self._fits(x, residual):
-            return self._unfused(x, residual)  # e.g. a broadcast residual: not the plan's prior
-        hyper = self._hyperparameters()
-        if _eager_call(x):  # plans do no autograd: parameters are read as they are
-            return self._run_prepared(x, params, hyper, residual)
-        detached = (None if t is None else t.detach() for t in params)  # the op has no autograd formula
-        return fused_chain(x, *detached, *hyper, residual)
 
     def _run_prepared(
         self, x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None
