@@ -1,6 +1,6 @@
 """Compile a solver's kernel for a ResNet-50 layer for sm_90 WITHOUT a GPU and summarize its SASS.
 
-    python scripts/inspect_sass.py --layer r50_10 --solver triton-window [--mode CBNA] [--dtype fp16]
+    python scripts/inspect_sass.py --layer r50_10 --solver triton-window [--mode CBNA] [--dtype fp16] [--layout NHWC]
 
 Triton ships ptxas and nvdisasm, so the kernel the H100 would run can be built and read on any
 machine. The summary answers the questions that decide a Hopper kernel's speed before timing it:
@@ -87,6 +87,7 @@ def main() -> None:
     p.add_argument("--mode", default="CBNA")
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="the input's layout")
     p.add_argument("--sass", help="write the whole SASS here")
     a = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -96,7 +97,8 @@ def main() -> None:
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     s = resnet50_layer(a.layer)
-    x = torch.empty(a.batch, s.c, s.h, s.w, dtype=dtype).to(memory_format=torch.channels_last)
+    x = torch.empty(a.batch, s.c, s.h, s.w, dtype=dtype)
+    x = x.to(memory_format=torch.channels_last) if a.layout == "NHWC" else x
     plan = layer_plan(s, x, a.mode)
     kernel = solver_named(a.solver).build(plan.spec(), fp.Handle("cpu"))
     grid, _, args, num_warps, num_stages = captured_launch(kernel)

@@ -176,7 +176,7 @@ def test_kernel_source_is_generated_from_the_chain():
         activation=ActivationMode.ELU,
         param_dtype="float",
     )
-    handle = compile_triton(plan)
+    handle = compile_named(plan, "triton-conv")
     src = plan.kernel_source(handle)
     assert "def conv_kernel" in src and "activation ELU" in src and "operators [1, 2] folded" in src
     assert "operators [4] folded" in src
@@ -388,10 +388,11 @@ STEM_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides, dilations)
 
 @pytest.mark.parametrize("case", list(STEM_CASES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
-def test_stem_solver(case, dtype, out_layout):
+@pytest.mark.parametrize("layout, out_layout", [("NHWC", "NHWC"), ("NHWC", "NCHW"), ("NCHW", "NCHW"), ("NCHW", "NHWC")])
+def test_stem_solver(case, dtype, layout, out_layout):
+    """Channels-last rows (channels in the stretch) and channel planes (a step per channel)."""
     n, c, h, w, k, r, s, pads, strides, dils = STEM_CASES[case]
-    x = make_input((n, c, h, w), dtype, "NHWC")
+    x = make_input((n, c, h, w), dtype, layout)
     conv = fp.ConvolutionDescriptor(pads, strides, dils)
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, param_dtype=DT_NAME[dtype])
     handle = compile_triton(plan)
@@ -422,14 +423,16 @@ def test_stem_chains_with_alpha_beta_and_misaligned_input(chain):
     "case, reason",
     [
         (dict(c=16), "C=16 > 15"),
-        (dict(layout="NCHW"), "NHWC rows"),
+        (dict(w_stride=2), "rows must be contiguous"),
         (dict(groups=3, k=6), "grouped"),
         (dict(r=1, s=45, w=48), "longer than 128"),
     ],
 )
 def test_stem_solver_says_why_not(case, reason):
     c, k, r, s = case.get("c", 3), case.get("k", 8), case.get("r", 3), case.get("s", 3)
-    x = make_input((1, c, 8, case.get("w", 9)), torch.float32, case.get("layout", "NHWC"))
+    x = make_input((1, c, 8, case.get("w", 9) * case.get("w_stride", 1)), torch.float32, "NHWC")[
+        ..., :: case.get("w_stride", 1)
+    ]
     conv = fp.ConvolutionDescriptor((0, 0), groups=case.get("groups", 1))
     plan = add_chain(plan_for(x), "CA", k=k, r=r, s=s, conv=conv)
     verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-stem")

@@ -200,12 +200,17 @@ STEM_CANDIDATES: list[ConvConfig] = [
 ]
 
 
-def stem_heuristic(runs: int, k: int, stretch: int, interpret: bool) -> ConvConfig:
-    """``runs`` runs of output pixels, ``k`` output channels, ``stretch`` elements per step."""
+def stem_heuristic(runs: int, pixels: int, k: int, stretch: int, interpret: bool) -> ConvConfig:
+    """``runs`` runs of ``pixels`` output pixels, ``k`` output channels, ``stretch`` elements per
+    step. The run's pixels have an accumulator each: their tiles hold at most 128 x 64 x 2 fp32
+    values over 4 warps (more spilled registers on sm_90: runs of 4 pixels in 128-run tiles)."""
     if interpret:
         return ConvConfig(16, 16, stretch, 1, 4, 1)
     block_n = _pow2_at_least(k, 16, 64)
-    return ConvConfig(128 if runs >= 50_000 else 64, block_n, stretch, 1, 4, 4)
+    block_m = 128 if runs >= 50_000 else 64
+    while block_m > 16 and pixels * block_m * block_n > 2 * 128 * 64:
+        block_m //= 2
+    return ConvConfig(block_m, block_n, stretch, 1, 4, 4)
 
 
 #: Depthwise tiles: block_m pixels x block_n channels (block_k, group_m unused); no pipelining.

@@ -1,20 +1,22 @@
 """Triton stem solver: a convolution on few input channels (ResNet's stem: C=3, 7x7, stride 2)
-on channels-last input, followed by any chain of bias, batch-norm inference and activations, as
-ONE kernel whose input tiles are contiguous runs of input rows.
+on input whose rows are contiguous (channels-last, or NCHW channel planes), followed by any chain
+of bias, batch-norm inference and activations, as ONE kernel whose input tiles are contiguous
+stretches of input rows.
 
 With few channels, the implicit GEMM's reduction index (r, s, c) gathers its input tile element
 by element, with an address and four bounds checks per element: that arithmetic, not memory or
 tensor cores, bounds triton-conv on the stem (bench/NOTES.md, sections 5 and 11). Here the
-output row is cut into *runs* of PX neighbouring pixels. In channels-last input, what a run of
-pixels meets through filter row r is one contiguous stretch of an input row:
-(PX - 1) * stride + (S - 1) * dilation + 1 pixels of C channels. The kernel loads that stretch
-as one row of the A tile (BLOCK_E elements from an aligned start: vector loads, one bounds check
-per element against the row's ends), and the weights are repacked once per argument set into
-PX Toeplitz blocks [R, PX, K, BLOCK_E]: block p holds w[k, c, r, s] at the stretch position of
-pixel p's tap s, channel c, and zeros elsewhere. R reduction steps of [runs, BLOCK_E] @
-[BLOCK_E, K] per pixel of the run then give every output, for about half the gathered elements
-of triton-conv per pixel (the stem: runs of 2 pixels, stretches of 32 elements of which 30 are used).
-The epilogue is triton-conv's, once per pixel of the run.
+output row is cut into *runs* of PX neighbouring pixels. What a run meets through filter row r
+is ONE contiguous stretch of an input row: (PX - 1) * stride + (S - 1) * dilation + 1 pixels, of
+all C channels in channels-last input, of one channel in a channel plane. The kernel loads that
+stretch as one row of a tile (BLOCK_E elements from an aligned start: vector loads, one bounds
+check per element against the row's ends), and the weights are repacked once per argument set
+into Toeplitz blocks [R, C or 1 steps, PX, K, BLOCK_E]: block p holds w[k, c, r, s] at the
+stretch position of pixel p's tap s (channel c), zeros elsewhere. One reduction step per filter
+row (per filter row and channel for planes) of [K, BLOCK_E] @ [BLOCK_E, runs] per pixel of the
+run then gives every output, for about half the gathered elements of triton-conv per pixel (the
+channels-last stem: runs of 2 pixels, stretches of 32 elements of which 30 are used). The
+epilogue is triton-conv's, once per pixel of the run.
 """
 
 from __future__ import annotations
@@ -54,10 +56,10 @@ def stem_kernel(
     x_ptr, w_ptr, y_ptr, prior_ptr,
     {stage_params}
     RUNS, K, H, OH, OW, QW, ROW,
-    sxn, sxh, syn, syc, syh, syw, spn, spc, sph, spw,
+    sxn, sxc, sxh, syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, str_h, dil_h,
-    R: tl.constexpr, PX: tl.constexpr, STEP: tl.constexpr, LEAD: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    R: tl.constexpr, CH_STEPS: tl.constexpr, PX: tl.constexpr, STEP: tl.constexpr, LEAD: tl.constexpr,
+    BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
 ):
@@ -83,16 +85,19 @@ def stem_kernel(
     x_runs = x_ptr + n_img * sxn
     # The product runs transposed, [channels, pixels] = weights @ stretches^T, so that wgmma reads
     # both operands from shared memory as the async copies left them (as the A operand, the
-    # stretches went through registers). Toeplitz weights [R, PX, K, BLOCK_E], K-major.
+    # stretches went through registers). Toeplitz weights [R, CH_STEPS, PX, K, BLOCK_E], K-major.
     w_tile = offs_n[:, None] * BLOCK_E + offs_e[None, :]
     w_block = BLOCK_E * K
     b_mask = n_mask[:, None]
 {zeros}
-    for r in range(R):
+    # one step per filter row (channels-last: the channels lie in the stretch) or, for channel
+    # planes (NCHW), per filter row and channel
+    for t in range(R * CH_STEPS):
+        r = t // CH_STEPS
         ih = ih0 + r * dil_h
         ok = (q_mask & (ih >= 0) & (ih < H))[:, None] & col_ok
-        a = tl.load(x_runs[:, None] + (ih * sxh)[:, None] + col, mask=ok, other=0.0)
-        w_r = w_ptr + (r * PX) * w_block + w_tile
+        a = tl.load(x_runs[:, None] + (ih * sxh + (t % CH_STEPS) * sxc)[:, None] + col, mask=ok, other=0.0)
+        w_r = w_ptr + (t * PX) * w_block + w_tile
 {dots}
     ohw = OH * OW
     ch = offs_n
@@ -103,46 +108,62 @@ def stem_kernel(
 class Stretches:
     """How runs of output pixels read input rows: ``pixels`` per run; neighbouring runs start
     ``step`` elements apart; a run's stretch starts ``lead`` elements before its first pixel's
-    column (padding included) and is ``block_e`` elements long, ``used`` of them met by a tap."""
+    column (padding included) and is ``block_e`` elements long, ``used`` of them met by a tap.
+    Rows hold ``interleaved`` channels per pixel (channels-last: C; channel planes: 1, and each
+    reduction step reads one channel's plane)."""
 
     pixels: int
     step: int
     lead: int
     block_e: int
     used: int
+    interleaved: int
 
-    def position(self, p: int, s: int, c: int, channels: int, stride_w: int, pad_w: int, dil_w: int) -> int:
-        """Where channel c of pixel p's tap s lies in its run's stretch."""
-        return self.lead - pad_w * channels + (p * stride_w + s * dil_w) * channels + c
+    def position(self, p: int, s: int, stride_w: int, pad_w: int, dil_w: int) -> int:
+        """Where pixel p's tap s (its first interleaved channel) lies in the run's stretch."""
+        return self.lead + (p * stride_w + s * dil_w - pad_w) * self.interleaved
 
 
 def stretches(
-    channels: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
+    interleaved: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
 ) -> Stretches:
-    """The run length with the shortest stretch per pixel of tensor-core work (BLOCK_E, a power
-    of two of at least 16), the longest run among equals (fewer gathered elements per pixel)."""
-    best: Stretches | None = None
+    """The run length and vector width with the shortest stretch per pixel of tensor-core work
+    (BLOCK_E, a power of two of at least 16); among equals the longest run (fewer gathered
+    elements per pixel), then the widest vector loads (aligned when step and lead are multiples)."""
+    found = []
     for pixels in (1, 2, 4, 8):
         if pixels > 1 and pixels > out_w:
             break
-        step = pixels * stride_w * channels
-        vector = min(16 // itemsize, step & -step)  # aligned vector loads need step and lead multiples of it
-        lead = -(-pad_w * channels // vector) * vector
-        used = lead - pad_w * channels + ((pixels - 1) * stride_w + (filter_w - 1) * dil_w + 1) * channels
-        block_e = max(16, 1 << (used - 1).bit_length())
-        candidate = Stretches(pixels, step, lead, block_e, used)
-        if best is None or block_e <= best.block_e:
-            best = candidate
-    assert best is not None
-    return best
+        step = pixels * stride_w * interleaved
+        vector = min(16 // itemsize, step & -step)
+        while vector >= 1:
+            lead = -(-pad_w * interleaved // vector) * vector
+            used = lead + ((pixels - 1) * stride_w + (filter_w - 1) * dil_w + 1 - pad_w) * interleaved
+            block_e = max(16, 1 << (used - 1).bit_length())
+            found.append(((block_e, -pixels, -vector), Stretches(pixels, step, lead, block_e, used, interleaved)))
+            vector //= 2
+    return min(found, key=lambda item: item[0])[1]
+
+
+def channels_interleaved(spec: PlanSpec) -> int | None:
+    """C when the input's rows are channels-last (pixels side by side, channels innermost), 1 when
+    they are rows of channel planes (W contiguous), None when neither."""
+    x = spec.input_desc
+    c = x.dims[1]
+    if x.same_strides((x.strides[0], 1, x.strides[2], c)):
+        return c
+    if x.same_strides((*x.strides[:3], 1)):
+        return 1
+    return None
 
 
 def plan_stretches(spec: PlanSpec) -> Stretches:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    c = spec.input_desc.dims[1]
+    interleaved = channels_interleaved(spec)
+    assert interleaved is not None
     return stretches(
-        c,
+        interleaved,
         conv.w_desc.dims[3],
         conv.conv.strides[1],
         conv.conv.pads[1],
@@ -162,8 +183,8 @@ def stem_why_not(spec: PlanSpec) -> str | None:
     c = x.dims[1]
     if c > STEM_MAX_CHANNELS:
         return f"C={c} > {STEM_MAX_CHANNELS}: channel blocks fill reduction steps (triton-conv, triton-window)"
-    if not x.same_strides((x.strides[0], 1, x.strides[2], c)):
-        return f"the input's pixels must lie side by side, channels innermost (NHWC rows); it is {x.layout_name}"
+    if channels_interleaved(spec) is None:
+        return f"input rows must be contiguous: channels-last (NHWC) or channel planes (NCHW); it is {x.layout_name}"
     runs = plan_stretches(spec)
     if runs.block_e > STEM_MAX_STRETCH:
         return f"a stretch of {runs.used} input elements per filter row is longer than {STEM_MAX_STRETCH}"
@@ -214,21 +235,24 @@ class TritonStemKernel(TritonConvKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         runs = triton_cdiv(m, self.runs.pixels)
-        return tuning.stem_heuristic(runs, k_per_group, self.runs.block_e, interpreter_active())
+        return tuning.stem_heuristic(runs, self.runs.pixels, k_per_group, self.runs.block_e, interpreter_active())
 
     def pack(self, weight: Tensor) -> Tensor:
-        """[K, C, R, S] -> Toeplitz blocks [R, PX, K, BLOCK_E]: block p holds tap s, channel c at
-        pixel p's position of the stretch, zeros elsewhere; the reduction contiguous (K-major, as
-        wgmma reads its A operand for every dtype)."""
+        """[K, C, R, S] -> Toeplitz blocks [R, CH_STEPS, PX, K, BLOCK_E]: block p of a step holds
+        tap s (channel c) at pixel p's position of the stretch, zeros elsewhere; the reduction
+        contiguous (K-major, as wgmma reads its A operand for every dtype)."""
         k, c, r, s = weight.shape
         runs = self.runs
-        (pad_w, stride_w, dil_w) = self.conv_args[1], self.conv_args[3], self.conv_args[5]
-        packed = weight.new_zeros((r, runs.pixels, k, runs.block_e))
-        taps = weight.permute(2, 3, 0, 1)  # [R, S, K, C]
+        pad_w, stride_w, dil_w = self.conv_args[1], self.conv_args[3], self.conv_args[5]
+        steps = c // runs.interleaved
+        packed = weight.new_zeros((r, steps, runs.pixels, k, runs.block_e))
         for p in range(runs.pixels):
             for tap in range(s):
-                at = runs.position(p, tap, 0, c, stride_w, pad_w, dil_w)
-                packed[:, p, :, at : at + c] = taps[:, tap]
+                at = runs.position(p, tap, stride_w, pad_w, dil_w)
+                if steps == 1:  # the channels side by side in the stretch
+                    packed[:, 0, p, :, at : at + c] = weight[:, :, :, tap].permute(2, 0, 1)
+                else:  # one channel per step
+                    packed[:, :, p, :, at] = weight[:, :, :, tap].permute(2, 1, 0)
         return packed
 
     def _launch_args(
@@ -251,10 +275,11 @@ class TritonStemKernel(TritonConvKernel):
         total = n * oh * per_row
         grid = (triton_cdiv(total, cfg.block_m), triton_cdiv(self.k, cfg.block_n), 1)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
-        sxn, _, sxh, _ = strides[:4]
+        sxn, sxc, sxh, _ = strides[:4]
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         consts = (
             self.conv.w_desc.dims[2],
+            c // runs.interleaved,
             runs.pixels,
             runs.step,
             runs.lead,
@@ -266,9 +291,9 @@ class TritonStemKernel(TritonConvKernel):
             has_prior,
             *flags.values(),
         )
-        geometry = (total, self.k, h, oh, ow, per_row, w * c)
+        geometry = (total, self.k, h, oh, ow, per_row, w * runs.interleaved)
         conv = (pads[0], conv_strides[0], dilations[0])
-        args = [x, packed, out, p, *values, *geometry, sxn, sxh, *strides[4:], *conv, *consts]
+        args = [x, packed, out, p, *values, *geometry, sxn, sxc, sxh, *strides[4:], *conv, *consts]
         return grid, cfg, args
 
     def tuning_key(self) -> tuple:
