@@ -25,7 +25,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.testing import layer_plan
 
-TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32"}
+TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 
 
 def captured_launch(kernel) -> tuple:

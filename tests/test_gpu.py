@@ -399,6 +399,49 @@ def test_execute_under_cuda_graph_capture():
     assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
 
 
+def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
+    """Kernels that build tensor descriptors on the device share one scratch buffer per stream
+    (no allocation per launch); a captured launch gets its own, as a graph may replay anywhere."""
+    from fusionplan import launch
+
+    x = input_tensor((4, 128, 14, 14), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype="half")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="triton-window") == "triton-window"
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+
+    def run_and_compare() -> None:
+        x.normal_()
+        y.fill_(float("nan"))
+        plan.execute(handle, x, y, args)
+        torch.cuda.synchronize()
+        result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+    launch._SCRATCH.clear()
+    for _ in range(3):
+        run_and_compare()
+    assert len(launch._SCRATCH) == 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_and_compare()
+        assert len(launch._SCRATCH) == 2  # a buffer of the side stream's own
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan.execute(handle, x, y, args)
+        assert len(launch._SCRATCH) == 2
+    torch.cuda.current_stream().wait_stream(side)
+    run_and_compare()  # an eager launch between captures and replays
+    x.normal_()
+    y.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+    assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+
 def _check_rows(plan, x, y, args, rows):
     """Compare output rows ``rows`` (an H slice) with the reference computed on the matching input rows."""
     ref = reference_output(plan, x[:, :, rows], args)

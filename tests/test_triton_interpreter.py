@@ -375,6 +375,35 @@ def test_small_channel_counts_reduce_over_whole_filter_rows(shape_key, layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
 
 
+# ---- reductions split over several programs (grids that would leave the GPU idle) ---------------------------
+SPLIT_CASES = {  # name: (solver, n, c, h, w, k, r, pads, strides)
+    "conv-7x7-image": ("triton-conv", 1, 64, 7, 7, 24, 3, (1, 1), (1, 1)),
+    "conv-strided": ("triton-conv", 1, 48, 9, 8, 16, 3, (1, 1), (2, 2)),
+    "window-8x8": ("triton-window", 1, 128, 8, 8, 16, 3, (1, 1), (1, 1)),
+    "window-strided": ("triton-window", 1, 128, 16, 16, 16, 3, (1, 1), (2, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(SPLIT_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_split_reduction(case, dtype):
+    """Each part of a tile's reduction stores its partial; the last sums them and runs the chain.
+    Run three times (the arrival counters must be back at zero), the last with a residual prior."""
+    solver, n, c, h, w, k, r, pads, strides = SPLIT_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NHWC")
+    plan = add_chain(
+        plan_for(x), "CBNAB", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=r, param_dtype=DT_NAME[dtype]
+    )
+    handle = compile_named(plan, solver)
+    assert plan._entry(handle).kernel.config.split_k > 1
+    for beta in (0.0, 0.0, 0.7):
+        args = fp.OperatorArgs()
+        for op in plan.ops:
+            args.set(op, random_record(op, beta=beta if op is plan.ops[-1] else 0.0, param_dtype=dtype))
+        x = make_input((n, c, h, w), dtype, "NHWC")
+        check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims).to(dtype))
+
+
 # ---- few input channels read as stretches of input rows (the stem) ----------------------------------------
 STEM_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides, dilations)
     "resnet-stem": (1, 3, 16, 18, 8, 7, 7, (3, 3), (2, 2), (1, 1)),  # runs of 2 pixels

@@ -24,6 +24,7 @@ class ConvConfig:
     group_m: int  # tiles along M that share a column of weights (L2 reuse)
     num_warps: int
     num_stages: int
+    split_k: int = 1  # programs that share a tile's reduction (partials summed by the last one)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,23 @@ def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) 
     if -(-m // 128) * -(-n // 64) >= 132:
         return ConvConfig(128, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
     return ConvConfig(64, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
+
+
+#: Multiprocessors a grid should keep busy (the H100 has 132).
+SPLIT_K_TARGET = 132
+
+
+def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
+    """How many programs share each tile's reduction: grids of fewer programs than half the
+    multiprocessors (a 7x7 layer at batch 1: 8 programs of 72 steps each) leave most of the GPU
+    idle, so the reduction is split, in powers of two, while the grid stays within the
+    multiprocessors and each part keeps at least 4 steps. The interpreter splits small shapes
+    too (at most 4 ways), so that the tests cover the split path."""
+    target, most = (8, 4) if interpret else (SPLIT_K_TARGET, 16)
+    split = 1
+    while programs * split * 2 <= target and steps // (split * 2) >= 4 and split < most:
+        split *= 2
+    return split
 
 
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,

@@ -14,6 +14,7 @@ Groups run as a second grid axis; depthwise convolution is the groups = C case.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
@@ -30,7 +31,15 @@ from fusionplan.folding import (
     split_at_conv,
     stage_affine,
 )
-from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, offset_needs_int64, repeat_for
+from fusionplan.launch import (
+    Launcher,
+    RepeatCache,
+    Repeating,
+    needs_int64,
+    offset_needs_int64,
+    repeat_for,
+    split_workspace,
+)
 from fusionplan.ops import ActivationArgs, ConvArgs, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
@@ -44,18 +53,19 @@ import triton.language as tl
 
 @triton.jit
 def conv_kernel(
-    x_ptr, w_ptr, y_ptr, prior_ptr,
+    x_ptr, w_ptr, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
     {stage_params}
     M, C_G, K_G, H, W, OH, OW,
     sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, str_h, str_w, dil_h, dil_w,
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
     grp = tl.program_id(1)
+    pid_k = tl.program_id(2)  # which part of a split reduction
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K_G, BLOCK_N)
     # GROUP_M swizzle: neighbouring programs share weight columns in L2
@@ -98,7 +108,8 @@ def conv_kernel(
         # pairs in the weights' own order, instead of a mostly empty step per tap
         SC = S * C_G
         num_jb = tl.cdiv(SC, BLOCK_K)
-        for kb in range(0, R * num_jb):
+        steps = R * num_jb
+        for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
             r = kb // num_jb
             jj = (kb % num_jb) * BLOCK_K + offs_k
             j_ok = jj < SC
@@ -113,7 +124,8 @@ def conv_kernel(
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         num_cb = tl.cdiv(C_G, BLOCK_K)
-        for kb in range(0, R * S * num_cb):
+        steps = R * S * num_cb
+        for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
             rs = kb // num_cb
             c0 = (kb % num_cb) * BLOCK_K
             r = rs // S
@@ -128,9 +140,28 @@ def conv_kernel(
             b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn,
                         mask=c_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
+{split}
     ch = grp * K_G + offs_n
 {tail}'''
+
+#: A split reduction's end (SPLIT_K programs per tile, ``pid_k`` this one's part): each stores its
+#: fp32 partial of the [rows, cols] accumulator ``acc``; the last of the tile to arrive sums them
+#: in split order (the same result whichever arrives last), resets the tile's counter for the
+#: next launch and goes on to the epilogue; the others end here.
+SPLIT_K_REDUCE = """    if SPLIT_K > 1:
+        tile = {tile}
+        offs_tile = tl.arange(0, {rows})[:, None] * {cols} + tl.arange(0, {cols})[None, :]
+        tile_ws = ws_ptr + tile * (SPLIT_K * {rows} * {cols})
+        tl.store(tile_ws + pid_k * ({rows} * {cols}) + offs_tile, acc, cache_modifier=".cg")
+        tl.debug_barrier()  # the whole partial is written before the arrival is counted
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived < SPLIT_K - 1:
+            return
+        acc = tl.zeros(({rows}, {cols}), dtype=tl.float32)
+        for part in range(SPLIT_K):
+            acc += tl.load(tile_ws + part * ({rows} * {cols}) + offs_tile, cache_modifier=".cg")
+        tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+"""
 
 #: The end of every convolution kernel: the operator chain on the fp32 accumulator ``acc`` of the
 #: [pixels, channels] tile, then one store in the output's strides. Expects offs_m/offs_n masks
@@ -154,13 +185,22 @@ POINTER_STORE = """    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, N
 
 
 def render_conv_source(
-    spec: PlanSpec, stages: list[Stage], template: str | None = None, store: str = POINTER_STORE, depth: int = 0
+    spec: PlanSpec,
+    stages: list[Stage],
+    template: str | None = None,
+    store: str = POINTER_STORE,
+    depth: int = 0,
+    split: dict[str, str] | None = None,
 ) -> str:
     """A convolution kernel's source: ``template`` (default the implicit GEMM) with the generated
-    epilogue of ``stages`` and ``store``, indented ``depth`` more levels (inside a loop)."""
+    epilogue of ``stages`` and ``store``, indented ``depth`` more levels (inside a loop), and
+    where the template has ``{split}``, the end of a split reduction over ``split``'s tile id,
+    rows and columns."""
+    split = split or {"tile": "grp * tl.num_programs(0) + pid", "rows": "BLOCK_M", "cols": "BLOCK_N"}
     epi = emit_stages(stages, spec.ops)
     tail = EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=store)
     return (template or _TEMPLATE).format(
+        split=SPLIT_K_REDUCE.format(**split),
         chain="".join(op.letter for op in spec.ops[1:]) or "nothing",
         n_stages=len(stages),
         stage_params="".join(p + ", " for p in epi.params),
@@ -269,16 +309,40 @@ class TritonConvKernel(Repeating, Kernel):
         # (the stem: 7 steps of 21 of 32 instead of 49 steps of 3 of 16; 1.7x faster on the H100)
         self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
-        self.config = self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype)
+        self.config = self.with_split(self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype))
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
         if handle.device.type == "cuda":
             if tuning.find_mode(handle.find_mode) == "NORMAL":
-                self.config = self.find(handle.device)
+                self.config = self.with_split(self.find(handle.device))
             self.compile_ahead(handle.device)
 
     def source(self) -> str:
         return self._source
+
+    #: whether the kernel can split a tile's reduction over several programs (SPLIT_K_REDUCE)
+    splits_reduction = True
+
+    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
+        """``cfg`` with the reduction split where its grid leaves most multiprocessors idle."""
+        if not self.splits_reduction:
+            return cfg
+        programs, steps = self.programs_and_steps(cfg)
+        return replace(cfg, split_k=tuning.split_k_for(programs, steps, interpreter_active()))
+
+    @staticmethod
+    def _workspace(device: torch.device, cfg: tuning.ConvConfig, tiles: int, tile_size: int) -> tuple[Tensor, Tensor]:
+        """A split launch's partial sums and counters; one-element stand-ins for an unsplit one."""
+        if cfg.split_k == 1:
+            return split_workspace(device, 1, 1)
+        return split_workspace(device, tiles * cfg.split_k * tile_size, tiles)
+
+    def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        """The programs of an unsplit grid and the reduction steps each runs."""
+        m, c_g, k_g = self.geometry[:3]
+        r, s = self.conv.w_desc.dims[2:]
+        steps = r * (triton_cdiv(s * c_g, cfg.block_k) if self.fold_s else s * triton_cdiv(c_g, cfg.block_k))
+        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n) * self.groups, steps
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -312,7 +376,7 @@ class TritonConvKernel(Repeating, Kernel):
         kernel = self.launcher(grid, key, args, self.config.num_warps, self.config.num_stages)
         if out is not y:
             y.copy_(out)
-        else:
+        elif self.config.split_k == 1:  # a split launch's workspace belongs to this call's stream
             slots = (0, 2, 3)  # x, y, prior
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior)
             self._repeats.put(repeat)
@@ -333,7 +397,8 @@ class TritonConvKernel(Repeating, Kernel):
         """Grid, specialization key and arguments of one launch. ``strides`` and ``idx64`` default
         to the tensors' own (stand-in tensors for compiling ahead pass the plan's)."""
         m, _, k_g = self.geometry[:3]
-        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n), self.groups, 1)
+        tiles = triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n)
+        grid = (tiles, self.groups, cfg.split_k)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (
             self.conv.w_desc.dims[2],
@@ -347,9 +412,11 @@ class TritonConvKernel(Repeating, Kernel):
             self.dot_precision,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
+            cfg.split_k,
             *flags.values(),
         )
-        args = [x, packed, out, p, *values, *self.geometry, *strides, *self.conv_args, *consts]
+        ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
+        args = [x, packed, out, p, *ws, *values, *self.geometry, *strides, *self.conv_args, *consts]
         return grid, cfg, args  # the launcher adds the arguments' specialization to the key
 
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:

@@ -93,6 +93,7 @@ def depthwise_why_not(spec: PlanSpec) -> str | None:
 
 class TritonDepthwiseKernel(TritonConvKernel):
     solver_name = "triton-depthwise"
+    splits_reduction = False  # its own template: no split reduction
     kmajor_fp32_weights = False  # its weight layout is its own
     stem = "depthwise"
     candidates = tuning.DEPTHWISE_CANDIDATES

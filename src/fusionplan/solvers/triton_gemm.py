@@ -136,6 +136,7 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
 
 class TritonGemmKernel(DescriptorConvKernel):
     solver_name = "triton-gemm"
+    splits_reduction = False  # its own template: no split reduction
     kmajor_fp32_weights = False  # its weight layout is its own
     stem = "gemm"
     candidates = tuning.GEMM_CANDIDATES

@@ -193,6 +193,7 @@ def stem_why_not(spec: PlanSpec) -> str | None:
 
 class TritonStemKernel(TritonConvKernel):
     solver_name = "triton-stem"
+    splits_reduction = False  # its own template: no split reduction
     stem = "stem"
 
     @property

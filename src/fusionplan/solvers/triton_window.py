@@ -43,14 +43,14 @@ import triton.language as tl
 
 @triton.jit
 def window_kernel(
-    x_ptr, w_ptr, y_ptr, prior_ptr,
+    x_ptr, w_ptr, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, dil_h, dil_w,
     R: tl.constexpr, S: tl.constexpr, STR_H: tl.constexpr, STR_W: tl.constexpr,
     TILE_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
     {stage_flags}
 ):
     w_desc = tl.make_tensor_descriptor(
@@ -58,6 +58,7 @@ def window_kernel(
     )
     pid = tl.program_id(0)
     pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)  # which part of a split reduction
     tiles_w = tl.cdiv(OW, TILE_W)
     tiles_h = tl.cdiv(OH, TILE_H)
     tw = pid % tiles_w
@@ -88,7 +89,8 @@ def window_kernel(
                     strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
                     block_shape=[TILE_N, TILE_H, TILE_W, BLOCK_K],
                 )
-                for kb in range(0, n_r * n_s * num_cb):
+                steps = n_r * n_s * num_cb
+                for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
                     t = kb // num_cb
                     c0 = (kb % num_cb) * BLOCK_K
                     r = r0 + (t // n_s) * STR_H
@@ -103,7 +105,7 @@ def window_kernel(
                     b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
                     acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
     acc = tl.trans(acc)
-
+{split}
     offs_m = tl.arange(0, TILE_N * TILE_H * TILE_W)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_img = n0 + offs_m // (TILE_H * TILE_W)
@@ -182,7 +184,8 @@ class TritonWindowKernel(DescriptorConvKernel):
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_conv_source(spec, stages, _TEMPLATE)
+        split = {"tile": "pid + pid_n * tl.num_programs(0)", "rows": "TILE_N * TILE_H * TILE_W", "cols": "BLOCK_N"}
+        return render_conv_source(spec, stages, _TEMPLATE, split=split)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         area = window_area(self.spec)
@@ -193,6 +196,21 @@ class TritonWindowKernel(DescriptorConvKernel):
         the reduction contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
         k = weight.shape[0]
         return weight.permute(0, 2, 3, 1).reshape(k, -1).contiguous()
+
+    def _windows(self, cfg: tuning.ConvConfig) -> tuple[tuple[int, int, int], int]:
+        """The window (TILE_N, TILE_H, TILE_W) of ``cfg.block_m`` pixels and how many cover the output."""
+        n = self.spec.input_desc.dims[0]
+        oh, ow = self.out_hw
+        window = tuning.window_shape(*window_area(self.spec), cfg.block_m)
+        if window is None:  # NORMAL find skips such a candidate
+            raise ValueError(f"no window of {cfg.block_m} pixels fits {n} {oh}x{ow} outputs")
+        tile_n, tile_h, tile_w = window
+        return window, triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
+
+    def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        c = self.spec.input_desc.dims[1]
+        r, s = self.conv.w_desc.dims[2:]
+        return self._windows(cfg)[1] * triton_cdiv(self.k, cfg.block_n), r * s * triton_cdiv(c, cfg.block_k)
 
     def _launch_args(
         self,
@@ -209,12 +227,9 @@ class TritonWindowKernel(DescriptorConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         n, c, h, w = self.spec.input_desc.dims
         oh, ow = self.out_hw
-        window = tuning.window_shape(*window_area(self.spec), cfg.block_m)
-        if window is None:  # NORMAL find skips such a candidate
-            raise ValueError(f"no window of {cfg.block_m} pixels fits {n} {oh}x{ow} outputs")
-        tile_n, tile_h, tile_w = window
-        windows = triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
-        grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
+        (tile_n, tile_h, tile_w), windows = self._windows(cfg)
+        n_tiles = triton_cdiv(self.k, cfg.block_n)
+        grid = (windows, n_tiles, cfg.split_k)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         consts = (
@@ -229,9 +244,11 @@ class TritonWindowKernel(DescriptorConvKernel):
             self.dot_precision,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
+            cfg.split_k,
             *flags.values(),
         )
-        args = [x, packed, out, p, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
+        ws = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
+        args = [x, packed, out, p, *ws, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
         return grid, cfg, args
 
 
