@@ -442,6 +442,47 @@ def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
     assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
 
 
+@pytest.mark.parametrize("solver", ["triton-conv", "triton-window"])
+def test_split_reductions_across_streams_and_graphs(solver):
+    """A 14x14 layer at batch 1 leaves most multiprocessors idle: its reduction is split. Repeated
+    launches, a second stream and a captured graph each use a workspace of their own."""
+    x = input_tensor((1, 256, 14, 14), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=256, r=3, s=3, param_dtype="half")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver=solver) == solver
+    assert plan._entry(handle).kernel.config.split_k > 1
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+
+    def check() -> None:
+        torch.cuda.synchronize()
+        result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+    def run_and_check() -> None:
+        x.normal_()
+        y.fill_(float("nan"))
+        plan.execute(handle, x, y, args)
+        check()
+
+    for _ in range(3):  # the first launch, then the repeat path
+        run_and_check()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run_and_check()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan.execute(handle, x, y, args)
+    torch.cuda.current_stream().wait_stream(side)
+    run_and_check()
+    for _ in range(2):
+        x.normal_()
+        y.fill_(float("nan"))
+        graph.replay()
+        check()
+
+
 def _check_rows(plan, x, y, args, rows):
     """Compare output rows ``rows`` (an H slice) with the reference computed on the matching input rows."""
     ref = reference_output(plan, x[:, :, rows], args)

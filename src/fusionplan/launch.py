@@ -37,12 +37,14 @@ Tensor = torch.Tensor
 log = logging.getLogger("fusionplan")
 
 
-def current_raw_stream() -> int:
-    """The current CUDA stream of the current device, as Triton's launcher takes it."""
+def current_raw_stream(device: torch.device | None = None) -> int:
+    """The current CUDA stream of ``device`` (default the current device), as Triton's launcher
+    takes it."""
+    index = device.index if device is not None and device.index is not None else None
     get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
     if get_raw is not None:
-        return get_raw(torch._C._cuda_getDevice())
-    return torch.cuda.current_stream().cuda_stream
+        return get_raw(torch._C._cuda_getDevice() if index is None else index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 _runtime_knobs = None
@@ -87,7 +89,7 @@ def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Te
         return make()
     if torch.cuda.is_current_stream_capturing():
         return make()
-    key = (device, torch.cuda.current_stream(device).cuda_stream, partials, tiles)
+    key = (device, current_raw_stream(device), partials, tiles)
     found = _SPLIT_WORKSPACES.get(key)
     if found is None:
         if len(_SPLIT_WORKSPACES) >= _SCRATCH_ENTRIES:
@@ -310,6 +312,7 @@ class Repeat:
     in_place_ok: bool = False
     prior_read: bool = False  # the prior slot holds the prior (else the output, as a placeholder)
     prior_bytes: int = 0
+    stream: int | None = None  # set: the launch holds a workspace of this stream (split_workspace)
 
     def try_launch(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> bool:
         """Launch on x -> y (reading the prior where one is given) if the conditions hold; False if not."""
@@ -324,6 +327,10 @@ class Repeat:
         if pp != yp and pp < yp + self.y_bytes and yp < pp + self.prior_bytes:
             return False  # a prior partly overlapping the output: elements read after being written
         if args_fingerprint(records) != self.versions:
+            return False
+        if self.stream is not None and (
+            torch.cuda.is_current_stream_capturing() or current_raw_stream() != self.stream
+        ):  # another stream, or a graph that may replay anywhere: a workspace of its own
             return False
         self.bound.launch((xp, yp, pp))
         return True
@@ -373,10 +380,13 @@ def repeat_for(
     prior: Tensor | None,
     in_place_ok: bool = False,
     prior_read: bool = False,
+    stream_bound: bool = False,
 ) -> Repeat | None:
     """A ``Repeat`` of a launch that read x and wrote y, with the slots of x, y and the prior in
     ``args`` (the prior slot holding ``prior`` when ``prior_read``, else y); None when the launch
-    cannot be repeated directly (interpreter, direct launch off, or a pointer not 16-byte aligned)."""
+    cannot be repeated directly (interpreter, direct launch off, or a pointer not 16-byte aligned).
+    ``stream_bound``: the arguments hold the current stream's workspace, so only launches on that
+    stream, outside graph captures, repeat it."""
     if not launcher.direct or kernel is None or not hasattr(kernel, "run"):
         return None
     if any(a.data_ptr() % 16 for a in args if isinstance(a, Tensor)):
@@ -391,6 +401,7 @@ def repeat_for(
         in_place_ok,
         prior_read,
         extent_bytes(prior) if prior is not None else 0,
+        current_raw_stream() if stream_bound else None,
     )
 
 

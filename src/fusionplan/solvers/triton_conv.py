@@ -376,9 +376,10 @@ class TritonConvKernel(Repeating, Kernel):
         kernel = self.launcher(grid, key, args, self.config.num_warps, self.config.num_stages)
         if out is not y:
             y.copy_(out)
-        elif self.config.split_k == 1:  # a split launch's workspace belongs to this call's stream
+        else:
             slots = (0, 2, 3)  # x, y, prior
-            repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior)
+            split = self.config.split_k > 1  # its workspace is the current stream's
+            repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)
 
     def _launch_args(
