@@ -312,8 +312,7 @@ def test_window_solver(case, dtype, out_layout):
     x = make_input((n, c, h, w), dtype, "NHWC")
     conv = fp.ConvolutionDescriptor(pads, (1, 1), dils)
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, param_dtype=DT_NAME[dtype])
-    handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) == "triton-window"
+    handle = compile_named(plan, "triton-window")  # on the GPU small grids go to triton-conv
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
@@ -333,9 +332,7 @@ def test_strided_window_solver(case, out_layout):
     plan = add_chain(
         plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s, param_dtype="half"
     )
-    handle = compile_triton(plan)
-    # 16-bit data: windows take strided convolutions (but strided 1x1 on many pixels); fp32: after triton-conv
-    assert plan.compiled_solver(handle) == "triton-window"
+    handle = compile_named(plan, "triton-window")  # fp32 strided: after triton-conv
     x32 = make_input((n, c, h, w), torch.float32, "NHWC")
     plan32 = add_chain(plan_for(x32), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
     verdict = next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-window")
@@ -354,8 +351,7 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain, dims):
     x = make_input((n, 128, h, w), torch.float32, "NHWC")
     conv = fp.ConvolutionDescriptor((1, 1))
     plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=3, s=3, bn_mode=BatchNormMode.PER_ACTIVATION)
-    handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) == "triton-window"
+    handle = compile_named(plan, "triton-window")  # on the GPU small grids go to triton-conv
     rng = random.Random(len(chain))
     args = fp.OperatorArgs()
     for op in plan.ops:
@@ -515,6 +511,28 @@ def test_gemm_defers_where_it_measured_slower():
     assert plan.compiled_solver(handle) == "triton-conv"
     assert plan.compile(handle, solver="triton-gemm") == "triton-gemm"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
+
+
+@pytest.mark.parametrize(
+    "layer, batch, solver, deferred",
+    [
+        ("r50_10", 32, "triton-window", None),  # 128 programs
+        ("r50_10", 1, "triton-window", "14 programs < 100"),
+        ("r50_09", 1, "triton-gemm", None),  # C=512, no window grid to defer to
+        ("r50_13", 1, "triton-gemm", "M=196 pixels < 4096"),  # C=256: triton-conv faster
+        ("r50_19", 32, "triton-gemm", "M=1568 pixels < 4096"),  # windows of 128 programs faster
+    ],
+)
+def test_small_grids_defer_where_measured_slower(layer, batch, solver, deferred):
+    """Choices at batch 1 and 32 follow the H100 measurements (descriptors only: nothing runs)."""
+    from fusionplan.shapes import resnet50_layer
+    from fusionplan.testing import layer_plan
+
+    s = resnet50_layer(layer)
+    x = torch.empty(batch, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
+    verdict = next(v for v in layer_plan(s, x, "CBA").explain(fp.Handle("cpu")) if v.solver == solver)
+    assert verdict.applicable
+    assert verdict.deferred == deferred if deferred is None else deferred in verdict.deferred
 
 
 def test_window_solver_leaves_tensors_past_2_to_the_31_elements_to_triton_conv():

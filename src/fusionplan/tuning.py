@@ -119,6 +119,10 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
     return split
 
 
+#: Below this many programs in its grid (ResNet-50 at batch 1: 8-98; at batch 32: 128 or more)
+#: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).
+WINDOW_MIN_PROGRAMS = 100
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

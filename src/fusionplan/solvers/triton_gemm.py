@@ -28,6 +28,7 @@ from fusionplan.solvers.triton_conv import (
     render_conv_source,
     triton_cdiv,
 )
+from fusionplan.solvers.triton_window import window_programs
 
 Tensor = torch.Tensor
 
@@ -101,6 +102,10 @@ _STORE = (
 #: outputs: r50_19 16.7 against 12.3, r50_21 19.9 against 14.4; bench/NOTES.md, section 10).
 GEMM_DEFER_PIXELS = 16384
 GEMM_DEFER_PIXELS_ANY = 4096
+#: ... except where windows would leave the GPU idle too (batch 1): from C = 512 on, the GEMM
+#: measured faster than triton-conv there (fp16: r50_09 6.5 us against 9.2, r50_15 7.7 against
+#: 10.3, r50_21 10.4 against 12.2; below, r50_13 5.8 against 4.9; bench/NOTES.md, section 12).
+GEMM_SMALL_GRID_CHANNELS = 512
 
 
 def gemm_defer_why(spec: PlanSpec) -> str | None:
@@ -109,11 +114,16 @@ def gemm_defer_why(spec: PlanSpec) -> str | None:
     if spec.dtype == DataType.FLOAT:
         # TF32, H100: r50_07 61.6 us against 37.4 for triton-conv, r50_13 57.0 against 25.8
         return "fp32 data: triton-conv measured as fast or faster on every 1x1 layer of ResNet-50"
-    if n * h * w < GEMM_DEFER_PIXELS_ANY:
-        return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS_ANY}: slower than the convolution kernels"
-    if n * h * w < GEMM_DEFER_PIXELS and c >= 2 * k:
-        return f"M={n * h * w} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 2K: slower than the convolution kernels"
-    return None
+    m = n * h * w
+    if m < GEMM_DEFER_PIXELS_ANY:
+        why = f"M={m} pixels < {GEMM_DEFER_PIXELS_ANY}: slower than the convolution kernels"
+    elif m < GEMM_DEFER_PIXELS and c >= 2 * k:
+        why = f"M={m} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 2K: slower than the convolution kernels"
+    else:
+        return None
+    if c >= GEMM_SMALL_GRID_CHANNELS and window_programs(spec) < tuning.WINDOW_MIN_PROGRAMS:
+        return None  # no window grid to defer to: faster than triton-conv
+    return why
 
 
 def gemm_why_not(spec: PlanSpec) -> str | None:

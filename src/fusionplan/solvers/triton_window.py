@@ -158,8 +158,27 @@ def window_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
+def window_programs(spec: PlanSpec) -> int:
+    """The programs of the window kernel's unsplit grid on a GPU (the FAST configuration), or 0
+    where no window fits the output."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    n, c = spec.input_desc.dims[:2]
+    k, oh, ow = conv.output_desc.dims[1:]
+    area = window_area(spec)
+    if tuning.largest_window(*area) < 64:
+        return 0
+    cfg = tuning.window_heuristic(n * oh * ow, k, c, (oh, ow), area, spec.dtype.torch_dtype, interpret=False)
+    window = tuning.window_shape(*area, cfg.block_m)
+    if window is None:
+        return 0
+    tile_n, tile_h, tile_w = window
+    windows = triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
+    return windows * triton_cdiv(k, cfg.block_n)
+
+
 def window_defer_why(spec: PlanSpec) -> str | None:
-    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10)."""
+    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10, 12)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     n, ch = spec.input_desc.dims[:2]
@@ -174,6 +193,12 @@ def window_defer_why(spec: PlanSpec) -> str | None:
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
     elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= 16384:
         return "strided 1x1 filter on many pixels: triton-conv measured faster (fp16: r50_08 35.7 against 38.9 us)"
+    programs = window_programs(spec)
+    if programs < tuning.WINDOW_MIN_PROGRAMS:
+        return (
+            f"{programs} programs < {tuning.WINDOW_MIN_PROGRAMS}: triton-conv measured faster on such grids "
+            "(batch 1, fp16: r50_12 12.9 against 19.1 us, r50_04 4.2 against 5.3)"
+        )
     return None
 
 
