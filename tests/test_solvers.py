@@ -174,3 +174,25 @@ def test_no_applicability_check_raises_on_common_plans():
         for plan in plans:
             for verdict in solvers.verdicts(plan.spec(), handle):
                 assert "applicability check failed" not in (verdict.reason or ""), (plan.describe(), str(verdict))
+
+
+@pytest.mark.parametrize(
+    "interleaved, filter_w, stride, pad, dil, itemsize, expected",
+    [
+        # the stem, channels-last fp16: runs of 2 pixels, 30 of 32 elements used, 8-byte vectors
+        (3, 7, 2, 3, 1, 2, dict(pixels=2, step=12, lead=12, block_e=32, used=30)),
+        # the stem on channel planes: runs of 4 pixels, 14 of 16 (a 4-element vector lead)
+        (1, 7, 2, 3, 1, 2, dict(pixels=4, step=8, lead=4, block_e=16, used=14)),
+        # 3x3 stride 1 on 3 channels: a shorter vector keeps the stretch at 16
+        (3, 3, 1, 1, 1, 2, dict(pixels=2, step=6, lead=4, block_e=16, used=13)),
+    ],
+)
+def test_stem_stretches_choose_the_shortest_step(interleaved, filter_w, stride, pad, dil, itemsize, expected):
+    """The stretch per filter row first (tensor-core work), then longer runs, then wider vectors."""
+    from fusionplan.solvers.triton_stem import stretches
+
+    runs = stretches(interleaved, filter_w, stride, pad, dil, 112, itemsize)
+    assert {k: getattr(runs, k) for k in expected} == expected
+    # every tap of every pixel of the run lies inside the stretch, the last one at used - 1
+    last = runs.position(runs.pixels - 1, filter_w - 1, stride, pad, dil) + interleaved - 1
+    assert runs.position(0, 0, stride, pad, dil) >= 0 and last == runs.used - 1 < runs.block_e
