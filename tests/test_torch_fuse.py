@@ -122,6 +122,20 @@ def test_torch_compile_and_layouts():
     torch.testing.assert_close(fused.double()(x.double()), m.double()(x.double()), rtol=1e-10, atol=1e-10)
 
 
+def test_torch_export_keeps_the_fused_chains_and_the_models_parameters():
+    m = model()
+    fused = fpt.fuse(m)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        fused(x)  # an eager call first: export must not trace the repeat path
+        exported = torch.export.export(fused, (x,))
+        chains = [n for n in exported.graph.nodes if n.op == "call_function" and "fused_chain" in str(n.target)]
+        assert len(chains) == len(fused.fusion_report.fused)
+        assert set(exported.state_dict) <= set(m.state_dict())  # the model's names, no copies
+        fresh = torch.randn(2, 3, 16, 16)
+        torch.testing.assert_close(exported.module()(fresh), m(fresh), rtol=1e-4, atol=1e-5)
+
+
 def test_torch_compile_traces_many_chains_in_one_graph_after_eager_calls():
     """Twelve chains of different strides and paddings, called eagerly first (the repeat path set):
     torch.compile traces the model as one graph, without breaks (which recompiled per chain)."""
