@@ -89,8 +89,20 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
     return torch.contiguous_format
 
 
-@torch_library.custom_op("fusionplan::fused_chain", mutates_args=())
-def fused_chain(
+#: The op's schema: functional (a new output, nothing mutated or aliased), no autograd formula.
+#: Registered through torch.library.Library rather than torch.library.custom_op: the same schema,
+#: fake kernel and tracing, without custom_op's per-call wrappers (a small chain on a 2-core CPU:
+#: 56 -> 48.5 us per call, of which 29.5 us run the chain), which torch.compile pays per chain.
+_SCHEMA = (
+    "fused_chain(Tensor x, Tensor? weight, Tensor? conv_bias, Tensor? bn_weight, Tensor? bn_bias, "
+    "Tensor? bn_mean, Tensor? bn_var, float bn_eps, int[] stride, int[] padding, int[] dilation, "
+    "int groups, int act_mode, float act_alpha, float act_beta, float act_gamma, Tensor? residual=None) -> Tensor"
+)
+_LIBRARY = torch_library.Library("fusionplan", "DEF")  # kept alive: the op lives as long as it
+_LIBRARY.define(_SCHEMA)
+
+
+def _fused_chain_impl(
     x: torch.Tensor,
     weight: torch.Tensor | None,
     conv_bias: torch.Tensor | None,
@@ -125,6 +137,10 @@ def fused_chain(
             _OP_CALLS.clear()
         _OP_CALLS[key] = repeat
     return out
+
+
+_LIBRARY.impl("fused_chain", _fused_chain_impl, "CompositeExplicitAutograd")
+fused_chain = torch.ops.fusionplan.fused_chain.default
 
 
 #: The custom op's calls that can be repeated: (input and residual layout, parameter identities
@@ -246,7 +262,7 @@ def _args_for(
     return args
 
 
-@fused_chain.register_fake
+@torch_library.register_fake("fusionplan::fused_chain")
 def _(
     x,
     weight,
