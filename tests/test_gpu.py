@@ -474,6 +474,7 @@ def test_split_reductions_across_streams_and_graphs(solver):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             plan.execute(handle, x, y, args)
+        run_and_check()  # on the capture's stream again: not with the graph's workspace
     torch.cuda.current_stream().wait_stream(side)
     run_and_check()
     for _ in range(2):

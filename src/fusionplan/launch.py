@@ -391,6 +391,8 @@ def repeat_for(
         return None
     if any(a.data_ptr() % 16 for a in args if isinstance(a, Tensor)):
         return None  # repeats check for aligned pointers only
+    if stream_bound and torch.cuda.is_current_stream_capturing():
+        return None  # its workspace belongs to the graph, which may replay on any stream
     return Repeat(
         BoundLaunch(kernel, grid, args, pointer_slots),
         records,
