@@ -51,33 +51,36 @@ _runtime_knobs = None
 
 
 _SCRATCH: dict[tuple, Tensor] = {}
-_SCRATCH_ENTRIES = 64
+_SPLIT_WORKSPACES: dict[tuple, tuple[Tensor, Tensor]] = {}
+_PER_STREAM_ENTRIES = 64
+
+
+def _per_stream(cache: dict, key: tuple, make):
+    """``make()``'s memory for launches on one stream, kept in ``cache`` under ``key`` (device,
+    stream, sizes): launches on a stream run one after another, so one buffer serves them all,
+    without an allocation per launch. A launch captured into a CUDA graph gets memory of its own,
+    since the graph may be replayed on any stream."""
+    if torch.cuda.is_current_stream_capturing():
+        return make()
+    found = cache.get(key)
+    if found is None:
+        if len(cache) >= _PER_STREAM_ENTRIES:
+            cache.clear()  # freed stream-ordered: launches in flight keep their memory
+        found = cache[key] = make()
+    return found
 
 
 def _torch_scratch(size: int, alignment: int, stream) -> Tensor:
-    """Scratch memory for a launch (the tensor descriptors a kernel builds on the device). One
-    buffer per device, stream and size serves every launch: launches on a stream run one after
-    another, and each writes its descriptors before reading them. That saves an allocation per
-    launch (about 4 us of host time at batch 1). A launch captured into a CUDA graph gets a buffer
-    of its own, since the graph may be replayed on any stream."""
-    if torch.cuda.is_current_stream_capturing():
-        return torch.empty(size, dtype=torch.int8, device="cuda")
+    """Scratch memory for a launch (the tensor descriptors a kernel builds on the device; each
+    launch writes its descriptors before reading them). Per stream: about 4 us less host time per
+    launch at batch 1 than an allocation each time."""
     key = (torch.cuda.current_device(), stream, size)
-    buffer = _SCRATCH.get(key)
-    if buffer is None:
-        if len(_SCRATCH) >= _SCRATCH_ENTRIES:
-            _SCRATCH.clear()  # freed stream-ordered: launches in flight keep their memory
-        buffer = _SCRATCH[key] = torch.empty(size, dtype=torch.int8, device="cuda")
-    return buffer
-
-
-_SPLIT_WORKSPACES: dict[tuple, tuple[Tensor, Tensor]] = {}
+    return _per_stream(_SCRATCH, key, lambda: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
 def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Tensor, Tensor]:
     """The fp32 partial sums and int32 arrival counters (zero between launches: the last program
-    of a tile resets its counter) of a split reduction. Shared per device, stream and size, as
-    the scratch above; a launch captured into a CUDA graph gets its own."""
+    of a tile resets its counter) of a split reduction, per stream as the scratch above."""
 
     def make() -> tuple[Tensor, Tensor]:
         return (
@@ -87,15 +90,7 @@ def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Te
 
     if device.type != "cuda":
         return make()
-    if torch.cuda.is_current_stream_capturing():
-        return make()
-    key = (device, current_raw_stream(device), partials, tiles)
-    found = _SPLIT_WORKSPACES.get(key)
-    if found is None:
-        if len(_SPLIT_WORKSPACES) >= _SCRATCH_ENTRIES:
-            _SPLIT_WORKSPACES.clear()
-        found = _SPLIT_WORKSPACES[key] = make()
-    return found
+    return _per_stream(_SPLIT_WORKSPACES, (device, current_raw_stream(device), partials, tiles), make)
 
 
 def ensure_scratch_allocator() -> None:

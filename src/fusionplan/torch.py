@@ -90,9 +90,10 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
 
 
 #: The op's schema: functional (a new output, nothing mutated or aliased), no autograd formula.
-#: Registered through torch.library.Library rather than torch.library.custom_op: the same schema,
-#: fake kernel and tracing, without custom_op's per-call wrappers (a small chain on a 2-core CPU:
-#: 56 -> 48.5 us per call, of which 29.5 us run the chain), which torch.compile pays per chain.
+#: Defined and implemented directly in the "fusionplan" op namespace rather than through the
+#: custom_op decorator: the same schema, fake kernel and tracing, without the decorator's per-call
+#: wrappers (a small chain on a 2-core CPU: 56 -> 48.5 us per call, of which 29.5 us run the chain),
+#: which torch.compile pays per chain.
 _SCHEMA = (
     "fused_chain(Tensor x, Tensor? weight, Tensor? conv_bias, Tensor? bn_weight, Tensor? bn_bias, "
     "Tensor? bn_mean, Tensor? bn_var, float bn_eps, int[] stride, int[] padding, int[] dilation, "

@@ -198,15 +198,28 @@ def render_conv_source(
     rows and columns."""
     split = split or {"tile": "grp * tl.num_programs(0) + pid", "rows": "BLOCK_M", "cols": "BLOCK_N"}
     epi = emit_stages(stages, spec.ops)
-    tail = EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=store)
+    tail = epilogue_tail(epi, store)
     return (template or _TEMPLATE).format(
         split=SPLIT_K_REDUCE.format(**split),
-        chain="".join(op.letter for op in spec.ops[1:]) or "nothing",
-        n_stages=len(stages),
-        stage_params="".join(p + ", " for p in epi.params),
-        stage_flags="".join(f + ": tl.constexpr, " for f in epi.constexprs),
+        **header_fields(spec, stages, epi),
         tail=indent(tail.rstrip("\n").split("\n"), 4 * depth) + "\n",
     )
+
+
+def epilogue_tail(epi, store: str = POINTER_STORE) -> str:
+    """EPILOGUE_TAIL with the generated stages ``epi`` (emit_stages) and ``store``."""
+    return EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=store)
+
+
+def header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict[str, object]:
+    """The fields every generated kernel's header takes: the chain's letters, the number of
+    epilogue stages, and the stages' parameters and constexpr flags in the signature."""
+    return {
+        "chain": "".join(op.letter for op in spec.ops[1:]) or "nothing",
+        "n_stages": len(stages),
+        "stage_params": "".join(p + ", " for p in epi.params),
+        "stage_flags": "".join(f + ": tl.constexpr, " for f in epi.constexprs),
+    }
 
 
 def device_why_not(handle, dtype: DataType) -> str | None:
@@ -339,10 +352,15 @@ class TritonConvKernel(Repeating, Kernel):
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """The programs of an unsplit grid and the reduction steps each runs."""
-        m, c_g, k_g = self.geometry[:3]
+        c_g = self.geometry[1]
         r, s = self.conv.w_desc.dims[2:]
         steps = r * (triton_cdiv(s * c_g, cfg.block_k) if self.fold_s else s * triton_cdiv(c_g, cfg.block_k))
-        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n) * self.groups, steps
+        return self._tiles(cfg) * self.groups, steps
+
+    def _tiles(self, cfg: tuning.ConvConfig) -> int:
+        """Output tiles of one group: pixels x channels."""
+        m, _, k_g = self.geometry[:3]
+        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n)
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -397,8 +415,7 @@ class TritonConvKernel(Repeating, Kernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         """Grid, specialization key and arguments of one launch. ``strides`` and ``idx64`` default
         to the tensors' own (stand-in tensors for compiling ahead pass the plan's)."""
-        m, _, k_g = self.geometry[:3]
-        tiles = triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n)
+        tiles = self._tiles(cfg)
         grid = (tiles, self.groups, cfg.split_k)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (

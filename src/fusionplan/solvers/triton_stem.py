@@ -26,16 +26,16 @@ from dataclasses import dataclass, replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active
+from fusionplan.codegen import emit_stages, interpreter_active
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
-    EPILOGUE_TAIL,
-    POINTER_STORE,
     TritonConvKernel,
     conv_plan_why_not,
     device_why_not,
+    epilogue_tail,
+    header_fields,
     triton_cdiv,
 )
 
@@ -208,7 +208,7 @@ class TritonStemKernel(TritonConvKernel):
     def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
         px = self.runs.pixels
         epi = emit_stages(stages, spec.ops)
-        tail = EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=POINTER_STORE)
+        tail = epilogue_tail(epi)
         tails = "".join(
             f"    # pixel {p} of each run\n"
             f"    ow = qw * PX + {p}\n"
@@ -225,10 +225,7 @@ class TritonStemKernel(TritonConvKernel):
         zeros = "".join(f"    acc{p} = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)\n" for p in range(px))
         return _TEMPLATE.format(
             px=px,
-            chain="".join(op.letter for op in spec.ops[1:]) or "nothing",
-            n_stages=len(stages),
-            stage_params="".join(p + ", " for p in epi.params),
-            stage_flags="".join(f + ": tl.constexpr, " for f in epi.constexprs),
+            **header_fields(spec, stages, epi),
             zeros=zeros.rstrip("\n"),
             dots=dots.rstrip("\n"),
             tails=tails,

@@ -158,23 +158,35 @@ def window_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def window_programs(spec: PlanSpec) -> int:
-    """The programs of the window kernel's unsplit grid on a GPU (the FAST configuration), or 0
-    where no window fits the output."""
+def window_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
+    """The FAST configuration of the plan's window kernel (on a GPU unless ``interpret``)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     n, c = spec.input_desc.dims[:2]
     k, oh, ow = conv.output_desc.dims[1:]
-    area = window_area(spec)
-    if tuning.largest_window(*area) < 64:
-        return 0
-    cfg = tuning.window_heuristic(n * oh * ow, k, c, (oh, ow), area, spec.dtype.torch_dtype, interpret=False)
-    window = tuning.window_shape(*area, cfg.block_m)
+    return tuning.window_heuristic(n * oh * ow, k, c, (oh, ow), window_area(spec), spec.dtype.torch_dtype, interpret)
+
+
+def window_tiles(spec: PlanSpec, pixels: int) -> tuple[tuple[int, int, int], int] | None:
+    """The window (TILE_N, TILE_H, TILE_W) of ``pixels`` pixels and how many cover the output, or
+    None when no such window fits."""
+    window = tuning.window_shape(*window_area(spec), pixels)
     if window is None:
-        return 0
+        return None
+    n = spec.input_desc.dims[0]
+    oh, ow = spec.output_desc.dims[2:]
     tile_n, tile_h, tile_w = window
-    windows = triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
-    return windows * triton_cdiv(k, cfg.block_n)
+    return window, triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
+
+
+def window_programs(spec: PlanSpec) -> int:
+    """The programs of the window kernel's unsplit grid on a GPU (the FAST configuration), or 0
+    where no window fits the output."""
+    if tuning.largest_window(*window_area(spec)) < 64:
+        return 0
+    cfg = window_config(spec, interpret=False)
+    tiles = window_tiles(spec, cfg.block_m)
+    return 0 if tiles is None else tiles[1] * triton_cdiv(spec.output_desc.dims[1], cfg.block_n)
 
 
 def window_defer_why(spec: PlanSpec) -> str | None:
@@ -213,8 +225,7 @@ class TritonWindowKernel(DescriptorConvKernel):
         return render_conv_source(spec, stages, _TEMPLATE, split=split)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        area = window_area(self.spec)
-        return tuning.window_heuristic(m, k_per_group, c_per_group, self.out_hw, area, dtype, interpreter_active())
+        return window_config(self.spec, interpreter_active())  # the same m, k, c (no groups) and dtype
 
     def pack(self, weight: Tensor) -> Tensor:
         """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
@@ -223,14 +234,13 @@ class TritonWindowKernel(DescriptorConvKernel):
         return weight.permute(0, 2, 3, 1).reshape(k, -1).contiguous()
 
     def _windows(self, cfg: tuning.ConvConfig) -> tuple[tuple[int, int, int], int]:
-        """The window (TILE_N, TILE_H, TILE_W) of ``cfg.block_m`` pixels and how many cover the output."""
-        n = self.spec.input_desc.dims[0]
-        oh, ow = self.out_hw
-        window = tuning.window_shape(*window_area(self.spec), cfg.block_m)
-        if window is None:  # NORMAL find skips such a candidate
+        """The window of ``cfg.block_m`` pixels and how many cover the output (window_tiles)."""
+        tiles = window_tiles(self.spec, cfg.block_m)
+        if tiles is None:  # NORMAL find skips such a candidate
+            n = self.spec.input_desc.dims[0]
+            oh, ow = self.out_hw
             raise ValueError(f"no window of {cfg.block_m} pixels fits {n} {oh}x{ow} outputs")
-        tile_n, tile_h, tile_w = window
-        return window, triton_cdiv(n, tile_n) * triton_cdiv(oh, tile_h) * triton_cdiv(ow, tile_w)
+        return tiles
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         c = self.spec.input_desc.dims[1]
