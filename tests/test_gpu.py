@@ -546,3 +546,57 @@ def test_dlpack_arrays_from_cupy_and_jax():
         jax = pytest.importorskip("jax")
         x_jax = jax.dlpack.from_dlpack(x_cp)  # a JAX array on the same GPU
         torch.testing.assert_close(chain(x_jax), ref, rtol=1e-2, atol=1e-2)
+
+
+def test_fused_model_direct_launches_follow_what_changes(monkeypatch):
+    """A fused model's repeated eager calls launch the kernel directly (``Repeat.launch_fresh``)
+    and still see every change: parameters replaced, changed in place or given new storage, a
+    scalar argument, an input of another layout or alignment, another stream."""
+    import fusionplan.torch as fpt
+    from fusionplan.launch import Repeat
+
+    from .test_torch_fuse import ResidualAdd, randomize_bn
+
+    direct = []
+    original = Repeat.launch_fresh
+    monkeypatch.setattr(Repeat, "launch_fresh", lambda self, *a: direct.append(1) or original(self, *a))
+    model = randomize_bn(ResidualAdd("plus").eval()).cuda().half().to(memory_format=torch.channels_last)
+    fused = fpt.fuse(model)
+
+    def check(x):
+        out = torch.full_like(x, float("nan"))
+        out.copy_(fused(x))
+        conv, bn = fused.conv, fused.bn
+        h = torch.nn.functional.conv2d(x.double(), conv.weight.double(), padding=1)
+        bn_args = (bn.running_mean, bn.running_var, bn.weight, bn.bias)
+        h = torch.nn.functional.batch_norm(h, *(t.double() for t in bn_args), False, 0.0, bn.eps)
+        expected = torch.relu(x.double() + h)
+        result = compare(out, expected, EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+    def fresh():
+        return torch.randn(4, 8, 13, 11, device="cuda").half().to(memory_format=torch.channels_last)
+
+    with torch.no_grad():
+        for _ in range(3):
+            check(fresh())
+        assert len(direct) >= 2  # the calls after the first launched directly
+        fused.conv.weight.mul_(1.5)  # in place: a new version
+        check(fresh())
+        fused.bn.running_var = torch.rand_like(fused.bn.running_var) + 0.5  # a new tensor object
+        check(fresh())
+        fused.bn.weight.data = torch.randn_like(fused.bn.weight)  # new storage, the same parameter
+        check(fresh())
+        fused.bn.eps = 0.25
+        check(fresh())
+        check(fresh().contiguous())  # NCHW
+        check(torch.randn(4 * 8 * 13 * 11 + 1, device="cuda").half()[1:].view(4, 13, 11, 8).permute(0, 3, 1, 2))
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                check(fresh())
+        torch.cuda.current_stream().wait_stream(side)
+        calls = len(direct)
+        check(fresh())
+        assert len(direct) == calls + 1

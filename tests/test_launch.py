@@ -122,31 +122,89 @@ def test_specialization_follows_everything_triton_compiles_for():
         assert (specialization(changed) == base) == (changed[1] == 48), changed
 
 
-def test_scratch_allocator_is_set_where_none_is_and_a_users_is_kept():
+def test_own_scratch_serves_our_launches_whatever_allocator_is_set_and_restores_it():
+    """Our kernels' descriptor scratch comes from fusionplan's per-stream buffers, in a fresh thread
+    (no allocator) and under another library's allocator (torch Inductor sets one that allocates on
+    every launch); the allocator set before is set again afterwards."""
     import threading
 
     triton = pytest.importorskip("triton")
     from triton.runtime import _allocation
 
-    from fusionplan.launch import ensure_scratch_allocator
+    from fusionplan import launch
 
     seen = {}
 
-    def in_a_fresh_thread():  # a new thread starts without an allocator (context variable)
+    class FakeKernel:  # what launch_compiled calls: records the allocator a launch would use
+        function = packed_metadata = None
+        metadata = type("Metadata", (), {"global_scratch_size": 128})()
+
+        def launch_metadata(self, *args):
+            return None
+
+        def run(self, *args):
+            seen.setdefault("during", []).append(_allocation._allocator.get())
+
+    def launches():
         seen["before"] = _allocation._allocator.get()
-        ensure_scratch_allocator()
-        seen["after"] = _allocation._allocator.get()
+        launch.with_own_scratch(launch.launch_compiled, FakeKernel(), (1, 1, 1), [])
+        seen["after_none"] = _allocation._allocator.get()
 
         def mine(size, alignment, stream):
             return torch.empty(size, dtype=torch.int8)
 
         triton.set_allocator(mine)
-        ensure_scratch_allocator()
-        seen["kept"] = _allocation._allocator.get() is mine
+        launch.with_own_scratch(launch.launch_compiled, FakeKernel(), (1, 1, 1), [])
+        seen["after_mine"] = _allocation._allocator.get()
 
-    t = threading.Thread(target=in_a_fresh_thread)
-    t.start()
-    t.join()
+    original_stream = launch.current_raw_stream
+    launch.current_raw_stream = lambda device=None: 0  # no CUDA here
+    try:
+        t = threading.Thread(target=launches)  # a new thread starts without an allocator (context variable)
+        t.start()
+        t.join()
+    finally:
+        launch.current_raw_stream = original_stream
     assert isinstance(seen["before"], _allocation.NullAllocator)
-    assert not isinstance(seen["after"], _allocation.NullAllocator)
-    assert seen["kept"]
+    assert seen["during"] == [launch._torch_scratch, launch._torch_scratch]
+    assert isinstance(seen["after_none"], _allocation.NullAllocator)
+    assert seen["after_mine"].__name__ == "mine"
+    assert launch._needs_scratch(FakeKernel()) and not launch._needs_scratch(object())
+
+
+def test_bound_launch_calls_a_known_tritons_c_launcher_directly_with_own_scratch(monkeypatch):
+    """BoundLaunch's direct path passes Triton 3.6's C launcher its arguments in that launcher's
+    order: the bound arguments with the new pointers swapped in, and fusionplan's scratch address."""
+    triton = pytest.importorskip("triton")
+    from fusionplan import launch
+
+    calls = []
+
+    class CudaLauncher:  # the shape of Triton 3.6's launcher object
+        launch_cooperative_grid, launch_pdl = False, True
+        global_scratch_size, global_scratch_align, profile_scratch_size, num_ctas = 64, 128, 0, 1
+
+        def launch(self, *args):
+            calls.append(args)
+
+    class FakeKernel:
+        function, packed_metadata = 1234, (4, 1, 0)
+        metadata = type("Metadata", (), {"global_scratch_size": 64})()
+        run = CudaLauncher()
+
+    scratch = torch.empty(6 * 64, dtype=torch.int8)
+    asked = []
+    monkeypatch.setattr(launch, "RAW_LAUNCHER_VERSIONS", (triton.__version__,))
+    monkeypatch.setattr(launch, "current_raw_stream", lambda device=None: 77)
+    monkeypatch.setattr(launch, "_launch_hooks_unset", lambda: True)  # Triton 3.6's default
+    monkeypatch.setattr(
+        launch, "_torch_scratch", lambda size, align, stream: asked.append((size, align, stream)) or scratch
+    )
+    bound = launch.BoundLaunch(FakeKernel(), (3, 2, 1), [10, 20, 30, 5], (0, 1, 2))
+    bound.launch((11, 21, 31))
+    assert asked == [(6 * 64, 128, 77)]
+    assert calls == [
+        (3, 2, 1, 77, 1234, False, True, scratch.data_ptr(), None, (4, 1, 0), None, None, None, 11, 21, 31, 5)
+    ]
+    monkeypatch.setattr(launch, "RAW_LAUNCHER_VERSIONS", ("0.0.",))
+    assert launch.raw_launcher(FakeKernel()) is None  # another Triton: its own launch path

@@ -93,18 +93,36 @@ def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Te
     return _per_stream(_SPLIT_WORKSPACES, (device, current_raw_stream(device), partials, tiles), make)
 
 
-def ensure_scratch_allocator() -> None:
-    """Kernels that build tensor descriptors on the device need global scratch memory from Triton's
-    allocator. It is a context variable (each thread starts without one): set torch's caching
-    allocator where none is set, and leave a user's own allocator alone."""
-    try:
-        from triton.runtime import _allocation
-    except ImportError:
-        return
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
-        import triton
+_NO_ALLOCATOR_VARIABLE = object()
+_allocator_variable = None
 
-        triton.set_allocator(_torch_scratch)
+
+def _scratch_allocator_variable():
+    """Triton's allocator context variable (None without Triton)."""
+    global _allocator_variable
+    if _allocator_variable is None:
+        try:
+            from triton.runtime import _allocation
+
+            _allocator_variable = _allocation._allocator
+        except (ImportError, AttributeError):
+            _allocator_variable = _NO_ALLOCATOR_VARIABLE
+    return None if _allocator_variable is _NO_ALLOCATOR_VARIABLE else _allocator_variable
+
+
+def with_own_scratch(launch, *args, **kwargs):
+    """``launch(*args, **kwargs)`` with fusionplan's per-stream scratch memory as Triton's allocator
+    for its duration, whatever allocator is set (none in a new thread, or another library's: torch
+    Inductor sets one that allocates on every launch, about 3 us of host time each). The allocator
+    set before is set again afterwards, so other kernels keep theirs."""
+    variable = _scratch_allocator_variable()
+    if variable is None:
+        return launch(*args, **kwargs)
+    token = variable.set(_torch_scratch)
+    try:
+        return launch(*args, **kwargs)
+    finally:
+        variable.reset(token)
 
 
 def launch_compiled(kernel, grid: tuple[int, int, int], args: Sequence) -> None:
@@ -142,7 +160,6 @@ class Launcher:
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter)."""
         key = (key, specialization(args))
-        ensure_scratch_allocator()
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None:
             record = self._record_path(key, num_warps, num_stages) if self.direct else None
@@ -150,11 +167,15 @@ class Launcher:
         if kernel is None:
             if len(args) != len(self.names):
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
-            kernel = self.fn[grid](**dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
+            launch = self.fn[grid]
+            kernel = with_own_scratch(launch, **dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
             if self.direct and kernel is not None and hasattr(kernel, "run"):
                 self._keep(key, kernel, record)
             return kernel
-        launch_compiled(kernel, grid, args)
+        if _needs_scratch(kernel):
+            with_own_scratch(launch_compiled, kernel, grid, args)
+        else:
+            launch_compiled(kernel, grid, args)
         return kernel
 
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
@@ -267,28 +288,94 @@ def load_recorded_kernel(path: Path, fn):
         return None
 
 
+def _needs_scratch(kernel) -> bool:
+    """Whether a compiled kernel takes global scratch memory (builds tensor descriptors on the device)."""
+    return getattr(getattr(kernel, "metadata", None), "global_scratch_size", 0) > 0
+
+
+#: Triton versions whose compiled kernels' launcher is called directly by ``BoundLaunch`` (their C
+#: launcher's argument order is known: grid, stream, function, cooperative, PDL, global scratch,
+#: profile scratch, packed metadata, launch metadata, enter and exit hooks, kernel arguments).
+RAW_LAUNCHER_VERSIONS = ("3.6.",)
+
+
+def raw_launcher(kernel) -> tuple | None:
+    """(C launch function, CUfunction, packed metadata, cooperative, PDL, global scratch bytes per
+    program and alignment) of a compiled kernel whose launcher ``BoundLaunch`` may call directly,
+    else None (another Triton, a profiling scratch, the interpreter)."""
+    try:
+        import triton
+
+        if not triton.__version__.startswith(RAW_LAUNCHER_VERSIONS):
+            return None
+        runner = kernel.run
+        if type(runner).__name__ != "CudaLauncher" or runner.profile_scratch_size:
+            return None
+        per_program = runner.global_scratch_size * runner.num_ctas
+        return (
+            runner.launch,
+            kernel.function,
+            kernel.packed_metadata,
+            runner.launch_cooperative_grid,
+            runner.launch_pdl,
+            per_program,
+            runner.global_scratch_align,
+        )
+    except Exception:  # an attribute this Triton does not have: its own launch path
+        return None
+
+
 class BoundLaunch:
     """A compiled kernel with one call's grid and arguments bound; ``launch`` repeats the call
     with other data pointers in ``pointer_slots``. Pointers are passed as integers: Triton's
-    launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query."""
+    launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query.
 
-    __slots__ = ("kernel", "grid", "args", "slots", "_keep", "needs_scratch")
+    For the Triton versions in ``RAW_LAUNCHER_VERSIONS``, ``launch`` calls the kernel's C launcher
+    itself, with fusionplan's scratch memory (as an address), unless a launch hook is set:
+    Triton's Python wrapper around it allocates scratch through whatever allocator is set and costs
+    about 2 us of host time per launch."""
+
+    __slots__ = ("kernel", "grid", "args", "slots", "_keep", "needs_scratch", "raw", "scratch_bytes")
 
     def __init__(self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int]) -> None:
         self.kernel = kernel
-        self.needs_scratch = getattr(getattr(kernel, "metadata", None), "global_scratch_size", 0) > 0
+        self.needs_scratch = _needs_scratch(kernel)
         self.grid = grid
         self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         self.slots = tuple(pointer_slots)
         self._keep = [a for a in args if isinstance(a, Tensor)]  # the addresses in args stay valid
+        self.raw = raw_launcher(kernel)
+        self.scratch_bytes = 0 if self.raw is None else self.raw[5] * grid[0] * grid[1] * grid[2]
 
     def launch(self, pointers: Sequence[int]) -> None:
         args = self.args.copy()
         for slot, ptr in zip(self.slots, pointers):
             args[slot] = ptr
-        if self.needs_scratch:
-            ensure_scratch_allocator()
-        launch_compiled(self.kernel, self.grid, args)
+        if self.raw is not None and _launch_hooks_unset():
+            self._launch_raw(args)
+        elif self.needs_scratch:
+            with_own_scratch(launch_compiled, self.kernel, self.grid, args)
+        else:
+            launch_compiled(self.kernel, self.grid, args)
+
+    def _launch_raw(self, args: list) -> None:
+        c_launch, function, packed, cooperative, pdl, _, alignment = self.raw
+        stream = current_raw_stream()
+        scratch = None
+        if self.scratch_bytes:
+            buffer = _torch_scratch(self.scratch_bytes, alignment, stream)  # alive until the launch is issued
+            scratch = buffer.data_ptr()
+        gx, gy, gz = self.grid
+        c_launch(gx, gy, gz, stream, function, cooperative, pdl, scratch, None, packed, None, None, None, *args)
+
+
+def _launch_hooks_unset() -> bool:
+    global _runtime_knobs
+    if _runtime_knobs is None:
+        from triton import knobs
+
+        _runtime_knobs = knobs.runtime
+    return _runtime_knobs.launch_enter_hook is None and _runtime_knobs.launch_exit_hook is None
 
 
 @dataclass(frozen=True)
@@ -323,6 +410,19 @@ class Repeat:
             return False  # a prior partly overlapping the output: elements read after being written
         if args_fingerprint(records) != self.versions:
             return False
+        return self._launch_on_stream(xp, yp, pp)
+
+    def launch_fresh(self, x: Tensor, y: Tensor, prior: Tensor | None) -> bool:
+        """``try_launch`` for a caller that vouches for the rest: the records' tensors unchanged
+        since this repeat was made, y allocated afresh (so overlapping nothing else), and the
+        prior given exactly when one was. Checks alignment and the stream; False: nothing run."""
+        xp, yp = x.data_ptr(), y.data_ptr()
+        pp = prior.data_ptr() if self.prior_read and prior is not None else yp
+        if (xp | yp | pp) & 15:
+            return False
+        return self._launch_on_stream(xp, yp, pp)
+
+    def _launch_on_stream(self, xp: int, yp: int, pp: int) -> bool:
         if self.stream is not None and (
             torch.cuda.is_current_stream_capturing() or current_raw_stream() != self.stream
         ):  # another stream, or a graph that may replay anywhere: a workspace of its own

@@ -303,11 +303,11 @@ class FusionPlan:
             entry.kernel.run(x, y, records, p)
 
     def repeater(self, handle: Handle, x: torch.Tensor, y: torch.Tensor, args: OperatorArgs, prior=None):
-        """After an ``execute`` with these tensors and arguments passed its checks: a function
-        ``run(x, y, prior)`` that repeats it for other tensors with the same shapes, strides,
-        dtypes and devices (the caller vouches for those, as fusionplan.torch does for the outputs
-        it allocates itself), skipping the checks. None when no such execute was checked. The
-        function checks that the arguments were not set again since."""
+        """After an ``execute`` with these tensors and arguments passed its checks: a ``Repeater``,
+        called as ``run(x, y, prior)``, that repeats it for other tensors with the same shapes,
+        strides, dtypes and devices (the caller vouches for those, as fusionplan.torch does for the
+        outputs it allocates itself), skipping the checks. None when no such execute was checked.
+        It checks that the arguments were not set again since."""
         entry = self._entry(handle)
         prior_key = None if prior is None else _tensor_key(prior)
         generation = args.generation
@@ -315,16 +315,40 @@ class FusionPlan:
         checked = self._checked.get(key)
         if checked is None:
             return None
-        kernel = entry.kernel
+        return Repeater(handle, entry.kernel, checked, args, generation)
 
-        def run(x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None) -> bool:
-            """False (nothing run) when the arguments changed: execute again instead."""
-            if args.generation != generation:
-                return False
-            _rerun_checked(handle, kernel, checked, x, y, prior)
-            return True
 
-        return run
+@dataclass(frozen=True)
+class Repeater:
+    """A checked call of a plan, repeatable on tensors like its own (see ``FusionPlan.repeater``)."""
+
+    handle: Handle
+    kernel: object
+    checked: tuple  # (the records the call read, whether it read a prior)
+    args: OperatorArgs
+    generation: int
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None) -> bool:
+        """False (nothing run) when the arguments changed: execute again instead."""
+        if self.args.generation != self.generation:
+            return False
+        _rerun_checked(self.handle, self.kernel, self.checked, x, y, prior)
+        return True
+
+    def direct_launch(self):
+        """The solver's ``launch.Repeat`` of this call, for a caller that vouches for more than the
+        tensors' layout: the arguments' generation and their tensors' versions unchanged (it checks
+        them itself), the handle's device current, and an output allocated afresh. None when the
+        solver keeps no repeat of the call, or the handle has a stream of its own."""
+        repeats = getattr(self.kernel, "_repeats", None)
+        if repeats is None or self.handle.stream is not None:
+            return None
+        repeat = repeats.get(self.checked[0])
+        return repeat if repeat is not None and repeat.records is self.checked[0] else None
+
+    @property
+    def reads_prior(self) -> bool:
+        return self.checked[1]
 
 
 def _rerun_checked(handle: Handle, kernel, checked: tuple, x: torch.Tensor, y: torch.Tensor, prior) -> None:
