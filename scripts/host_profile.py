@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import statistics
 import sys
@@ -128,6 +129,40 @@ def chain_pieces(fused, x: torch.Tensor) -> None:
         print(f"  {per_call_us(fn):8.2f} us  {name}")
 
 
+def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
+    """Host time of ``plan.execute`` repeated on one benchmark case (fp16 NHWC CBA) per layer, and
+    how many of the calls took a bound launch (``Repeat.try_launch`` succeeding)."""
+    import fusionplan as fp
+    from fusionplan.benchmark.cases import Case, prepare
+    from fusionplan.launch import Repeat
+    from fusionplan.shapes import load_shapes
+
+    shapes = {s.name: s for s in load_shapes(None)}
+    outcomes = []
+    original = Repeat.try_launch
+
+    def counted(self, *args):
+        ok = original(self, *args)
+        outcomes.append(ok)
+        return ok
+
+    Repeat.try_launch = counted
+    try:
+        for name in layer_names.split(","):
+            prep = prepare(Case(shapes[name], batch, "fp16", "NHWC", "CBA"), device, 0)
+            handle = fp.Handle(device)
+            prep.plan.compile(handle)
+            outcomes.clear()
+            call = functools.partial(prep.plan.execute, handle, prep.xs[0], prep.ys[0], prep.args)
+            per_call = per_call_us(call, 100)
+            print(
+                f"  {name} b{batch} {prep.plan.compiled_solver(handle)}: {per_call:.2f} us per execute (host), "
+                f"{sum(outcomes)} of {len(outcomes)} repeats launched directly"
+            )
+    finally:
+        Repeat.try_launch = original
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -135,8 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--profile", type=int, default=0, help="cProfile this many fused forwards")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--layers", default=None, help="only time plan.execute of these benchmark layers (comma-separated)")
     opts = p.parse_args(argv)
     device = torch.device(opts.device)
+    if opts.layers:
+        plan_calls(opts.layers, opts.batch, device)
+        return 0
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     torch.manual_seed(0)
     model = resnet50().eval()

@@ -196,7 +196,7 @@ def test_bound_launch_calls_a_known_tritons_c_launcher_directly_with_own_scratch
     asked = []
     monkeypatch.setattr(launch, "RAW_LAUNCHER_VERSIONS", (triton.__version__,))
     monkeypatch.setattr(launch, "current_raw_stream", lambda device=None: 77)
-    monkeypatch.setattr(launch, "_launch_hooks_unset", lambda: True)  # Triton 3.6's default
+    monkeypatch.setattr(launch, "_launch_hooks", lambda: (None, None))  # no hook set
     monkeypatch.setattr(
         launch, "_torch_scratch", lambda size, align, stream: asked.append((size, align, stream)) or scratch
     )
@@ -208,3 +208,27 @@ def test_bound_launch_calls_a_known_tritons_c_launcher_directly_with_own_scratch
     ]
     monkeypatch.setattr(launch, "RAW_LAUNCHER_VERSIONS", ("0.0.",))
     assert launch.raw_launcher(FakeKernel()) is None  # another Triton: its own launch path
+
+
+def test_empty_launch_hook_chains_count_as_no_hooks():
+    """Triton keeps its launch hooks as chains; an empty chain is no hook (no launch metadata to
+    build, nothing to call), a chain with a hook in it is passed on."""
+    pytest.importorskip("triton")
+    from triton import knobs
+
+    from fusionplan.launch import _launch_hooks
+
+    enter = knobs.runtime.launch_enter_hook
+    if not hasattr(enter, "add"):
+        pytest.skip("this Triton keeps its launch hooks as plain values")
+    assert not enter.calls and _launch_hooks() == (None, None)
+
+    def hook(metadata):
+        pass
+
+    enter.add(hook)
+    try:
+        assert _launch_hooks()[0] is enter
+    finally:
+        enter.remove(hook)
+    assert _launch_hooks() == (None, None)
