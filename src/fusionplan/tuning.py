@@ -58,11 +58,14 @@ def _pow2_at_least(n: int, lo: int, hi: int) -> int:
     return p
 
 
-def conv_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+def conv_heuristic(
+    m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool, groups: int = 1
+) -> ConvConfig:
     """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth.
 
     From H100 measurements of the ResNet-50 layers (bench/NOTES.md): 128x64 tiles when there are
-    many output pixels, 64-row tiles when there are few; 4 pipeline stages.
+    many output pixels, 64-row tiles when there are few; 4 pipeline stages. Grids that would leave
+    most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles, and split their reduction.
     """
     if interpret:
         return CONV_INTERPRETER
@@ -70,7 +73,17 @@ def conv_heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtyp
     block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
     block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
     block_m = 128 if m >= 50_000 else 64
+    if -(-m // block_m) * -(-k_per_group // block_n) * groups < SMALL_GRID_PROGRAMS:
+        block_m, block_n = SMALL_GRID_TILE[0], min(block_n, SMALL_GRID_TILE[1])
     return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
+
+
+#: Below this many programs of the default tiles, triton-conv takes SMALL_GRID_TILE tiles (more
+#: programs, smaller partial sums when the reduction is split). H100, fp16, batch 1 (GPU time):
+#: r50_18 > 10 -> 9.8 us, r50_16 -> 7.9, r50_12 -> 8.0, r50_02 7.5 -> 6.5 (bench/NOTES.md).
+#: At batch 32 every ResNet-50 grid has 100 programs or more: unchanged.
+SMALL_GRID_PROGRAMS = 66
+SMALL_GRID_TILE = (32, 64)
 
 
 #: GEMM tiles (1x1 convolutions read through tensor descriptors): wide tiles, deep pipelines.

@@ -366,9 +366,8 @@ class TritonConvKernel(Repeating, Kernel):
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_conv_source(spec, stages)
 
-    @staticmethod
-    def heuristic(m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return tuning.conv_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active())
+    def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
+        return tuning.conv_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active(), self.groups)
 
     candidates = tuning.CONV_CANDIDATES  # what NORMAL find benchmarks
 
