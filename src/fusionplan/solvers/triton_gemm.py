@@ -28,7 +28,6 @@ from fusionplan.solvers.triton_conv import (
     render_conv_source,
     triton_cdiv,
 )
-from fusionplan.solvers.triton_window import window_programs
 
 Tensor = torch.Tensor
 
@@ -100,12 +99,11 @@ _STORE = (
 #: (fp16, batch 32): with C >= 2K below 16384 pixels (r50_15 16.7 us against 13.0 for
 #: triton-window, r50_17 21.5 against 18.5), and below 4096 pixels whatever the channels (7x7
 #: outputs: r50_19 16.7 against 12.3, r50_21 19.9 against 14.4; bench/NOTES.md, section 10).
+#: At batch 1 (windows defer too) triton-conv's small-grid tiles (tuning.SMALL_GRID_TILE) measured
+#: as fast or faster on 1x1 layers (fp16, GPU time: r50_11 4.9 us against 7.7, r50_15 6.1 against
+#: 7.7, r50_21 8.0 against 9.8, r50_09 and r50_19 within 2 %, r50_17 8.0 against 7.8; section 13).
 GEMM_DEFER_PIXELS = 16384
 GEMM_DEFER_PIXELS_ANY = 4096
-#: ... except where windows would leave the GPU idle too (batch 1): from C = 512 on, the GEMM
-#: measured faster than triton-conv there (fp16: r50_09 6.5 us against 9.2, r50_15 7.7 against
-#: 10.3, r50_21 10.4 against 12.2; below, r50_13 5.8 against 4.9; bench/NOTES.md, section 12).
-GEMM_SMALL_GRID_CHANNELS = 512
 
 
 def gemm_defer_why(spec: PlanSpec) -> str | None:
@@ -121,8 +119,6 @@ def gemm_defer_why(spec: PlanSpec) -> str | None:
         why = f"M={m} pixels < {GEMM_DEFER_PIXELS} with C={c} >= 2K: slower than the convolution kernels"
     else:
         return None
-    if c >= GEMM_SMALL_GRID_CHANNELS and window_programs(spec) < tuning.WINDOW_MIN_PROGRAMS:
-        return None  # no window grid to defer to: faster than triton-conv
     return why
 
 
