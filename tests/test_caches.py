@@ -321,16 +321,18 @@ def test_launch_records_that_cannot_be_used_are_ignored(cache, caplog, monkeypat
 
 
 @pytest.mark.parametrize(
-    ("m", "k", "groups", "tile"),
+    ("m", "k", "groups", "taps", "tile"),
     [
-        (49, 512, 1, (32, 64)),  # r50_18 at batch 1: 4 programs of 64x128 tiles
-        (3136, 64, 1, (32, 64)),  # r50_02 at batch 1: 49 programs
-        (1568, 512, 1, (64, 128)),  # a 7x7 layer at batch 32: 100 programs, unchanged
-        (100352, 64, 1, (128, 64)),  # 56x56 at batch 32
-        (49, 64, 128, (64, 64)),  # 128 groups of one tile each: the grid fills the GPU
+        (49, 512, 1, 9, (32, 64)),  # r50_18 at batch 1: 4 programs of 64x128 tiles
+        (3136, 64, 1, 9, (32, 64)),  # r50_02 at batch 1: 49 programs
+        (49, 2048, 1, 1, (32, 32)),  # r50_19 at batch 1 (1x1)
+        (1568, 512, 1, 9, (64, 128)),  # a 7x7 layer at batch 32: 100 programs, unchanged
+        (1568, 2048, 1, 1, (64, 128)),  # r50_19 at batch 32
+        (100352, 64, 1, 9, (128, 64)),  # 56x56 at batch 32
+        (49, 64, 128, 9, (64, 64)),  # 128 groups of one tile each: the grid fills the GPU
     ],
 )
-def test_conv_heuristic_takes_small_tiles_for_small_grids(m, k, groups, tile):
-    cfg = tuning.conv_heuristic(m, k, 256, torch.float16, False, groups)
+def test_conv_heuristic_takes_small_tiles_for_small_grids(m, k, groups, taps, tile):
+    cfg = tuning.conv_heuristic(m, k, 256, torch.float16, False, groups, taps)
     assert (cfg.block_m, cfg.block_n) == tile
-    assert tuning.conv_heuristic(m, k, 256, torch.float16, True, groups) == tuning.CONV_INTERPRETER
+    assert tuning.conv_heuristic(m, k, 256, torch.float16, True, groups, taps) == tuning.CONV_INTERPRETER

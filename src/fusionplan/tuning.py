@@ -59,13 +59,20 @@ def _pow2_at_least(n: int, lo: int, hi: int) -> int:
 
 
 def conv_heuristic(
-    m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype, interpret: bool, groups: int = 1
+    m: int,
+    k_per_group: int,
+    c_per_group: int,
+    dtype: torch.dtype,
+    interpret: bool,
+    groups: int = 1,
+    taps: int = 9,
 ) -> ConvConfig:
     """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth.
 
     From H100 measurements of the ResNet-50 layers (bench/NOTES.md): 128x64 tiles when there are
     many output pixels, 64-row tiles when there are few; 4 pipeline stages. Grids that would leave
-    most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles, and split their reduction.
+    most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles (``SMALL_GRID_TILE_1X1`` for
+    filters of one tap), and split their reduction.
     """
     if interpret:
         return CONV_INTERPRETER
@@ -74,16 +81,20 @@ def conv_heuristic(
     block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
     block_m = 128 if m >= 50_000 else 64
     if -(-m // block_m) * -(-k_per_group // block_n) * groups < SMALL_GRID_PROGRAMS:
-        block_m, block_n = SMALL_GRID_TILE[0], min(block_n, SMALL_GRID_TILE[1])
+        small = SMALL_GRID_TILE_1X1 if taps == 1 else SMALL_GRID_TILE
+        block_m, block_n = small[0], min(block_n, small[1])
     return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
 
 
 #: Below this many programs of the default tiles, triton-conv takes SMALL_GRID_TILE tiles (more
 #: programs, smaller partial sums when the reduction is split). H100, fp16, batch 1 (GPU time):
 #: r50_18 > 10 -> 9.8 us, r50_16 -> 7.9, r50_12 -> 8.0, r50_02 7.5 -> 6.5 (bench/NOTES.md).
-#: At batch 32 every ResNet-50 grid has 100 programs or more: unchanged.
+#: At batch 32 every ResNet-50 grid has 100 programs or more: unchanged. 1x1 filters (few steps
+#: to split) did best on 32x32 tiles: r50_09 6.7 -> 5.6 us, r50_19 6.9 -> 5.6, r50_21 8.1 -> 6.7,
+#: r50_17 8.1 -> 7.7 (against 32x64; 3x3 layers lost 0.5-1 us on 32x32).
 SMALL_GRID_PROGRAMS = 66
 SMALL_GRID_TILE = (32, 64)
+SMALL_GRID_TILE_1X1 = (32, 32)
 
 
 #: GEMM tiles (1x1 convolutions read through tensor descriptors): wide tiles, deep pipelines.

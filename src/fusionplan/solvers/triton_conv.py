@@ -367,7 +367,8 @@ class TritonConvKernel(Repeating, Kernel):
         return render_conv_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return tuning.conv_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active(), self.groups)
+        r, s = self.conv.w_desc.dims[2:]
+        return tuning.conv_heuristic(m, k_per_group, c_per_group, dtype, interpreter_active(), self.groups, r * s)
 
     candidates = tuning.CONV_CANDIDATES  # what NORMAL find benchmarks
 
