@@ -325,7 +325,8 @@ def test_launch_records_that_cannot_be_used_are_ignored(cache, caplog, monkeypat
     [
         (49, 512, 1, 9, (32, 64)),  # r50_18 at batch 1: 4 programs of 64x128 tiles
         (3136, 64, 1, 9, (32, 64)),  # r50_02 at batch 1: 49 programs
-        (49, 2048, 1, 1, (32, 32)),  # r50_19 at batch 1 (1x1)
+        (49, 2048, 1, 1, (32, 32)),  # r50_19 at batch 1 (1x1): 64 programs of 32x64, still small
+        (784, 256, 1, 1, (32, 64)),  # r50_11 at batch 1: 100 programs of 32x64 tiles
         (1568, 512, 1, 9, (64, 128)),  # a 7x7 layer at batch 32: 100 programs, unchanged
         (1568, 2048, 1, 1, (64, 128)),  # r50_19 at batch 32
         (100352, 64, 1, 9, (128, 64)),  # 56x56 at batch 32

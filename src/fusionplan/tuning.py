@@ -80,8 +80,10 @@ def conv_heuristic(
     block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
     block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
     block_m = 128 if m >= 50_000 else 64
-    if -(-m // block_m) * -(-k_per_group // block_n) * groups < SMALL_GRID_PROGRAMS:
-        small = SMALL_GRID_TILE_1X1 if taps == 1 else SMALL_GRID_TILE
+    small_tiles = [SMALL_GRID_TILE, SMALL_GRID_TILE_1X1] if taps == 1 else [SMALL_GRID_TILE]
+    for small in small_tiles:  # smaller tiles while the grid stays small
+        if -(-m // block_m) * -(-k_per_group // block_n) * groups >= SMALL_GRID_PROGRAMS:
+            break
         block_m, block_n = small[0], min(block_n, small[1])
     return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
 
@@ -90,8 +92,9 @@ def conv_heuristic(
 #: programs, smaller partial sums when the reduction is split). H100, fp16, batch 1 (GPU time):
 #: r50_18 > 10 -> 9.8 us, r50_16 -> 7.9, r50_12 -> 8.0, r50_02 7.5 -> 6.5 (bench/NOTES.md).
 #: At batch 32 every ResNet-50 grid has 100 programs or more: unchanged. 1x1 filters (few steps
-#: to split) did best on 32x32 tiles: r50_09 6.7 -> 5.6 us, r50_19 6.9 -> 5.6, r50_21 8.1 -> 6.7,
-#: r50_17 8.1 -> 7.7 (against 32x64; 3x3 layers lost 0.5-1 us on 32x32).
+#: to split) whose 32x64 grid is still small take 32x32 tiles: r50_09 6.5 -> 4.4 us, r50_17 8.0 ->
+#: 6.5, r50_19 6.6 -> 4.5, r50_20 8.1 -> 6.6, r50_21 8.0 -> 6.6; those with 98 programs or more of
+#: 32x64 lost 0.3-1.1 us on 32x32 (r50_07, r50_08, r50_11), as 3x3 layers did (0.5-1 us).
 SMALL_GRID_PROGRAMS = 66
 SMALL_GRID_TILE = (32, 64)
 SMALL_GRID_TILE_1X1 = (32, 32)
