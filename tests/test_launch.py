@@ -232,3 +232,18 @@ def test_empty_launch_hook_chains_count_as_no_hooks():
     finally:
         enter.remove(hook)
     assert _launch_hooks() == (None, None)
+
+
+def test_bound_launch_keeps_its_bound_tensors_alive_and_not_the_calls_input_and_output():
+    """A repeat outlives its first call: holding that call's input and output would keep a whole
+    network's activations alive; the tensors bound for good (weights, workspaces) must stay."""
+    import weakref
+
+    from fusionplan.launch import BoundLaunch
+
+    x, y, w = torch.randn(64), torch.randn(64), torch.randn(16)
+    refs = [weakref.ref(t) for t in (x, y, w)]
+    bound = BoundLaunch(object(), (1, 1, 1), [x, w, y, y, 7], (0, 2, 3))
+    del x, y, w
+    assert refs[0]() is None and refs[1]() is None  # the call's input and output are gone
+    assert refs[2]() is not None and bound.args[1] == refs[2]().data_ptr()  # the weights stay

@@ -357,7 +357,9 @@ class BoundLaunch:
         self.grid = grid
         self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         self.slots = tuple(pointer_slots)
-        self._keep = [a for a in args if isinstance(a, Tensor)]  # the addresses in args stay valid
+        # the addresses bound for good stay valid; those in the slots (the call's input, output and
+        # prior) are replaced at every launch, so their tensors are not kept alive
+        self._keep = [a for i, a in enumerate(args) if isinstance(a, Tensor) and i not in self.slots]
         self.raw = raw_launcher(kernel)
         self.scratch_bytes = 0 if self.raw is None else self.raw[5] * grid[0] * grid[1] * grid[2]
 
