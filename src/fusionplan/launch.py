@@ -4,10 +4,14 @@ Three levels, cheapest last:
 - ``Launcher`` goes through Triton's ``fn[grid](...)`` the first time for a specialization key
   (binding, specialization, compilation or cache lookup), then calls the compiled kernel directly.
 - ``BoundLaunch`` is one call's compiled kernel, grid and arguments, with the data pointers as
-  plain integers; repeating the call only swaps the pointers of the input and output.
+  plain integers; repeating the call only swaps the pointers of the input and output (and, on
+  Triton 3.6, calls the kernel's C launcher itself).
 - ``Repeat`` holds a ``BoundLaunch`` with what it was bound for (the records, their tensors'
   versions, the tensors' extents), so a solver's ``rerun`` can check in a few comparisons that
-  the next call may reuse it.
+  the next call may reuse it; ``launch_fresh`` serves callers that check the rest themselves.
+
+Kernels that build tensor descriptors on the device take their scratch memory from per-stream
+buffers of fusionplan's own, whatever allocator Triton has (see ``with_own_scratch``).
 
 Compiled kernels are also found again in a new process without Triton's compile path (whose
 first call in a process hashes Triton's own installation, about half a second): after Triton
