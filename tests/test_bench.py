@@ -58,6 +58,33 @@ def test_bad_options_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cpu", "--precisions", "fp8"])
     assert main(["--device", "cpu", "--baselines", "tensorrt"]) == 2
+    assert main(["--device", "cpu", "--rounds", "0"]) == 2
+    assert main(["--device", "cpu", "--iters", "-1"]) == 2
+    assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def test_rounds_interleave_the_variants(monkeypatch, tmp_path):
+    """--rounds 3: every verified variant is timed once per round, the variants taking turns, and
+    its time is the median of its three rounds."""
+    from fusionplan.benchmark import runner
+
+    calls = []
+    fake_ms = iter(range(1, 1000))
+
+    def fake_median_ms(fn, device, iters, warmup, graph=False):
+        calls.append((fn, iters))
+        return float(next(fake_ms))
+
+    monkeypatch.setattr(runner, "median_ms", fake_median_ms)
+    argv = [*SMALL, "--layers", "r50_22", "--modes", "CBA", "--iters", "7", "--rounds", "3"]
+    assert main([*argv, "--out", str(tmp_path), "--no-plots"]) == 0
+    row = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    timed = [k[: -len("_ms")] for k in row if k.endswith("_ms") and k not in ("fused_ms", "floor_ms")]
+    n = 1 + len(timed)  # fused and every other variant
+    assert len(calls) == 3 * n and all(iters == 3 for _, iters in calls)  # 7 runs in 3 rounds: 3 each
+    order = [fn for fn, _ in calls]
+    assert order[:n] == order[n : 2 * n] == order[2 * n :] and len(set(order[:n])) == n  # turns, each round
+    assert row["fused_ms"] == float(1 + n)  # the median of its rounds' values (1, 1 + n, 1 + 2n)
 
 
 def test_packaged_depthwise_shapes_run_as_depthwise_plans(capsys):

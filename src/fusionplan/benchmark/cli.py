@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune') (slow)")
     p.add_argument("--iters", type=int, default=50, help="timed runs per variant (median; default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="split the timed runs into this many rounds in which the variants take turns; each time is "
+        "the median of its rounds' medians (default 1; more evens out a shared machine's drift)",
+    )
     p.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no launch gaps)")
     p.add_argument("--out", default=None, help="directory for results.csv, results.json, summary.md and the PNG plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -128,6 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FusionPlanError as exc:
         print(f"fusionplan-bench: {exc}", file=sys.stderr)
         return 2
+    for name in ("iters", "rounds"):
+        if getattr(opts, name) < 1:
+            print(f"fusionplan-bench: --{name} must be at least 1, got {getattr(opts, name)}", file=sys.stderr)
+            return 2
     cases = cases_from(opts, device)
     if opts.shard:
         k, n = (int(v) for v in opts.shard.split("/"))
@@ -158,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_with_progress(cases, device, baselines, opts):
-    kwargs = dict(iters=opts.iters, warmup=opts.warmup, graph=opts.graph, timed=not opts.warm_only)
+    kwargs = dict(iters=opts.iters, warmup=opts.warmup, graph=opts.graph, timed=not opts.warm_only, rounds=opts.rounds)
     try:
         from rich.progress import Progress
     except ImportError:

@@ -94,8 +94,12 @@ def run_case(
     warmup: int,
     graph: bool,
     timed: bool = True,
+    rounds: int = 1,
 ) -> Row:
-    """Verify every variant, then time it (``timed=False``: verify only, which compiles everything)."""
+    """Verify every variant, then time those that passed (``timed=False``: verify only, which
+    compiles everything). With ``rounds`` > 1 the timed runs are split into rounds in which the
+    variants take turns, and each variant's time is the median of its rounds' medians: a drift of a
+    shared machine (host-bound timings move by 10-20 % within minutes) falls on every variant alike."""
     with tf32_mode(case.tf32):
         prep = prepare(case, device, 2 * l2_bytes(device))
         row = Row(case, case.flops(), prep.bytes_moved, peaks.floor_ms(case.flops(), prep.bytes_moved))
@@ -105,20 +109,43 @@ def run_case(
             row.errors["fused"] = f"{type(exc).__name__}: {exc}"
             return row
         row.solver = variants[0].solver
-        for variant in variants:
-            try:
-                why = verify(prep, variant)
-                if why is not None:
-                    row.errors[variant.name] = why
-                elif timed:
-                    row.times[variant.name] = median_ms(variant.run, device, iters, warmup, graph=graph)
-            except Exception as exc:  # a baseline that cannot run this case (e.g. no kernel for it)
-                row.errors[variant.name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        verified = [v for v in variants if _verified(prep, v, row)]
+        if timed:
+            _time_in_rounds(verified, row, device, iters, warmup, graph, rounds)
     del prep
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return row
+
+
+def _verified(prep, variant, row: Row) -> bool:
+    """Whether the variant computes the reference's result; why not goes into ``row.errors``."""
+    try:
+        why = verify(prep, variant)
+    except Exception as exc:  # a baseline that cannot run this case (e.g. no kernel for it)
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if why is not None:
+        row.errors[variant.name] = why
+    return why is None
+
+
+def _time_in_rounds(variants: list, row: Row, device: torch.device, iters: int, warmup: int, graph: bool, rounds: int):
+    per_round = max(1, -(-iters // max(1, rounds)))
+    medians: dict[str, list[float]] = {v.name: [] for v in variants}
+    for r in range(max(1, rounds)):
+        for variant in variants:
+            if variant.name in row.errors:
+                continue
+            try:
+                ms = median_ms(variant.run, device, per_round, warmup if r == 0 else min(warmup, 2), graph=graph)
+            except Exception as exc:
+                row.errors[variant.name] = f"{type(exc).__name__}: {str(exc)[:200]}"
+                continue
+            medians[variant.name].append(ms)
+    for name, values in medians.items():
+        if values and name not in row.errors:
+            row.times[name] = statistics.median(values)
 
 
 def run_suite(
@@ -130,6 +157,7 @@ def run_suite(
     graph: bool = False,
     progress: Callable[[Case], None] | None = None,
     timed: bool = True,
+    rounds: int = 1,
 ) -> tuple[list[Row], dict]:
     """Run every case; returns the rows and the measured peaks per precision."""
     peaks: dict[str, Peaks] = {}
@@ -138,7 +166,7 @@ def run_suite(
         if case.precision not in peaks:
             with tf32_mode(case.tf32):
                 peaks[case.precision] = measure_peaks(device, case.dtype) if timed else Peaks(1.0, 1.0)
-        rows.append(run_case(case, device, peaks[case.precision], baselines, iters, warmup, graph, timed))
+        rows.append(run_case(case, device, peaks[case.precision], baselines, iters, warmup, graph, timed, rounds))
         if progress is not None:
             progress(case)
     return rows, {k: vars(v) for k, v in peaks.items()}
