@@ -1,0 +1,164 @@
+"""Time one benchmark layer's convolution kernel over tile and split choices (CUDA only).
+
+    python scripts/tile_sweep.py --layers r50_18,r50_22 --batch 1
+    python scripts/tile_sweep.py --layers r50_19 --batch 1 --tiles 32x64,32x32 --splits 1,2,4
+    python scripts/tile_sweep.py --layers r50_18 --batch 32 --mode CBNA --tiles keep --splits 1,2
+
+For each layer the plan (fp16 NHWC by default) is compiled with its usual solver (or ``--solver``);
+then its kernel runs with each configuration: block_m x block_n tiles (``keep``: the solver's own)
+and reduction splits (``auto``: what the solver's rule picks for the tile). Every configuration is
+checked against the float64 reference (output filled with NaN first) and timed as CUDA-graph
+replays of 20 launches (median of 7 replays, GPU time alone, the input warm in L2). The sweeps
+behind the small-grid tiles of ``fusionplan.tuning`` (bench/NOTES.md, section 13) ran this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+
+import torch
+
+
+def parse_tiles(text: str) -> list[tuple[int, int] | None]:
+    """'64x128,32x64' -> [(64, 128), (32, 64)]; 'keep' -> None (the solver's own tile)."""
+    tiles: list[tuple[int, int] | None] = []
+    for item in text.split(","):
+        if item == "keep":
+            tiles.append(None)
+            continue
+        m, _, n = item.partition("x")
+        if not (m.isdigit() and n.isdigit()):
+            raise argparse.ArgumentTypeError(f"tile {item!r}: expected MxN (e.g. 32x64) or 'keep'")
+        tiles.append((int(m), int(n)))
+    return tiles
+
+
+def parse_splits(text: str) -> list[int | None]:
+    """'1,2,auto' -> [1, 2, None] (None: the solver's rule)."""
+    splits: list[int | None] = []
+    for item in text.split(","):
+        if item == "auto":
+            splits.append(None)
+        elif item.isdigit() and int(item) >= 1:
+            splits.append(int(item))
+        else:
+            raise argparse.ArgumentTypeError(f"split {item!r}: expected a positive integer or 'auto'")
+    return splits
+
+
+def graph_us(fn, launches: int = 20, replays: int = 7) -> float:
+    """Median GPU microseconds of one ``fn()`` from CUDA-graph replays of ``launches`` calls."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(launches):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / launches * 1e3)
+    return statistics.median(samples)
+
+
+def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
+    """(microseconds, description) of every configuration; ``timer`` replaces ``graph_us`` (tests)."""
+    import fusionplan as fp
+    from fusionplan.benchmark.cases import Case, prepare, tolerance
+
+    case = Case(layer, opts.batch, opts.precision, opts.layout, opts.mode)
+    device = torch.device(getattr(opts, "device", "cuda"))
+    prep = prepare(case, device, 0)
+    handle = fp.Handle(device, allow_tf32=case.tf32)
+    prep.plan.compile(handle, solver=opts.solver)
+    kernel = prep.plan._entry(handle).kernel
+    if not hasattr(kernel, "with_split"):
+        raise SystemExit(f"{layer.name}: solver {prep.plan.compiled_solver(handle)} has no tile configuration")
+    base = kernel.config
+    x, y = prep.xs[0], prep.ys[0]
+    records = [prep.args.get(op) for op in prep.plan.ops]
+    tol, _ = tolerance(case)
+    rows = []
+    try:
+        for tile in opts.tiles:
+            block_m, block_n = tile if tile is not None else (base.block_m, base.block_n)
+            unsplit = dataclasses.replace(base, block_m=block_m, block_n=block_n, split_k=1)
+            auto = kernel.with_split(unsplit).split_k
+            programs, steps = kernel.programs_and_steps(unsplit)
+            for split in dict.fromkeys(auto if s is None else s for s in opts.splits):
+                if steps // split < 1:
+                    continue
+                rows.append(_run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, prep, tol, timer))
+    finally:
+        kernel.config = base
+    return rows
+
+
+def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, prep, tol, timer) -> tuple[float, str]:
+    from fusionplan.testing import compare
+
+    kernel.config = dataclasses.replace(unsplit, split_k=split)
+    kernel._repeats._by_records.clear()  # the next launch binds the new configuration
+    name = f"{unsplit.block_m}x{unsplit.block_n} split {split}{' (auto)' if split == auto else ''}"
+    try:
+        y.fill_(float("nan"))
+        kernel.run(x, y, records, None)
+        if y.is_cuda:
+            torch.cuda.synchronize()
+        result = compare(y, prep.reference)
+        verdict = "ok" if result.nonfinite == 0 and result.rel_norm < tol else f"WRONG ({result})"
+        us = (timer or graph_us)(lambda: kernel.run(x, y, records, None))
+    except Exception as exc:  # a tile the kernel cannot compile (too much shared memory, ...)
+        return float("inf"), f"  {name}: {type(exc).__name__}: {str(exc)[:100]}"
+    return us, f"  {name}: programs {programs * split}, steps {steps}: {us:.2f} us {verdict}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", required=True, help="comma-separated layer names of the shapes file")
+    p.add_argument("--shapes", default=None, help="shapes CSV (default: ResNet-50)")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--precision", default="fp16")
+    p.add_argument("--layout", default="NHWC")
+    p.add_argument("--mode", default="CBA", help="operator letters, as fusionplan-bench's --modes")
+    p.add_argument("--solver", default=None, help="force this solver (default: the plan's usual one)")
+    p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep,64x128,64x64,32x64,32x32,16x64"))
+    p.add_argument("--splits", type=parse_splits, default=parse_splits("auto,1,2,4,8,16"))
+    p.add_argument("--top", type=int, default=10, help="print this many fastest configurations per layer")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tile_sweep: needs a CUDA GPU (it times kernels as CUDA-graph replays)", file=sys.stderr)
+        return 2
+    from fusionplan.shapes import load_shapes
+
+    shapes = {s.name: s for s in load_shapes(opts.shapes)}
+    unknown = [name for name in opts.layers.split(",") if name not in shapes]
+    if unknown:
+        print(f"tile_sweep: unknown layers {unknown}", file=sys.stderr)
+        return 2
+    for name in opts.layers.split(","):
+        rows = sweep_layer(shapes[name], opts)
+        print(f"{name} batch {opts.batch} {opts.precision} {opts.layout} {opts.mode}:")
+        for _, line in sorted(rows)[: opts.top]:
+            print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
