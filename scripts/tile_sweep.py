@@ -8,15 +8,15 @@ For each layer the plan (fp16 NHWC by default) is compiled with its usual solver
 then its kernel runs with each configuration: block_m x block_n tiles (``keep``: the solver's own)
 and reduction splits (``auto``: what the solver's rule picks for the tile). Every configuration is
 checked against the float64 reference (output filled with NaN first) and timed as CUDA-graph
-replays of 20 launches (median of 7 replays, GPU time alone, the input warm in L2). The sweeps
-behind the small-grid tiles of ``fusionplan.tuning`` (bench/NOTES.md, section 13) ran this way.
+replays of 20 launches (as fusionplan-bench --graph: median of 5 replays, GPU time alone, the
+input warm in L2). The sweeps behind the small-grid tiles of ``fusionplan.tuning``
+(bench/NOTES.md, section 13) ran this way, with 7 replays.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 
 import torch
@@ -49,28 +49,12 @@ def parse_splits(text: str) -> list[int | None]:
     return splits
 
 
-def graph_us(fn, launches: int = 20, replays: int = 7) -> float:
-    """Median GPU microseconds of one ``fn()`` from CUDA-graph replays of ``launches`` calls."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(launches):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) / launches * 1e3)
-    return statistics.median(samples)
+def graph_us(fn, launches: int = 20) -> float:
+    """Median GPU microseconds of one ``fn()`` from CUDA-graph replays of ``launches`` calls
+    (fusionplan-bench's graph timing)."""
+    from fusionplan.benchmark.timing import median_ms
+
+    return median_ms(lambda i: fn(), torch.device("cuda"), launches, warmup=1, graph=True) * 1e3
 
 
 def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:

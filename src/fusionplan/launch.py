@@ -411,10 +411,10 @@ class Repeat:
         """Launch on x -> y (reading the prior where one is given) if the conditions hold; False if not."""
         if records is not self.records or (prior is not None) != self.prior_given:
             return False
-        xp, yp = x.data_ptr(), y.data_ptr()
-        pp = prior.data_ptr() if self.prior_read and prior is not None else yp
-        if (xp | yp | pp) & 15:
+        pointers = self._aligned_pointers(x, y, prior)
+        if pointers is None:
             return False
+        xp, yp, pp = pointers
         if xp < yp + self.y_bytes and yp < xp + self.x_bytes and not (self.in_place_ok and xp == yp):
             return False
         if pp != yp and pp < yp + self.y_bytes and yp < pp + self.prior_bytes:
@@ -427,11 +427,15 @@ class Repeat:
         """``try_launch`` for a caller that vouches for the rest: the records' tensors unchanged
         since this repeat was made, y allocated afresh (so overlapping nothing else), and the
         prior given exactly when one was. Checks alignment and the stream; False: nothing run."""
+        pointers = self._aligned_pointers(x, y, prior)
+        return pointers is not None and self._launch_on_stream(*pointers)
+
+    def _aligned_pointers(self, x: Tensor, y: Tensor, prior: Tensor | None) -> tuple[int, int, int] | None:
+        """The addresses for the x, y and prior slots (y's in the prior slot unless the bound call
+        read a prior), or None when one is not 16-byte aligned like the bound ones."""
         xp, yp = x.data_ptr(), y.data_ptr()
         pp = prior.data_ptr() if self.prior_read and prior is not None else yp
-        if (xp | yp | pp) & 15:
-            return False
-        return self._launch_on_stream(xp, yp, pp)
+        return None if (xp | yp | pp) & 15 else (xp, yp, pp)
 
     def _launch_on_stream(self, xp: int, yp: int, pp: int) -> bool:
         if self.stream is not None and (
