@@ -2,10 +2,11 @@
 
     python scripts/tile_sweep.py --layers r50_18,r50_22 --batch 1
     python scripts/tile_sweep.py --layers r50_19 --batch 1 --tiles 32x64,32x32 --splits 1,2,4
-    python scripts/tile_sweep.py --layers r50_18 --batch 32 --mode CBNA --tiles keep --splits 1,2
+    python scripts/tile_sweep.py --layers r50_18 --batch 32 --mode CBNA --tiles keep,128x128w8s3 --splits 1,2
 
 For each layer the plan (fp16 NHWC by default) is compiled with its usual solver (or ``--solver``);
-then its kernel runs with each configuration: block_m x block_n tiles (``keep``: the solver's own)
+then its kernel runs with each configuration: block_m x block_n tiles, optionally with their
+reduction step, warps and pipeline stages (``128x128k64w8s3``; ``keep``: the solver's own)
 and reduction splits (``auto``: what the solver's rule picks for the tile). Every configuration is
 checked against the float64 reference (output filled with NaN first) and timed as CUDA-graph
 replays of 20 launches (as fusionplan-bench --graph: median of 5 replays, GPU time alone, the
@@ -17,22 +18,33 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 
 import torch
 
+_TILE = re.compile(r"(\d+)x(\d+)(?:k(\d+))?(?:w(\d+))?(?:s(\d+))?")
 
-def parse_tiles(text: str) -> list[tuple[int, int] | None]:
-    """'64x128,32x64' -> [(64, 128), (32, 64)]; 'keep' -> None (the solver's own tile)."""
-    tiles: list[tuple[int, int] | None] = []
+
+Tile = tuple[int, int, "int | None", "int | None", "int | None"]
+
+
+def parse_tiles(text: str) -> list[Tile | None]:
+    """'64x128,128x128k32w8s3' -> [(64, 128, None, None, None), (128, 128, 32, 8, 3)]: block_m x
+    block_n, then optionally the reduction step (block_k), warps and pipeline stages (None: the
+    solver's own); 'keep' -> None (the solver's own tile)."""
+    tiles: list[Tile | None] = []
     for item in text.split(","):
         if item == "keep":
             tiles.append(None)
             continue
-        m, _, n = item.partition("x")
-        if not (m.isdigit() and n.isdigit()):
-            raise argparse.ArgumentTypeError(f"tile {item!r}: expected MxN (e.g. 32x64) or 'keep'")
-        tiles.append((int(m), int(n)))
+        found = _TILE.fullmatch(item)
+        if found is None:
+            raise argparse.ArgumentTypeError(
+                f"tile {item!r}: expected MxN[kBLOCK_K][wWARPS][sSTAGES] (e.g. 32x64, 128x128k32w8s3) or 'keep'"
+            )
+        m, n, block_k, warps, stages = (int(g) if g else None for g in found.groups())
+        tiles.append((m, n, block_k, warps, stages))
     return tiles
 
 
@@ -77,8 +89,16 @@ def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
     rows = []
     try:
         for tile in opts.tiles:
-            block_m, block_n = tile if tile is not None else (base.block_m, base.block_n)
-            unsplit = dataclasses.replace(base, block_m=block_m, block_n=block_n, split_k=1)
+            block_m, block_n, block_k, warps, stages = tile or (base.block_m, base.block_n, None, None, None)
+            unsplit = dataclasses.replace(
+                base,
+                block_m=block_m,
+                block_n=block_n,
+                block_k=block_k or base.block_k,
+                num_warps=warps or base.num_warps,
+                num_stages=stages or base.num_stages,
+                split_k=1,
+            )
             auto = kernel.with_split(unsplit).split_k
             programs, steps = kernel.programs_and_steps(unsplit)
             for split in dict.fromkeys(auto if s is None else s for s in opts.splits):
@@ -95,7 +115,9 @@ def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, pr
 
     kernel.config = dataclasses.replace(unsplit, split_k=split)
     kernel._repeats._by_records.clear()  # the next launch binds the new configuration
-    name = f"{unsplit.block_m}x{unsplit.block_n} split {split}{' (auto)' if split == auto else ''}"
+    c = unsplit
+    tile = f"{c.block_m}x{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
+    name = f"{tile} split {split}{' (auto)' if split == auto else ''}"
     try:
         y.fill_(float("nan"))
         kernel.run(x, y, records, None)

@@ -38,9 +38,15 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     spec = importlib.util.spec_from_file_location("tile_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    assert sweep.parse_tiles("keep,32x64") == [None, (32, 64)]
+    assert sweep.parse_tiles("keep,32x64,128x128w8s3,64x64s5,64x64k128w4") == [
+        None,
+        (32, 64, None, None, None),
+        (128, 128, None, 8, 3),
+        (64, 64, None, None, 5),
+        (64, 64, 128, 4, None),
+    ]
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
-    for bad in ("32by64", "x64"):
+    for bad in ("32by64", "x64", "32x64w", "32x64s3w8"):
         with pytest.raises(Exception, match="expected MxN"):
             sweep.parse_tiles(bad)
     with pytest.raises(Exception, match="positive integer"):
@@ -77,7 +83,7 @@ def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkey
         mode="CBA",
         solver="triton-conv",
         device="cpu",
-        tiles=sweep.parse_tiles("keep,32x32,16x16"),
+        tiles=sweep.parse_tiles("keep,32x32,16x16k32w2s2"),
         splits=sweep.parse_splits("auto,1,2"),
     )
     rows = sweep.sweep_layer(layer, opts, timer=lambda fn: 1.0)

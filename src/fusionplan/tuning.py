@@ -70,9 +70,9 @@ def conv_heuristic(
     """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth.
 
     From H100 measurements of the ResNet-50 layers (bench/NOTES.md): 128x64 tiles when there are
-    many output pixels, 64-row tiles when there are few; 4 pipeline stages. Grids that would leave
-    most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles (``SMALL_GRID_TILE_1X1`` for
-    filters of one tap), and split their reduction.
+    many output pixels, 64-row tiles when there are few; 3 pipeline stages (``CONV_STAGES``). Grids
+    that would leave most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles
+    (``SMALL_GRID_TILE_1X1`` for filters of one tap) with 4 stages, and split their reduction.
     """
     if interpret:
         return CONV_INTERPRETER
@@ -80,13 +80,21 @@ def conv_heuristic(
     block_k = _pow2_at_least(c_per_group, 16, 64 if wide else 32)
     block_n = _pow2_at_least(k_per_group, 16, 64 if m >= 50_000 else 128)
     block_m = 128 if m >= 50_000 else 64
+    stages = CONV_STAGES
     small_tiles = [SMALL_GRID_TILE, SMALL_GRID_TILE_1X1] if taps == 1 else [SMALL_GRID_TILE]
     for small in small_tiles:  # smaller tiles while the grid stays small
         if -(-m // block_m) * -(-k_per_group // block_n) * groups >= SMALL_GRID_PROGRAMS:
             break
-        block_m, block_n = small[0], min(block_n, small[1])
-    return ConvConfig(block_m, block_n, block_k, 8, 4, 4 if wide else 3)
+        block_m, block_n, stages = small[0], min(block_n, small[1]), 4
+    return ConvConfig(block_m, block_n, block_k, 8, 4, stages if wide else 3)
 
+
+#: Pipeline stages of triton-conv's 16-bit tiles (fp32: 3). Three stages of a 64x128 tile take 72 KB
+#: of shared memory, so three programs share a multiprocessor where four stages let two: H100, fp16
+#: NHWC, batch 32 (`scripts/tile_sweep.py --solver triton-conv`), every layer faster, most where the
+#: grid then fits one wave (392 programs: r50_06 30.1 -> 22.2 us, r50_10 30.0 -> 22.3; r50_08 36.8 ->
+#: 30.9, r50_02 33.5 -> 29.8); NCHW within 3 % either way.
+CONV_STAGES = 3
 
 #: Below this many programs of the default tiles, triton-conv takes SMALL_GRID_TILE tiles (more
 #: programs, smaller partial sums when the reduction is split). H100, fp16, batch 1 (GPU time):
@@ -121,6 +129,8 @@ def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) 
     wide = dtype in (torch.float16, torch.bfloat16)
     block_k = _pow2_at_least(k, 16, 64 if wide else 32)
     stages = 4 if wide else 3
+    if wide and k <= GEMM_WIDE_MAX_DEPTH and n >= 256 and -(-m // 128) * -(-n // 256) >= 132:
+        return ConvConfig(128, 256, block_k, 8, 8, 3)
     tiles_128 = -(-m // 128) * -(-n // 128)
     if tiles_128 >= 264 and n >= 128:
         return ConvConfig(128, 128, block_k, 8, 8, stages)
@@ -128,6 +138,13 @@ def gemm_heuristic(m: int, n: int, k: int, dtype: torch.dtype, interpret: bool) 
         return ConvConfig(128, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
     return ConvConfig(64, _pow2_at_least(n, 16, 64), block_k, 8, 4, stages)
 
+
+#: Shallow 16-bit products (C up to this) with N >= 256 take 128x256 tiles: each input tile is read
+#: once for twice the output channels, and with one or two reduction steps there is little to
+#: pipeline (fp32 tiles that size need more shared memory than the H100 has).
+#: H100, fp16, batch 32: r50_07 (C=128, K=512) 18.3 -> 16.7 us, r50_03 (C=64, K=256) 29.4 -> 28.8;
+#: deeper ones lost (r50_05, C=256: 33.3 -> 38.5; r50_13, C=256: 13.7 -> 14.7).
+GEMM_WIDE_MAX_DEPTH = 128
 
 #: Multiprocessors a grid should keep busy (the H100 has 132).
 SPLIT_K_TARGET = 132
@@ -149,6 +166,13 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
 #: Below this many programs in its grid (ResNet-50 at batch 1: 8-98; at batch 32: 128 or more)
 #: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).
 WINDOW_MIN_PROGRAMS = 100
+
+#: Strided convolutions of 16-bit data with at least this many output pixels (1x1 filters: the
+#: second number) run on triton-conv: with 3-stage tiles (``CONV_STAGES``) it measured faster than
+#: windows over stride classes (H100, fp16, batch 32, fusionplan-bench: r50_06 24.1 against 29.7 us,
+#: r50_08 29.7 against 38.9, r50_14 22.3 against 26.5), not on 7x7 outputs (1568 pixels: r50_20
+#: 26.2 against 19.0 us, r50_18 even) nor on r50_12 (3x3, 6272 pixels: 28.0 against 27.0).
+WINDOW_STRIDED_MAX_PIXELS = (16384, 4096)
 
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).

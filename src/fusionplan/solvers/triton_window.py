@@ -203,8 +203,11 @@ def window_defer_why(spec: PlanSpec) -> str | None:
             return "strided, fp32 data: triton-conv measured faster (TF32: r50_14 39.2 against 53.3 us)"
         if one_by_one:
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
-    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= 16384:
-        return "strided 1x1 filter on many pixels: triton-conv measured faster (fp16: r50_08 35.7 against 38.9 us)"
+    elif conv.conv.strides != (1, 1) and n * oh * ow >= tuning.WINDOW_STRIDED_MAX_PIXELS[one_by_one]:
+        return (
+            f"strided, {n * oh * ow} >= {tuning.WINDOW_STRIDED_MAX_PIXELS[one_by_one]} output pixels: triton-conv "
+            "measured faster (fp16: r50_06 24.1 against 29.7 us, r50_08 29.7 against 38.9)"
+        )
     programs = window_programs(spec)
     if programs < tuning.WINDOW_MIN_PROGRAMS:
         return (
