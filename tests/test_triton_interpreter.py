@@ -316,8 +316,12 @@ def test_window_solver(case, dtype, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
-STRIDED_WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides)
+STRIDED_WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides); even sizes: one view of all classes
     "3x3-stride2": (1, 128, 17, 16, 8, 3, 3, (1, 1), (2, 2)),
+    "3x3-stride2-even": (2, 128, 16, 14, 8, 3, 3, (1, 1), (2, 2)),
+    "3x3-stride2-even-channel-tail": (1, 136, 16, 16, 8, 3, 3, (1, 1), (2, 2)),  # C=136: a view per class
+    "3x3-stride3-even-no-pad": (1, 144, 27, 24, 8, 3, 3, (0, 0), (3, 3)),
+    "5x5-stride-2x1-even": (1, 128, 16, 9, 8, 5, 5, (2, 2), (2, 1)),
     "1x1-stride2": (2, 128, 16, 18, 24, 1, 1, (0, 0), (2, 2)),
     "3x3-stride3": (1, 128, 25, 24, 8, 3, 3, (1, 1), (3, 3)),
     "5x5-stride-2x1": (1, 136, 17, 9, 8, 5, 5, (2, 2), (2, 1)),
@@ -521,6 +525,11 @@ def test_gemm_defers_where_it_measured_slower():
         ("r50_09", 1, "triton-gemm", "M=784 pixels < 4096"),  # triton-conv's small tiles as fast
         ("r50_13", 1, "triton-gemm", "M=196 pixels < 4096"),  # C=256: triton-conv faster
         ("r50_19", 32, "triton-gemm", "M=1568 pixels < 4096"),  # windows of 128 programs faster
+        ("r50_08", 32, "triton-window", "strided 1x1 filter, 25088 >= 4096"),  # triton-conv's 3-stage tiles
+        ("r50_14", 32, "triton-window", "strided 1x1 filter, 6272 >= 4096"),
+        ("r50_06", 32, "triton-window", None),  # 3x3: every stride class in one loop
+        ("r50_12", 32, "triton-window", None),
+        ("r50_18", 32, "triton-window", None),  # 7x7 outputs
     ],
 )
 def test_small_grids_defer_where_measured_slower(layer, batch, solver, deferred):

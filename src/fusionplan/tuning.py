@@ -167,12 +167,12 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
 #: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).
 WINDOW_MIN_PROGRAMS = 100
 
-#: Strided convolutions of 16-bit data with at least this many output pixels (1x1 filters: the
-#: second number) run on triton-conv: with 3-stage tiles (``CONV_STAGES``) it measured faster than
-#: windows over stride classes (H100, fp16, batch 32, fusionplan-bench: r50_06 24.1 against 29.7 us,
-#: r50_08 29.7 against 38.9, r50_14 22.3 against 26.5), not on 7x7 outputs (1568 pixels: r50_20
-#: 26.2 against 19.0 us, r50_18 even) nor on r50_12 (3x3, 6272 pixels: 28.0 against 27.0).
-WINDOW_STRIDED_MAX_PIXELS = (16384, 4096)
+#: Strided 1x1 convolutions of 16-bit data with at least this many output pixels run on triton-conv:
+#: with 3-stage tiles (``CONV_STAGES``) it measured faster than windows (H100, fp16, batch 32:
+#: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5), not on 7x7 outputs (1568 pixels: r50_20
+#: 26.2 against 19.0). Strided 3x3 layers stay with windows, which read every stride class in one
+#: loop (r50_06 21.1 against 22.2, r50_12 19.9 against 26.7).
+WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).

@@ -10,7 +10,10 @@ a TILE_H x TILE_W window of the input, shifted by (r * dil_h - pad_h, s * dil_w 
 the padding. That replaces the per-element address and mask arithmetic of triton-conv's gather,
 which bounds it on the H100 (bench/NOTES.md, section 5). With stride s, the input is read through
 s x s views, each holding the pixels of one row and column class mod s (a base offset and the
-strides times s): in such a view the taps of that class meet windows again. Windows at the right
+strides times s): in such a view the taps of that class meet windows again. Where the image's
+sides are multiples of the stride (and C of the step's channels), all classes are one 5-D view,
+[N, H/s, s, W/s, s*C], the class picked by a box coordinate, so every tap runs in one loop (one
+pipeline, where a loop per class drained it at each class: r50_12 27.1 -> 19.9 us). Windows at the right
 and bottom edges compute some pixels past the image, masked at the store. The epilogue is
 triton-conv's.
 """
@@ -51,6 +54,7 @@ def window_kernel(
     R: tl.constexpr, S: tl.constexpr, STR_H: tl.constexpr, STR_W: tl.constexpr,
     TILE_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
+    FLAT_STRIDES: tl.constexpr,
     {stage_flags}
 ):
     w_desc = tl.make_tensor_descriptor(
@@ -73,37 +77,62 @@ def window_kernel(
     # a register operand ran serialized (bench/NOTES.md, section 10).
     acc = tl.zeros((BLOCK_N, TILE_N * TILE_H * TILE_W), dtype=tl.float32)
     num_cb = tl.cdiv(C, BLOCK_K)
-    for ph in tl.static_range(STR_H):
-        for pw in tl.static_range(STR_W):
-            # The taps that read input rows ph and columns pw modulo the stride read, for a window
-            # of outputs, a window of the view of the input that holds only such pixels: one box of
-            # that view per tap (with stride 1, the input itself). Stride > 1 comes with dilation 1.
-            r0 = (ph + pad_h) % STR_H
-            s0 = (pw + pad_w) % STR_W
-            n_r = tl.cdiv(R - r0, STR_H)
-            n_s = tl.cdiv(S - s0, STR_W)
-            if n_r * n_s > 0:
-                x_desc = tl.make_tensor_descriptor(
-                    x_ptr + (ph * W + pw) * C,
-                    shape=[N, tl.cdiv(H - ph, STR_H), tl.cdiv(W - pw, STR_W), C],
-                    strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
-                    block_shape=[TILE_N, TILE_H, TILE_W, BLOCK_K],
-                )
-                steps = n_r * n_s * num_cb
-                for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
-                    t = kb // num_cb
-                    c0 = (kb % num_cb) * BLOCK_K
-                    r = r0 + (t // n_s) * STR_H
-                    s = s0 + (t % n_s) * STR_W
-                    # exact divisions: r * dil_h - pad_h - ph is a multiple of the stride
-                    ih = oh0 + (r * dil_h - pad_h - ph) // STR_H
-                    iw = ow0 + (s * dil_w - pad_w - pw) // STR_W
-                    # channels past C read zeros from the input box, so weight columns of the next
-                    # tap they meet add nothing
-                    a = x_desc.load([n0, ih, iw, c0])
-                    a = tl.reshape(a, (TILE_N * TILE_H * TILE_W, BLOCK_K))
-                    b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
-                    acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
+    if FLAT_STRIDES:
+        # Every stride class in one view of the input, [N, H/STR_H, STR_H, W/STR_W, STR_W*C] (H and W
+        # multiples of the stride, C of BLOCK_K): tap (r, s) reads class (ph, pw) through the box's
+        # coordinates, so all taps run in one loop, one pipeline; a loop per class drained and
+        # refilled it at every class.
+        x_desc = tl.make_tensor_descriptor(
+            x_ptr,
+            shape=[N, H // STR_H, STR_H, W // STR_W, STR_W * C],
+            strides=[H * W * C, STR_H * W * C, W * C, STR_W * C, 1],
+            block_shape=[TILE_N, TILE_H, 1, TILE_W, BLOCK_K],
+        )
+        steps = R * S * num_cb
+        for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
+            t = kb // num_cb
+            c0 = (kb % num_cb) * BLOCK_K
+            dh = (t // S) * dil_h - pad_h
+            dw = (t % S) * dil_w - pad_w
+            ph = (dh + STR_H * pad_h) % STR_H  # dh mod STR_H, from a non-negative dividend
+            pw = (dw + STR_W * pad_w) % STR_W
+            # exact divisions: dh - ph is a multiple of the stride
+            a = x_desc.load([n0, oh0 + (dh - ph) // STR_H, ph, ow0 + (dw - pw) // STR_W, pw * C + c0])
+            a = tl.reshape(a, (TILE_N * TILE_H * TILE_W, BLOCK_K))
+            b = w_desc.load([pid_n * BLOCK_N, t * C + c0])
+            acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
+    else:
+        for ph in tl.static_range(STR_H):
+            for pw in tl.static_range(STR_W):
+                # The taps that read input rows ph and columns pw modulo the stride read, for a window
+                # of outputs, a window of the view of the input that holds only such pixels: one box of
+                # that view per tap (with stride 1, the input itself). Stride > 1 comes with dilation 1.
+                r0 = (ph + pad_h) % STR_H
+                s0 = (pw + pad_w) % STR_W
+                n_r = tl.cdiv(R - r0, STR_H)
+                n_s = tl.cdiv(S - s0, STR_W)
+                if n_r * n_s > 0:
+                    x_desc = tl.make_tensor_descriptor(
+                        x_ptr + (ph * W + pw) * C,
+                        shape=[N, tl.cdiv(H - ph, STR_H), tl.cdiv(W - pw, STR_W), C],
+                        strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
+                        block_shape=[TILE_N, TILE_H, TILE_W, BLOCK_K],
+                    )
+                    steps = n_r * n_s * num_cb
+                    for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
+                        t = kb // num_cb
+                        c0 = (kb % num_cb) * BLOCK_K
+                        r = r0 + (t // n_s) * STR_H
+                        s = s0 + (t % n_s) * STR_W
+                        # exact divisions: r * dil_h - pad_h - ph is a multiple of the stride
+                        ih = oh0 + (r * dil_h - pad_h - ph) // STR_H
+                        iw = ow0 + (s * dil_w - pad_w - pw) // STR_W
+                        # channels past C read zeros from the input box, so weight columns of the next
+                        # tap they meet add nothing
+                        a = x_desc.load([n0, ih, iw, c0])
+                        a = tl.reshape(a, (TILE_N * TILE_H * TILE_W, BLOCK_K))
+                        b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
+                        acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
     acc = tl.trans(acc)
 {split}
     offs_m = tl.arange(0, TILE_N * TILE_H * TILE_W)
@@ -203,10 +232,10 @@ def window_defer_why(spec: PlanSpec) -> str | None:
             return "strided, fp32 data: triton-conv measured faster (TF32: r50_14 39.2 against 53.3 us)"
         if one_by_one:
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
-    elif conv.conv.strides != (1, 1) and n * oh * ow >= tuning.WINDOW_STRIDED_MAX_PIXELS[one_by_one]:
+    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
         return (
-            f"strided, {n * oh * ow} >= {tuning.WINDOW_STRIDED_MAX_PIXELS[one_by_one]} output pixels: triton-conv "
-            "measured faster (fp16: r50_06 24.1 against 29.7 us, r50_08 29.7 against 38.9)"
+            f"strided 1x1 filter, {n * oh * ow} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
+            "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
         )
     programs = window_programs(spec)
     if programs < tuning.WINDOW_MIN_PROGRAMS:
@@ -250,6 +279,14 @@ class TritonWindowKernel(DescriptorConvKernel):
         r, s = self.conv.w_desc.dims[2:]
         return self._windows(cfg)[1] * triton_cdiv(self.k, cfg.block_n), r * s * triton_cdiv(c, cfg.block_k)
 
+    def _flat_strides(self, cfg: tuning.ConvConfig) -> bool:
+        """Whether a strided convolution reads every stride class through one view of the input
+        (one loop over all taps): where the image's height and width are multiples of the stride
+        and C of the step's channels (a step's box must not reach the next class's channels)."""
+        _, c, h, w = self.spec.input_desc.dims
+        str_h, str_w = self.conv_args[2:4]
+        return (str_h, str_w) != (1, 1) and h % str_h == 0 and w % str_w == 0 and c % cfg.block_k == 0
+
     def _launch_args(
         self,
         cfg: tuning.ConvConfig,
@@ -283,6 +320,7 @@ class TritonWindowKernel(DescriptorConvKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             cfg.split_k,
+            self._flat_strides(cfg),
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
