@@ -54,6 +54,26 @@ def test_a_wrong_result_is_reported_and_not_timed(monkeypatch, tmp_path, capsys)
     assert row["fused_ms"] > 0
 
 
+def test_a_solver_whose_kernel_does_not_build_fails_its_column_only(monkeypatch, tmp_path):
+    """A solver that cannot build its kernel here (a tile too large for the device): the plan goes
+    to the next solver, that solver's column records the failure, the case is still timed."""
+    from fusionplan import solvers
+    from fusionplan.solvers.cpu_folded import CpuFoldedSolver
+
+    def out_of_resources(self, spec, handle):
+        raise RuntimeError("out of resource: shared memory")
+
+    # the CPU solvers only: Triton's interpreter (on in the tests) would take the plan next, slowly
+    monkeypatch.setattr(solvers, "REGISTRY", [s for s in solvers.REGISTRY if s.family != "triton"])
+    monkeypatch.setattr(CpuFoldedSolver, "build", out_of_resources)
+    argv = [*SMALL, "--layers", "r50_22", "--modes", "CBA", "--batch", "1", "--out", str(tmp_path), "--no-plots"]
+    assert main(argv) == 0  # reported, not a wrong result
+    row = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    assert row["solver"] == "reference" and row["fused_ms"] > 0
+    assert "solver:cpu-folded: InternalError" in row["errors"] and "out of resource" in row["errors"]
+    assert "solver:cpu-folded_ms" not in row
+
+
 def test_bad_options_are_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cpu", "--precisions", "fp8"])

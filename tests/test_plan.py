@@ -174,6 +174,32 @@ def _assert_untouched(y, before):
     assert torch.equal(y, before), "the output was written although execute failed"
 
 
+def test_a_kernel_that_fails_to_build_passes_the_plan_to_the_next_solver(handle, monkeypatch):
+    """A solver whose kernel cannot be built here (say, a tile needing more shared memory than the
+    device has) does not take compile down: the next applicable solver runs the plan; when none
+    builds, a typed InternalError names each failure and the plan stays uncompiled."""
+
+    def out_of_resources(self, spec, handle):
+        raise RuntimeError("out of resource: shared memory, Required: 278576, Hardware limit: 232448")
+
+    plan = cbna_plan()
+    first, second, *rest = solvers.candidates(plan.spec(), handle)
+    monkeypatch.setattr(type(first), "build", out_of_resources)
+    assert plan.compile(handle) == second.name
+    y = torch.full((2, 6, 9, 7), float("nan"))
+    plan.execute(handle, make_input((2, 4, 9, 7), torch.float32, "NCHW"), y, random_args(plan))
+    assert torch.isfinite(y).all()
+    with pytest.raises(fp.InternalError, match=f"{first.name}: RuntimeError: out of resource") as raised:
+        plan.compile(handle, solver=first.name)
+    assert raised.value.status == fp.Status.INTERNAL_ERROR and isinstance(raised.value.__cause__, RuntimeError)
+    for solver in (second, *rest):
+        monkeypatch.setattr(type(solver), "build", out_of_resources)
+    other, fresh = cbna_plan(), fp.Handle("cpu")  # the first handle keeps the kernel it built
+    with pytest.raises(fp.InternalError, match=f"{first.name}: RuntimeError.*; {second.name}: RuntimeError"):
+        other.compile(fresh)
+    assert not other.is_compiled(fresh)
+
+
 @pytest.mark.parametrize(
     "breaks, error, match",
     [

@@ -21,6 +21,7 @@ from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _str
 from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction, coerce_enum
 from fusionplan.errors import (
     BadParmError,
+    InternalError,
     MissingArgumentError,
     NotCompiledError,
     TensorMismatchError,
@@ -216,13 +217,33 @@ class FusionPlan:
 
     def compile(self, handle: Handle, backend: str | None = None, solver: str | None = None) -> str:
         """Compile for ``handle`` with the first applicable solver (of the ``backend`` family, or the
-        solver named ``solver``, when given); returns the solver's name."""
+        solver named ``solver``, when given); returns the solver's name. A solver whose kernel fails
+        to build (a tile this device cannot hold) passes the plan to the next applicable one; when
+        none builds, InternalError names each failure."""
         if not isinstance(handle, Handle):
             raise BadParmError(f"expected a Handle, got {type(handle).__name__}")
         with self._lock:
             spec = self.spec()
             version = self._version
-        chosen = solvers.select(spec, handle, backend, solver)
+        failures: list[tuple[str, Exception]] = []
+        for chosen in solvers.candidates(spec, handle, backend, solver):
+            try:
+                kernel = self._kernel(chosen, spec, handle)
+            except Exception as exc:  # e.g. a tile this device cannot hold: the next solver may run it
+                failures.append((chosen.name, exc))
+                continue
+            with self._lock:
+                if version == self._version:
+                    self._compiled[handle.uid] = _Compiled(version, chosen.name, kernel, spec)
+            return chosen.name
+        reasons = "; ".join(f"{name}: {type(exc).__name__}: {exc}" for name, exc in failures)
+        raise InternalError(f"no applicable solver could build the plan {spec.combination}: {reasons}") from (
+            failures[0][1]
+        )
+
+    @staticmethod
+    def _kernel(chosen: solvers.Solver, spec: PlanSpec, handle: Handle) -> Kernel:
+        """The handle's kernel of ``chosen`` for ``spec``, built (and kept by the handle) on first use."""
         # Everything that changes the generated kernel: the plan, TF32 and the find mode.
         key = (chosen.name, spec.signature(), handle.tf32_allowed(), tuning.find_mode(handle.find_mode))
         with handle.lock:
@@ -232,10 +253,7 @@ class FusionPlan:
                 kernel = chosen.build(spec, handle)
             with handle.lock:
                 kernel = handle.kernels.setdefault(key, kernel)
-        with self._lock:
-            if version == self._version:
-                self._compiled[handle.uid] = _Compiled(version, chosen.name, kernel, spec)
-        return chosen.name
+        return kernel
 
     def is_compiled(self, handle: Handle) -> bool:
         entry = self._compiled.get(handle.uid)

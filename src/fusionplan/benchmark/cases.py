@@ -259,6 +259,16 @@ def tolerance(case: Case) -> tuple[float, float]:
     return TOLERANCE[case.dtype], EPS[case.dtype]
 
 
+def failed_variant(name: str, error: Exception) -> Variant:
+    """A variant that could not be built: running it raises ``error``, which the runner records as
+    that variant's failure."""
+
+    def run(i: int) -> None:
+        raise error
+
+    return Variant(name, run, run)
+
+
 def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]) -> list[Variant]:
     case, plan, args = prep.case, prep.plan, prep.args
     xs, ys = prep.xs, prep.ys
@@ -288,7 +298,11 @@ def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]
         # Triton "applies" on the CPU only through its interpreter, a test tool, not a solver to time
         if verdict.applicable and not (device.type == "cpu" and verdict.family == "triton"):
             forced = fp.Handle(device, allow_tf32=case.tf32)
-            plan.compile(forced, solver=verdict.solver)
+            try:
+                plan.compile(forced, solver=verdict.solver)
+            except fp.InternalError as exc:  # its kernel does not build here: that column fails, not the case
+                variants.append(failed_variant(f"solver:{verdict.solver}", exc))
+                continue
             variants.append(plan_variant(f"solver:{verdict.solver}", forced))
     if "unfused" in baselines:
         spec = plan.spec()

@@ -78,10 +78,16 @@ def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None, solver:
 def select(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> Solver:
     """The first applicable solver that is not deferred, else the first deferred one, or
     UnsupportedOpError with every solver's reason."""
+    return candidates(spec, handle, backend, solver)[0]
+
+
+def candidates(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> list[Solver]:
+    """The applicable solvers in the order compile tries them (those that do not defer first, each
+    group in priority order), or UnsupportedOpError with every solver's reason."""
     found = verdicts(spec, handle, backend, solver)
-    chosen = choice(found)
-    if chosen is not None:
-        return solver_named(chosen.solver)
+    applicable = sorted((v for v in found if v.applicable), key=lambda v: v.deferred is not None)  # stable
+    if applicable:
+        return [solver_named(v.solver) for v in applicable]
     reasons = "; ".join(str(v) for v in found)
     raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
 
@@ -100,4 +106,15 @@ def solver_named(name: str) -> Solver:
     raise BadParmError(f"no solver named {name!r}; registered: {', '.join(s.name for s in REGISTRY)}")
 
 
-__all__ = ["REGISTRY", "Kernel", "PlanSpec", "Solver", "Verdict", "choice", "select", "verdicts", "solver_named"]
+__all__ = [
+    "REGISTRY",
+    "Kernel",
+    "PlanSpec",
+    "Solver",
+    "Verdict",
+    "candidates",
+    "choice",
+    "select",
+    "verdicts",
+    "solver_named",
+]
