@@ -328,6 +328,10 @@ STRIDED_WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, strides); even siz
 }
 
 
+#: sides multiples of the stride, C of the interpreter's 16-channel steps: one view of all classes
+ONE_VIEW_CASES = {"1x1-stride2", "3x3-stride2-even", "3x3-stride3-even-no-pad", "5x5-stride-2x1-even"}
+
+
 @pytest.mark.parametrize("case", list(STRIDED_WINDOW_CASES))
 @pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
 def test_strided_window_solver(case, out_layout):
@@ -337,12 +341,26 @@ def test_strided_window_solver(case, out_layout):
         plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s, param_dtype="half"
     )
     handle = compile_named(plan, "triton-window")  # fp32 strided: after triton-conv
+    kernel = plan._entry(handle).kernel
+    assert kernel._flat_strides(kernel.config) == (case in ONE_VIEW_CASES)
     x32 = make_input((n, c, h, w), torch.float32, "NHWC")
     plan32 = add_chain(plan_for(x32), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
     verdict = next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-window")
     assert verdict.applicable and "strided" in verdict.deferred and "after others" in str(verdict)
     assert plan32.compile(fp.Handle("cpu")) == "triton-conv"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("case", ["3x3-stride2-even", "3x3-stride3-even-no-pad"])
+def test_strided_window_solver_fp32_one_view(case):
+    """fp32 windows (run when named: they defer to triton-conv) through the one view of every
+    stride class: exact in the interpreter, so the fp32 tolerance holds."""
+    n, c, h, w, k, r, s, pads, strides = STRIDED_WINDOW_CASES[case]
+    x = make_input((n, c, h, w), torch.float32, "NHWC")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
+    handle = compile_named(plan, "triton-window")
+    assert plan._entry(handle).kernel._flat_strides(plan._entry(handle).kernel.config)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
 
 
 ALPHA_BETA_CASES = [("C", (2, 8, 9)), ("CBNAB", (2, 8, 9)), ("CANB", (2, 8, 9)), ("CBNAB", (9, 2, 5))]
