@@ -364,6 +364,30 @@ def test_execute_failures_return_badparm_and_write_nothing(handle, caplog):
     ok(mi.miopenExecuteFusionPlan(handle, plan, x_d, x, y_d, y, args))
 
 
+def test_compile_reports_kernels_that_build_nowhere_as_internal_error(handle, monkeypatch):
+    """When no applicable solver can build its kernel (say, every tile too large for the device),
+    compile returns miopenStatusInternalError with each failure in the error string, and the
+    plan stays uncompiled: executing it is miopenStatusBadParm and writes nothing."""
+    from fusionplan import solvers
+
+    def out_of_resources(self, spec, handle):
+        raise RuntimeError("out of resource: shared memory")
+
+    for solver in solvers.REGISTRY:
+        monkeypatch.setattr(type(solver), "build", out_of_resources)
+    x = torch.randn(2, 4, 9, 7)
+    x_d = desc_of(x)
+    plan = ok(mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, x_d))
+    act = ok(mi.miopenCreateOpActivationForward(plan, mi.miopenActivationRELU))
+    assert mi.miopenCompileFusionPlan(handle, plan) == S.miopenStatusInternalError
+    assert "could build" in mi.miopenGetLastErrorString() and "out of resource" in mi.miopenGetLastErrorString()
+    args = ok(mi.miopenCreateOperatorArgs())
+    ok(mi.miopenSetOpArgsActivForward(args, act, 1.0, 0.0, 0.0, 0.0, 0.0))
+    y = torch.full_like(x, float("nan"))
+    assert mi.miopenExecuteFusionPlan(handle, plan, x_d, x, x_d, y, args) == S.miopenStatusBadParm
+    assert torch.isnan(y).all()
+
+
 def test_set_args_errors(handle):
     x = torch.randn(2, 4, 9, 7)
     plan, args, x_d, y, y_d, (conv_op, bias_op, bn_op, act_op) = cbna(handle, x)
