@@ -75,28 +75,27 @@ def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None, solver:
     return out
 
 
-def select(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> Solver:
-    """The first applicable solver that is not deferred, else the first deferred one, or
-    UnsupportedOpError with every solver's reason."""
-    return candidates(spec, handle, backend, solver)[0]
-
-
 def candidates(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> list[Solver]:
-    """The applicable solvers in the order compile tries them (those that do not defer first, each
-    group in priority order), or UnsupportedOpError with every solver's reason."""
+    """The applicable solvers in the order compile tries them (compile_order), or
+    UnsupportedOpError with every solver's reason."""
     found = verdicts(spec, handle, backend, solver)
-    applicable = sorted((v for v in found if v.applicable), key=lambda v: v.deferred is not None)  # stable
-    if applicable:
-        return [solver_named(v.solver) for v in applicable]
+    ordered = compile_order(found)
+    if ordered:
+        return [solver_named(v.solver) for v in ordered]
     reasons = "; ".join(str(v) for v in found)
     raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
 
 
+def compile_order(found: list[Verdict]) -> list[Verdict]:
+    """The applicable verdicts in the order compile tries them: those that do not defer first,
+    each group in priority order."""
+    return sorted((v for v in found if v.applicable), key=lambda v: v.deferred is not None)  # sorted is stable
+
+
 def choice(found: list[Verdict]) -> Verdict | None:
-    """The verdict compile follows: the first applicable one that does not defer, else the first
-    applicable one, else None."""
-    applicable = [v for v in found if v.applicable]
-    return min(applicable, key=lambda v: v.deferred is not None) if applicable else None  # min is stable
+    """The verdict compile follows when its kernel builds: the first of compile_order, else None."""
+    ordered = compile_order(found)
+    return ordered[0] if ordered else None
 
 
 def solver_named(name: str) -> Solver:
@@ -114,7 +113,7 @@ __all__ = [
     "Verdict",
     "candidates",
     "choice",
-    "select",
+    "compile_order",
     "verdicts",
     "solver_named",
 ]
