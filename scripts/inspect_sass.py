@@ -13,71 +13,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 
 import fusionplan as fp
+from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.testing import layer_plan
-
-TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
-
-
-def captured_launch(kernel) -> tuple:
-    """The (grid, key, args, num_warps, num_stages) that compiling ahead would hand the launcher."""
-    seen: list[tuple] = []
-    kernel.launcher.compile_ahead = lambda *a: seen.append(a)
-    kernel.compile_ahead(torch.device("cpu"))
-    return seen[0]
-
-
-def ast_source(fn, args: list):
-    """Triton's ASTSource for ``fn`` specialized as a launch with ``args`` would be."""
-    import triton
-
-    signature, constexprs, attrs = {}, {}, {}
-    for i, (param, a) in enumerate(zip(fn.params, args)):
-        name = param.name
-        if param.is_constexpr or isinstance(a, (bool, str)) or a is None or (isinstance(a, int) and a == 1):
-            signature[name] = "constexpr"
-            constexprs[(i,)] = a
-        elif isinstance(a, torch.Tensor):
-            signature[name] = TRITON_TYPES[a.dtype]
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif isinstance(a, int):
-            signature[name] = "i32" if -(2**31) <= a < 2**31 else "i64"
-            if a % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32"
-    return triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-
-
-def summarize(compiled) -> dict:
-    import triton
-
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        sass = subprocess.run([f"{tools}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
-        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
-    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
-    return {
-        "HGMMA": sass.count("HGMMA"),
-        "wgmma waits (outstanding groups allowed)": waits,
-        "LDSM (operand through registers)": sass.count("LDSM"),
-        "tensor loads (UTMALDG)": sass.count("UTMALDG"),
-        "async copies (LDGSTS)": sass.count("LDGSTS"),
-        "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
-        "shared bytes (dynamic)": compiled.metadata.shared,
-        "sass": sass,
-    }
 
 
 def main() -> None:
@@ -93,7 +37,6 @@ def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles for the GPU")
     import triton
-    from triton.backends.compiler import GPUTarget
 
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     s = resnet50_layer(a.layer)
@@ -101,12 +44,7 @@ def main() -> None:
     x = x.to(memory_format=torch.channels_last) if a.layout == "NHWC" else x
     plan = layer_plan(s, x, a.mode)
     kernel = solver_named(a.solver).build(plan.spec(), fp.Handle("cpu"))
-    grid, _, args, num_warps, num_stages = captured_launch(kernel)
-    compiled = triton.compile(
-        ast_source(kernel.launcher.fn, args),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
-    )
+    grid, compiled = compile_for_hopper(kernel)
     info = summarize(compiled)
     if a.sass:
         with open(a.sass, "w") as f:

@@ -15,6 +15,7 @@ import torch
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.shapes import load_shapes
+from fusionplan.solvers import REGISTRY
 from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
 from .util import CONV_SHAPES, DT_NAME, plan_for, random_conv_plan, shape_plan
@@ -29,6 +30,7 @@ PRECISIONS = {  # name: (dtype, TF32 allowed, relative-norm tolerance, epsilon o
 }
 CHAINS = ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "CANB", "CNAAB"]  # MIOpen's six and two unusual orders
 LAYERS = load_shapes()
+TRITON_SOLVERS = {s.name for s in REGISTRY if s.family == "triton"}
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +41,7 @@ def triton_only(monkeypatch):
 def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None, solver=None):
     dtype, tf32, tol, eps = PRECISIONS[precision]
     handle = fp.Handle("cuda", allow_tf32=tf32)
-    assert plan.compile(handle, solver=solver).startswith("triton-")
+    assert plan.compile(handle, solver=solver) in TRITON_SOLVERS
     args = args or random_args(plan, "cuda", param_dtype=torch.float32)
     fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
     if y is None:
@@ -201,15 +203,16 @@ def test_every_applicable_solver(key, layout, precision):
     else:
         plan, x = solver_plan(key, dtype, layout)
     handle = fp.Handle("cuda")
-    applicable = [v.solver for v in plan.explain(handle) if v.applicable and v.solver.startswith("triton-")]
+    applicable = [v.solver for v in plan.explain(handle) if v.applicable and v.family == "triton"]
     assert applicable, f"no Triton solver for {key}: {plan.explain(handle)}"
     for name in applicable:
         run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW", solver=name)
 
 
+@pytest.mark.parametrize("solver", ["triton-window", "gluon-window"])
 @pytest.mark.parametrize("pixels", [64, 128, 256])
 @pytest.mark.parametrize("hw", [(28, 28), (14, 14), (8, 8), (13, 11), (9, 30), (56, 56), (7, 7), (4, 5)])
-def test_window_shapes(pixels, hw):
+def test_window_shapes(pixels, hw, solver):
     """Every window the tile chooser picks computes every output pixel right, whatever the image
     (windows of several images on small ones; 5 images, so the last group is partial)."""
     from fusionplan import tuning
@@ -221,14 +224,51 @@ def test_window_shapes(pixels, hw):
         conv = fp.ConvolutionDescriptor((1, 1))
         plan = add_chain(plan_for(x), "CBA", conv=conv, k=128, r=3, s=3, param_dtype="half")
         handle = fp.Handle("cuda")
-        assert plan.compile(handle, solver="triton-window") == "triton-window"
-        plan._entry(handle).kernel.config = tuning.ConvConfig(pixels, block_n, 64, 8, 4, stages)
+        assert plan.compile(handle, solver=solver) == solver
+        plan._entry(handle).kernel.config = tuning.ConvConfig(pixels, block_n, 64, 8, 8 if pixels == 256 else 4, stages)
         args = random_args(plan, "cuda", param_dtype=torch.float32)
         y = torch.full(plan.output_desc.dims, float("nan"), dtype=torch.float16, device="cuda")
         y = y.to(memory_format=torch.channels_last)
         plan.execute(handle, x, y, args)
         result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
         assert result.nonfinite == 0 and result.rel_norm < 1e-2 and result.rms_ok, f"{stages=} {block_n=}: {result}"
+
+
+#: (n, c, h, w, k, r, s, pad, stride, dilation): stride 1 and 2 (every stride class in one view), dilation,
+#: C not a multiple of the 64-channel step, K below a warpgroup's 64 rows and not a multiple of 128,
+#: windows of several images, odd images, 1x1 and 5x5 filters, "valid" padding.
+GLUON_CASES = {
+    "r50_16-like": (6, 256, 14, 14, 256, 3, 3, 1, 1, 1),
+    "strided-3x3": (6, 256, 14, 14, 192, 3, 3, 1, 2, 1),
+    "strided-1x1": (4, 128, 28, 28, 136, 1, 1, 0, 2, 1),
+    "strided-odd-k": (3, 192, 16, 12, 40, 3, 3, 1, 2, 1),
+    "C136-K24": (5, 136, 13, 11, 24, 3, 3, 1, 1, 1),
+    "dilated": (2, 128, 20, 18, 96, 3, 3, 2, 1, 2),
+    "7x7-images": (9, 128, 7, 7, 320, 3, 3, 1, 1, 1),
+    "1x1": (4, 200, 9, 30, 72, 1, 1, 0, 1, 1),
+    "5x5-valid": (3, 128, 17, 19, 64, 5, 5, 0, 1, 1),
+}
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "CA", "CNAAB"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(GLUON_CASES))
+def test_gluon_window_cases(case, precision, chain):
+    n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((n, c, h, w), dtype, "NHWC")
+    conv = fp.ConvolutionDescriptor((pad, pad), (stride, stride), (dil, dil))
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-window")
+    assert verdict.applicable, str(verdict)
+    run_and_check(plan, precision, x, "NHWC", solver="gluon-window")
+    rng = random.Random(case)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        beta = rng.uniform(-1, 1)
+        args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
+    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype).to(memory_format=torch.channels_last)
+    run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
 
 
 @pytest.mark.parametrize("seed", range(24))
@@ -288,6 +328,29 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
         plan.execute(handle, x, y, args)
         result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
         assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
+
+
+def test_gluon_window_repeats_rebind_the_input_descriptor(monkeypatch):
+    """gluon-window passes its input as a host tensor descriptor: repeated executes on new inputs
+    and outputs launch the bound kernel with a descriptor over each new input, and compute it."""
+    from fusionplan import launch
+
+    repeats = []
+    original = launch.BoundLaunch.launch
+    monkeypatch.setattr(launch.BoundLaunch, "launch", lambda self, ptrs: repeats.append(ptrs) or original(self, ptrs))
+    x0 = input_tensor((8, 128, 14, 14), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x0), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-window") == "gluon-window"
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    inputs = [input_tensor((8, 128, 14, 14), torch.float16, "NHWC") for _ in range(5)]  # 5 addresses
+    for i, x in enumerate(inputs):
+        y = torch.full(plan.output_desc.dims, float("nan"), device="cuda", dtype=torch.float16)
+        y = y.to(memory_format=torch.channels_last)
+        plan.execute(handle, x, y, args)
+        result = compare(y, reference_output(plan, x, args), EPS[torch.float16])
+        assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
+    assert len(repeats) == 4 and len({p[0] for p in repeats}) == 4  # every execute after the first
 
 
 @pytest.mark.parametrize("chain", ["CBNA", "NA"])

@@ -247,3 +247,38 @@ def test_bound_launch_keeps_its_bound_tensors_alive_and_not_the_calls_input_and_
     del x, y, w
     assert refs[0]() is None and refs[1]() is None  # the call's input and output are gone
     assert refs[2]() is not None and bound.args[1] == refs[2]().data_ptr()  # the weights stay
+
+
+def test_bound_launch_passes_a_descriptor_slot_over_each_calls_address(monkeypatch):
+    """A host tensor descriptor of the input (gluon-window) in a pointer slot: each launch gets a
+    copy over the new address (shape, strides, block and layout kept), the bound one keeps neither
+    the first call's tensor alive nor changes; such launches go through Triton's own wrapper (it
+    encodes descriptors), never the C launcher directly."""
+    import weakref
+
+    pytest.importorskip("triton")
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    from fusionplan import launch
+
+    launched = []
+    monkeypatch.setattr(launch, "launch_compiled", lambda kernel, grid, args: launched.append(args))
+    monkeypatch.setattr(launch, "raw_launcher", lambda kernel: ("c launcher",))
+    x, w = torch.randn(4, 8, 8, 64), torch.randn(128, 64)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=4)
+    x_desc = hopper.TensorDescriptor(x, [4, 8, 8, 64], [4096, 512, 64, 1], [1, 4, 4, 32], layout)
+    w_desc = hopper.TensorDescriptor.from_tensor(w, [64, 32], gl.NVMMASharedLayout(128, 32, rank=2))
+    ref = weakref.ref(x)
+    bound = launch.BoundLaunch(object(), (2, 1, 1), [x_desc, w_desc, 4096, 4096, 3], (0, 2, 3))
+    assert bound.raw is None
+    del x, x_desc
+    assert ref() is None
+    bound.launch((1 << 20, 2 << 20, 3 << 20))
+    bound.launch((5 << 20, 6 << 20, 7 << 20))
+    first, second = launched
+    assert first[0].base.data_ptr() == 1 << 20 and second[0].base.data_ptr() == 5 << 20
+    assert second[0].shape == [4, 8, 8, 64] and second[0].block_shape == [1, 4, 4, 32]
+    assert second[0].base.dtype == torch.float32 and second[0].layout == layout
+    assert first[1] is w_desc and first[2:] == [2 << 20, 3 << 20, 3]
+    assert bound.args[0].base.data_ptr() != 5 << 20  # the bound descriptor is not moved

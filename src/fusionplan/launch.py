@@ -23,6 +23,7 @@ Triton version) means the normal path: a record can cost a recompilation, never 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -275,6 +276,17 @@ def record_kernel(path: Path | None, kernel) -> None:
         log.debug("no launch record for %s: %s", getattr(kernel, "name", "?"), exc)
 
 
+def source_class(fn):
+    """Triton's class of a kernel's source for compiling: GluonASTSource for a Gluon kernel, else ASTSource."""
+    if type(fn).__name__ == "GluonJITFunction":
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        return GluonASTSource
+    from triton.compiler.compiler import ASTSource
+
+    return ASTSource
+
+
 def load_recorded_kernel(path: Path, fn):
     """The compiled kernel a record points to, loaded from Triton's cache; None when there is no
     usable record (the caller compiles through Triton)."""
@@ -286,10 +298,10 @@ def load_recorded_kernel(path: Path, fn):
         log.warning("launch record %s is unreadable (%s): ignored", path, exc)
         return None
     try:
-        from triton.compiler.compiler import ASTSource, CompiledKernel
+        from triton.compiler.compiler import CompiledKernel
         from triton.runtime.cache import get_cache_manager
 
-        src = ASTSource(
+        src = source_class(fn)(
             fn,
             dict(record["signature"]),
             {tuple(k): v for k, v in record["constants"]},
@@ -343,10 +355,38 @@ def raw_launcher(kernel) -> tuple | None:
         return None
 
 
+class _Address:
+    """A device address where Triton's host tensor descriptor expects its tensor (it reads the
+    address and the element type only), so that a bound descriptor keeps no tensor alive."""
+
+    __slots__ = ("address", "dtype")
+
+    def __init__(self, address: int, dtype: torch.dtype) -> None:
+        self.address, self.dtype = address, dtype
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def is_host_descriptor(arg) -> bool:
+    """Whether a kernel argument is a tensor descriptor built on the host (Triton's or Gluon's)."""
+    return hasattr(arg, "block_shape") and hasattr(arg, "base") and hasattr(arg, "strides")
+
+
+def rebased(desc, address: int):
+    """A copy of the host tensor descriptor ``desc`` over another address (same shape, strides,
+    block and layout); Triton encodes it at the launch."""
+    moved = copy.copy(desc)
+    moved.base = _Address(address, desc.base.dtype)
+    return moved
+
+
 class BoundLaunch:
     """A compiled kernel with one call's grid and arguments bound; ``launch`` repeats the call
     with other data pointers in ``pointer_slots``. Pointers are passed as integers: Triton's
     launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query.
+    A slot may hold a host tensor descriptor of the tensor (gluon-window's input): each launch
+    passes a copy of it over the new address.
 
     For the Triton versions in ``RAW_LAUNCHER_VERSIONS``, ``launch`` calls the kernel's C launcher
     itself, with fusionplan's scratch memory (as an address), unless a launch hook is set:
@@ -359,18 +399,23 @@ class BoundLaunch:
         self.kernel = kernel
         self.needs_scratch = _needs_scratch(kernel)
         self.grid = grid
-        self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
         self.slots = tuple(pointer_slots)
+        self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
+        for slot in self.slots:  # descriptors in the slots: over a bare address until the launch
+            if is_host_descriptor(args[slot]):
+                self.args[slot] = rebased(args[slot], args[slot].base.data_ptr())
         # the addresses bound for good stay valid; those in the slots (the call's input, output and
         # prior) are replaced at every launch, so their tensors are not kept alive
         self._keep = [a for i, a in enumerate(args) if isinstance(a, Tensor) and i not in self.slots]
-        self.raw = raw_launcher(kernel)
+        # the C launcher takes descriptors already encoded: Triton's Python wrapper encodes them
+        self.raw = None if any(is_host_descriptor(a) for a in args) else raw_launcher(kernel)
         self.scratch_bytes = 0 if self.raw is None else self.raw[5] * grid[0] * grid[1] * grid[2]
 
     def launch(self, pointers: Sequence[int]) -> None:
         args = self.args.copy()
         for slot, ptr in zip(self.slots, pointers):
-            args[slot] = ptr
+            bound = args[slot]
+            args[slot] = rebased(bound, ptr) if is_host_descriptor(bound) else ptr
         if self.raw is not None and _launch_hooks() == (None, None):
             self._launch_raw(args)
         elif self.needs_scratch:

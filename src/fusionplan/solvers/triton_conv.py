@@ -395,7 +395,7 @@ class TritonConvKernel(Repeating, Kernel):
         if out is not y:
             y.copy_(out)
         else:
-            slots = (0, 2, 3)  # x, y, prior
+            slots = (0, 2, 3)  # x (its pointer or its descriptor), y, prior
             split = self.config.split_k > 1  # its workspace is the current stream's
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)

@@ -1,0 +1,94 @@
+"""Compile a built kernel for sm_90 WITHOUT a GPU and summarize its SASS.
+
+Triton ships ptxas and nvdisasm, so the kernel the H100 would run can be built and read on any
+machine (scripts/inspect_sass.py; the CPU tests of Gluon kernels, which have no interpreter).
+The summary answers the questions that decide a Hopper kernel's speed before timing it: are the
+products tensor-core wgmma (HGMMA), do they overlap (a wait for zero outstanding wgmma groups
+after each one means they run one at a time), is an operand staged through registers (LDSM
+before HGMMA), is the kernel warp-specialized (SETMAXREG), and the registers, spills and shared
+memory per program.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+from fusionplan.launch import source_class
+
+TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
+
+
+def captured_launch(kernel) -> tuple:
+    """The (grid, key, args, num_warps, num_stages) that compiling ahead would hand the launcher."""
+    seen: list[tuple] = []
+    kernel.launcher.compile_ahead = lambda *a: seen.append(a)
+    kernel.compile_ahead(torch.device("cpu"))
+    return seen[0]
+
+
+def ast_source(fn, args: list):
+    """Triton's ASTSource (GluonASTSource for a Gluon kernel) for ``fn`` specialized as a launch
+    with ``args`` would be."""
+    signature, constexprs, attrs = {}, {}, {}
+    for i, (param, a) in enumerate(zip(fn.params, args)):
+        name = param.name
+        if param.is_constexpr or isinstance(a, (bool, str)) or a is None or (isinstance(a, int) and a == 1):
+            signature[name] = "constexpr"
+            constexprs[(i,)] = a
+        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a tensor descriptor built on the host
+            block = ",".join(str(b) for b in a.block_shape)
+            layout = f",{a.layout!r}" if hasattr(a, "layout") else ""
+            signature[name] = f"tensordesc<{TRITON_TYPES[a.base.dtype][1:]}[{block}]{layout}>"
+        elif isinstance(a, torch.Tensor):
+            signature[name] = TRITON_TYPES[a.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(a, int):
+            signature[name] = "i32" if -(2**31) <= a < 2**31 else "i64"
+            if a % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32"
+    return source_class(fn)(fn, signature, constexprs, attrs)
+
+
+def summarize(compiled) -> dict:
+    import triton
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([f"{tools}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
+        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    return {
+        "HGMMA": sass.count("HGMMA"),
+        "wgmma waits (outstanding groups allowed)": waits,
+        "LDSM (operand through registers)": sass.count("LDSM"),
+        "tensor loads (UTMALDG)": sass.count("UTMALDG"),
+        "async copies (LDGSTS)": sass.count("LDGSTS"),
+        "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
+        "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
+        "shared bytes (dynamic)": compiled.metadata.shared,
+        "sass": sass,
+    }
+
+
+def compile_for_hopper(kernel) -> tuple[tuple[int, int, int], object]:
+    """The grid and Triton's compiled sm_90 kernel of a built Triton or Gluon kernel (its launch
+    as compiling ahead would make it, on stand-in tensors)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    grid, _, args, num_warps, num_stages = captured_launch(kernel)
+    compiled = triton.compile(
+        ast_source(kernel.launcher.fn, args),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    return grid, compiled

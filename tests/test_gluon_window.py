@@ -1,0 +1,98 @@
+"""gluon-window without a GPU: which plans it takes and why not, and its generated kernels, compiled
+for sm_90 with Triton's own ptxas (Gluon has no interpreter; tests/test_gpu.py runs them)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.shapes import resnet50_layer
+from fusionplan.testing import add_chain, layer_plan
+
+from .util import plan_for
+
+pytest.importorskip("triton")
+gluon_window = pytest.importorskip("fusionplan.solvers.gluon_window")
+if gluon_window.gluon_why_not():
+    pytest.skip(gluon_window.gluon_why_not(), allow_module_level=True)
+
+
+def verdict(plan) -> fp.solvers.Verdict:
+    return next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "gluon-window")
+
+
+def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC", chain: str = "CBNA"):
+    s = resnet50_layer(name)
+    x = torch.empty(batch, s.c, s.h, s.w, dtype=dtype)
+    return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, chain)
+
+
+@pytest.mark.parametrize(
+    "plan_args, reason",
+    [
+        (("r50_22",), "needs a Hopper GPU"),  # the plan fits: only the device is missing
+        (("r50_18", torch.bfloat16), "needs a Hopper GPU"),  # strided, every stride class in one view
+        (("r50_22", torch.float32), "16-bit"),
+        (("r50_22", torch.float16, 32, "NCHW"), "channels-last"),
+    ],
+)
+def test_why_not_names_what_is_missing(plan_args, reason):
+    assert reason in verdict(layer(*plan_args)).reason
+
+
+def test_strided_inputs_must_split_into_whole_stride_classes():
+    x = torch.empty(8, 128, 15, 16, dtype=torch.float16).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    plan = add_chain(plan_for(x), "CBA", conv=conv, k=128, r=3, s=3, param_dtype="float")
+    assert "H=15 and W=16 multiples of the stride 2x2" in verdict(plan).reason
+
+
+def test_defers_where_triton_window_does():
+    """Batch 1 grids are small: triton-conv first (triton-window's measured rule)."""
+    assert "programs < 100" in gluon_window.window_defer_why(layer("r50_10", batch=1).spec())
+    assert gluon_window.window_defer_why(layer("r50_10").spec()) is None
+
+
+def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory():
+    for name in ("r50_10", "r50_15", "r50_16", "r50_17", "r50_18", "r50_19", "r50_21", "r50_22"):
+        cfg = gluon_window.gluon_config(layer(name).spec())
+        assert cfg.block_n >= 16 * cfg.num_warps and cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128
+        assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 200 * 1024, (name, cfg)
+
+
+def compiled_summary(plan) -> dict:
+    from fusionplan.sass import compile_for_hopper, summarize
+
+    kernel = gluon_window.GluonWindowKernel(plan.spec(), fp.Handle("cpu"))
+    try:
+        _, compiled = compile_for_hopper(kernel)
+    except Exception as exc:
+        if "ptxas" in str(exc) and "not found" in str(exc):
+            pytest.skip(f"no usable ptxas in this Triton: {exc}")
+        raise
+    return summarize(compiled)
+
+
+@pytest.mark.parametrize("name, dtype", [("r50_22", torch.float16), ("r50_18", torch.bfloat16), ("r50_10", None)])
+def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype):
+    """A loading partition beside the computing one (register reallocation between them), tensor
+    loads, wgmma from shared memory with one group in flight."""
+    info = compiled_summary(layer(name, dtype or torch.float16))
+    assert info["HGMMA"] > 0 and info["LDSM (operand through registers)"] == 0
+    assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
+    assert info["tensor loads (UTMALDG)"] > 0
+    assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
+
+
+def test_every_epilogue_operator_compiles_in_gluon():
+    """All ten activations, per-channel and per-element batch norm and a blend with the prior output
+    (beta) in one chain: the generated epilogue in Gluon's names builds."""
+    x = torch.empty(4, 128, 13, 11, dtype=torch.float16).to(memory_format=torch.channels_last)
+    plan = add_chain(plan_for(x), "CBN", conv=fp.ConvolutionDescriptor((1, 1)), k=80, r=3, s=3, param_dtype="float")
+    add_chain(plan, "N", bn_mode=BatchNormMode.PER_ACTIVATION, param_dtype="float")
+    for mode in ActivationMode:
+        plan.add_activation_forward(mode)
+    kernel = gluon_window.GluonWindowKernel(plan.spec(), fp.Handle("cpu"))
+    source = kernel.source()
+    assert "tl." not in source and "gl.exp(" in source and "HAS_PRIOR" in source
+    assert compiled_summary(plan)["HGMMA"] > 0
