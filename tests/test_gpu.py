@@ -463,12 +463,14 @@ def test_execute_under_cuda_graph_capture():
 
 
 def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
-    """Kernels that build tensor descriptors on the device share one scratch buffer per stream
-    (no allocation per launch); a captured launch gets its own, as a graph may replay anywhere."""
+    """Kernels that build tensor descriptors on the device (windows reading a view per stride
+    class: 15x15 images, stride 2) share one scratch buffer per stream (no allocation per launch);
+    a captured launch gets its own, as a graph may replay anywhere."""
     from fusionplan import launch
 
-    x = input_tensor((4, 128, 14, 14), torch.float16, "NHWC")
-    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype="half")
+    x = input_tensor((4, 128, 15, 15), torch.float16, "NHWC")
+    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=128, r=3, s=3, param_dtype="half")
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver="triton-window") == "triton-window"
     args = random_args(plan, "cuda", param_dtype=torch.float32)

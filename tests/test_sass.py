@@ -39,3 +39,17 @@ def test_implicit_gemm_uses_tf32_tensor_cores_for_fp32():
     info = inspect("--layer", "r50_12", "--solver", "triton-conv", "--dtype", "fp32")
     assert int(info["HGMMA"]) > 0
     assert "'0x1'" in info["wgmma waits (outstanding groups allowed)"]
+
+
+def test_window_kernel_with_a_view_per_stride_class_builds():
+    """15x15 images at stride 2 are read through a view per stride class, made on the device: the
+    kernel must build for sm_90 (the interpreter runs it without Triton's type checks)."""
+    from .util import compile_sm90
+
+    build = (
+        "x = torch.empty(4, 128, 15, 15, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
+        "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"
+        "add_chain(plan, 'CBNA', conv=fp.ConvolutionDescriptor((1, 1), (2, 2)), k=128, r=3, s=3, param_dtype='half')"
+    )
+    info = compile_sm90(build, "triton-window")
+    assert "class_desc = tl.make_tensor_descriptor" in info["source"] and info["HGMMA"] > 0

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 import fusionplan as fp
@@ -127,3 +133,36 @@ def random_conv_plan(
         assert "empty" in str(exc)
         return None
     return plan, x, rng.choice(["NCHW", "NHWC"])
+
+
+#: Compiles in a process of its own: Triton's interpreter, run by other tests in this process,
+#: patches language functions that Gluon's compiler then meets.
+COMPILE = """
+import json, sys
+import torch
+import fusionplan as fp
+from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.sass import compile_for_hopper, summarize
+from fusionplan.shapes import resnet50_layer
+from fusionplan.solvers import solver_named
+from fusionplan.testing import add_chain, layer_plan
+{build}
+kernel = solver_named({solver!r}).build(plan.spec(), fp.Handle("cpu"))
+_, compiled = compile_for_hopper(kernel)
+info = summarize(compiled)
+del info["sass"]
+print("SUMMARY" + json.dumps({{**info, "source": kernel.source()}}))
+"""
+
+
+def compile_sm90(build: str, solver: str) -> dict:
+    """The SASS summary (fusionplan.sass) and source of ``solver``'s kernel for the plan that the
+    code ``build`` makes, compiled for sm_90 without a GPU (skipped where Triton has no ptxas)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = COMPILE.format(build=build, solver=solver)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    if out.returncode != 0 and "ptxas" in out.stderr:
+        pytest.skip(f"no usable ptxas in this Triton: {out.stderr[-300:]}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if line.startswith("SUMMARY"))
+    return json.loads(line[len("SUMMARY") :])

@@ -368,6 +368,14 @@ class _Address:
         return self.address
 
 
+def host_descriptor(tensor: Tensor, shape: list[int], strides: list[int], block: list[int]):
+    """Triton's host tensor descriptor of ``tensor`` seen as ``shape`` with ``strides`` (elements),
+    loaded and stored in ``block`` boxes, out-of-bounds elements read as zeros."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor(tensor, shape, strides, block)
+
+
 def is_host_descriptor(arg) -> bool:
     """Whether a kernel argument is a tensor descriptor built on the host (Triton's or Gluon's)."""
     return hasattr(arg, "block_shape") and hasattr(arg, "base") and hasattr(arg, "strides")
@@ -383,10 +391,10 @@ def rebased(desc, address: int):
 
 class BoundLaunch:
     """A compiled kernel with one call's grid and arguments bound; ``launch`` repeats the call
-    with other data pointers in ``pointer_slots``. Pointers are passed as integers: Triton's
-    launcher takes them as they are, where a tensor costs a ``data_ptr()`` call and a driver query.
-    A slot may hold a host tensor descriptor of the tensor (gluon-window's input): each launch
-    passes a copy of it over the new address.
+    with other data pointers in ``pointer_slots`` (one per pointer: an argument index, or a tuple
+    of the indices that take it). Pointers are passed as integers: Triton's launcher takes them as
+    they are, where a tensor costs a ``data_ptr()`` call and a driver query. A slot may hold a host
+    tensor descriptor of the tensor: each launch passes a copy of it over the new address.
 
     For the Triton versions in ``RAW_LAUNCHER_VERSIONS``, ``launch`` calls the kernel's C launcher
     itself, with fusionplan's scratch memory (as an address), unless a launch hook is set:
@@ -395,18 +403,21 @@ class BoundLaunch:
 
     __slots__ = ("kernel", "grid", "args", "slots", "_keep", "needs_scratch", "raw", "scratch_bytes")
 
-    def __init__(self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int]) -> None:
+    def __init__(
+        self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int | tuple[int, ...]]
+    ) -> None:
         self.kernel = kernel
         self.needs_scratch = _needs_scratch(kernel)
         self.grid = grid
-        self.slots = tuple(pointer_slots)
+        self.slots = tuple(slot if isinstance(slot, tuple) else (slot,) for slot in pointer_slots)
         self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
-        for slot in self.slots:  # descriptors in the slots: over a bare address until the launch
-            if is_host_descriptor(args[slot]):
-                self.args[slot] = rebased(args[slot], args[slot].base.data_ptr())
+        swapped = {i for slot in self.slots for i in slot}
+        for i in swapped:  # descriptors in the slots: over a bare address until the launch
+            if is_host_descriptor(args[i]):
+                self.args[i] = rebased(args[i], args[i].base.data_ptr())
         # the addresses bound for good stay valid; those in the slots (the call's input, output and
         # prior) are replaced at every launch, so their tensors are not kept alive
-        self._keep = [a for i, a in enumerate(args) if isinstance(a, Tensor) and i not in self.slots]
+        self._keep = [a for i, a in enumerate(args) if isinstance(a, Tensor) and i not in swapped]
         # the C launcher takes descriptors already encoded: Triton's Python wrapper encodes them
         self.raw = None if any(is_host_descriptor(a) for a in args) else raw_launcher(kernel)
         self.scratch_bytes = 0 if self.raw is None else self.raw[5] * grid[0] * grid[1] * grid[2]
@@ -414,8 +425,9 @@ class BoundLaunch:
     def launch(self, pointers: Sequence[int]) -> None:
         args = self.args.copy()
         for slot, ptr in zip(self.slots, pointers):
-            bound = args[slot]
-            args[slot] = rebased(bound, ptr) if is_host_descriptor(bound) else ptr
+            for i in slot:
+                bound = args[i]
+                args[i] = rebased(bound, ptr) if is_host_descriptor(bound) else ptr
         if self.raw is not None and _launch_hooks() == (None, None):
             self._launch_raw(args)
         elif self.needs_scratch:
@@ -528,7 +540,7 @@ def repeat_for(
     kernel,
     grid: tuple[int, int, int],
     args: Sequence,
-    pointer_slots: tuple[int, int, int],
+    pointer_slots: tuple[int | tuple[int, ...], ...],
     x: Tensor,
     y: Tensor,
     records: Sequence[OpArgs],

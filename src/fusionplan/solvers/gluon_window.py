@@ -28,7 +28,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, triton_available
 from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.folding import Stage
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
@@ -37,7 +37,13 @@ from fusionplan.solvers.triton_conv import (
     header_fields,
     triton_cdiv,
 )
-from fusionplan.solvers.triton_window import TritonWindowKernel, window_config, window_defer_why, window_why_not
+from fusionplan.solvers.triton_window import (
+    TritonWindowKernel,
+    one_view_why_not,
+    window_config,
+    window_defer_why,
+    window_why_not,
+)
 
 Tensor = torch.Tensor
 
@@ -212,6 +218,8 @@ def hopper_why_not(handle) -> str | None:
     """Why the handle's device cannot run a Gluon wgmma kernel, or None (compute capability 9.x)."""
     if handle.device.type != "cuda":
         return f"needs a Hopper GPU (Gluon has no interpreter); the handle is on {handle.device}"
+    if not torch.cuda.is_available():
+        return "needs a Hopper GPU; this torch sees no CUDA device"
     major, minor = torch.cuda.get_device_capability(handle.device)
     if major != 9:
         return f"needs a Hopper GPU (compute capability 9.x, for wgmma); the device is {major}.{minor}"
@@ -222,18 +230,8 @@ def gluon_window_why_not(spec: PlanSpec) -> str | None:
     """Why the plan does not fit this kernel beyond triton-window's conditions, or None."""
     if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
         return f"{spec.dtype.name} data: the kernel's products are 16-bit (fp16, bf16)"
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    _, c, h, w = spec.input_desc.dims
-    str_h, str_w = conv.conv.strides
-    if (str_h, str_w) != (1, 1):
-        block_k = gluon_config(spec).block_k
-        if h % str_h or w % str_w or c % block_k:
-            return (
-                f"strided: the input is read as one view of every stride class, which needs H={h} and W={w} "
-                f"multiples of the stride {str_h}x{str_w} and C={c} of {block_k} (triton-window reads the others)"
-            )
-    return None
+    why = one_view_why_not(spec, gluon_config(spec).block_k)
+    return f"{why} (triton-window reads the others)" if why else None
 
 
 #: Pipeline stages by window pixels: as many as about 150 KB of shared memory holds (the stage of a
@@ -312,6 +310,10 @@ class GluonWindowKernel(TritonWindowKernel):
         )
         args = [x_desc, w_desc, out, p, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
         return grid, cfg, args
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """The input's descriptor, the output, the prior."""
+        return (0, 2, 3)
 
     def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor) -> tuple:
         """Tensor descriptors of the input's view of every stride class, [N, H/s, s, W/s, s*C], and of

@@ -395,10 +395,15 @@ class TritonConvKernel(Repeating, Kernel):
         if out is not y:
             y.copy_(out)
         else:
-            slots = (0, 2, 3)  # x (its pointer or its descriptor), y, prior
+            slots = self.pointer_slots(args)
             split = self.config.split_k > 1  # its workspace is the current stream's
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """Where a launch's arguments take the input, the output and the prior (an index each, or
+        the indices of a pointer and its descriptor), for repeats to swap in a call's own."""
+        return (0, 2, 3)
 
     def _launch_args(
         self,

@@ -17,7 +17,7 @@ from fusionplan.codegen import indent, interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
     POINTER_STORE,
@@ -38,7 +38,7 @@ import triton.language as tl
 
 @triton.jit
 def gemm_kernel(
-    x_ptr, w_ptr, y_ptr, prior_ptr,
+    a_desc, b_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
     M, C, K, OHW, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -47,10 +47,9 @@ def gemm_kernel(
     NUM_PROGRAMS: tl.constexpr, STORE_TILES: tl.constexpr,
     {stage_flags}
 ):
-    a_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, C], strides=[C, 1], block_shape=[BLOCK_M, BLOCK_K])
-    b_desc = tl.make_tensor_descriptor(w_ptr, shape=[C, K], strides=[K, 1], block_shape=[BLOCK_K, BLOCK_N])
-    if STORE_TILES:  # packed channels-last output: [M, K] row-major, written a tile at a time
-        y_desc = tl.make_tensor_descriptor(y_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_N])
+    # a_desc: the input as [M, C]; b_desc: the weights as [C, K]; y_desc: the output as [M, K]
+    # (STORE_TILES: packed channels-last; else a stand-in, unused). Host descriptors (kernel
+    # parameters): built here, in global memory behind a proxy fence, they cost about 2 us per launch.
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(K, BLOCK_N)
     num_tiles = num_pid_m * num_pid_n
@@ -184,6 +183,7 @@ class TritonGemmKernel(DescriptorConvKernel):
         dims = (self.spec.input_desc.dims[0], k, oh, ow)
         nhwc = layout_strides(dims, Layout.NHWC)
         packed_nhwc = all(d == 1 or a == b for d, a, b in zip(dims, out_strides[:4], nhwc))
+        store_tiles = packed_nhwc and out.data_ptr() % 16 == 0
         consts = (
             cfg.block_m,
             cfg.block_n,
@@ -193,11 +193,18 @@ class TritonGemmKernel(DescriptorConvKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             programs,
-            packed_nhwc and out.data_ptr() % 16 == 0,
+            store_tiles,
             *flags.values(),
         )
-        args = [x, packed, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
+        a_desc = host_descriptor(x, [m, c], [c, 1], [cfg.block_m, cfg.block_k])
+        b_desc = host_descriptor(packed, [c, k], [k, 1], [cfg.block_k, cfg.block_n])
+        y_desc = host_descriptor(out if store_tiles else packed, [m, k], [k, 1], [cfg.block_m, cfg.block_n])
+        args = [a_desc, b_desc, out, p, y_desc, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
         return (programs, 1, 1), cfg, args
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """The input's descriptor; the output's pointer and, where tiles are stored, its descriptor."""
+        return (0, (2, 4) if args[4].base is args[2] else 2, 3)
 
 
 class TritonGemmSolver(Solver):

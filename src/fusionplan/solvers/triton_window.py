@@ -26,7 +26,7 @@ from fusionplan import tuning
 from fusionplan.codegen import interpreter_active
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
     DescriptorConvKernel,
@@ -46,7 +46,7 @@ import triton.language as tl
 
 @triton.jit
 def window_kernel(
-    x_ptr, w_ptr, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
+    x_ptr, x_desc, w_desc, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -54,12 +54,12 @@ def window_kernel(
     R: tl.constexpr, S: tl.constexpr, STR_H: tl.constexpr, STR_W: tl.constexpr,
     TILE_N: tl.constexpr, TILE_H: tl.constexpr, TILE_W: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
-    FLAT_STRIDES: tl.constexpr,
+    ONE_VIEW: tl.constexpr,
     {stage_flags}
 ):
-    w_desc = tl.make_tensor_descriptor(
-        w_ptr, shape=[K, R * S * C], strides=[R * S * C, 1], block_shape=[BLOCK_N, BLOCK_K]
-    )
+    # w_desc: the packed weights, [K, R*S*C]; x_desc (ONE_VIEW): the input as one view of every
+    # stride class. Host descriptors (kernel parameters): built here, in global memory behind a
+    # proxy fence, they cost about 2 us per launch (bench/NOTES.md, section 15).
     pid = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)  # which part of a split reduction
@@ -77,17 +77,11 @@ def window_kernel(
     # a register operand ran serialized (bench/NOTES.md, section 10).
     acc = tl.zeros((BLOCK_N, TILE_N * TILE_H * TILE_W), dtype=tl.float32)
     num_cb = tl.cdiv(C, BLOCK_K)
-    if FLAT_STRIDES:
-        # Every stride class in one view of the input, [N, H/STR_H, STR_H, W/STR_W, STR_W*C] (H and W
-        # multiples of the stride, C of BLOCK_K): tap (r, s) reads class (ph, pw) through the box's
-        # coordinates, so all taps run in one loop, one pipeline; a loop per class drained and
-        # refilled it at every class.
-        x_desc = tl.make_tensor_descriptor(
-            x_ptr,
-            shape=[N, H // STR_H, STR_H, W // STR_W, STR_W * C],
-            strides=[H * W * C, STR_H * W * C, W * C, STR_W * C, 1],
-            block_shape=[TILE_N, TILE_H, 1, TILE_W, BLOCK_K],
-        )
+    if ONE_VIEW:
+        # Every stride class in one view of the input, [N, H/STR_H, STR_H, W/STR_W, STR_W*C] (stride
+        # 1, or H and W multiples of the stride and C of BLOCK_K): tap (r, s) reads class (ph, pw)
+        # through the box's coordinates, so all taps run in one loop, one pipeline; a loop per
+        # class drained and refilled it at every class.
         steps = R * S * num_cb
         for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
             t = kb // num_cb
@@ -112,7 +106,7 @@ def window_kernel(
                 n_r = tl.cdiv(R - r0, STR_H)
                 n_s = tl.cdiv(S - s0, STR_W)
                 if n_r * n_s > 0:
-                    x_desc = tl.make_tensor_descriptor(
+                    class_desc = tl.make_tensor_descriptor(
                         x_ptr + (ph * W + pw) * C,
                         shape=[N, tl.cdiv(H - ph, STR_H), tl.cdiv(W - pw, STR_W), C],
                         strides=[H * W * C, STR_H * W * C, STR_W * C, 1],
@@ -129,7 +123,7 @@ def window_kernel(
                         iw = ow0 + (s * dil_w - pad_w - pw) // STR_W
                         # channels past C read zeros from the input box, so weight columns of the next
                         # tap they meet add nothing
-                        a = x_desc.load([n0, ih, iw, c0])
+                        a = class_desc.load([n0, ih, iw, c0])
                         a = tl.reshape(a, (TILE_N * TILE_H * TILE_W, BLOCK_K))
                         b = w_desc.load([pid_n * BLOCK_N, (r * S + s) * C + c0])
                         acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
@@ -218,6 +212,23 @@ def window_programs(spec: PlanSpec) -> int:
     return 0 if tiles is None else tiles[1] * triton_cdiv(spec.output_desc.dims[1], cfg.block_n)
 
 
+def one_view_why_not(spec: PlanSpec, block_k: int) -> str | None:
+    """Why the window kernel cannot read every stride class through one view of the input (one loop
+    over all taps), or None: it can with stride 1, or where the image's height and width are
+    multiples of the stride and C of the step's ``block_k`` channels (a step's box must not reach
+    the next class's channels)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    _, c, h, w = spec.input_desc.dims
+    str_h, str_w = conv.conv.strides
+    if (str_h, str_w) == (1, 1) or (h % str_h == 0 and w % str_w == 0 and c % block_k == 0):
+        return None
+    return (
+        f"strided: one view of every stride class needs H={h} and W={w} multiples of the stride "
+        f"{str_h}x{str_w} and C={c} of {block_k}"
+    )
+
+
 def window_defer_why(spec: PlanSpec) -> str | None:
     """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10, 12)."""
     _, conv, _ = split_at_conv(spec.ops)
@@ -228,8 +239,10 @@ def window_defer_why(spec: PlanSpec) -> str | None:
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: one channel block per filter tap, slower than triton-conv"
     if spec.dtype == DataType.FLOAT:
-        if conv.conv.strides != (1, 1):
-            return "strided, fp32 data: triton-conv measured faster (TF32: r50_14 39.2 against 53.3 us)"
+        if conv.conv.strides != (1, 1) and one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
+            # read a view per stride class (TF32: r50_14 39.2 against 53.3 us); through one view
+            # windows measured faster (TF32, H200: r50_12 35.5 against 52.1, r50_18 43.5 against 72.6)
+            return "strided, fp32 data, a view per stride class: triton-conv measured faster"
         if one_by_one:
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
     elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
@@ -279,13 +292,26 @@ class TritonWindowKernel(DescriptorConvKernel):
         r, s = self.conv.w_desc.dims[2:]
         return self._windows(cfg)[1] * triton_cdiv(self.k, cfg.block_n), r * s * triton_cdiv(c, cfg.block_k)
 
-    def _flat_strides(self, cfg: tuning.ConvConfig) -> bool:
-        """Whether a strided convolution reads every stride class through one view of the input
-        (one loop over all taps): where the image's height and width are multiples of the stride
-        and C of the step's channels (a step's box must not reach the next class's channels)."""
-        _, c, h, w = self.spec.input_desc.dims
+    def _one_view(self, cfg: tuning.ConvConfig) -> bool:
+        return one_view_why_not(self.spec, cfg.block_k) is None
+
+    def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
+        """Host descriptors of the input's one view (a stand-in over the weights, unused, where the
+        kernel builds a view per stride class) and of the packed weights, [K, R*S*C]."""
+        n, c, h, w = self.spec.input_desc.dims
         str_h, str_w = self.conv_args[2:4]
-        return (str_h, str_w) != (1, 1) and h % str_h == 0 and w % str_w == 0 and c % cfg.block_k == 0
+        box = [window[0], window[1], 1, window[2], cfg.block_k]
+        if self._one_view(cfg):
+            view = [n, h // str_h, str_h, w // str_w, str_w * c]
+            x_desc = host_descriptor(x, view, [h * w * c, str_h * w * c, w * c, str_w * c, 1], box)
+        else:
+            x_desc = host_descriptor(packed, [1, 1, 1, 1, cfg.block_k], [cfg.block_k] * 4 + [1], box)
+        depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * c  # R*S*C
+        return x_desc, host_descriptor(packed, [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k])
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """The input's pointer and, read through one view, its descriptor; the output; the prior."""
+        return ((0, 1) if args[1].base is args[0] else 0, 3, 4)
 
     def _launch_args(
         self,
@@ -320,11 +346,13 @@ class TritonWindowKernel(DescriptorConvKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             cfg.split_k,
-            self._flat_strides(cfg),
+            self._one_view(cfg),
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
-        args = [x, packed, out, p, *ws, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
+        x_desc, w_desc = self._descriptors(cfg, (tile_n, tile_h, tile_w), x, packed)
+        geometry = (n, c, self.k, h, w, oh, ow)
+        args = [x, x_desc, w_desc, out, p, *ws, *values, *geometry, *out_strides, *pads, *dilations, *consts]
         return grid, cfg, args
 
 
