@@ -16,8 +16,9 @@ if gluon_window.gluon_why_not():
     pytest.skip(gluon_window.gluon_why_not(), allow_module_level=True)
 
 
-def verdict(plan) -> fp.solvers.Verdict:
-    return next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "gluon-window")
+def verdict(plan, tf32: bool = True) -> fp.solvers.Verdict:
+    """gluon-window's verdict for a CPU handle (``tf32``: whether it allows TF32 products)."""
+    return next(v for v in plan.explain(fp.Handle("cpu", allow_tf32=tf32)) if v.solver == "gluon-window")
 
 
 def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC", chain: str = "CBNA"):
@@ -27,16 +28,17 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC",
 
 
 @pytest.mark.parametrize(
-    "plan_args, reason",
+    "plan_args, tf32, reason",
     [
-        (("r50_22",), "needs a Hopper GPU"),  # the plan fits: only the device is missing
-        (("r50_18", torch.bfloat16), "needs a Hopper GPU"),  # strided, every stride class in one view
-        (("r50_22", torch.float32), "16-bit"),
-        (("r50_22", torch.float16, 32, "NCHW"), "channels-last"),
+        (("r50_22",), True, "needs a Hopper GPU"),  # the plan fits: only the device is missing
+        (("r50_18", torch.bfloat16), True, "needs a Hopper GPU"),  # strided, every stride class in one view
+        (("r50_22", torch.float32), True, "needs a Hopper GPU"),  # TF32 products
+        (("r50_22", torch.float32), False, "fp32 data without TF32"),
+        (("r50_22", torch.float16, 32, "NCHW"), True, "channels-last"),
     ],
 )
-def test_why_not_names_what_is_missing(plan_args, reason):
-    assert reason in verdict(layer(*plan_args)).reason
+def test_why_not_names_what_is_missing(plan_args, tf32, reason):
+    assert reason in verdict(layer(*plan_args), tf32).reason
 
 
 def test_strided_inputs_must_split_into_whole_stride_classes():
@@ -52,11 +54,13 @@ def test_defers_where_triton_window_does():
     assert gluon_window.window_defer_why(layer("r50_10").spec()) is None
 
 
-def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory(dtype):
     for name in ("r50_10", "r50_15", "r50_16", "r50_17", "r50_18", "r50_19", "r50_21", "r50_22"):
-        cfg = gluon_window.gluon_config(layer(name).spec())
+        cfg = gluon_window.gluon_config(layer(name, dtype).spec())
         assert cfg.block_n >= 16 * cfg.num_warps and cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128
-        assert cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * 2 <= 200 * 1024, (name, cfg)
+        row = cfg.block_k * dtype.itemsize
+        assert row <= 128 and cfg.num_stages * (cfg.block_m + cfg.block_n) * row <= 200 * 1024, (name, cfg)
 
 
 def layer_build(name: str, dtype: str) -> str:
@@ -67,7 +71,9 @@ def layer_build(name: str, dtype: str) -> str:
     )
 
 
-@pytest.mark.parametrize("name, dtype", [("r50_22", "float16"), ("r50_18", "bfloat16"), ("r50_10", "float16")])
+@pytest.mark.parametrize(
+    "name, dtype", [("r50_22", "float16"), ("r50_18", "bfloat16"), ("r50_10", "float16"), ("r50_15", "float32")]
+)
 def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype):
     """A loading partition beside the computing one (register reallocation between them), tensor
     loads, wgmma from shared memory with one group in flight."""
@@ -92,3 +98,18 @@ def test_every_epilogue_operator_compiles_in_gluon():
     info = compile_sm90(build, "gluon-window")
     assert "tl." not in info["source"] and "gl.exp(" in info["source"] and "HAS_PRIOR" in info["source"]
     assert info["HGMMA"] > 0
+
+
+@pytest.mark.parametrize(
+    "name, deferred",
+    [
+        ("r50_09", "25088 output pixels"),  # 28x28 1x1: triton-conv measured faster
+        ("r50_13", "256 windows"),  # 14x14 1x1 of 1024 channels: two waves of programs
+        ("r50_15", None),  # 14x14 1x1, 128 windows: 16.4 us against 26.6 (H200)
+        ("r50_21", None),
+        ("r50_18", None),  # strided 3x3, every stride class in one view
+    ],
+)
+def test_tf32_choices_follow_the_measurements(name, deferred):
+    why = gluon_window.GluonWindowSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
+    assert why == deferred if deferred is None else deferred in why

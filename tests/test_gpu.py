@@ -251,7 +251,7 @@ GLUON_CASES = {
 
 
 @pytest.mark.parametrize("chain", ["CBNA", "CA", "CNAAB"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_CASES))
 def test_gluon_window_cases(case, precision, chain):
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
@@ -259,7 +259,7 @@ def test_gluon_window_cases(case, precision, chain):
     x = input_tensor((n, c, h, w), dtype, "NHWC")
     conv = fp.ConvolutionDescriptor((pad, pad), (stride, stride), (dil, dil))
     plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
-    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-window")
+    verdict = next(v for v in plan.explain(fp.Handle("cuda", allow_tf32=True)) if v.solver == "gluon-window")
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, "NHWC", solver="gluon-window")
     rng = random.Random(case)

@@ -174,6 +174,10 @@ WINDOW_MIN_PROGRAMS = 100
 #: loop (r50_06 21.1 against 22.2, r50_12 19.9 against 26.7).
 WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 
+#: 1x1 filters on fp32 data with this many output pixels or more run on triton-conv rather than
+#: gluon-window's TF32 products (H200, batch 32: r50_09, 25088 pixels, 27.5 us against 24.4).
+GLUON_TF32_1X1_MAX_PIXELS = 16384
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

@@ -42,6 +42,7 @@ from fusionplan.solvers.triton_window import (
     one_view_why_not,
     window_config,
     window_defer_why,
+    window_programs,
     window_why_not,
 )
 
@@ -90,14 +91,14 @@ def _load_partition(
 def _mma_partition(
     x_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    SWIZZLE: gl.constexpr,
+    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
 ):
     # The product runs transposed, [channels, pixels] = weights @ input^T, both operands read by
     # wgmma from shared memory as TMA left them (the box, seen as [pixels, BLOCK_K]).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 16]
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
     )
-    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=16, rank=2)
+    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
     for kb in range(steps):
         stage = kb % NUM_STAGES
@@ -120,11 +121,11 @@ def gluon_window_kernel(
     pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     {stage_flags}
 ):
     PIXELS: gl.constexpr = TILE_N * TILE_H * TILE_W
-    SWIZZLE: gl.constexpr = 128 if BLOCK_K * 2 >= 128 else BLOCK_K * 2
     pid = gl.program_id(0)
     pid_n = gl.program_id(1)
     tiles_w = gl.cdiv(OW, TILE_W)
@@ -147,7 +148,10 @@ def gluon_window_kernel(
     steps = R * S * num_cb
     (acc,) = gl.warp_specialize(
         [
-            (_mma_partition, (x_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, BLOCK_K, NUM_STAGES, SWIZZLE)),
+            (
+                _mma_partition,
+                (x_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, BLOCK_K, NUM_STAGES, SWIZZLE, ELEM_BITS),
+            ),
             (
                 _load_partition,
                 (x_desc, w_desc, x_bufs, w_bufs, ready, empty, n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w,
@@ -193,11 +197,11 @@ def gluon_names() -> dict[str, str]:
     }
 
 
-def gl_layout(swizzle: int, rank: int):
-    """The shared-memory layout of a tensor-descriptor box of 16-bit elements, rows of ``swizzle`` bytes."""
+def gl_layout(swizzle: int, bits: int, rank: int):
+    """The shared-memory layout of a tensor-descriptor box of ``bits``-bit elements, rows of ``swizzle`` bytes."""
     from triton.experimental.gluon import language as gl
 
-    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=16, rank=rank)
+    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=rank)
 
 
 def gluon_why_not() -> str | None:
@@ -226,12 +230,29 @@ def hopper_why_not(handle) -> str | None:
     return None
 
 
-def gluon_window_why_not(spec: PlanSpec) -> str | None:
-    """Why the plan does not fit this kernel beyond triton-window's conditions, or None."""
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: the kernel's products are 16-bit (fp16, bf16)"
+def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
+    """Why the plan does not fit this kernel beyond triton-window's conditions, or None (``tf32``:
+    whether the handle allows TF32 products of fp32 data)."""
+    if spec.dtype == DataType.FLOAT and not tf32:
+        return "fp32 data without TF32: wgmma has no full-precision fp32 product (triton-window has)"
+    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
+        return f"{spec.dtype.name} data: the kernel's products are fp16, bf16 or TF32"
     why = one_view_why_not(spec, gluon_config(spec).block_k)
     return f"{why} (triton-window reads the others)" if why else None
+
+
+def gluon_fp32_1x1_defer_why(spec: PlanSpec) -> str | None:
+    """1x1 filters on fp32 data (TF32 products) where triton-conv measured faster: many output
+    pixels, or more windows than one program per multiprocessor (H200, batch 32: r50_09 (25088
+    pixels) 27.5 us against 24.4, r50_13 (256 programs) 30.3 against 26.4; windows faster on 14x14
+    and 7x7 outputs of 128 programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6)."""
+    pixels, programs = spec.output_desc.numel // spec.output_desc.dims[1], window_programs(spec)
+    if pixels >= tuning.GLUON_TF32_1X1_MAX_PIXELS or programs > tuning.SPLIT_K_TARGET:
+        return (
+            f"1x1 filter on fp32 data, {pixels} output pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) or "
+            f"{programs} windows (> {tuning.SPLIT_K_TARGET}): triton-conv measured faster"
+        )
+    return None
 
 
 #: Pipeline stages by window pixels: as many as about 150 KB of shared memory holds (the stage of a
@@ -303,6 +324,7 @@ class GluonWindowKernel(TritonWindowKernel):
             cfg.block_n,
             cfg.block_k,
             cfg.num_stages,
+            *self._swizzle_and_bits(cfg),
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
@@ -310,6 +332,11 @@ class GluonWindowKernel(TritonWindowKernel):
         )
         args = [x_desc, w_desc, out, p, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
         return grid, cfg, args
+
+    def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        """The boxes' element bits and the swizzle of their rows (128 bytes, or the row if shorter)."""
+        bits = self.spec.dtype.torch_dtype.itemsize * 8
+        return min(128, cfg.block_k * bits // 8), bits
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's descriptor, the output, the prior."""
@@ -324,17 +351,17 @@ class GluonWindowKernel(TritonWindowKernel):
 
         n, c, h, w = self.spec.input_desc.dims
         str_h, str_w = self.conv_args[2:4]
-        swizzle = min(128, cfg.block_k * 2)
+        swizzle, bits = self._swizzle_and_bits(cfg)
         x_desc = TensorDescriptor(
             x,
             [n, h // str_h, str_h, w // str_w, str_w * c],
             [h * w * c, str_h * w * c, w * c, str_w * c, 1],
             [window[0], window[1], 1, window[2], cfg.block_k],
-            gl_layout(swizzle, 5),
+            gl_layout(swizzle, bits, 5),
         )
         depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * c  # R*S*C
         w_desc = TensorDescriptor(
-            packed, [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k], gl_layout(swizzle, 2)
+            packed, [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k], gl_layout(swizzle, bits, 2)
         )
         return x_desc, w_desc
 
@@ -347,13 +374,13 @@ class GluonWindowSolver(Solver):
         return (
             conv_plan_why_not(spec)
             or window_why_not(spec)
-            or gluon_window_why_not(spec)
+            or gluon_window_why_not(spec, handle.tf32_allowed())
             or gluon_why_not()
             or hopper_why_not(handle)
         )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return window_defer_why(spec)
+        return window_defer_why(spec, gluon_fp32_1x1_defer_why)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return GluonWindowKernel(spec, handle)

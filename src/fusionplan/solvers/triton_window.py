@@ -229,8 +229,13 @@ def one_view_why_not(spec: PlanSpec, block_k: int) -> str | None:
     )
 
 
-def window_defer_why(spec: PlanSpec) -> str | None:
-    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10, 12)."""
+def window_fp32_1x1_defer_why(spec: PlanSpec) -> str | None:
+    return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
+
+
+def window_defer_why(spec: PlanSpec, fp32_1x1_rule=window_fp32_1x1_defer_why) -> str | None:
+    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10, 12);
+    ``fp32_1x1_rule`` decides for 1x1 filters on fp32 data (a kernel's own measurements)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     n, ch = spec.input_desc.dims[:2]
@@ -243,8 +248,9 @@ def window_defer_why(spec: PlanSpec) -> str | None:
             # read a view per stride class (TF32: r50_14 39.2 against 53.3 us); through one view
             # windows measured faster (TF32, H200: r50_12 35.5 against 52.1, r50_18 43.5 against 72.6)
             return "strided, fp32 data, a view per stride class: triton-conv measured faster"
-        if one_by_one:
-            return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
+        why = fp32_1x1_rule(spec) if one_by_one else None
+        if why:
+            return why
     elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
         return (
             f"strided 1x1 filter, {n * oh * ow} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
