@@ -194,7 +194,7 @@ def solver_plan(key, dtype, layout):
 
 @pytest.mark.parametrize("key", list(CONV_SHAPES) + list(SOLVER_SHAPES))
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_every_applicable_solver(key, layout, precision):
     """Each Triton solver that accepts a plan computes it, not only the one the registry picks first."""
     dtype = PRECISIONS[precision][0]
@@ -202,7 +202,7 @@ def test_every_applicable_solver(key, layout, precision):
         plan, x = shape_plan(key, "CBNA", dtype, layout, act=ActivationMode.ELU, device="cuda")
     else:
         plan, x = solver_plan(key, dtype, layout)
-    handle = fp.Handle("cuda")
+    handle = fp.Handle("cuda", allow_tf32=PRECISIONS[precision][1])  # the handle run_and_check compiles for
     applicable = [v.solver for v in plan.explain(handle) if v.applicable and v.family == "triton"]
     assert applicable, f"no Triton solver for {key}: {plan.explain(handle)}"
     for name in applicable:
