@@ -6,6 +6,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
+from fusionplan.solvers.triton_window import window_defer_why
 from fusionplan.testing import add_chain, layer_plan
 
 from .util import compile_sm90, plan_for
@@ -48,10 +49,14 @@ def test_strided_inputs_must_split_into_whole_stride_classes():
     assert "H=15 and W=16 multiples of the stride 2x2" in verdict(plan).reason
 
 
-def test_defers_where_triton_window_does():
-    """Batch 1 grids are small: triton-conv first (triton-window's measured rule)."""
-    assert "programs < 100" in gluon_window.window_defer_why(layer("r50_10", batch=1).spec())
-    assert gluon_window.window_defer_why(layer("r50_10").spec()) is None
+def test_defers_on_small_grids_and_not_on_strided_1x1_filters():
+    """Batch 1 grids are small: triton-conv first (triton-window's measured rule). Strided 1x1
+    filters of 16-bit data stay (triton-window defers them)."""
+    assert "programs < 100" in gluon_window.gluon_defer_why(layer("r50_10", batch=1).spec())
+    assert gluon_window.gluon_defer_why(layer("r50_10").spec()) is None
+    for name in ("r50_08", "r50_14"):
+        assert gluon_window.gluon_defer_why(layer(name).spec()) is None
+        assert "strided 1x1" in window_defer_why(layer(name).spec())
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])

@@ -28,7 +28,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, triton_available
 from fusionplan.enums import DataType
-from fusionplan.folding import Stage
+from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
@@ -41,7 +41,7 @@ from fusionplan.solvers.triton_window import (
     TritonWindowKernel,
     one_view_why_not,
     window_config,
-    window_defer_why,
+    window_grid_defer_why,
     window_programs,
     window_why_not,
 )
@@ -241,18 +241,25 @@ def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
     return f"{why} (triton-window reads the others)" if why else None
 
 
-def gluon_fp32_1x1_defer_why(spec: PlanSpec) -> str | None:
-    """1x1 filters on fp32 data (TF32 products) where triton-conv measured faster: many output
-    pixels, or more windows than one program per multiprocessor (H200, batch 32: r50_09 (25088
-    pixels) 27.5 us against 24.4, r50_13 (256 programs) 30.3 against 26.4; windows faster on 14x14
-    and 7x7 outputs of 128 programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6)."""
+def gluon_defer_why(spec: PlanSpec) -> str | None:
+    """Where triton-conv measured faster: triton-window's grid rules (few channels, small grids),
+    and 1x1 filters on fp32 data (TF32 products) with many output pixels, or more windows than
+    one program per multiprocessor (H200, batch 32: r50_09 (25088 pixels) 27.5 us against 24.4,
+    r50_13 (256 programs) 30.3 against 26.4; windows faster on 14x14 and 7x7 outputs of 128
+    programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6). Unlike triton-window's, strided
+    1x1 filters of 16-bit data stay (fp16, H200: r50_14 20.2 against 23.5 us, r50_08 29.8 against
+    30.8)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
     pixels, programs = spec.output_desc.numel // spec.output_desc.dims[1], window_programs(spec)
-    if pixels >= tuning.GLUON_TF32_1X1_MAX_PIXELS or programs > tuning.SPLIT_K_TARGET:
+    many = pixels >= tuning.GLUON_TF32_1X1_MAX_PIXELS or programs > tuning.SPLIT_K_TARGET
+    if spec.dtype == DataType.FLOAT and one_by_one and many:
         return (
             f"1x1 filter on fp32 data, {pixels} output pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) or "
             f"{programs} windows (> {tuning.SPLIT_K_TARGET}): triton-conv measured faster"
         )
-    return None
+    return window_grid_defer_why(spec)
 
 
 #: Pipeline stages by window pixels: as many as about 150 KB of shared memory holds (the stage of a
@@ -380,7 +387,7 @@ class GluonWindowSolver(Solver):
         )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return window_defer_why(spec, gluon_fp32_1x1_defer_why)
+        return gluon_defer_why(spec)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return GluonWindowKernel(spec, handle)

@@ -229,33 +229,12 @@ def one_view_why_not(spec: PlanSpec, block_k: int) -> str | None:
     )
 
 
-def window_fp32_1x1_defer_why(spec: PlanSpec) -> str | None:
-    return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
-
-
-def window_defer_why(spec: PlanSpec, fp32_1x1_rule=window_fp32_1x1_defer_why) -> str | None:
-    """Where triton-conv measured faster than windows on the H100 (bench/NOTES.md, sections 8, 10, 12);
-    ``fp32_1x1_rule`` decides for 1x1 filters on fp32 data (a kernel's own measurements)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    n, ch = spec.input_desc.dims[:2]
-    oh, ow = conv.output_desc.dims[2:]
-    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
+def window_grid_defer_why(spec: PlanSpec) -> str | None:
+    """Where windows lose to triton-conv whatever the kernel (H100, fp16): few input channels
+    (one channel block per tap) and small grids (batch 1)."""
+    ch = spec.input_desc.dims[1]
     if ch < tuning.WINDOW_MIN_CHANNELS:
         return f"C={ch} < {tuning.WINDOW_MIN_CHANNELS}: one channel block per filter tap, slower than triton-conv"
-    if spec.dtype == DataType.FLOAT:
-        if conv.conv.strides != (1, 1) and one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
-            # read a view per stride class (TF32: r50_14 39.2 against 53.3 us); through one view
-            # windows measured faster (TF32, H200: r50_12 35.5 against 52.1, r50_18 43.5 against 72.6)
-            return "strided, fp32 data, a view per stride class: triton-conv measured faster"
-        why = fp32_1x1_rule(spec) if one_by_one else None
-        if why:
-            return why
-    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
-        return (
-            f"strided 1x1 filter, {n * oh * ow} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
-            "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
-        )
     programs = window_programs(spec)
     if programs < tuning.WINDOW_MIN_PROGRAMS:
         return (
@@ -263,6 +242,29 @@ def window_defer_why(spec: PlanSpec, fp32_1x1_rule=window_fp32_1x1_defer_why) ->
             "(batch 1, fp16: r50_12 12.9 against 19.1 us, r50_04 4.2 against 5.3)"
         )
     return None
+
+
+def window_defer_why(spec: PlanSpec) -> str | None:
+    """Where triton-conv measured faster than triton-window on the H100 (bench/NOTES.md, sections 8,
+    10, 12, 15)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    n = spec.input_desc.dims[0]
+    oh, ow = conv.output_desc.dims[2:]
+    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
+    if spec.dtype == DataType.FLOAT:
+        if conv.conv.strides != (1, 1) and one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
+            # read a view per stride class (TF32: r50_14 39.2 against 53.3 us); through one view
+            # windows measured faster (TF32, H200: r50_12 35.5 against 52.1, r50_18 43.5 against 72.6)
+            return "strided, fp32 data, a view per stride class: triton-conv measured faster"
+        if one_by_one:
+            return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
+    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
+        return (
+            f"strided 1x1 filter, {n * oh * ow} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
+            "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
+        )
+    return window_grid_defer_why(spec)
 
 
 class TritonWindowKernel(DescriptorConvKernel):
