@@ -40,6 +40,7 @@ from fusionplan.solvers.triton_conv import (
 from fusionplan.solvers.triton_window import (
     TritonWindowKernel,
     one_view_why_not,
+    strided_1x1_defer_why,
     window_config,
     window_grid_defer_why,
     window_programs,
@@ -246,9 +247,9 @@ def gluon_defer_why(spec: PlanSpec) -> str | None:
     and 1x1 filters on fp32 data (TF32 products) with many output pixels, or more windows than
     one program per multiprocessor (H200, batch 32: r50_09 (25088 pixels) 27.5 us against 24.4,
     r50_13 (256 programs) 30.3 against 26.4; windows faster on 14x14 and 7x7 outputs of 128
-    programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6). Unlike triton-window's, strided
-    1x1 filters of 16-bit data stay (fp16, H200: r50_14 20.2 against 23.5 us, r50_08 29.8 against
-    30.8)."""
+    programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6); strided 1x1 filters of 16-bit
+    data as triton-window (fp16, H200, fusionplan-bench: r50_08 31.9 us against 31.6, r50_14 21.3
+    against 21.1)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
@@ -259,7 +260,7 @@ def gluon_defer_why(spec: PlanSpec) -> str | None:
             f"1x1 filter on fp32 data, {pixels} output pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) or "
             f"{programs} windows (> {tuning.SPLIT_K_TARGET}): triton-conv measured faster"
         )
-    return window_grid_defer_why(spec)
+    return strided_1x1_defer_why(spec) or window_grid_defer_why(spec)
 
 
 #: Pipeline stages by window pixels: as many as about 150 KB of shared memory holds (the stage of a

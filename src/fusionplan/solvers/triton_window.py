@@ -249,8 +249,6 @@ def window_defer_why(spec: PlanSpec) -> str | None:
     10, 12, 15)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    n = spec.input_desc.dims[0]
-    oh, ow = conv.output_desc.dims[2:]
     one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
     if spec.dtype == DataType.FLOAT:
         if conv.conv.strides != (1, 1) and one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
@@ -259,12 +257,25 @@ def window_defer_why(spec: PlanSpec) -> str | None:
             return "strided, fp32 data, a view per stride class: triton-conv measured faster"
         if one_by_one:
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
-    elif conv.conv.strides != (1, 1) and one_by_one and n * oh * ow >= tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
-        return (
-            f"strided 1x1 filter, {n * oh * ow} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
-            "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
-        )
-    return window_grid_defer_why(spec)
+    return strided_1x1_defer_why(spec) or window_grid_defer_why(spec)
+
+
+def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
+    """Strided 1x1 filters of 16-bit data with many output pixels: triton-conv's 3-stage tiles
+    measured faster than triton-window (H100) and as fast as gluon-window (H200, bench/NOTES.md,
+    section 15)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    pixels = spec.output_desc.numel // spec.output_desc.dims[1]
+    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
+    if spec.dtype == DataType.FLOAT or conv.conv.strides == (1, 1) or not one_by_one:
+        return None
+    if pixels < tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
+        return None
+    return (
+        f"strided 1x1 filter, {pixels} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
+        "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
+    )
 
 
 class TritonWindowKernel(DescriptorConvKernel):
