@@ -101,6 +101,12 @@ class Handle:
                 with torch.cuda.stream(self._stream):
                     yield
 
+    def compute_capability(self) -> tuple[int, int] | None:
+        """The CUDA device's (major, minor) compute capability; None off CUDA or where torch sees none."""
+        if self.device.type != "cuda" or not torch.cuda.is_available():
+            return None
+        return torch.cuda.get_device_capability(self.device)
+
     def tf32_allowed(self) -> bool:
         if self.allow_tf32 is not None:
             return self.allow_tf32

@@ -70,13 +70,21 @@ ROWS: list[tuple] = [  # (title, builders[, input channels (default 64)])
     ),
 ]
 
-DEVICES = {"CPU": torch.device("cpu"), "CUDA GPU": torch.device("cuda", 0)}
+#: column: (device, its compute capability); Hopper GPUs run gluon-window's warp-specialized kernel
+DEVICES = {
+    "CPU": (torch.device("cpu"), None),
+    "CUDA GPU": (torch.device("cuda", 0), (8, 0)),
+    "Hopper GPU (H100, H200)": (torch.device("cuda", 0), (9, 0)),
+}
 DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)
 
 
-def _solver_for(builders: list[Builder], device: torch.device, channels: int = 64) -> str:
-    """Names of the solvers chosen for the row's plan in each dtype and layout (deduplicated)."""
-    handle = types.SimpleNamespace(device=device, tf32_allowed=lambda: True)  # verdicts only read these
+def _solver_for(builders: list[Builder], device: tuple, channels: int = 64) -> str:
+    """Names of the solvers chosen for the row's plan in each dtype and layout (deduplicated) on
+    ``device``: (torch device, compute capability)."""
+    where, capability = device
+    # verdicts only read these
+    handle = types.SimpleNamespace(device=where, tf32_allowed=lambda: True, compute_capability=lambda: capability)
     chosen: list[str] = []
     for dtype in DTYPES:
         for layout in ("NCHW", "NHWC"):

@@ -223,9 +223,10 @@ def hopper_why_not(handle) -> str | None:
     """Why the handle's device cannot run a Gluon wgmma kernel, or None (compute capability 9.x)."""
     if handle.device.type != "cuda":
         return f"needs a Hopper GPU (Gluon has no interpreter); the handle is on {handle.device}"
-    if not torch.cuda.is_available():
+    capability = handle.compute_capability()
+    if capability is None:
         return "needs a Hopper GPU; this torch sees no CUDA device"
-    major, minor = torch.cuda.get_device_capability(handle.device)
+    major, minor = capability
     if major != 9:
         return f"needs a Hopper GPU (compute capability 9.x, for wgmma); the device is {major}.{minor}"
     return None
