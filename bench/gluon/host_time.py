@@ -1,6 +1,6 @@
 """Host time of one eager execute (no synchronization inside the loop), per solver (CUDA only).
 
-    python bench/gluon/host_time.py --layers r50_22,r50_16 --solvers gluon-window,triton-window
+python bench/gluon/host_time.py --layers r50_22,r50_16 --solvers gluon-window,triton-window
 """
 
 from __future__ import annotations
