@@ -319,16 +319,12 @@ class GluonWindowKernel(TritonWindowKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        n, c, h, w = self.spec.input_desc.dims
-        oh, ow = self.out_hw
         window, windows = self._windows(cfg)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
-        out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
-        pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         x_desc, w_desc = self._descriptors(cfg, window, x, packed)
         consts = (
             *self.conv.w_desc.dims[2:],
-            *conv_strides,
+            *self.conv_args[2:4],  # the convolution's strides
             *window,
             cfg.block_n,
             cfg.block_k,
@@ -339,7 +335,7 @@ class GluonWindowKernel(TritonWindowKernel):
             has_prior,
             *flags.values(),
         )
-        args = [x_desc, w_desc, out, p, *values, n, c, self.k, h, w, oh, ow, *out_strides, *pads, *dilations, *consts]
+        args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
         return grid, cfg, args
 
     def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:

@@ -345,20 +345,13 @@ class TritonWindowKernel(DescriptorConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        n, c, h, w = self.spec.input_desc.dims
-        oh, ow = self.out_hw
-        (tile_n, tile_h, tile_w), windows = self._windows(cfg)
+        window, windows = self._windows(cfg)
         n_tiles = triton_cdiv(self.k, cfg.block_n)
         grid = (windows, n_tiles, cfg.split_k)
-        out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
-        pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         consts = (
-            self.conv.w_desc.dims[2],
-            self.conv.w_desc.dims[3],
-            *conv_strides,
-            tile_n,
-            tile_h,
-            tile_w,
+            *self.conv.w_desc.dims[2:],
+            *self.conv_args[2:4],  # the convolution's strides
+            *window,
             cfg.block_n,
             cfg.block_k,
             self.dot_precision,
@@ -369,10 +362,17 @@ class TritonWindowKernel(DescriptorConvKernel):
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
-        x_desc, w_desc = self._descriptors(cfg, (tile_n, tile_h, tile_w), x, packed)
-        geometry = (n, c, self.k, h, w, oh, ow)
-        args = [x, x_desc, w_desc, out, p, *ws, *values, *geometry, *out_strides, *pads, *dilations, *consts]
+        x_desc, w_desc = self._descriptors(cfg, window, x, packed)
+        args = [x, x_desc, w_desc, out, p, *ws, *values, *self._shape_args(out, p, strides), *consts]
         return grid, cfg, args
+
+    def _shape_args(self, out: Tensor, p: Tensor, strides: tuple[int, ...] | None) -> list:
+        """N, C, K, H, W, OH, OW, the output's and the prior's strides (``strides[4:]`` where given,
+        else the tensors' own), pads and dilations: the window kernels' shape arguments, in order."""
+        n, c, h, w = self.spec.input_desc.dims
+        out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
+        pads, dilations = self.conv_args[:2], self.conv_args[4:]
+        return [n, c, self.k, h, w, *self.out_hw, *out_strides, *pads, *dilations]
 
 
 class TritonWindowSolver(Solver):
