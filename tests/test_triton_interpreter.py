@@ -4,6 +4,7 @@ FUSIONPLAN_BACKEND=triton: nothing may fall back silently. bf16 is tested on the
 (the interpreter's bf16 dot products are not exact).
 """
 
+import dataclasses
 import random
 
 import pytest
@@ -569,3 +570,72 @@ def test_window_solver_leaves_tensors_past_2_to_the_31_elements_to_triton_conv()
     plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("half", (128, 128, 3, 3)))
     verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-window")
     assert "2^31" in verdict.reason
+
+
+def out_of_resources():
+    from triton.runtime.errors import OutOfResources
+
+    return OutOfResources(245784, 232448, "shared memory")
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_launches_that_do_not_fit_the_device_run_narrower_or_on_triton_conv(wide):
+    """A specialization first compiled at a launch (reading a prior output: compile builds the plain
+    one ahead) may not fit the device's shared memory: triton-gemm's 128x256 tiles did, at 240 KB.
+    The call then runs with the kernel's narrower tiles, or else on triton-conv's implicit GEMM; the
+    result is the same and complete."""
+    x = make_input((2, 64, 6, 7), torch.float16, "NHWC")
+    plan = add_chain(plan_for(x), "CNA", k=64, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)), param_dtype="half")
+    handle = compile_named(plan, "triton-gemm")
+    kernel = plan._entry(handle).kernel
+    if wide:
+        kernel.config = dataclasses.replace(kernel.config, block_n=64)
+        kernel.narrower_config = lambda: dataclasses.replace(kernel.config, block_n=32)
+    tried = []
+
+    class TooLargeFirst:  # the kernel's launcher, except that its own configuration does not fit
+        def __init__(self, real) -> None:
+            self.real, self.direct = real, real.direct
+
+        def __call__(self, grid, cfg, args, num_warps, num_stages):
+            tried.append(cfg.block_n)
+            if cfg == kernel.config:
+                raise out_of_resources()
+            return self.real(grid, cfg, args, num_warps, num_stages)
+
+    kernel.launcher = TooLargeFirst(kernel.launcher)
+    rng = random.Random(3)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, "cpu", alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    prior = torch.randn(plan.output_desc.dims).half().to(memory_format=torch.channels_last)
+    check_against_reference(plan, handle, x, args, prior.clone(), prior=prior)
+    assert tried == ([64, 32] if wide else [kernel.config.block_n])
+    assert (kernel._conv_kernel is None) == wide  # triton-conv ran the call where no narrower tile was tried
+
+
+def test_launcher_remembers_specializations_that_do_not_fit():
+    """Triton raises OutOfResources when it loads a kernel too large for the device; the launcher
+    raises it again for the same specialization without compiling anew."""
+    from fusionplan.launch import Launcher
+
+    calls = []
+
+    class Fn:
+        arg_names = ["a"]
+
+        def __getitem__(self, grid):
+            def launch(**kwargs):
+                calls.append(kwargs)
+                raise out_of_resources()
+
+            return launch
+
+    launcher = Launcher(Fn())
+    for _ in range(3):
+        with pytest.raises(Exception, match="shared memory"):
+            launcher((1, 1, 1), "cfg", [7], 4, 3)
+    assert len(calls) == 1
+    with pytest.raises(Exception, match="shared memory"):
+        launcher((1, 1, 1), "cfg", [16], 4, 3)  # another specialization: an integer that divides by 16
+    assert len(calls) == 2

@@ -172,13 +172,18 @@ class Launcher:
         self.fn = fn
         self.names = list(getattr(fn, "arg_names", []))
         self._compiled: dict[tuple, object] = {}
+        self._too_large: dict[tuple, Exception] = {}  # specializations that do not fit the device
         self.direct = (
             not interpreter_active() and os.environ.get("FUSIONPLAN_DIRECT_LAUNCH", "1") != "0" and bool(self.names)
         )
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
-        """Launch; returns Triton's compiled kernel (None in the interpreter)."""
+        """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that
+        needs more of the device than it has (Triton's OutOfResources: shared memory, registers)
+        raises that error, at once on later calls (no new compile)."""
         key = (key, specialization(args))
+        if key in self._too_large:
+            raise self._too_large[key]
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None:
             record = self._record_path(key, num_warps, num_stages) if self.direct else None
@@ -187,7 +192,14 @@ class Launcher:
             if len(args) != len(self.names):
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             launch = self.fn[grid]
-            kernel = with_own_scratch(launch, **dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages)
+            try:
+                kernel = with_own_scratch(
+                    launch, **dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages
+                )
+            except Exception as exc:
+                if is_out_of_resources(exc):
+                    self._too_large[key] = exc
+                raise
             if self.direct and kernel is not None and hasattr(kernel, "run"):
                 self._keep(key, kernel, record)
             return kernel
@@ -237,6 +249,12 @@ class Launcher:
         except Exception:  # no device, or an unusual key: no record
             return None
         return cache_dir() / "launch" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def is_out_of_resources(exc: BaseException) -> bool:
+    """Whether ``exc`` is Triton's OutOfResources: a compiled kernel needs more shared memory or
+    registers than the device has (raised when it is loaded, at its first launch)."""
+    return type(exc).__name__ == "OutOfResources" and type(exc).__module__.startswith("triton")
 
 
 def specialization(args: Sequence) -> tuple:

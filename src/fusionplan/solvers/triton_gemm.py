@@ -10,6 +10,8 @@ integer pipeline busiest (Nsight Compute, bench/NOTES.md). The epilogue is trito
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fusionplan import tuning
@@ -201,6 +203,13 @@ class TritonGemmKernel(DescriptorConvKernel):
         y_desc = host_descriptor(out if store_tiles else packed, [m, k], [k, 1], [cfg.block_m, cfg.block_n])
         args = [a_desc, b_desc, out, p, y_desc, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
         return (programs, 1, 1), cfg, args
+
+    def narrower_config(self) -> tuning.ConvConfig | None:
+        """128x256 tiles with 3 stages read a prior output in 240 KB of shared memory (H200: 227 KB
+        available): such launches take 128x128 tiles with 4 stages."""
+        if self.config.block_n <= 128:
+            return None
+        return replace(self.config, block_n=128, num_stages=4)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's descriptor; the output's pointer and, where tiles are stored, its descriptor."""
