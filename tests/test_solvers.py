@@ -169,8 +169,10 @@ def test_no_applicability_check_raises_on_common_plans():
         for dtype in (torch.float16, torch.float32):
             x = torch.empty(32, shape.c, shape.h, shape.w, dtype=dtype).to(memory_format=torch.channels_last)
             plans.append(layer_plan(shape, x, "CBNA"))
-    for device in ("cpu", "cuda"):
-        handle = types.SimpleNamespace(device=torch.device(device), tf32_allowed=lambda: True)
+    for device, capability in (("cpu", None), ("cuda", (8, 0)), ("cuda", (9, 0))):
+        handle = types.SimpleNamespace(
+            device=torch.device(device), tf32_allowed=lambda: True, compute_capability=lambda c=capability: c
+        )
         for plan in plans:
             for verdict in solvers.verdicts(plan.spec(), handle):
                 assert "applicability check failed" not in (verdict.reason or ""), (plan.describe(), str(verdict))
