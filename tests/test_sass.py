@@ -2,6 +2,7 @@
 sm_90 binary (scripts/inspect_sass.py) and the SASS shows what the H100 measurements depend on
 (bench/NOTES.md, section 10)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -53,3 +54,57 @@ def test_window_kernel_with_a_view_per_stride_class_builds():
     )
     info = compile_sm90(build, "triton-window")
     assert "class_desc = tl.make_tensor_descriptor" in info["source"] and info["HGMMA"] > 0
+
+
+#: Every descriptor kernel the ResNet-50 layers take on a Hopper GPU (fp16, TF32), compiled for
+#: calls that read a prior output (the largest specialization: compile builds the plain one ahead).
+FIT = """
+import json, types, torch
+import fusionplan as fp
+from fusionplan import solvers
+from fusionplan.sass import compile_for_hopper
+from fusionplan.shapes import load_shapes
+from fusionplan.testing import layer_plan
+
+hopper = types.SimpleNamespace(
+    device=torch.device("cuda", 0), tf32_allowed=lambda: True, compute_capability=lambda: (9, 0)
+)
+seen, rows = set(), []
+for shape in load_shapes():
+    for dtype in (torch.float16, torch.float32):
+        x = torch.empty(32, shape.c, shape.h, shape.w, dtype=dtype).to(memory_format=torch.channels_last)
+        spec = layer_plan(shape, x, "CBNA").spec()
+        name = solvers.choice(solvers.verdicts(spec, hopper)).solver
+        if name not in ("triton-gemm", "triton-window", "gluon-window"):
+            continue
+        kernel = solvers.solver_named(name).build(spec, fp.Handle("cpu", allow_tf32=True))
+        key = (name, kernel.config, str(dtype), shape.r, shape.s, shape.stride)
+        if key in seen:
+            continue
+        seen.add(key)
+        shared = []
+        for cfg in (kernel.config, kernel.narrower_config()):
+            if cfg is not None:
+                kernel.config = cfg
+                shared.append(compile_for_hopper(kernel, with_prior=True)[1].metadata.shared)
+        rows.append([shape.name, str(dtype), name, shared])
+print("FIT" + json.dumps(rows))
+"""
+
+#: Shared memory a program of sm_90 may take (227 KB; the H100's and the H200's limit).
+HOPPER_SHARED_BYTES = 232448
+
+
+def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
+    """A launch reading a prior output compiles at its first call; where the kernel's tiles then
+    need more shared memory than sm_90 has (triton-gemm's 128x256 tiles: 240 KB), its narrower
+    tiles must fit (the run falls back to them)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", FIT], capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode != 0 and "ptxas" in out.stderr:
+        pytest.skip(f"no usable ptxas in this Triton: {out.stderr[-300:]}")
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("FIT"))[3:])
+    assert {row[2] for row in rows} == {"triton-gemm", "gluon-window"}
+    for layer, dtype, solver, shared in rows:
+        assert shared[0] <= HOPPER_SHARED_BYTES or shared[-1] <= HOPPER_SHARED_BYTES, (layer, dtype, solver, shared)

@@ -23,11 +23,12 @@ from fusionplan.launch import source_class
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 
 
-def captured_launch(kernel) -> tuple:
-    """The (grid, key, args, num_warps, num_stages) that compiling ahead would hand the launcher."""
+def captured_launch(kernel, with_prior: bool = False) -> tuple:
+    """The (grid, key, args, num_warps, num_stages) that compiling ahead would hand the launcher
+    (``with_prior``: for calls that read a prior output)."""
     seen: list[tuple] = []
     kernel.launcher.compile_ahead = lambda *a: seen.append(a)
-    kernel.compile_ahead(torch.device("cpu"))
+    kernel.compile_ahead(torch.device("cpu"), with_prior)
     return seen[0]
 
 
@@ -79,13 +80,13 @@ def summarize(compiled) -> dict:
     }
 
 
-def compile_for_hopper(kernel) -> tuple[tuple[int, int, int], object]:
+def compile_for_hopper(kernel, with_prior: bool = False) -> tuple[tuple[int, int, int], object]:
     """The grid and Triton's compiled sm_90 kernel of a built Triton or Gluon kernel (its launch
-    as compiling ahead would make it, on stand-in tensors)."""
+    as compiling ahead would make it, on stand-in tensors; ``with_prior``: reading a prior output)."""
     import triton
     from triton.backends.compiler import GPUTarget
 
-    grid, _, args, num_warps, num_stages = captured_launch(kernel)
+    grid, _, args, num_warps, num_stages = captured_launch(kernel, with_prior)
     compiled = triton.compile(
         ast_source(kernel.launcher.fn, args),
         target=GPUTarget("cuda", 90, 32),

@@ -455,17 +455,19 @@ class TritonConvKernel(Repeating, Kernel):
         grid, key, args = self._launch_args(cfg, x, packed, out, out, values, flags, False)
         self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
 
-    def compile_ahead(self, device: torch.device) -> None:
-        """Compile the kernel now for the plan's strides and arguments without beta, on stand-in
-        tensors, so that the first execute finds it compiled."""
+    def compile_ahead(self, device: torch.device, with_prior: bool = False) -> None:
+        """Compile the kernel now for the plan's strides and arguments without beta (``with_prior``:
+        with beta in every operator, reading a prior output), on stand-in tensors, so that the
+        first execute finds it compiled."""
         values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device)
+        flags = dict.fromkeys(flags, with_prior)
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         strides = (*in_desc.strides, *out_desc.strides, *out_desc.strides)
         idx64 = offset_needs_int64(max(in_desc.max_offset(), out_desc.max_offset()))  # as needs_int64 decides
         cfg = self.config
         tensors = (stand_in,) * 4  # x, packed weights, output, prior
-        grid, key, args = self._launch_args(cfg, *tensors, values, flags, False, strides, idx64)
+        grid, key, args = self._launch_args(cfg, *tensors, values, flags, with_prior, strides, idx64)
         self.launcher.compile_ahead(grid, key, args, cfg.num_warps, cfg.num_stages)
 
     def find(self, device: torch.device) -> tuning.ConvConfig:
