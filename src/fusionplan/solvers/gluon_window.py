@@ -348,26 +348,13 @@ class GluonWindowKernel(TritonWindowKernel):
         return (0, 2, 3)
 
     def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor) -> tuple:
-        """Tensor descriptors of the input's view of every stride class, [N, H/s, s, W/s, s*C], and of
-        the packed weights, [K, R*S*C], built on the host: the launch passes them as kernel
-        parameters. Built in the kernel (in global memory, behind a proxy fence), they cost about
-        2 us per launch (H100/H200, bench/NOTES.md, section 15)."""
+        """Gluon's host descriptors of the input's one view of every stride class and of the packed
+        weights (triton-window's geometry), with the shared-memory layouts of their boxes."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        n, c, h, w = self.spec.input_desc.dims
-        str_h, str_w = self.conv_args[2:4]
         swizzle, bits = self._swizzle_and_bits(cfg)
-        x_desc = TensorDescriptor(
-            x,
-            [n, h // str_h, str_h, w // str_w, str_w * c],
-            [h * w * c, str_h * w * c, w * c, str_w * c, 1],
-            [window[0], window[1], 1, window[2], cfg.block_k],
-            gl_layout(swizzle, bits, 5),
-        )
-        depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * c  # R*S*C
-        w_desc = TensorDescriptor(
-            packed, [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k], gl_layout(swizzle, bits, 2)
-        )
+        x_desc = TensorDescriptor(x, *self._one_view_geometry(cfg, window), gl_layout(swizzle, bits, 5))
+        w_desc = TensorDescriptor(packed, *self._weight_geometry(cfg), gl_layout(swizzle, bits, 2))
         return x_desc, w_desc
 
 

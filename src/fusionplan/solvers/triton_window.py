@@ -314,19 +314,30 @@ class TritonWindowKernel(DescriptorConvKernel):
     def _one_view(self, cfg: tuning.ConvConfig) -> bool:
         return one_view_why_not(self.spec, cfg.block_k) is None
 
-    def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
-        """Host descriptors of the input's one view (a stand-in over the weights, unused, where the
-        kernel builds a view per stride class) and of the packed weights, [K, R*S*C]."""
+    def _one_view_geometry(self, cfg: tuning.ConvConfig, window: tuple[int, int, int]) -> tuple[list, list, list]:
+        """Shape, strides and box (elements) of the input's one view of every stride class,
+        [N, H/s, s, W/s, s*C], read a window and a step of channels at a time."""
         n, c, h, w = self.spec.input_desc.dims
         str_h, str_w = self.conv_args[2:4]
-        box = [window[0], window[1], 1, window[2], cfg.block_k]
+        view = [n, h // str_h, str_h, w // str_w, str_w * c]
+        strides = [h * w * c, str_h * w * c, w * c, str_w * c, 1]
+        return view, strides, [window[0], window[1], 1, window[2], cfg.block_k]
+
+    def _weight_geometry(self, cfg: tuning.ConvConfig) -> tuple[list, list, list]:
+        """Shape, strides and box of the packed weights, [K, R*S*C], read BLOCK_N x BLOCK_K at a time."""
+        depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * self.spec.input_desc.dims[1]  # R*S*C
+        return [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k]
+
+    def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
+        """Host descriptors of the input's one view (a stand-in over the weights, unused, where the
+        kernel builds a view per stride class) and of the packed weights. Built in the kernel (in
+        global memory, behind a proxy fence) they cost about 2 us per launch (bench/NOTES.md, 15)."""
+        view, strides, box = self._one_view_geometry(cfg, window)
         if self._one_view(cfg):
-            view = [n, h // str_h, str_h, w // str_w, str_w * c]
-            x_desc = host_descriptor(x, view, [h * w * c, str_h * w * c, w * c, str_w * c, 1], box)
+            x_desc = host_descriptor(x, view, strides, box)
         else:
             x_desc = host_descriptor(packed, [1, 1, 1, 1, cfg.block_k], [cfg.block_k] * 4 + [1], box)
-        depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * c  # R*S*C
-        return x_desc, host_descriptor(packed, [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k])
+        return x_desc, host_descriptor(packed, *self._weight_geometry(cfg))
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's pointer and, read through one view, its descriptor; the output; the prior."""
