@@ -84,7 +84,7 @@ def _computer(
 
 
 @gluon.jit
-def window_ws_body(
+def window_ws_kernel(
     x_desc,
     w_desc,
     y_ptr,
@@ -177,55 +177,6 @@ def window_ws_body(
 
 
 @gluon.jit
-def window_ws_kernel(
-    x_desc,
-    w_desc,
-    y_ptr,
-    scale_ptr,
-    shift_ptr,
-    N,
-    C,
-    K,
-    H,
-    W,
-    pad_h,
-    pad_w,
-    R: gl.constexpr,
-    S: gl.constexpr,
-    TILE_N: gl.constexpr,
-    TILE_H: gl.constexpr,
-    TILE_W: gl.constexpr,
-    BLOCK_N: gl.constexpr,
-    BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr,
-    NUM_WARPS: gl.constexpr,
-):
-    window_ws_body(
-        x_desc,
-        w_desc,
-        y_ptr,
-        scale_ptr,
-        shift_ptr,
-        N,
-        C,
-        K,
-        H,
-        W,
-        pad_h,
-        pad_w,
-        R,
-        S,
-        TILE_N,
-        TILE_H,
-        TILE_W,
-        BLOCK_N,
-        BLOCK_K,
-        NUM_STAGES,
-        NUM_WARPS,
-    )
-
-
-@gluon.jit
 def window_ws_device_desc_kernel(
     x_ptr,
     w_ptr,
@@ -265,7 +216,7 @@ def window_ws_device_desc_kernel(
         block_shape=[BLOCK_N, BLOCK_K],
         layout=gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2),
     )
-    window_ws_body(
+    window_ws_kernel(
         x_desc,
         w_desc,
         y_ptr,
