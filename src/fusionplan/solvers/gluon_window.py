@@ -1,12 +1,13 @@
-"""Gluon window solver: triton-window's convolution over output windows (16-bit data, packed
-channels-last), written in Gluon, Triton's explicit dialect, so that the kernel is warp-specialized
+"""Gluon window solver: triton-window's convolution over output windows (fp16, bf16, or fp32 with
+TF32 products; packed channels-last), written in Gluon, Triton's explicit dialect, so that the
+kernel is warp-specialized
 as cuDNN's Hopper kernels are: one loading warp runs ahead through a ring of pipeline stages
 (TMA boxes of the input and tiles of the weights, each stage with a "ready" barrier, set when its
 bytes land, and an "empty" one, set when its product has finished), while one or two computing
 warpgroups wait for each stage, issue its wgmma with one product in flight and free the stage
 before it. Triton 3.6 does not generate this for sm_90: its pipeliner issues the loads from the
-computing warps, between the products (bench/NOTES.md, section 15: 10-17 % faster than
-triton-window on every stride-1 layer of ResNet-50 measured).
+computing warps, between the products (bench/NOTES.md, section 15: on ResNet-50 at batch 32,
+8-29 % faster than triton-window on the layers with the longest reductions, as fast on the others).
 
 The input is read through one 5-D view, [N, H/s, s, W/s, s*C] (stride 1: [N, H, 1, W, C]), as
 triton-window reads strided convolutions: tap (r, s) of a window of outputs reads one box of it,
@@ -296,7 +297,7 @@ def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
 class GluonWindowKernel(TritonWindowKernel):
     solver_name = "gluon-window"
     stem = "gluon_window"
-    splits_reduction = False  # every chosen grid holds 120 programs or more (window_heuristic)
+    splits_reduction = False  # grids below 100 programs defer to triton-conv (window_grid_defer_why)
     candidates = [replace(c, num_stages=GLUON_STAGES.get(c.block_m, 3)) for c in tuning.WINDOW_CANDIDATES]
 
     @staticmethod
