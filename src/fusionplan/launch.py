@@ -427,12 +427,18 @@ class BoundLaunch:
         self.kernel = kernel
         self.needs_scratch = _needs_scratch(kernel)
         self.grid = grid
-        self.slots = tuple(slot if isinstance(slot, tuple) else (slot,) for slot in pointer_slots)
         self.args = [a.data_ptr() if isinstance(a, Tensor) else a for a in args]
-        swapped = {i for slot in self.slots for i in slot}
-        for i in swapped:  # descriptors in the slots: over a bare address until the launch
-            if is_host_descriptor(args[i]):
-                self.args[i] = rebased(args[i], args[i].base.data_ptr())
+        # per pointer, its (argument index, whether a descriptor sits there) pairs: decided once here,
+        # not at every launch
+        self.slots = tuple(
+            tuple((i, is_host_descriptor(args[i])) for i in (slot if isinstance(slot, tuple) else (slot,)))
+            for slot in pointer_slots
+        )
+        swapped = {i for slot in self.slots for i, _ in slot}
+        for slot in self.slots:  # descriptors in the slots: over a bare address until the launch
+            for i, descriptor in slot:
+                if descriptor:
+                    self.args[i] = rebased(args[i], args[i].base.data_ptr())
         # the addresses bound for good stay valid; those in the slots (the call's input, output and
         # prior) are replaced at every launch, so their tensors are not kept alive
         self._keep = [a for i, a in enumerate(args) if isinstance(a, Tensor) and i not in swapped]
@@ -443,9 +449,8 @@ class BoundLaunch:
     def launch(self, pointers: Sequence[int]) -> None:
         args = self.args.copy()
         for slot, ptr in zip(self.slots, pointers):
-            for i in slot:
-                bound = args[i]
-                args[i] = rebased(bound, ptr) if is_host_descriptor(bound) else ptr
+            for i, descriptor in slot:
+                args[i] = rebased(args[i], ptr) if descriptor else ptr
         if self.raw is not None and _launch_hooks() == (None, None):
             self._launch_raw(args)
         elif self.needs_scratch:

@@ -18,7 +18,7 @@ import tempfile
 
 import torch
 
-from fusionplan.launch import source_class
+from fusionplan.launch import is_host_descriptor, source_class
 
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 
@@ -41,7 +41,7 @@ def ast_source(fn, args: list):
         if param.is_constexpr or isinstance(a, (bool, str)) or a is None or (isinstance(a, int) and a == 1):
             signature[name] = "constexpr"
             constexprs[(i,)] = a
-        elif hasattr(a, "block_shape") and hasattr(a, "base"):  # a tensor descriptor built on the host
+        elif is_host_descriptor(a):
             block = ",".join(str(b) for b in a.block_shape)
             layout = f",{a.layout!r}" if hasattr(a, "layout") else ""
             signature[name] = f"tensordesc<{TRITON_TYPES[a.base.dtype][1:]}[{block}]{layout}>"
