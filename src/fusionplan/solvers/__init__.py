@@ -34,7 +34,7 @@ BACKEND_ENV = "FUSIONPLAN_BACKEND"
 REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     TritonGemmSolver(),
-    GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (10-17 % faster, H100)
+    GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
     TritonWindowSolver(),
     TritonStemSolver(),  # few input channels (the stem)
     TritonDepthwiseSolver(),  # before triton-conv: 23-59x faster on MobileNetV2's depthwise layers (H100)

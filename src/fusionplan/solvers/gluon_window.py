@@ -29,7 +29,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, triton_available
 from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.folding import Stage
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
@@ -40,6 +40,7 @@ from fusionplan.solvers.triton_conv import (
 )
 from fusionplan.solvers.triton_window import (
     TritonWindowKernel,
+    filter_is_1x1,
     one_view_why_not,
     strided_1x1_defer_why,
     window_config,
@@ -252,12 +253,9 @@ def gluon_defer_why(spec: PlanSpec) -> str | None:
     programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6); strided 1x1 filters of 16-bit
     data as triton-window (fp16, H200, fusionplan-bench: r50_08 31.9 us against 31.6, r50_14 21.3
     against 21.1)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
     pixels, programs = spec.output_desc.numel // spec.output_desc.dims[1], window_programs(spec)
     many = pixels >= tuning.GLUON_TF32_1X1_MAX_PIXELS or programs > tuning.SPLIT_K_TARGET
-    if spec.dtype == DataType.FLOAT and one_by_one and many:
+    if spec.dtype == DataType.FLOAT and filter_is_1x1(spec) and many:
         return (
             f"1x1 filter on fp32 data, {pixels} output pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) or "
             f"{programs} windows (> {tuning.SPLIT_K_TARGET}): triton-conv measured faster"
@@ -322,7 +320,7 @@ class GluonWindowKernel(TritonWindowKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         window, windows = self._windows(cfg)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
-        x_desc, w_desc = self._descriptors(cfg, window, x, packed)
+        x_desc, w_desc = self._gluon_descriptors(cfg, window, x, packed)
         consts = (
             *self.conv.w_desc.dims[2:],
             *self.conv_args[2:4],  # the convolution's strides
@@ -348,9 +346,10 @@ class GluonWindowKernel(TritonWindowKernel):
         """The input's descriptor, the output, the prior."""
         return (0, 2, 3)
 
-    def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor) -> tuple:
-        """Gluon's host descriptors of the input's one view of every stride class and of the packed
-        weights (triton-window's geometry), with the shared-memory layouts of their boxes."""
+    def _gluon_descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
+        """Gluon's host descriptors of the input's one view of every stride class (the only view this
+        kernel reads) and of the packed weights (triton-window's geometry), with the shared-memory
+        layouts of their boxes."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
         swizzle, bits = self._swizzle_and_bits(cfg)

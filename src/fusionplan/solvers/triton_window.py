@@ -229,6 +229,13 @@ def one_view_why_not(spec: PlanSpec, block_k: int) -> str | None:
     )
 
 
+def filter_is_1x1(spec: PlanSpec) -> bool:
+    """Whether the plan's convolution has a 1x1 filter."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    return conv.w_desc.dims[2:] == (1, 1)
+
+
 def window_grid_defer_why(spec: PlanSpec) -> str | None:
     """Where windows lose to triton-conv whatever the kernel (H100, fp16): few input channels
     (one channel block per tap) and small grids (batch 1)."""
@@ -247,15 +254,12 @@ def window_grid_defer_why(spec: PlanSpec) -> str | None:
 def window_defer_why(spec: PlanSpec) -> str | None:
     """Where triton-conv measured faster than triton-window on the H100 (bench/NOTES.md, sections 8,
     10, 12, 15)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
     if spec.dtype == DataType.FLOAT:
-        if conv.conv.strides != (1, 1) and one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
+        if one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):
             # read a view per stride class (TF32: r50_14 39.2 against 53.3 us); through one view
             # windows measured faster (TF32, H200: r50_12 35.5 against 52.1, r50_18 43.5 against 72.6)
             return "strided, fp32 data, a view per stride class: triton-conv measured faster"
-        if one_by_one:
+        if filter_is_1x1(spec):
             return "1x1 filter on fp32 data: triton-conv measured faster (TF32: r50_13 25.8 against 35.0 us)"
     return strided_1x1_defer_why(spec) or window_grid_defer_why(spec)
 
@@ -267,8 +271,7 @@ def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     pixels = spec.output_desc.numel // spec.output_desc.dims[1]
-    one_by_one = conv.w_desc.dims[2] * conv.w_desc.dims[3] == 1
-    if spec.dtype == DataType.FLOAT or conv.conv.strides == (1, 1) or not one_by_one:
+    if spec.dtype == DataType.FLOAT or conv.conv.strides == (1, 1) or not filter_is_1x1(spec):
         return None
     if pixels < tuning.WINDOW_STRIDED_1X1_MAX_PIXELS:
         return None
@@ -328,12 +331,14 @@ class TritonWindowKernel(DescriptorConvKernel):
         depth = self.conv.w_desc.dims[2] * self.conv.w_desc.dims[3] * self.spec.input_desc.dims[1]  # R*S*C
         return [self.k, depth], [depth, 1], [cfg.block_n, cfg.block_k]
 
-    def _descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
+    def _descriptors(
+        self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor, one_view: bool
+    ):
         """Host descriptors of the input's one view (a stand-in over the weights, unused, where the
         kernel builds a view per stride class) and of the packed weights. Built in the kernel (in
         global memory, behind a proxy fence) they cost about 2 us per launch (bench/NOTES.md, 15)."""
         view, strides, box = self._one_view_geometry(cfg, window)
-        if self._one_view(cfg):
+        if one_view:
             x_desc = host_descriptor(x, view, strides, box)
         else:
             x_desc = host_descriptor(packed, [1, 1, 1, 1, cfg.block_k], [cfg.block_k] * 4 + [1], box)
@@ -359,6 +364,7 @@ class TritonWindowKernel(DescriptorConvKernel):
         window, windows = self._windows(cfg)
         n_tiles = triton_cdiv(self.k, cfg.block_n)
         grid = (windows, n_tiles, cfg.split_k)
+        one_view = self._one_view(cfg)
         consts = (
             *self.conv.w_desc.dims[2:],
             *self.conv_args[2:4],  # the convolution's strides
@@ -369,11 +375,11 @@ class TritonWindowKernel(DescriptorConvKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             cfg.split_k,
-            self._one_view(cfg),
+            one_view,
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
-        x_desc, w_desc = self._descriptors(cfg, window, x, packed)
+        x_desc, w_desc = self._descriptors(cfg, window, x, packed, one_view)
         args = [x, x_desc, w_desc, out, p, *ws, *values, *self._shape_args(out, p, strides), *consts]
         return grid, cfg, args
 
