@@ -3,23 +3,17 @@ sm_90 binary (scripts/inspect_sass.py) and the SASS shows what the H100 measurem
 (bench/NOTES.md, section 10)."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from .util import compile_sm90, compiling_process
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "inspect_sass.py"
 
 
 def inspect(*args: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
-    if out.returncode != 0 and "ptxas" in out.stderr:
-        pytest.skip(f"no usable ptxas in this Triton: {out.stderr[-300:]}")
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = [line.strip() for line in out.stdout.splitlines() if line.startswith("  ")]
+    lines = [line.strip() for line in compiling_process([str(SCRIPT), *args]).splitlines() if line.startswith("  ")]
     return dict(line.split(": ", 1) for line in lines)
 
 
@@ -45,8 +39,6 @@ def test_implicit_gemm_uses_tf32_tensor_cores_for_fp32():
 def test_window_kernel_with_a_view_per_stride_class_builds():
     """15x15 images at stride 2 are read through a view per stride class, made on the device: the
     kernel must build for sm_90 (the interpreter runs it without Triton's type checks)."""
-    from .util import compile_sm90
-
     build = (
         "x = torch.empty(4, 128, 15, 15, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
         "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"
@@ -99,12 +91,8 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
     """A launch reading a prior output compiles at its first call; where the kernel's tiles then
     need more shared memory than sm_90 has (triton-gemm's 128x256 tiles: 240 KB), its narrower
     tiles must fit (the run falls back to them)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", FIT], capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode != 0 and "ptxas" in out.stderr:
-        pytest.skip(f"no usable ptxas in this Triton: {out.stderr[-300:]}")
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = json.loads(next(line for line in out.stdout.splitlines() if line.startswith("FIT"))[3:])
+    stdout = compiling_process(["-c", FIT], timeout=600)
+    rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("FIT"))[3:])
     assert {row[2] for row in rows} == {"triton-gemm", "gluon-window"}
     for layer, dtype, solver, shared in rows:
         assert shared[0] <= HOPPER_SHARED_BYTES or shared[-1] <= HOPPER_SHARED_BYTES, (layer, dtype, solver, shared)

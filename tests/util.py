@@ -155,14 +155,20 @@ print("SUMMARY" + json.dumps({{**info, "source": kernel.source()}}))
 """
 
 
-def compile_sm90(build: str, solver: str) -> dict:
-    """The SASS summary (fusionplan.sass) and source of ``solver``'s kernel for the plan that the
-    code ``build`` makes, compiled for sm_90 without a GPU (skipped where Triton has no ptxas)."""
+def compiling_process(args: list[str], timeout: int = 300) -> str:
+    """The output of ``python ARGS`` run to compile kernels for sm_90 without a GPU: a process of
+    its own, outside Triton's interpreter (skipped where Triton has no usable ptxas)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = COMPILE.format(build=build, solver=solver)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, timeout=timeout)
     if out.returncode != 0 and "ptxas" in out.stderr:
         pytest.skip(f"no usable ptxas in this Triton: {out.stderr[-300:]}")
     assert out.returncode == 0, out.stderr[-3000:]
-    line = next(line for line in out.stdout.splitlines() if line.startswith("SUMMARY"))
+    return out.stdout
+
+
+def compile_sm90(build: str, solver: str) -> dict:
+    """The SASS summary (fusionplan.sass) and source of ``solver``'s kernel for the plan that the
+    code ``build`` makes, compiled for sm_90 without a GPU (skipped where Triton has no ptxas)."""
+    stdout = compiling_process(["-c", COMPILE.format(build=build, solver=solver)])
+    line = next(line for line in stdout.splitlines() if line.startswith("SUMMARY"))
     return json.loads(line[len("SUMMARY") :])
