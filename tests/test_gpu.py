@@ -271,6 +271,52 @@ def test_gluon_window_cases(case, precision, chain):
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
 
 
+#: (n, c, h, w, k) of 1x1 convolutions: rows that no tile divides, C not a multiple of the reduction
+#: step, K below a warpgroup's 64 rows and not a multiple of the channel block, 7x7 images.
+GLUON_GEMM_CASES = {
+    "odd-rows": (3, 200, 9, 30, 72),
+    "7x7": (9, 512, 7, 7, 136),
+    "C40-K24": (5, 40, 13, 11, 24),
+    "14x14": (4, 256, 14, 14, 320),
+}
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "CNAAB"])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
+def test_gluon_gemm_tiles(case, precision, chain):
+    """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
+    208, 256), 64, 128 and 256 output channels; each with and without a prior output."""
+    from fusionplan import tuning
+
+    n, c, h, w, k = GLUON_GEMM_CASES[case]
+    dtype, tf32, tol, eps = PRECISIONS[precision]
+    x = input_tensor((n, c, h, w), dtype, "NHWC")
+    conv = fp.ConvolutionDescriptor((0, 0))
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda", allow_tf32=tf32)
+    assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
+    kernel = plan._entry(handle).kernel
+    block_k = 128 // x.element_size()
+    rng = random.Random(case + precision + chain)
+    for pixels, block_n in ((16, 64), (48, 128), (96, 128), (112, 64), (208, 128), (256, 64), (96, 256)):
+        warps = 4 if block_n == 64 else 8
+        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, rng.choice((2, 3, 4)))
+        kernel._repeats._by_records.clear()
+        for with_prior in (False, True):
+            args = fp.OperatorArgs()
+            for op in plan.ops:
+                beta = rng.uniform(-1, 1) if with_prior else 0.0
+                args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
+            prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
+            y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
+            y = y.to(memory_format=torch.channels_last)
+            plan.execute(handle, x, y, args, prior=prior)
+            result = compare(y, reference_output(plan, x, args, prior), eps)
+            ok = result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok
+            assert ok, (kernel.config, with_prior, result)
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)
@@ -330,18 +376,22 @@ def test_repeated_executes_take_the_direct_launch_path(chain):
         assert result.nonfinite == 0 and result.rel_norm < 1e-2, (i, str(result))
 
 
-def test_gluon_window_repeats_rebind_the_input_descriptor(monkeypatch):
-    """gluon-window passes its input as a host tensor descriptor: repeated executes on new inputs
-    and outputs launch the bound kernel with a descriptor over each new input, and compute it."""
+@pytest.mark.parametrize("solver", ["gluon-window", "gluon-gemm"])
+def test_gluon_repeats_rebind_the_input_descriptor(monkeypatch, solver):
+    """The Gluon kernels pass their input as host tensor descriptors (gluon-gemm: three): repeated
+    executes on new inputs and outputs launch the bound kernel with descriptors over each new
+    input, and compute it."""
     from fusionplan import launch
 
     repeats = []
     original = launch.BoundLaunch.launch
     monkeypatch.setattr(launch.BoundLaunch, "launch", lambda self, ptrs: repeats.append(ptrs) or original(self, ptrs))
     x0 = input_tensor((8, 128, 14, 14), torch.float16, "NHWC")
-    plan = add_chain(plan_for(x0), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype="float")
+    r = 3 if solver == "gluon-window" else 1
+    conv = fp.ConvolutionDescriptor((r // 2, r // 2))
+    plan = add_chain(plan_for(x0), "CBNA", conv=conv, k=128, r=r, s=r, param_dtype="float")
     handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-window") == "gluon-window"
+    assert plan.compile(handle, solver=solver) == solver
     args = random_args(plan, "cuda", param_dtype=torch.float32)
     inputs = [input_tensor((8, 128, 14, 14), torch.float16, "NHWC") for _ in range(5)]  # 5 addresses
     for i, x in enumerate(inputs):

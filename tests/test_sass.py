@@ -67,7 +67,7 @@ for shape in load_shapes():
         x = torch.empty(32, shape.c, shape.h, shape.w, dtype=dtype).to(memory_format=torch.channels_last)
         spec = layer_plan(shape, x, "CBNA").spec()
         name = solvers.choice(solvers.verdicts(spec, hopper)).solver
-        if name not in ("triton-gemm", "triton-window", "gluon-window"):
+        if name not in ("triton-gemm", "triton-window", "gluon-window", "gluon-gemm"):
             continue
         kernel = solvers.solver_named(name).build(spec, fp.Handle("cpu", allow_tf32=True))
         key = (name, kernel.config, str(dtype), shape.r, shape.s, shape.stride)
@@ -93,6 +93,6 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
     tiles must fit (the run falls back to them)."""
     stdout = compiling_process(["-c", FIT], timeout=600)
     rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("FIT"))[3:])
-    assert {row[2] for row in rows} == {"triton-gemm", "gluon-window"}
+    assert {row[2] for row in rows} == {"triton-gemm", "gluon-window", "gluon-gemm"}
     for layer, dtype, solver, shared in rows:
         assert shared[0] <= HOPPER_SHARED_BYTES or shared[-1] <= HOPPER_SHARED_BYTES, (layer, dtype, solver, shared)

@@ -70,7 +70,7 @@ ROWS: list[tuple] = [  # (title, builders[, input channels (default 64)])
     ),
 ]
 
-#: column: (device, its compute capability); Hopper GPUs run gluon-window's warp-specialized kernel
+#: column: (device, its compute capability); Hopper GPUs run the warp-specialized Gluon kernels
 DEVICES = {
     "CPU": (torch.device("cpu"), None),
     "CUDA GPU": (torch.device("cuda", 0), (8, 0)),

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fusionplan.errors import BadParmError, UnsupportedOpError
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
+from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
@@ -33,6 +34,7 @@ BACKEND_ENV = "FUSIONPLAN_BACKEND"
 #: there only in Triton's interpreter, when FUSIONPLAN_BACKEND=triton asks for them).
 REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
+    GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
     TritonWindowSolver(),

@@ -1,0 +1,153 @@
+"""gluon-gemm without a GPU: which plans it takes and why not, the tiles its cost model picks, and
+its generated kernels, compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.shapes import resnet50_layer
+from fusionplan.testing import add_chain, layer_plan
+
+from .util import compile_sm90, plan_for
+
+pytest.importorskip("triton")
+gluon_gemm = pytest.importorskip("fusionplan.solvers.gluon_gemm")
+if gluon_gemm.gluon_why_not():
+    pytest.skip(gluon_gemm.gluon_why_not(), allow_module_level=True)
+
+H100_SMS = 132
+
+
+def verdict(plan, tf32: bool = True) -> fp.solvers.Verdict:
+    return next(v for v in plan.explain(fp.Handle("cpu", allow_tf32=tf32)) if v.solver == "gluon-gemm")
+
+
+def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC"):
+    s = resnet50_layer(name)
+    x = torch.empty(batch, s.c, s.h, s.w, dtype=dtype)
+    return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, "CBNA")
+
+
+@pytest.mark.parametrize(
+    "plan_args, tf32, reason",
+    [
+        (("r50_15",), True, "needs a Hopper GPU"),  # the plan fits: only the device is missing
+        (("r50_15", torch.float32), True, "needs a Hopper GPU"),  # TF32 products
+        (("r50_15", torch.float32), False, "fp32 data without TF32"),
+        (("r50_15", torch.float16, 32, "NCHW"), True, "channels-last"),
+        (("r50_16",), True, "only 1x1 convolutions with stride 1"),
+        (("r50_14",), True, "only 1x1 convolutions with stride 1"),
+    ],
+)
+def test_why_not_names_what_is_missing(plan_args, tf32, reason):
+    assert reason in verdict(layer(*plan_args), tf32).reason
+
+
+def test_rows_of_16_bytes_are_needed():
+    x = torch.empty(2, 20, 7, 7, dtype=torch.float16).to(memory_format=torch.channels_last)
+    plan = add_chain(plan_for(x), "CBA", conv=fp.ConvolutionDescriptor((0, 0)), k=64, r=1, s=1, param_dtype="float")
+    assert "16-byte rows" in verdict(plan).reason
+
+
+@pytest.mark.parametrize("pixels, parts", [(16, (16,)), (96, (64, 32)), (112, (64, 32, 16)), (256, (256,))])
+def test_pixels_split_into_power_of_two_parts(pixels, parts):
+    assert gluon_gemm.pixel_parts(pixels) == parts
+
+
+@pytest.mark.parametrize("pixels", [0, 8, 100])
+def test_pixels_must_be_whole_parts_of_16(pixels):
+    with pytest.raises(ValueError, match="multiple of 16"):
+        gluon_gemm.pixel_parts(pixels)
+
+
+@pytest.mark.parametrize(
+    "name, tile",
+    [  # measured best of the sweep (H200, fp16, batch 32): cuDNN's own GEMMs take 128x96 and 128x192 there
+        ("r50_15", (96, 128)),
+        ("r50_17", (192, 128)),
+        ("r50_19", (208, 128)),
+        ("r50_21", (64, 128)),
+    ],
+)
+def test_cost_model_sizes_the_grid_to_one_wave(name, tile):
+    s = resnet50_layer(name)
+    cfg = gluon_gemm.gluon_gemm_config(32 * s.h * s.w, s.k, s.c, torch.float16, H100_SMS)
+    assert (cfg.block_m, cfg.block_n) == tile
+    programs = -(-32 * s.h * s.w // cfg.block_m) * -(-s.k // cfg.block_n)
+    assert programs <= H100_SMS
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("batch", [1, 8, 32, 128])
+def test_configs_fit_registers_and_shared_memory(dtype, batch):
+    for name in ("r50_01", "r50_05", "r50_09", "r50_13", "r50_15", "r50_17", "r50_19", "r50_21"):
+        s = resnet50_layer(name)
+        cfg = gluon_gemm.gluon_gemm_config(batch * s.h * s.w, s.k, s.c, dtype, H100_SMS)
+        assert len(gluon_gemm.pixel_parts(cfg.block_m)) <= gluon_gemm.MAX_PARTS
+        assert cfg.block_n == 64 * (cfg.num_warps // 4) or (cfg.block_n == 256 and cfg.num_warps == 8)
+        assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128, (name, cfg)
+        row = cfg.block_k * dtype.itemsize
+        assert row == 128 and 2 <= cfg.num_stages and cfg.num_stages * (cfg.block_m + cfg.block_n) * row <= 200 * 1024
+
+
+@pytest.mark.parametrize(
+    "name, deferred",
+    [
+        ("r50_15", None),
+        ("r50_17", None),
+        ("r50_21", None),
+        ("r50_09", None),
+        ("r50_13", "264 programs"),
+        ("r50_07", "programs"),
+    ],
+)
+def test_defers_beyond_one_wave(name, deferred):
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer(name).spec(), fp.Handle("cpu"))
+    assert why == deferred if deferred is None else deferred in why
+
+
+def test_batch_1_takes_the_smallest_tiles():
+    """r50_21 at batch 1 (49 pixels): 16-pixel tiles of 64 channels fill 32 programs, the most there are."""
+    s = resnet50_layer("r50_21")
+    cfg = gluon_gemm.gluon_gemm_config(49, s.k, s.c, torch.float16, H100_SMS)
+    assert cfg.block_n == 64 and cfg.block_m <= 64
+
+
+def gemm_build(name: str, dtype: str, chain: str = "CBNA") -> str:
+    return (
+        f"s = resnet50_layer({name!r})\n"
+        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype}).to(memory_format=torch.channels_last)\n"
+        f"plan = layer_plan(s, x, {chain!r})"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, dtype, hgmma",
+    [("r50_15", "float16", 8), ("r50_19", "bfloat16", 12), ("r50_21", "float16", 4), ("r50_17", "float32", 8)],
+)
+def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
+    """A loading partition beside the computing one, a tensor load per part and for the weights, a
+    wgmma per part and 16-element slice of the step (fp32: 32 elements, 8 each), this step's products in flight."""
+    info = compile_sm90(gemm_build(name, dtype), "gluon-gemm")
+    parts = len(gluon_gemm.pixel_parts({"r50_15": 96, "r50_19": 208, "r50_21": 64, "r50_17": 192}[name]))
+    assert info["HGMMA"] == hgmma and info["LDSM (operand through registers)"] == 0
+    assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
+    assert info["tensor loads (UTMALDG)"] == parts + 1
+    assert hex(parts) in info["wgmma waits (outstanding groups allowed)"]
+    assert "LOCAL:0" in info["resources"]  # no spills
+
+
+def test_every_epilogue_operator_compiles_in_every_part():
+    """All ten activations, per-channel and per-element batch norm and a blend with the prior output
+    (beta) in one chain, emitted for each of three parts."""
+    build = (
+        "x = torch.empty(4, 128, 13, 11, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
+        "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"
+        "add_chain(plan, 'CBN', conv=fp.ConvolutionDescriptor((0, 0)), k=80, r=1, s=1, param_dtype='float')\n"
+        "add_chain(plan, 'N', bn_mode=BatchNormMode.PER_ACTIVATION, param_dtype='float')\n"
+        "for mode in ActivationMode:\n"
+        "    plan.add_activation_forward(mode)"
+    )
+    info = compile_sm90(build, "gluon-gemm")
+    assert "tl." not in info["source"] and info["source"].count("gl.exp(") >= 3 and "HAS_PRIOR" in info["source"]
+    assert info["HGMMA"] > 0
