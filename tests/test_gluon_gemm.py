@@ -87,7 +87,10 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch):
         assert cfg.block_n == 64 * (cfg.num_warps // 4) or (cfg.block_n == 256 and cfg.num_warps == 8)
         assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128, (name, cfg)
         row = cfg.block_k * dtype.itemsize
-        assert row == 128 and 2 <= cfg.num_stages and cfg.num_stages * (cfg.block_m + cfg.block_n) * row <= 200 * 1024
+        persistent = -(-batch * s.h * s.w // cfg.block_m) * -(-s.k // cfg.block_n) > H100_SMS
+        scratch = min(gluon_gemm.pixel_parts(cfg.block_m)[0] * cfg.block_n, 128 * 128) * 4 if persistent else 0
+        ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * row
+        assert row == 128 and 2 <= cfg.num_stages and ring + scratch <= 224 * 1024
 
 
 @pytest.mark.parametrize(
@@ -103,6 +106,15 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch):
 )
 def test_defers_beyond_one_wave(name, deferred):
     why = gluon_gemm.GluonGemmSolver().defer_why(layer(name).spec(), fp.Handle("cpu"))
+    assert why == deferred if deferred is None else deferred in why
+
+
+@pytest.mark.parametrize(
+    "name, deferred",
+    [("r50_11", None), ("r50_13", None), ("r50_15", None), ("r50_07", "C=128 < 256"), ("r50_05", "100352")],
+)
+def test_tf32_stays_persistent_on_deep_layers_of_few_pixels(name, deferred):
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
 
 
@@ -123,18 +135,26 @@ def gemm_build(name: str, dtype: str, chain: str = "CBNA") -> str:
 
 @pytest.mark.parametrize(
     "name, dtype, hgmma",
-    [("r50_15", "float16", 8), ("r50_19", "bfloat16", 12), ("r50_21", "float16", 4), ("r50_17", "float32", 8)],
+    [
+        ("r50_15", "float16", 8),
+        ("r50_19", "bfloat16", 12),
+        ("r50_21", "float16", 4),
+        ("r50_17", "float32", 8),
+        ("r50_07", "float16", 4),  # persistent: 392 tiles of 256 x 128
+    ],
 )
 def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
     """A loading partition beside the computing one, a tensor load per part and for the weights, a
     wgmma per part and 16-element slice of the step (fp32: 32 elements, 8 each), this step's products in flight."""
     info = compile_sm90(gemm_build(name, dtype), "gluon-gemm")
-    parts = len(gluon_gemm.pixel_parts({"r50_15": 96, "r50_19": 208, "r50_21": 64, "r50_17": 192}[name]))
+    pixels = {"r50_15": 96, "r50_19": 208, "r50_21": 64, "r50_17": 192, "r50_07": 256}[name]
+    parts = len(gluon_gemm.pixel_parts(pixels))
     assert info["HGMMA"] == hgmma and info["LDSM (operand through registers)"] == 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert info["tensor loads (UTMALDG)"] == parts + 1
     assert hex(parts) in info["wgmma waits (outstanding groups allowed)"]
     assert "LOCAL:0" in info["resources"]  # no spills
+    assert info["shared bytes (dynamic)"] <= 232448  # sm_90's limit per program
 
 
 def test_every_epilogue_operator_compiles_in_every_part():

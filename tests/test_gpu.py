@@ -284,10 +284,12 @@ GLUON_GEMM_CASES = {
 @pytest.mark.parametrize("chain", ["CBNA", "CNAAB"])
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
-def test_gluon_gemm_tiles(case, precision, chain):
+def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
-    208, 256), 64, 128 and 256 output channels; each with and without a prior output."""
+    208, 256), 64, 128 and 256 output channels; each with and without a prior output, and with
+    programs walking several tiles (a grid of 3 persistent programs)."""
     from fusionplan import tuning
+    from fusionplan.solvers import gluon_gemm
 
     n, c, h, w, k = GLUON_GEMM_CASES[case]
     dtype, tf32, tol, eps = PRECISIONS[precision]
@@ -299,11 +301,13 @@ def test_gluon_gemm_tiles(case, precision, chain):
     kernel = plan._entry(handle).kernel
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
+    every_sm = gluon_gemm.multiprocessors
     for pixels, block_n in ((16, 64), (48, 128), (96, 128), (112, 64), (208, 128), (256, 64), (96, 256)):
         warps = 4 if block_n == 64 else 8
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, rng.choice((2, 3, 4)))
-        kernel._repeats._by_records.clear()
-        for with_prior in (False, True):
+        for with_prior, programs in ((False, None), (True, None), (True, 3)):
+            kernel._repeats._by_records.clear()
+            monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
             args = fp.OperatorArgs()
             for op in plan.ops:
                 beta = rng.uniform(-1, 1) if with_prior else 0.0
@@ -314,7 +318,7 @@ def test_gluon_gemm_tiles(case, precision, chain):
             plan.execute(handle, x, y, args, prior=prior)
             result = compare(y, reference_output(plan, x, args, prior), eps)
             ok = result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok
-            assert ok, (kernel.config, with_prior, result)
+            assert ok, (kernel.config, with_prior, programs, result)
 
 
 @pytest.mark.parametrize("seed", range(24))

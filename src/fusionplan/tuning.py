@@ -178,6 +178,14 @@ WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 #: gluon-window's TF32 products (H200, batch 32: r50_09, 25088 pixels, 27.5 us against 24.4).
 GLUON_TF32_1X1_MAX_PIXELS = 16384
 
+#: fp32 1x1 layers (TF32 products) that need more than one wave of gluon-gemm's programs stay on
+#: it, persistent, from this many input channels and below GLUON_GEMM_TF32_MAX_PIXELS output
+#: pixels (H200, batch 32: r50_11 35.0 us against 39.8 for triton-conv, r50_13 24.4 against 26.1);
+#: triton-conv measured faster on shallower and larger ones (r50_07, C=128: 36.6 against 40.6;
+#: r50_05, 100352 pixels: 55.5 against 56.8).
+GLUON_GEMM_TF32_MIN_CHANNELS = 256
+GLUON_GEMM_TF32_MAX_PIXELS = 65536
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

@@ -60,22 +60,61 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _load_partition(
-    a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, m0, k0, steps,
-    P0: gl.constexpr, P1: gl.constexpr, PARTS: gl.constexpr, STAGE_BYTES: gl.constexpr,
-    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+    a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, PIXELS: gl.constexpr, PARTS: gl.constexpr,
+    STAGE_BYTES: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
+    n_tiles = gl.cdiv(K, BLOCK_N)
+    steps = gl.cdiv(C, BLOCK_K)
+    it = 0  # steps loaded so far, over every tile: the ring's position
+    for tile in range(gl.program_id(0), n_tiles * gl.cdiv(M, PIXELS), gl.num_programs(0)):
+        k0 = (tile % n_tiles) * BLOCK_N
+        m0 = (tile // n_tiles) * PIXELS
+        for kb in range(steps):
+            stage = it % NUM_STAGES
+            # the first round finds every buffer free (the phase before a new barrier's first counts as done)
+            mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(stage), STAGE_BYTES)
+            c0 = kb * BLOCK_K
+            {tma_load}(w_desc, [k0, c0], ready.index(stage), w_bufs.index(stage))
+            {tma_load}(a0_desc, [m0, c0], ready.index(stage), a0_bufs.index(stage))
+            if PARTS > 1:
+                {tma_load}(a1_desc, [m0 + P0, c0], ready.index(stage), a1_bufs.index(stage))
+            if PARTS > 2:
+                {tma_load}(a2_desc, [m0 + P0 + P1, c0], ready.index(stage), a2_bufs.index(stage))
+            it += 1
+
+
+@gluon.jit
+def _mma_tile(
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, it,
+    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+):
+    # [channels, pixels] = weights @ input^T, a product per part of the tile's pixels (parts past
+    # PARTS stay zeros, unused); both operands read by wgmma from shared memory as TMA left them.
+    # ``it``: the ring's position at the tile's first step.
+    acc0 = gl.zeros((BLOCK_N, P0), gl.float32, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P0, 256 // ELEM_BITS]))
+    acc1 = gl.zeros((BLOCK_N, P1), gl.float32, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P1, 256 // ELEM_BITS]))
+    acc2 = gl.zeros((BLOCK_N, P2), gl.float32, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P2, 256 // ELEM_BITS]))
     for kb in range(steps):
-        stage = kb % NUM_STAGES
-        # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), STAGE_BYTES)
-        c0 = kb * BLOCK_K
-        {tma_load}(w_desc, [k0, c0], ready.index(stage), w_bufs.index(stage))
-        {tma_load}(a0_desc, [m0, c0], ready.index(stage), a0_bufs.index(stage))
+        stage = (it + kb) % NUM_STAGES
+        mbarrier.wait(ready.index(stage), ((it + kb) // NUM_STAGES) & 1)
+        w = w_bufs.index(stage)
+        acc0 = warpgroup_mma(w, a0_bufs.index(stage).permute((1, 0)), acc0, is_async=True)
         if PARTS > 1:
-            {tma_load}(a1_desc, [m0 + P0, c0], ready.index(stage), a1_bufs.index(stage))
+            acc1 = warpgroup_mma(w, a1_bufs.index(stage).permute((1, 0)), acc1, is_async=True)
         if PARTS > 2:
-            {tma_load}(a2_desc, [m0 + P0 + P1, c0], ready.index(stage), a2_bufs.index(stage))
+            acc2 = warpgroup_mma(w, a2_bufs.index(stage).permute((1, 0)), acc2, is_async=True)
+        # this step's products stay in flight; those of the step before have finished: free its stage
+        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=PARTS, deps=[acc0, acc1, acc2])
+        mbarrier.arrive(empty.index((it + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+    acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=[acc0, acc1, acc2])
+    mbarrier.arrive(empty.index((it + steps - 1) % NUM_STAGES))  # the tile's last stage
+    return acc0, acc1, acc2
 
 
 @gluon.jit
@@ -84,29 +123,33 @@ def _mma_partition(
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
     NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
 ):
-    # [channels, pixels] = weights @ input^T, a product per part of the tile's pixels (parts past
-    # PARTS stay zeros, unused); both operands read by wgmma from shared memory as TMA left them
-    acc0 = gl.zeros((BLOCK_N, P0), gl.float32, gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P0, 256 // ELEM_BITS]))
-    acc1 = gl.zeros((BLOCK_N, P1), gl.float32, gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P1, 256 // ELEM_BITS]))
-    acc2 = gl.zeros((BLOCK_N, P2), gl.float32, gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, P2, 256 // ELEM_BITS]))
-    for kb in range(steps):
-        stage = kb % NUM_STAGES
-        mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
-        w = w_bufs.index(stage)
-        acc0 = warpgroup_mma(w, a0_bufs.index(stage).permute((1, 0)), acc0, is_async=True)
-        if PARTS > 1:
-            acc1 = warpgroup_mma(w, a1_bufs.index(stage).permute((1, 0)), acc1, is_async=True)
-        if PARTS > 2:
-            acc2 = warpgroup_mma(w, a2_bufs.index(stage).permute((1, 0)), acc2, is_async=True)
-        # this step's products stay in flight; those of the step before have finished
-        acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=PARTS, deps=[acc0, acc1, acc2])
-        mbarrier.arrive(empty.index((kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
-    acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=0, deps=[acc0, acc1, acc2])
-    return (acc0, acc1, acc2)
+    # a program per tile: the accumulators go back to the kernel, whose epilogue then reuses the
+    # ring's shared memory for its layout change (deeper rings than a persistent program's)
+    return _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, 0,
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS)
 
+
+@gluon.jit
+def _persistent_partition(
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, y_ptr, prior_ptr,
+    {stage_params}
+    M, C, K, OHW, OW,
+    syn, syc, syh, syw, spn, spc, sph, spw,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
+    PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    {stage_flags}
+):
+    # each program walks tiles the grid's size apart, running each one's epilogue itself while
+    # the loading warp fills the ring with the next tile's stages
+    n_tiles = gl.cdiv(K, BLOCK_N)
+    steps = gl.cdiv(C, BLOCK_K)
+    it = 0
+    for tile in range(gl.program_id(0), n_tiles * gl.cdiv(M, PIXELS), gl.num_programs(0)):
+        acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, it,
+                                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS)
+        it += steps
+{epilogue}
 
 @gluon.jit
 def gluon_gemm_kernel(
@@ -116,16 +159,13 @@ def gluon_gemm_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
     {stage_flags}
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels; w_desc: the weights as [K, C].
-    # Programs side by side in the grid share their pixels (channel blocks run fastest), so the
-    # input rows they read are in L2 together.
-    n_tiles = gl.cdiv(K, BLOCK_N)
-    k0 = (gl.program_id(0) % n_tiles) * BLOCK_N
-    m0 = (gl.program_id(0) // n_tiles) * (P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0))
-
+    # Tiles in order of their channel blocks first, so that programs running side by side share
+    # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several.
+    PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
     a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], a0_desc.layout)
     a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], a1_desc.layout)
     a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, P2, BLOCK_K], a2_desc.layout)
@@ -137,33 +177,57 @@ def gluon_gemm_kernel(
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 
-    steps = gl.cdiv(C, BLOCK_K)
-    acc0, acc1, acc2 = gl.warp_specialize(
-        [
-            (
-                _mma_partition,
-                (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES,
-                 ELEM_BITS),
-            ),
-            (
-                _load_partition,
-                (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, m0, k0, steps,
-                 P0, P1, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
-            ),
-        ],
-        [1],
-        [LOAD_REGS],
-    )
+    if PERSISTENT:
+        gl.warp_specialize(
+            [
+                (
+                    _persistent_partition,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, {stage_args}
+                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
+                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, {flag_args}),
+                ),
+                (
+                    _load_partition,
+                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
+                ),
+            ],
+            [1],
+            [LOAD_REGS],
+        )
+    else:
+        acc0, acc1, acc2 = gl.warp_specialize(
+            [
+                (
+                    _mma_partition,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, gl.cdiv(C, BLOCK_K),
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS),
+                ),
+                (
+                    _load_partition,
+                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
+                ),
+            ],
+            [1],
+            [LOAD_REGS],
+        )
+        tile = gl.program_id(0)
+{epilogue}
+'''
 
-    # each part's [pixels, channels] in a blocked layout: 8 contiguous channels per thread, 16-byte stores
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-    n_mask = offs_n < K
-    ch = offs_n
-    if IDX64:  # offsets of outputs past 2^31 elements
-        ch = ch.to(gl.int64)
-    ohw = OHW
-{parts}'''
+#: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
+_EPILOGUE = """k0 = (tile % gl.cdiv(K, BLOCK_N)) * BLOCK_N
+m0 = (tile // gl.cdiv(K, BLOCK_N)) * PIXELS
+# each part's [pixels, channels] in a blocked layout: 8 contiguous channels per thread, 16-byte stores
+out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
+n_mask = offs_n < K
+ch = offs_n
+if IDX64:  # offsets of outputs past 2^31 elements
+    ch = ch.to(gl.int64)
+ohw = OHW
+{parts}"""
 
 #: One part's epilogue: its pixels' rows, then the generated chain and store (``{tail}``).
 _PART = """acc = gl.convert_layout(gl.permute({acc}, (1, 0)), out_layout)
@@ -179,8 +243,9 @@ ow = pix % OW
 
 
 def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: _TEMPLATE with each part's epilogue (the chain of ``stages`` in
-    Gluon's names, as gluon-window's), the second and third under their PARTS condition."""
+    """The kernel's source: _TEMPLATE with a tile's epilogue, in the persistent partition and after
+    the per-tile one: each part's (the chain of ``stages`` in Gluon's names, as gluon-window's),
+    the second and third under their PARTS condition."""
     epi = emit_stages(stages, spec.ops)
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi)).rstrip("\n")
     tail = "\n".join(line[4:] for line in tail.split("\n"))  # _PART's own indentation
@@ -188,10 +253,13 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     parts = []
     for i in range(MAX_PARTS):
         part = _PART.format(acc=f"acc{i}", offset=offsets[i], pixels=f"P{i}", tail=tail).split("\n")
-        parts.append(indent(part, 4) if i == 0 else f"    if PARTS > {i}:\n" + indent(part, 8))
+        parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
+    epilogue = indent(_EPILOGUE.format(parts="\n".join(parts)).split("\n"), 8)
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    return _TEMPLATE.format(parts="\n".join(parts) + "\n", **fields, **gluon_names())
+    fields["stage_args"] = "".join(p + ", " for p in epi.params)  # passed on to the computing partition
+    fields["flag_args"] = "".join(f + ", " for f in epi.constexprs)
+    return _TEMPLATE.format(epilogue=epilogue, **fields, **gluon_names())
 
 
 def pixel_parts(pixels: int) -> tuple[int, ...]:
@@ -201,9 +269,15 @@ def pixel_parts(pixels: int) -> tuple[int, ...]:
     return tuple(1 << b for b in range(pixels.bit_length() - 1, 3, -1) if pixels & (1 << b))
 
 
-#: Shared memory a GEMM ring may take (the H100 and H200 give a program 227 KB; the epilogue's
-#: layout change reuses the ring's memory once the products are done).
+#: Shared memory a program may take for its ring of stages and the epilogue's layout change
+#: (sm_90 gives a program 227 KB; a little is left for the barriers).
+GEMM_SHARED_BYTES = 224 * 1024
+#: The ring of a program per tile (its epilogue reuses the ring's memory): r50_15 (96 x 128 tiles)
+#: measured 8.7 us with 5 stages, 8.9 with 7 (H200, fp16).
 GEMM_RING_BYTES = 200 * 1024
+#: Elements of the largest part's accumulator that the epilogue's layout change stages in shared
+#: memory at a time, at most (Triton 3.9's allocation for sm_90: 128 x 128 fp32 with 8 warps).
+GEMM_EPILOGUE_ELEMENTS = 128 * 128
 #: At most this many stages (deeper rings measured no faster on windows: GLUON_STAGES).
 GEMM_MAX_STAGES = 8
 #: Accumulator registers per computing thread, at most (gluon-window's largest tile has 128).
@@ -228,7 +302,7 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
 def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
-    pixels in at most MAX_PARTS parts, with as many stages as GEMM_RING_BYTES holds."""
+    pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -244,13 +318,18 @@ def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessor
                 best = (rank, pixels, block_n, warps)
     assert best is not None
     _, pixels, block_n, warps = best
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, gemm_stages(pixels, block_n, block_k, size), 1)
+    persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
+    stages = gemm_stages(pixels, block_n, block_k, size, persistent)
+    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
-def gemm_stages(pixels: int, block_n: int, block_k: int, size: int) -> int:
-    """As many stages as GEMM_RING_BYTES holds, 2 to GEMM_MAX_STAGES."""
-    stage = (pixels + block_n) * block_k * size
-    return max(2, min(GEMM_MAX_STAGES, GEMM_RING_BYTES // stage))
+def gemm_stages(pixels: int, block_n: int, block_k: int, size: int, persistent: bool) -> int:
+    """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
+    epilogue's layout change, which runs while the ring holds the next tile's stages (a program
+    per tile reuses the ring's memory for it)."""
+    scratch = min(pixel_parts(pixels)[0] * block_n, GEMM_EPILOGUE_ELEMENTS) * 4
+    ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
+    return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
 def gluon_gemm_why_not(spec: PlanSpec, tf32: bool) -> str | None:
@@ -269,18 +348,26 @@ def multiprocessors(handle) -> int:
 
 
 def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
-    """More programs than ``sms`` multiprocessors even with the best tile: one program per tile
-    runs its ring's fill and its epilogue wave after wave, where triton-gemm's persistent programs
-    overlap them with the next tile's loads (fp16, H200, batch 32: r50_13, 264 programs, 12.0 us
-    against 14.3; r50_07 14.7 against 20.1; r50_03 21.5 against 34.7). One wave is faster than
-    every other kernel (r50_15 10.0 us against 11.0 for gluon-window, r50_17 13.6 against 16.2,
-    r50_21 9.7 against 10.4, r50_09 13.0 against 14.1 for triton-gemm)."""
+    """More programs than ``sms`` multiprocessors even with the best tile: the persistent kernel
+    runs each tile's products and epilogue in turn (only the loads run ahead), where triton-gemm
+    measured faster on 16-bit data (fp16, H200, batch 32: r50_13 12.1 us against 12.5, r50_07 14.8
+    against 17.4, r50_03 21.7 against 27.1) and triton-conv on most fp32 layers (tuning.
+    GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other kernel (fp16:
+    r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against 16.2, r50_21
+    9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm)."""
     n, c, h, w = spec.input_desc.dims
     k = spec.output_desc.dims[1]
     cfg = gluon_gemm_config(n * h * w, k, c, spec.dtype.torch_dtype, sms)
     programs = triton_cdiv(n * h * w, cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if programs <= sms:
         return None
+    if spec.dtype == DataType.FLOAT:
+        if c >= tuning.GLUON_GEMM_TF32_MIN_CHANNELS and n * h * w < tuning.GLUON_GEMM_TF32_MAX_PIXELS:
+            return None
+        return (
+            f"fp32 data beyond one wave ({programs} tiles), C={c} < {tuning.GLUON_GEMM_TF32_MIN_CHANNELS} or "
+            f"{n * h * w} >= {tuning.GLUON_GEMM_TF32_MAX_PIXELS} pixels: triton-conv measured faster"
+        )
     return (
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
         "multiprocessors: triton-gemm's persistent programs measured faster beyond one wave"
@@ -291,7 +378,7 @@ class GluonGemmKernel(GluonWindowKernel):
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
     candidates = [  # NORMAL find: pixels x channels around what the cost model picks at batch 32
-        tuning.ConvConfig(p, n, 64, 8, 4 if n == 64 else 8, gemm_stages(p, n, 64, 2), 1)
+        tuning.ConvConfig(p, n, 64, 8, 4 if n == 64 else 8, gemm_stages(p, n, 64, 2, True), 1)
         for p, n in ((96, 128), (128, 128), (192, 128), (64, 128), (208, 128), (112, 64), (64, 256), (96, 256))
     ]
 
@@ -329,7 +416,8 @@ class GluonGemmKernel(GluonWindowKernel):
         oh, ow = self.out_hw
         parts = pixel_parts(cfg.block_m)
         sizes = (*parts, *(16,) * (MAX_PARTS - len(parts)))  # unused parts: the smallest box, never loaded
-        grid = (triton_cdiv(k, cfg.block_n) * triton_cdiv(m, cfg.block_m), 1, 1)  # one axis: 2^31 - 1 programs
+        tiles = triton_cdiv(k, cfg.block_n) * triton_cdiv(m, cfg.block_m)
+        grid = (min(tiles, multiprocessors(self._handle)), 1, 1)  # persistent: a program per multiprocessor
         swizzle, bits = self._swizzle_and_bits(cfg)
         a_descs = [self._descriptor(x, [m, c], [p_, cfg.block_k], swizzle, bits) for p_ in sizes]
         w_desc = self._descriptor(packed, [k, c], [cfg.block_n, cfg.block_k], swizzle, bits)
@@ -345,6 +433,7 @@ class GluonGemmKernel(GluonWindowKernel):
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
+            tiles > grid[0],  # persistent
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
