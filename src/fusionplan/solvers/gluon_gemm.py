@@ -32,6 +32,7 @@ from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
     gl_layout,
+    gluon_dtype_why_not,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
@@ -332,14 +333,6 @@ def gemm_stages(pixels: int, block_n: int, block_k: int, size: int, persistent: 
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
-def gluon_gemm_why_not(spec: PlanSpec, tf32: bool) -> str | None:
-    if spec.dtype == DataType.FLOAT and not tf32:
-        return "fp32 data without TF32: wgmma has no full-precision fp32 product (triton-gemm has)"
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
-        return f"{spec.dtype.name} data: the kernel's products are fp16, bf16 or TF32"
-    return None
-
-
 def multiprocessors(handle) -> int:
     """The handle's device's multiprocessors (the H100's where it has none: CPU compiles and tests)."""
     if handle.device.type == "cuda" and torch.cuda.is_available():
@@ -459,7 +452,7 @@ class GluonGemmSolver(Solver):
         return (
             conv_plan_why_not(spec)
             or gemm_why_not(spec)
-            or gluon_gemm_why_not(spec, handle.tf32_allowed())
+            or gluon_dtype_why_not(spec, handle.tf32_allowed(), "triton-gemm")
             or gluon_why_not()
             or hopper_why_not(handle)
         )

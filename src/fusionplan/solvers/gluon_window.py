@@ -234,13 +234,22 @@ def hopper_why_not(handle) -> str | None:
     return None
 
 
+def gluon_dtype_why_not(spec: PlanSpec, tf32: bool, exact: str) -> str | None:
+    """Why the Gluon kernels cannot compute the plan's data type, or None (``tf32``: whether the
+    handle allows TF32 products of fp32 data; ``exact``: the Triton solver with full-precision fp32)."""
+    if spec.dtype == DataType.FLOAT and not tf32:
+        return f"fp32 data without TF32: wgmma has no full-precision fp32 product ({exact} has)"
+    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
+        return f"{spec.dtype.name} data: the kernel's products are fp16, bf16 or TF32"
+    return None
+
+
 def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
     """Why the plan does not fit this kernel beyond triton-window's conditions, or None (``tf32``:
     whether the handle allows TF32 products of fp32 data)."""
-    if spec.dtype == DataType.FLOAT and not tf32:
-        return "fp32 data without TF32: wgmma has no full-precision fp32 product (triton-window has)"
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
-        return f"{spec.dtype.name} data: the kernel's products are fp16, bf16 or TF32"
+    why = gluon_dtype_why_not(spec, tf32, "triton-window")
+    if why:
+        return why
     why = one_view_why_not(spec, gluon_config(spec).block_k)
     return f"{why} (triton-window reads the others)" if why else None
 
