@@ -23,16 +23,17 @@ import sys
 
 import torch
 
-_TILE = re.compile(r"(\d+)x(\d+)(?:k(\d+))?(?:w(\d+))?(?:s(\d+))?")
+_TILE = re.compile(r"(\d+)x(\d+)(?:k(\d+))?(?:w(\d+))?(?:s(\d+))?(?:c(\d+))?")
 
 
-Tile = tuple[int, int, "int | None", "int | None", "int | None"]
+Tile = tuple[int, int, "int | None", "int | None", "int | None", "int | None"]
 
 
 def parse_tiles(text: str) -> list[Tile | None]:
-    """'64x128,128x128k32w8s3' -> [(64, 128, None, None, None), (128, 128, 32, 8, 3)]: block_m x
-    block_n, then optionally the reduction step (block_k), warps and pipeline stages (None: the
-    solver's own); 'keep' -> None (the solver's own tile)."""
+    """'64x128,128x128k32w8s3' -> [(64, 128, None, None, None, None), (128, 128, 32, 8, 3, None)]:
+    block_m x block_n, then optionally the reduction step (block_k), warps, pipeline stages and
+    computing warpgroups taking tiles in turn (``c2``: gluon-gemm's ping-pong) (None: the solver's
+    own); 'keep' -> None (the solver's own tile)."""
     tiles: list[Tile | None] = []
     for item in text.split(","):
         if item == "keep":
@@ -41,10 +42,11 @@ def parse_tiles(text: str) -> list[Tile | None]:
         found = _TILE.fullmatch(item)
         if found is None:
             raise argparse.ArgumentTypeError(
-                f"tile {item!r}: expected MxN[kBLOCK_K][wWARPS][sSTAGES] (e.g. 32x64, 128x128k32w8s3) or 'keep'"
+                f"tile {item!r}: expected MxN[kBLOCK_K][wWARPS][sSTAGES][cCONSUMERS] (e.g. 32x64, 128x128k32w8s3) "
+                "or 'keep'"
             )
-        m, n, block_k, warps, stages = (int(g) if g else None for g in found.groups())
-        tiles.append((m, n, block_k, warps, stages))
+        m, n, block_k, warps, stages, consumers = (int(g) if g else None for g in found.groups())
+        tiles.append((m, n, block_k, warps, stages, consumers))
     return tiles
 
 
@@ -89,7 +91,7 @@ def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
     rows = []
     try:
         for tile in opts.tiles:
-            block_m, block_n, block_k, warps, stages = tile or (base.block_m, base.block_n, None, None, None)
+            block_m, block_n, block_k, warps, stages, consumers = tile or (base.block_m, base.block_n, *[None] * 4)
             unsplit = dataclasses.replace(
                 base,
                 block_m=block_m,
@@ -98,6 +100,7 @@ def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
                 num_warps=warps or base.num_warps,
                 num_stages=stages or base.num_stages,
                 split_k=1,
+                consumers=consumers or base.consumers,
             )
             auto = kernel.with_split(unsplit).split_k
             programs, steps = kernel.programs_and_steps(unsplit)
@@ -117,6 +120,7 @@ def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, pr
     kernel._repeats._by_records.clear()  # the next launch binds the new configuration
     c = unsplit
     tile = f"{c.block_m}x{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
+    tile += f"c{c.consumers}" if c.consumers > 1 else ""
     name = f"{tile} split {split}{' (auto)' if split == auto else ''}"
     try:
         y.fill_(float("nan"))

@@ -38,15 +38,16 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     spec = importlib.util.spec_from_file_location("tile_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sweep)
-    assert sweep.parse_tiles("keep,32x64,128x128w8s3,64x64s5,64x64k128w4") == [
+    assert sweep.parse_tiles("keep,32x64,128x128w8s3,64x64s5,64x64k128w4,128x128w4s6c2") == [
         None,
-        (32, 64, None, None, None),
-        (128, 128, None, 8, 3),
-        (64, 64, None, None, 5),
-        (64, 64, 128, 4, None),
+        (32, 64, None, None, None, None),
+        (128, 128, None, 8, 3, None),
+        (64, 64, None, None, 5, None),
+        (64, 64, 128, 4, None, None),
+        (128, 128, None, 4, 6, 2),
     ]
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
-    for bad in ("32by64", "x64", "32x64w", "32x64s3w8"):
+    for bad in ("32by64", "x64", "32x64w", "32x64s3w8", "32x64c2s3"):
         with pytest.raises(Exception, match="expected MxN"):
             sweep.parse_tiles(bad)
     with pytest.raises(Exception, match="positive integer"):

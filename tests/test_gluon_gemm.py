@@ -1,6 +1,8 @@
 """gluon-gemm without a GPU: which plans it takes and why not, the tiles its cost model picks, and
 its generated kernels, compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
 
+import json
+
 import pytest
 import torch
 
@@ -88,7 +90,8 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch):
         assert cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128, (name, cfg)
         row = cfg.block_k * dtype.itemsize
         persistent = -(-batch * s.h * s.w // cfg.block_m) * -(-s.k // cfg.block_n) > H100_SMS
-        scratch = min(gluon_gemm.pixel_parts(cfg.block_m)[0] * cfg.block_n, 128 * 128) * 4 if persistent else 0
+        cap = {4: 4096, 8: 128 * 128}[cfg.num_warps]
+        scratch = min(gluon_gemm.pixel_parts(cfg.block_m)[0] * cfg.block_n, cap) * 4 if persistent else 0
         ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * row
         assert row == 128 and 2 <= cfg.num_stages and ring + scratch <= 224 * 1024
 
@@ -155,6 +158,40 @@ def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
     assert hex(parts) in info["wgmma waits (outstanding groups allowed)"]
     assert "LOCAL:0" in info["resources"]  # no spills
     assert info["shared bytes (dynamic)"] <= 232448  # sm_90's limit per program
+
+
+PINGPONG = """
+import json
+from fusionplan import tuning
+from fusionplan.sass import compile_for_hopper, summarize
+from fusionplan.solvers.gluon_gemm import gemm_stages
+s = resnet50_layer("r50_07")
+x = torch.empty(32, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
+kernel = solver_named("gluon-gemm").build(layer_plan(s, x, "CBNA").spec(), fp.Handle("cpu"))
+rows = []
+for pixels in (64, 96, 128):
+    stages = gemm_stages(pixels, 128, 64, 2, True, 4, 2)
+    kernel.config = tuning.ConvConfig(pixels, 128, 64, 8, 4, stages, 1, consumers=2)
+    info = summarize(compile_for_hopper(kernel, with_prior=True)[1])
+    shared = info["shared bytes (dynamic)"]
+    rows.append([pixels, info["HGMMA"], info["resources"], shared, info["sass"].count("SETMAXREG")])
+print("PINGPONG" + json.dumps(rows))
+"""
+
+
+def test_two_warpgroups_taking_tiles_in_turn_compile_and_fit():
+    """Ping-pong (ConvConfig.consumers = 2): two computing warpgroups, each its own copy of the
+    products, without spills, in sm_90's shared memory
+    with a prior output and the stages gemm_stages gives."""
+    from .util import COMPILE, compiling_process
+
+    script = COMPILE.split("{build}")[0] + PINGPONG
+    stdout = compiling_process(["-c", script])
+    rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("PINGPONG"))[8:])
+    for pixels, hgmma, resources, shared, setmaxreg in rows:
+        # per warpgroup: 128 channels are two 64-row products, for each part and 16-element slice
+        assert hgmma == 2 * 2 * 4 * len(gluon_gemm.pixel_parts(pixels)), pixels
+        assert "LOCAL:0" in resources and shared <= 232448 and setmaxreg > 0, (pixels, resources, shared)
 
 
 def test_every_epilogue_operator_compiles_in_every_part():

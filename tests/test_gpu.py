@@ -286,8 +286,9 @@ GLUON_GEMM_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
 def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
-    208, 256), 64, 128 and 256 output channels; each with and without a prior output, and with
-    programs walking several tiles (a grid of 3 persistent programs)."""
+    208, 256), 64, 128 and 256 output channels, one computing warpgroup or two taking tiles in
+    turn; each with and without a prior output, and with programs walking several tiles (grids of
+    3 and 2 persistent programs: uneven shares of the tiles)."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
@@ -302,10 +303,13 @@ def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors
-    for pixels, block_n in ((16, 64), (48, 128), (96, 128), (112, 64), (208, 128), (256, 64), (96, 256)):
-        warps = 4 if block_n == 64 else 8
-        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, rng.choice((2, 3, 4)))
-        for with_prior, programs in ((False, None), (True, None), (True, 3)):
+    tiles = [(16, 64, 1), (48, 128, 1), (96, 128, 1), (112, 64, 1), (208, 128, 1), (256, 64, 1), (96, 256, 1)]
+    tiles += [(128, 128, 2), (48, 128, 2), (16, 64, 2)]  # two warpgroups taking tiles in turn
+    for pixels, block_n, consumers in tiles:
+        warps = 4 if block_n == 64 or consumers == 2 else 8
+        stages = rng.choice((2, 3, 4))
+        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1, consumers=consumers)
+        for with_prior, programs in ((False, None), (True, None), (True, 3), (False, 2)):
             kernel._repeats._by_records.clear()
             monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
             args = fp.OperatorArgs()

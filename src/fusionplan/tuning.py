@@ -25,6 +25,7 @@ class ConvConfig:
     num_warps: int
     num_stages: int
     split_k: int = 1  # programs that share a tile's reduction (partials summed by the last one)
+    consumers: int = 1  # computing warpgroups taking a program's tiles in turn (gluon-gemm: 2, ping-pong)
 
 
 @dataclass(frozen=True)

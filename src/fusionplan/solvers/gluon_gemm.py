@@ -42,6 +42,10 @@ from fusionplan.solvers.triton_gemm import gemm_why_not
 
 Tensor = torch.Tensor
 
+#: Registers of each computing warpgroup where two take tiles in turn (ConvConfig.consumers = 2):
+#: with the loading warp's LOAD_REGS, two warpgroups of this many fill the multiprocessor's 64K.
+CONSUMER_REGS = 232
+
 #: At most this many power-of-two parts make a tile's pixels (each a TMA box, a wgmma and an
 #: accumulator per reduction step).
 MAX_PARTS = 3
@@ -132,24 +136,33 @@ def _mma_partition(
 
 @gluon.jit
 def _persistent_partition(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, y_ptr, prior_ptr,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
     {stage_params}
     M, C, K, OHW, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
-    # each program walks tiles the grid's size apart, running each one's epilogue itself while
-    # the loading warp fills the ring with the next tile's stages
+    # Each program walks tiles the grid's size apart, and runs each one's epilogue itself while
+    # the loading warp fills the ring for the next. With two computing warpgroups (CONSUMERS = 2)
+    # they take the program's tiles in turn: one's products run under the other's epilogue, and
+    # the products of the tiles run one after the other, in the ring's order (turn[c]: set when
+    # the other warpgroup has finished a tile's products; the phase before a new barrier's first
+    # counts as done, so warpgroup 0 starts at once).
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
-    it = 0
-    for tile in range(gl.program_id(0), n_tiles * gl.cdiv(M, PIXELS), gl.num_programs(0)):
-        acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, it,
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    for i in range(CONSUMER, gl.cdiv(n_tiles * gl.cdiv(M, PIXELS) - pid, nprog), CONSUMERS):
+        if CONSUMERS > 1:
+            mbarrier.wait(turn.index(CONSUMER), ((i // CONSUMERS) & 1) ^ (1 - CONSUMER))
+        acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, i * steps,
                                      BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS)
-        it += steps
+        if CONSUMERS > 1:
+            mbarrier.arrive(turn.index(1 - CONSUMER))
+        tile = pid + i * nprog
 {epilogue}
 
 @gluon.jit
@@ -161,6 +174,7 @@ def gluon_gemm_kernel(
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
     {stage_flags}
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels; w_desc: the weights as [K, C].
@@ -176,16 +190,45 @@ def gluon_gemm_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # CONSUMERS = 2
+    for i in gl.static_range(2):
+        mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
-
-    if PERSISTENT:
+    if PERSISTENT and CONSUMERS > 1:
         gl.warp_specialize(
             [
                 (
                     _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, {stage_args}
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
                      M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, {flag_args}),
+                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 0, 2,
+                     {flag_args}),
+                ),
+                (
+                    _persistent_partition,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
+                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
+                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 1, 2,
+                     {flag_args}),
+                ),
+                (
+                    _load_partition,
+                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
+                ),
+            ],
+            [4, 1],
+            [CONSUMER_REGS, LOAD_REGS],
+        )
+    elif PERSISTENT:
+        gl.warp_specialize(
+            [
+                (
+                    _persistent_partition,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
+                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
+                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 0, 1,
+                     {flag_args}),
                 ),
                 (
                     _load_partition,
@@ -277,8 +320,9 @@ GEMM_SHARED_BYTES = 224 * 1024
 #: measured 8.7 us with 5 stages, 8.9 with 7 (H200, fp16).
 GEMM_RING_BYTES = 200 * 1024
 #: Elements of the largest part's accumulator that the epilogue's layout change stages in shared
-#: memory at a time, at most (Triton 3.9's allocation for sm_90: 128 x 128 fp32 with 8 warps).
-GEMM_EPILOGUE_ELEMENTS = 128 * 128
+#: memory at a time, at most, by the computing warps (Triton 3.9's allocation for sm_90: 128 x 128
+#: fp32 with 8 warps, 4096 elements with 4; two warpgroups taking tiles in turn have one each).
+GEMM_EPILOGUE_ELEMENTS = {4: 4096, 8: 128 * 128}
 #: At most this many stages (deeper rings measured no faster on windows: GLUON_STAGES).
 GEMM_MAX_STAGES = 8
 #: Accumulator registers per computing thread, at most (gluon-window's largest tile has 128).
@@ -320,15 +364,17 @@ def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessor
     assert best is not None
     _, pixels, block_n, warps = best
     persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
-    stages = gemm_stages(pixels, block_n, block_k, size, persistent)
+    stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
-def gemm_stages(pixels: int, block_n: int, block_k: int, size: int, persistent: bool) -> int:
+def gemm_stages(
+    pixels: int, block_n: int, block_k: int, size: int, persistent: bool, warps: int = 8, consumers: int = 1
+) -> int:
     """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
-    epilogue's layout change, which runs while the ring holds the next tile's stages (a program
-    per tile reuses the ring's memory for it)."""
-    scratch = min(pixel_parts(pixels)[0] * block_n, GEMM_EPILOGUE_ELEMENTS) * 4
+    epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), which runs
+    while the ring holds the next tile's stages (a program per tile reuses the ring's memory)."""
+    scratch = consumers * min(pixel_parts(pixels)[0] * block_n, GEMM_EPILOGUE_ELEMENTS[warps]) * 4
     ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
@@ -371,8 +417,12 @@ class GluonGemmKernel(GluonWindowKernel):
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
     candidates = [  # NORMAL find: pixels x channels around what the cost model picks at batch 32
-        tuning.ConvConfig(p, n, 64, 8, 4 if n == 64 else 8, gemm_stages(p, n, 64, 2, True), 1)
+        tuning.ConvConfig(p, n, 64, 8, w, gemm_stages(p, n, 64, 2, True, w), 1)
         for p, n in ((96, 128), (128, 128), (192, 128), (64, 128), (208, 128), (112, 64), (64, 256), (96, 256))
+        for w in (4 if n == 64 else 8,)
+    ] + [  # two warpgroups taking tiles in turn
+        tuning.ConvConfig(p, 128, 64, 8, 4, gemm_stages(p, 128, 64, 2, True, 4, 2), 1, consumers=2)
+        for p in (64, 96, 128)
     ]
 
     @staticmethod
@@ -427,6 +477,8 @@ class GluonGemmKernel(GluonWindowKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             tiles > grid[0],  # persistent
+            cfg.consumers,
+            CONSUMER_REGS,
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
