@@ -187,6 +187,12 @@ GLUON_TF32_1X1_MAX_PIXELS = 16384
 GLUON_GEMM_TF32_MIN_CHANNELS = 256
 GLUON_GEMM_TF32_MAX_PIXELS = 65536
 
+#: 16-bit 1x1 layers that need more than one wave of gluon-gemm's programs stay on it from this
+#: many reduction steps, with two computing warpgroups taking 128 x 128 tiles in turn (ping-pong):
+#: H200, fp16, batch 32, warm L2: r50_11 (8 steps) 14.6 us against 16.1 for triton-gemm; even at 4
+#: (r50_13 11.2 against 11.4); slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9).
+GLUON_GEMM_PINGPONG_MIN_STEPS = 8
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

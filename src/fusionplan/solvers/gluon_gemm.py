@@ -347,7 +347,9 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
 def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
-    pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages)."""
+    pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages).
+    Beyond one wave, 16-bit data with tuning.GLUON_GEMM_PINGPONG_MIN_STEPS reduction steps or more
+    takes two warpgroups taking 128 x 128 tiles in turn."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -364,6 +366,10 @@ def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessor
     assert best is not None
     _, pixels, block_n, warps = best
     persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
+    if persistent and size == 2 and steps >= tuning.GLUON_GEMM_PINGPONG_MIN_STEPS:
+        # deep 16-bit reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
+        stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
+        return tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
     stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
@@ -387,18 +393,19 @@ def multiprocessors(handle) -> int:
 
 
 def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
-    """More programs than ``sms`` multiprocessors even with the best tile: the persistent kernel
-    runs each tile's products and epilogue in turn (only the loads run ahead), where triton-gemm
-    measured faster on 16-bit data (fp16, H200, batch 32: r50_13 12.1 us against 12.5, r50_07 14.8
-    against 17.4, r50_03 21.7 against 27.1) and triton-conv on most fp32 layers (tuning.
-    GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other kernel (fp16:
-    r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against 16.2, r50_21
-    9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm)."""
+    """More programs than ``sms`` multiprocessors even with the best tile, and one computing
+    warpgroup (16-bit data with fewer than tuning.GLUON_GEMM_PINGPONG_MIN_STEPS reduction steps):
+    the persistent kernel runs each tile's products and epilogue in turn (only the loads run
+    ahead), where triton-gemm measured faster on 16-bit data (fp16, H200, batch 32: r50_13 12.1 us
+    against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and triton-conv on most fp32
+    layers (tuning.GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other
+    kernel (fp16: r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against
+    16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm)."""
     n, c, h, w = spec.input_desc.dims
     k = spec.output_desc.dims[1]
     cfg = gluon_gemm_config(n * h * w, k, c, spec.dtype.torch_dtype, sms)
     programs = triton_cdiv(n * h * w, cfg.block_m) * triton_cdiv(k, cfg.block_n)
-    if programs <= sms:
+    if programs <= sms or cfg.consumers > 1:
         return None
     if spec.dtype == DataType.FLOAT:
         if c >= tuning.GLUON_GEMM_TF32_MIN_CHANNELS and n * h * w < tuning.GLUON_GEMM_TF32_MAX_PIXELS:
