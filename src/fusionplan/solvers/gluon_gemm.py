@@ -12,6 +12,15 @@ tile is sized so that the grid is about one program per multiprocessor (fp16, ba
 shapes, so a tile of 96 pixels is two parts, 64 and 32 (at most three parts: 208 = 128 + 64 +
 16), each its own TMA box, wgmma and accumulator; the parts share the weights' box of the stage.
 
+Three ways to run, by the grid (bench/NOTES.md, section 16):
+- a program per tile (one wave): the computing warpgroups return their accumulators and the
+  kernel's epilogue reuses the ring's shared memory for its layout change (deeper rings);
+- persistent (more tiles than multiprocessors): each program walks tiles the grid's size apart,
+  its computing warpgroups running each epilogue while the loading warp fills the ring for the
+  next tile;
+- persistent with two computing warpgroups taking the tiles in turn (``ConvConfig.consumers``:
+  ping-pong, 16-bit data with deep reductions): one's products run under the other's epilogue.
+
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
 
