@@ -134,6 +134,14 @@ def test_deep_16_bit_layers_beyond_one_wave_take_tiles_in_turn(dtype, consumers)
         assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (128, 128, 4)
 
 
+@pytest.mark.parametrize("batch", [1, 4])
+@pytest.mark.parametrize("name", ["r50_01", "r50_09", "r50_15", "r50_21"])
+def test_small_problems_defer(name, batch):
+    """Small tiles fill the GPU at batch 1 and 4: those problems stay with the kernels measured there."""
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, batch=batch).spec(), fp.Handle("cpu"))
+    assert why is not None and "small problem" in why
+
+
 def test_batch_1_takes_the_smallest_tiles():
     """r50_21 at batch 1 (49 pixels): 16-pixel tiles of 64 channels fill 32 programs, the most there are."""
     s = resnet50_layer("r50_21")

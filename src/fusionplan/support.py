@@ -49,7 +49,7 @@ LETTERS: dict[str, Builder] = {"C": _conv(), "B": _bias, "N": _bn, "A": _act}
 ROWS: list[tuple] = [  # (title, builders[, input channels (default 64)])
     ("CBNA, CBA, CNA, CN, CA, CB (MIOpen's set)", [LETTERS[c] for c in "CBNA"]),
     ("convolution + any chain of B/N/A, any order, repeats", [LETTERS[c] for c in "CANBAB"]),
-    ("1x1 stride-1 convolution chains (NCHW, NHWC)", [_conv(size=1), _bn, _act]),
+    ("1x1 stride-1 convolution chains (NCHW, NHWC)", [_conv(size=1), _bn, _act], 256),
     ("stride-1 convolution chains with C >= 128 (NCHW, NHWC)", [_conv(), _bn, _act], 128),
     (
         "convolution chains on few input channels, C <= 15 (the stem: C=3, 7x7, stride 2)",

@@ -187,6 +187,13 @@ GLUON_TF32_1X1_MAX_PIXELS = 16384
 GLUON_GEMM_TF32_MIN_CHANNELS = 256
 GLUON_GEMM_TF32_MAX_PIXELS = 65536
 
+#: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
+#: 16x64 to 96x64 at batch 1, 64x128 and up at batch 32) defer: small problems are bound by the
+#: ring's fill, the epilogue and the host (a launch with tensor descriptors costs 19-21 us of host
+#: time against 13 for pointers, H200), where triton-conv's small-grid tiles measured fastest at
+#: batch 1, host time included (bench/NOTES.md, section 13); gluon-gemm is not measured there.
+GLUON_GEMM_MIN_TILE = 64 * 128
+
 #: 16-bit 1x1 layers that need more than one wave of gluon-gemm's programs stay on it from this
 #: many reduction steps, with two computing warpgroups taking 128 x 128 tiles in turn (ping-pong):
 #: H200, fp16, batch 32, warm L2: r50_11 (8 steps) 14.6 us against 16.1 for triton-gemm; even at 4

@@ -414,6 +414,11 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     k = spec.output_desc.dims[1]
     cfg = gluon_gemm_config(n * h * w, k, c, spec.dtype.torch_dtype, sms)
     programs = triton_cdiv(n * h * w, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
+        return (
+            f"a small problem: its best tile is {cfg.block_m} pixels x {cfg.block_n} channels "
+            f"(< {tuning.GLUON_GEMM_MIN_TILE}); triton-conv's small-grid tiles measured fastest there"
+        )
     if programs <= sms or cfg.consumers > 1:
         return None
     if spec.dtype == DataType.FLOAT:
