@@ -204,50 +204,9 @@ def gluon_gemm_kernel(
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
     if PERSISTENT and CONSUMERS > 1:
-        gl.warp_specialize(
-            [
-                (
-                    _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
-                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 0, 2,
-                     {flag_args}),
-                ),
-                (
-                    _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
-                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 1, 2,
-                     {flag_args}),
-                ),
-                (
-                    _load_partition,
-                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
-                ),
-            ],
-            [4, 1],
-            [CONSUMER_REGS, LOAD_REGS],
-        )
+        gl.warp_specialize([{consumer_0_of_2}, {consumer_1_of_2}, {loader}], [4, 1], [CONSUMER_REGS, LOAD_REGS])
     elif PERSISTENT:
-        gl.warp_specialize(
-            [
-                (
-                    _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
-                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR, 0, 1,
-                     {flag_args}),
-                ),
-                (
-                    _load_partition,
-                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
-                ),
-            ],
-            [1],
-            [LOAD_REGS],
-        )
+        gl.warp_specialize([{consumer_0_of_1}, {loader}], [1], [LOAD_REGS])
     else:
         acc0, acc1, acc2 = gl.warp_specialize(
             [
@@ -256,11 +215,7 @@ def gluon_gemm_kernel(
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, gl.cdiv(C, BLOCK_K),
                      BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS),
                 ),
-                (
-                    _load_partition,
-                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
-                ),
+                {loader},
             ],
             [1],
             [LOAD_REGS],
@@ -268,6 +223,22 @@ def gluon_gemm_kernel(
         tile = gl.program_id(0)
 {epilogue}
 '''
+
+#: The loading partition and its arguments, in the kernel's warp_specialize calls.
+_LOADER = """(
+                    _load_partition,
+                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
+                )"""
+
+#: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
+_CONSUMER = """(
+                    _persistent_partition,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
+                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
+                     BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
+                     {consumer}, {consumers}, {flag_args}),
+                )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
 _EPILOGUE = """k0 = (tile % gl.cdiv(K, BLOCK_N)) * BLOCK_N
@@ -310,9 +281,14 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     epilogue = indent(_EPILOGUE.format(parts="\n".join(parts)).split("\n"), 8)
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    fields["stage_args"] = "".join(p + ", " for p in epi.params)  # passed on to the computing partition
-    fields["flag_args"] = "".join(f + ", " for f in epi.constexprs)
-    return _TEMPLATE.format(epilogue=epilogue, **fields, **gluon_names())
+    args = {
+        "stage_args": "".join(p + ", " for p in epi.params),  # passed on to the computing partitions
+        "flag_args": "".join(f + ", " for f in epi.constexprs),
+    }
+    consumers = {
+        f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **args) for n in (1, 2) for i in range(n)
+    }
+    return _TEMPLATE.format(epilogue=epilogue, loader=_LOADER, **consumers, **fields, **gluon_names())
 
 
 def pixel_parts(pixels: int) -> tuple[int, ...]:
