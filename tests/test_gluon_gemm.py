@@ -37,8 +37,8 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC")
         (("r50_15", torch.float32), True, "needs a Hopper GPU"),  # TF32 products
         (("r50_15", torch.float32), False, "fp32 data without TF32"),
         (("r50_15", torch.float16, 32, "NCHW"), True, "channels-last"),
-        (("r50_16",), True, "only 1x1 convolutions with stride 1"),
-        (("r50_14",), True, "only 1x1 convolutions with stride 1"),
+        (("r50_16",), True, "only 1x1 convolutions without padding"),
+        (("r50_14",), True, "needs a Hopper GPU"),  # strided: rows of the strided view
     ],
 )
 def test_why_not_names_what_is_missing(plan_args, tf32, reason):
@@ -49,6 +49,30 @@ def test_rows_of_16_bytes_are_needed():
     x = torch.empty(2, 20, 7, 7, dtype=torch.float16).to(memory_format=torch.channels_last)
     plan = add_chain(plan_for(x), "CBA", conv=fp.ConvolutionDescriptor((0, 0)), k=64, r=1, s=1, param_dtype="float")
     assert "16-byte rows" in verdict(plan).reason
+
+
+def test_strided_inputs_need_a_height_of_whole_strides():
+    x = torch.empty(2, 64, 15, 16, dtype=torch.float16).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBA", conv=conv, k=64, r=1, s=1, param_dtype="float")
+    assert "H=15 must be a multiple of the stride 2" in verdict(plan).reason
+
+
+@pytest.mark.parametrize("name, slots", [("r50_08", 32), ("r50_14", 16), ("r50_20", 8), ("r50_15", 0)])
+def test_strided_rows_take_slots_of_a_power_of_two(name, slots):
+    """Output rows of 28, 14 and 7 pixels: boxes of 32, 16 and 8 slots per row (12.5 % zero fill)."""
+    assert gluon_gemm.row_slots(layer(name).spec()) == slots
+    s = resnet50_layer(name)
+    oh = (s.h - 1) // s.stride + 1
+    rows = 32 * oh * slots if slots else 32 * s.h * s.w
+    for dtype in (torch.float16, torch.float32):
+        cfg = gluon_gemm.gluon_gemm_config(rows, s.k, s.c, dtype, H100_SMS, slots)
+        assert all(part >= slots for part in gluon_gemm.pixel_parts(cfg.block_m)), cfg
+
+
+def test_strided_layers_wait_for_their_measurement():
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_08").spec(), fp.Handle("cpu"))
+    assert "strided 1x1: not measured yet" in why
 
 
 @pytest.mark.parametrize("pixels, parts", [(16, (16,)), (96, (64, 32)), (112, (64, 32, 16)), (256, (256,))])
@@ -213,6 +237,17 @@ def test_two_warpgroups_taking_tiles_in_turn_compile_and_fit():
         # per warpgroup: 128 channels are two 64-row products, for each part and 16-element slice
         assert hgmma == 2 * 2 * 4 * len(gluon_gemm.pixel_parts(pixels)), pixels
         assert "LOCAL:0" in resources and shared <= 232448 and setmaxreg > 0, (pixels, resources, shared)
+
+
+@pytest.mark.parametrize("name, dtype", [("r50_08", "float16"), ("r50_14", "bfloat16"), ("r50_20", "float32")])
+def test_strided_kernels_load_whole_rows(name, dtype):
+    """Strided: each part's box is 3-D (rows of slots of the strided view), reinterpreted as the
+    [pixels, BLOCK_K] operand; a tensor load per part and for the weights, no spills, in sm_90's
+    shared memory."""
+    info = compile_sm90(gemm_build(name, dtype), "gluon-gemm")
+    assert "ROW_SLOTS" in info["source"] and info["HGMMA"] > 0
+    assert info["tensor loads (UTMALDG)"] >= 2 and "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
 
 
 def test_every_epilogue_operator_compiles_in_every_part():

@@ -271,13 +271,17 @@ def test_gluon_window_cases(case, precision, chain):
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
 
 
-#: (n, c, h, w, k) of 1x1 convolutions: rows that no tile divides, C not a multiple of the reduction
-#: step, K below a warpgroup's 64 rows and not a multiple of the channel block, 7x7 images.
+#: (n, c, h, w, k, stride) of 1x1 convolutions: rows that no tile divides, C not a multiple of the
+#: reduction step, K below a warpgroup's 64 rows and not a multiple of the channel block, 7x7
+#: images; strided: output rows of 14 and 7 pixels (16 and 8 slots), stride 3, an odd width.
 GLUON_GEMM_CASES = {
-    "odd-rows": (3, 200, 9, 30, 72),
-    "7x7": (9, 512, 7, 7, 136),
-    "C40-K24": (5, 40, 13, 11, 24),
-    "14x14": (4, 256, 14, 14, 320),
+    "odd-rows": (3, 200, 9, 30, 72, 1),
+    "7x7": (9, 512, 7, 7, 136, 1),
+    "C40-K24": (5, 40, 13, 11, 24, 1),
+    "14x14": (4, 256, 14, 14, 320, 1),
+    "strided-28x28": (4, 128, 28, 28, 136, 2),
+    "strided-odd-width": (3, 64, 14, 13, 72, 2),
+    "stride-3": (2, 64, 12, 20, 40, 3),
 }
 
 
@@ -286,16 +290,17 @@ GLUON_GEMM_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
 def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
-    208, 256), 64, 128 and 256 output channels, one computing warpgroup or two taking tiles in
-    turn; each with and without a prior output, and with programs walking several tiles (grids of
-    3 and 2 persistent programs: uneven shares of the tiles)."""
+    208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
+    channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
+    output, and with programs walking several tiles (grids of 3 and 2 persistent programs: uneven
+    shares of the tiles)."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
-    n, c, h, w, k = GLUON_GEMM_CASES[case]
+    n, c, h, w, k, stride = GLUON_GEMM_CASES[case]
     dtype, tf32, tol, eps = PRECISIONS[precision]
     x = input_tensor((n, c, h, w), dtype, "NHWC")
-    conv = fp.ConvolutionDescriptor((0, 0))
+    conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
     plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
@@ -305,7 +310,10 @@ def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     every_sm = gluon_gemm.multiprocessors
     tiles = [(16, 64, 1), (48, 128, 1), (96, 128, 1), (112, 64, 1), (208, 128, 1), (256, 64, 1), (96, 256, 1)]
     tiles += [(128, 128, 2), (48, 128, 2), (16, 64, 2)]  # two warpgroups taking tiles in turn
+    slots = gluon_gemm.row_slots(plan.spec())
     for pixels, block_n, consumers in tiles:
+        if gluon_gemm.pixel_parts(pixels)[-1] < slots:
+            continue  # strided: every part holds whole output rows
         warps = 4 if block_n == 64 or consumers == 2 else 8
         stages = rng.choice((2, 3, 4))
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1, consumers=consumers)

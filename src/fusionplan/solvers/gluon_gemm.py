@@ -1,6 +1,7 @@
-"""Gluon GEMM solver: a 1x1 convolution with stride 1 and no padding on packed channels-last input
-(the product [N*H*W, C] x [C, K], as triton-gemm computes it), followed by any chain of bias,
-batch-norm inference and activations, as ONE warp-specialized kernel (Hopper only).
+"""Gluon GEMM solver: a 1x1 convolution without padding on packed channels-last input (the product
+[N*H*W, C] x [C, K], as triton-gemm computes it; strided, of the input's rows and columns the
+stride picks), followed by any chain of bias, batch-norm inference and activations, as ONE
+warp-specialized kernel (Hopper only).
 
 The kernel is gluon-window's (a loading warp filling a ring of pipeline stages by TMA, one or two
 computing warpgroups issuing wgmma; the product transposed, [channels, pixels]), over flat rows
@@ -11,6 +12,10 @@ tile is sized so that the grid is about one program per multiprocessor (fp16, ba
 128 channels x 96 pixels, 132 programs; r50_17: 128 x 192). Triton's tensors have power-of-two
 shapes, so a tile of 96 pixels is two parts, 64 and 32 (at most three parts: 208 = 128 + 64 +
 16), each its own TMA box, wgmma and accumulator; the parts share the weights' box of the stage.
+
+Strided, the input is read as [N*OH, OW, C] (rows stride*W*C apart, pixels stride*C): a box of
+whole output rows, each OW pixels rounded up to a power of two of slots (28 -> 32; the slots past
+OW are zero-filled by TMA and masked at the store), the tile's pixels counted in slots.
 
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
@@ -34,7 +39,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent
 from fusionplan.enums import DataType
-from fusionplan.folding import Stage
+from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_window import (
@@ -46,8 +51,13 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, epilogue_tail, header_fields, triton_cdiv
-from fusionplan.solvers.triton_gemm import gemm_why_not
+from fusionplan.solvers.triton_conv import (
+    conv_plan_why_not,
+    descriptor_input_why_not,
+    epilogue_tail,
+    header_fields,
+    triton_cdiv,
+)
 
 Tensor = torch.Tensor
 
@@ -75,8 +85,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_partition(
     a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, PIXELS: gl.constexpr, PARTS: gl.constexpr,
-    STAGE_BYTES: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
+    PARTS: gl.constexpr, STAGE_BYTES: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+    ROW_SLOTS: gl.constexpr,
 ):
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
@@ -91,11 +102,7 @@ def _load_partition(
             mbarrier.expect(ready.index(stage), STAGE_BYTES)
             c0 = kb * BLOCK_K
             {tma_load}(w_desc, [k0, c0], ready.index(stage), w_bufs.index(stage))
-            {tma_load}(a0_desc, [m0, c0], ready.index(stage), a0_bufs.index(stage))
-            if PARTS > 1:
-                {tma_load}(a1_desc, [m0 + P0, c0], ready.index(stage), a1_bufs.index(stage))
-            if PARTS > 2:
-                {tma_load}(a2_desc, [m0 + P0 + P1, c0], ready.index(stage), a2_bufs.index(stage))
+{part_loads}
             it += 1
 
 
@@ -151,7 +158,8 @@ def _persistent_partition(
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, ROW_SLOTS: gl.constexpr, CONSUMER: gl.constexpr,
+    CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     # Each program walks tiles the grid's size apart, and runs each one's epilogue itself while
@@ -183,16 +191,20 @@ def gluon_gemm_kernel(
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr,
     {stage_flags}
 ):
-    # a{{i}}_desc: the input as [M, C], boxes of part i's pixels; w_desc: the weights as [K, C].
+    # a{{i}}_desc: the input as [M, C], boxes of part i's pixels (strided, ROW_SLOTS > 0: as
+    # [N*OH, OW, C], boxes of whole output rows, each ROW_SLOTS >= OW pixels wide, zero-filled past
+    # OW: M counts those slots); w_desc: the weights as [K, C].
     # Tiles in order of their channel blocks first, so that programs running side by side share
     # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several.
     PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
-    a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], a0_desc.layout)
-    a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], a1_desc.layout)
-    a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, P2, BLOCK_K], a2_desc.layout)
+    # the parts' boxes seen as [pixels, BLOCK_K] (the strided boxes' rows of slots one after the other)
+    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
+    a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], flat)
+    a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], flat)
+    a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, P2, BLOCK_K], flat)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -228,7 +240,7 @@ def gluon_gemm_kernel(
 _LOADER = """(
                     _load_partition,
                     (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     BLOCK_N, P0, P1, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES),
+                     BLOCK_N, P0, P1, P2, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES, ROW_SLOTS),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
@@ -237,7 +249,7 @@ _CONSUMER = """(
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
                      M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
-                     {consumer}, {consumers}, {flag_args}),
+                     ROW_SLOTS, {consumer}, {consumers}, {flag_args}),
                 )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
@@ -259,11 +271,29 @@ offs_m = m0 + {offset} + gl.arange(0, {pixels}, layout=gl.SliceLayout(1, out_lay
 m_mask = offs_m < M
 if IDX64:
     offs_m = offs_m.to(gl.int64)
-n_img = offs_m // ohw
-pix = offs_m % ohw
-oh = pix // OW
-ow = pix % OW
+if ROW_SLOTS > 0:  # slot (output row, column) of ROW_SLOTS per row; those past OW are padding
+    ow = offs_m % ROW_SLOTS
+    m_mask = m_mask & (ow < OW)
+    n_img = (offs_m // ROW_SLOTS) // (ohw // OW)
+    oh = (offs_m // ROW_SLOTS) % (ohw // OW)
+    pix = oh * OW + ow
+else:
+    n_img = offs_m // ohw
+    pix = offs_m % ohw
+    oh = pix // OW
+    ow = pix % OW
 {tail}"""
+
+#: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
+_PART_LOAD = """if ROW_SLOTS > 0:
+    {tma_load}(
+        a{i}_desc, [(m0 + {offset}) // ROW_SLOTS, 0, c0], ready.index(stage),
+        a{i}_bufs.index(stage).{reinterpret}(
+            a{i}_desc.dtype, [P{i} // ROW_SLOTS, ROW_SLOTS, BLOCK_K], a{i}_desc.layout
+        ),
+    )
+else:
+    {tma_load}(a{i}_desc, [m0 + {offset}, c0], ready.index(stage), a{i}_bufs.index(stage))"""
 
 
 def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -279,6 +309,10 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
         part = _PART.format(acc=f"acc{i}", offset=offsets[i], pixels=f"P{i}", tail=tail).split("\n")
         parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
     epilogue = indent(_EPILOGUE.format(parts="\n".join(parts)).split("\n"), 8)
+    loads = []
+    for i in range(MAX_PARTS):
+        load = _PART_LOAD.format(i=i, offset=offsets[i], **gluon_names()).split("\n")
+        loads.append(indent(load, 12) if i == 0 else f"            if PARTS > {i}:\n" + indent(load, 16))
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
     args = {
@@ -288,7 +322,9 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     consumers = {
         f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **args) for n in (1, 2) for i in range(n)
     }
-    return _TEMPLATE.format(epilogue=epilogue, loader=_LOADER, **consumers, **fields, **gluon_names())
+    return _TEMPLATE.format(
+        epilogue=epilogue, part_loads="\n".join(loads), loader=_LOADER, **consumers, **fields, **gluon_names()
+    )
 
 
 def pixel_parts(pixels: int) -> tuple[int, ...]:
@@ -329,12 +365,15 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
     return waves * (steps + GEMM_FIXED_STEPS) * per_step
 
 
-def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
+def gluon_gemm_config(
+    m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int, row_slots: int = 0
+) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
     pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages).
     Beyond one wave, 16-bit data with tuning.GLUON_GEMM_PINGPONG_MIN_STEPS reduction steps or more
-    takes two warpgroups taking 128 x 128 tiles in turn."""
+    takes two warpgroups taking 128 x 128 tiles in turn. ``m``: rows (pixels, or strided, slots of
+    whole output rows of ``row_slots`` each: every part a multiple of them)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -342,7 +381,10 @@ def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessor
     for block_n in (64, 128, 256):
         warps = 4 if block_n == 64 else 8
         for pixels in range(16, 257, 16):
-            if len(pixel_parts(pixels)) > MAX_PARTS or block_n * pixels // (warps * 32) > GEMM_MAX_ACC_REGS:
+            parts = pixel_parts(pixels)
+            if len(parts) > MAX_PARTS or block_n * pixels // (warps * 32) > GEMM_MAX_ACC_REGS:
+                continue
+            if parts[-1] < row_slots:  # a part holds whole output rows
                 continue
             cost = gemm_tile_cost(m, k, steps, pixels, block_n, multiprocessors)
             rank = (cost, len(pixel_parts(pixels)), triton_cdiv(m, pixels) * triton_cdiv(k, block_n))
@@ -351,7 +393,7 @@ def gluon_gemm_config(m: int, k: int, c: int, dtype: torch.dtype, multiprocessor
     assert best is not None
     _, pixels, block_n, warps = best
     persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
-    if persistent and size == 2 and steps >= tuning.GLUON_GEMM_PINGPONG_MIN_STEPS:
+    if persistent and size == 2 and steps >= tuning.GLUON_GEMM_PINGPONG_MIN_STEPS and row_slots <= 128:
         # deep 16-bit reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
         return tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
@@ -370,6 +412,42 @@ def gemm_stages(
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
+def row_slots(spec: PlanSpec) -> int:
+    """Strided: the slots of an output row in the input's boxes (OW rounded up to a power of two,
+    at least 8: a wgmma's pixels come in multiples of 8); 0 for stride 1 (flat rows of pixels)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    if conv.conv.strides == (1, 1):
+        return 0
+    return max(8, 1 << (spec.output_desc.dims[3] - 1).bit_length())
+
+
+def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
+    """Why the plan's convolution is not a product over rows of its input, or None: a 1x1 filter
+    without padding, ungrouped, on packed channels-last input with 16-byte rows; with a stride, the
+    height a multiple of it (images and output rows are then one dimension of the strided view)
+    and output rows of at most 256 pixels (a box's side)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    c = conv.conv
+    if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0):
+        return "only 1x1 convolutions without padding are products over the input's rows"
+    if c.groups != 1:
+        return "grouped convolutions are not one GEMM"
+    why = descriptor_input_why_not(spec, "read as rows of pixels")
+    if why:
+        return why
+    n, _, h, w = spec.input_desc.dims
+    if n * h * w >= 2**31:
+        return "more than 2^31 - 1 pixels do not fit a tensor descriptor's dimension"
+    stride_h = c.strides[0]
+    if h % stride_h:
+        return f"strided: H={h} must be a multiple of the stride {stride_h} (images and rows in one view)"
+    if spec.output_desc.dims[3] > 256:
+        return f"strided: output rows of {spec.output_desc.dims[3]} pixels exceed a tensor box's 256"
+    return None
+
+
 def multiprocessors(handle) -> int:
     """The handle's device's multiprocessors (the H100's where it has none: CPU compiles and tests)."""
     if handle.device.type == "cuda" and torch.cuda.is_available():
@@ -386,6 +464,8 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     layers (tuning.GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other
     kernel (fp16: r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against
     16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm)."""
+    if row_slots(spec):
+        return "strided 1x1: not measured yet against triton-conv and gluon-window (force solver='gluon-gemm')"
     n, c, h, w = spec.input_desc.dims
     k = spec.output_desc.dims[1]
     cfg = gluon_gemm_config(n * h * w, k, c, spec.dtype.torch_dtype, sms)
@@ -427,11 +507,19 @@ class GluonGemmKernel(GluonWindowKernel):
         return render_gluon_gemm_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, multiprocessors(self._handle))
+        slots = row_slots(self.spec)
+        rows = self._rows()
+        return gluon_gemm_config(rows, k_per_group, c_per_group, dtype, multiprocessors(self._handle), slots)
+
+    def _rows(self) -> int:
+        """The rows of the product: output pixels, or strided, slots of whole output rows."""
+        slots = row_slots(self.spec)
+        n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
+        return n * oh * slots if slots else self.geometry[0]
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        m, c, k = self.geometry[:3]
-        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
+        _, c, k = self.geometry[:3]
+        return triton_cdiv(self._rows(), cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
 
     def narrower_config(self) -> tuning.ConvConfig | None:
         """Two stages fewer (a specialization reading a prior output needs more shared memory)."""
@@ -452,15 +540,19 @@ class GluonGemmKernel(GluonWindowKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        m, c, k = self.geometry[:3]
+        _, c, k = self.geometry[:3]
+        m, slots = self._rows(), row_slots(self.spec)
         oh, ow = self.out_hw
         parts = pixel_parts(cfg.block_m)
-        sizes = (*parts, *(16,) * (MAX_PARTS - len(parts)))  # unused parts: the smallest box, never loaded
+        if slots and parts[-1] < slots:
+            raise ValueError(f"tile {cfg}: each part of its pixels must hold whole output rows of {slots} slots")
+        unused = max(16, slots)  # unused parts: the smallest box, never loaded
+        sizes = (*parts, *(unused,) * (MAX_PARTS - len(parts)))
         tiles = triton_cdiv(k, cfg.block_n) * triton_cdiv(m, cfg.block_m)
         grid = (min(tiles, multiprocessors(self._handle)), 1, 1)  # persistent: a program per multiprocessor
         swizzle, bits = self._swizzle_and_bits(cfg)
-        a_descs = [self._descriptor(x, [m, c], [p_, cfg.block_k], swizzle, bits) for p_ in sizes]
-        w_desc = self._descriptor(packed, [k, c], [cfg.block_n, cfg.block_k], swizzle, bits)
+        a_descs = [self._input_descriptor(x, size, cfg.block_k, swizzle, bits) for size in sizes]
+        w_desc = self._descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         consts = (
             cfg.block_n,
@@ -476,17 +568,31 @@ class GluonGemmKernel(GluonWindowKernel):
             tiles > grid[0],  # persistent
             cfg.consumers,
             CONSUMER_REGS,
+            slots,
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
         return grid, cfg, args
 
+    def _input_descriptor(self, x: Tensor, size: int, block_k: int, swizzle: int, bits: int):
+        """A part's descriptor of the input: [N*H*W, C], boxes of ``size`` pixels; strided, the
+        output's rows of the input, [N*OH, OW, C] (rows stride_h*W*C apart, pixels stride_w*C),
+        boxes of ``size`` / row_slots whole rows, the slots past OW zero-filled."""
+        n, c, h, w = self.spec.input_desc.dims
+        slots = row_slots(self.spec)
+        if not slots:
+            return self._descriptor(x, [n * h * w, c], [c, 1], [size, block_k], swizzle, bits)
+        stride_h, stride_w = self.conv_args[2:4]
+        oh, ow = self.out_hw
+        view = [n * oh, ow, c], [stride_h * w * c, stride_w * c, 1]
+        return self._descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
+
     @staticmethod
-    def _descriptor(tensor: Tensor, shape: list[int], box: list[int], swizzle: int, bits: int):
-        """Gluon's host descriptor of ``tensor`` as a row-major matrix of ``shape``."""
+    def _descriptor(tensor: Tensor, shape: list[int], strides: list[int], box: list[int], swizzle: int, bits: int):
+        """Gluon's host descriptor of ``tensor`` seen with ``shape`` and ``strides``."""
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-        return TensorDescriptor(tensor, shape, [shape[1], 1], box, gl_layout(swizzle, bits, 2))
+        return TensorDescriptor(tensor, shape, strides, box, gl_layout(swizzle, bits, len(shape)))
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors, the output, the prior."""
@@ -500,7 +606,7 @@ class GluonGemmSolver(Solver):
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         return (
             conv_plan_why_not(spec)
-            or gemm_why_not(spec)
+            or gluon_gemm_input_why_not(spec)
             or gluon_dtype_why_not(spec, handle.tf32_allowed(), "triton-gemm")
             or gluon_why_not()
             or hopper_why_not(handle)
