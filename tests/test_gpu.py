@@ -285,8 +285,7 @@ GLUON_GEMM_CASES = {
 }
 
 
-@pytest.mark.parametrize("chain", ["CBNA", "CNAAB"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB")])
 @pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
 def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
@@ -309,7 +308,7 @@ def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors
     tiles = [(16, 64, 1), (48, 128, 1), (96, 128, 1), (112, 64, 1), (208, 128, 1), (256, 64, 1), (96, 256, 1)]
-    tiles += [(128, 128, 2), (48, 128, 2), (16, 64, 2)]  # two warpgroups taking tiles in turn
+    tiles += [(128, 128, 2), (48, 128, 2)]  # two warpgroups taking tiles in turn
     slots = gluon_gemm.row_slots(plan.spec())
     for pixels, block_n, consumers in tiles:
         if gluon_gemm.pixel_parts(pixels)[-1] < slots:
