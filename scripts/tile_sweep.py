@@ -3,6 +3,8 @@
     python scripts/tile_sweep.py --layers r50_18,r50_22 --batch 1
     python scripts/tile_sweep.py --layers r50_19 --batch 1 --tiles 32x64,32x32 --splits 1,2,4
     python scripts/tile_sweep.py --layers r50_18 --batch 32 --mode CBNA --tiles keep,128x128w8s3 --splits 1,2
+    python scripts/tile_sweep.py --layers r50_07 --batch 32 --mode CBNA --solver gluon-gemm --tiles keep \
+        --splits 1 --tuning GLUON_GEMM_MMA_EPILOGUE=1
 
 For each layer the plan (fp16 NHWC by default) is compiled with its usual solver (or ``--solver``);
 then its kernel runs with each configuration: block_m x block_n tiles, optionally with their
@@ -147,7 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep,64x128,64x64,32x64,32x32,16x64"))
     p.add_argument("--splits", type=parse_splits, default=parse_splits("auto,1,2,4,8,16"))
     p.add_argument("--top", type=int, default=10, help="print this many fastest configurations per layer")
+    p.add_argument(
+        "--tuning",
+        type=parse_tuning,
+        action="append",
+        default=[],
+        help="NAME=VALUE: set a constant of fusionplan.tuning for this run (an experiment's switch), repeatable",
+    )
     return p
+
+
+def parse_tuning(text: str) -> tuple[str, int | float]:
+    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', 1): a number for a constant of
+    fusionplan.tuning that exists and holds a number (booleans take 0 or 1)."""
+    from fusionplan import tuning
+
+    name, _, value = text.partition("=")
+    current = getattr(tuning, name, None)
+    if not name.isupper() or not isinstance(current, (bool, int, float)):
+        raise argparse.ArgumentTypeError(f"{name!r} is not a numeric constant of fusionplan.tuning")
+    try:
+        number = float(value) if isinstance(current, float) else int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER") from None
+    return name, bool(number) if isinstance(current, bool) else number
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tile_sweep: needs a CUDA GPU (it times kernels as CUDA-graph replays)", file=sys.stderr)
         return 2
+    from fusionplan import tuning
+
+    for name, value in opts.tuning:
+        setattr(tuning, name, value)
     from fusionplan.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(opts.shapes)}

@@ -47,6 +47,11 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
         (128, 128, None, 4, 6, 2),
     ]
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
+    assert sweep.parse_tuning("GLUON_GEMM_MMA_EPILOGUE=1") == ("GLUON_GEMM_MMA_EPILOGUE", True)
+    assert sweep.parse_tuning("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
+    for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):
+        with pytest.raises(Exception, match="constant of fusionplan.tuning|NAME=NUMBER"):
+            sweep.parse_tuning(bad)
     for bad in ("32by64", "x64", "32x64w", "32x64s3w8", "32x64c2s3"):
         with pytest.raises(Exception, match="expected MxN"):
             sweep.parse_tiles(bad)

@@ -250,6 +250,37 @@ def test_strided_kernels_load_whole_rows(name, dtype):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
+MMA_EPILOGUE = """
+import json
+from fusionplan import tuning
+from fusionplan.sass import compile_for_hopper, summarize
+rows = []
+for on in (False, True):
+    tuning.GLUON_GEMM_MMA_EPILOGUE = on
+    for name in ("r50_15", "r50_07"):
+        s = resnet50_layer(name)
+        x = torch.empty(32, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
+        kernel = solver_named("gluon-gemm").build(layer_plan(s, x, "CBNA").spec(), fp.Handle("cpu"))
+        info = summarize(compile_for_hopper(kernel)[1])
+        rows.append([on, name, info["resources"], info["shared bytes (dynamic)"], "MMA_EPILOGUE" in kernel.source()])
+print("MMA" + json.dumps(rows))
+"""
+
+
+def test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory():
+    """GLUON_GEMM_MMA_EPILOGUE (off until measured): the chain runs in the accumulator's layout and
+    only the 16-bit output changes layout: no spills, and a persistent program (r50_07) needs less
+    shared memory beside its ring; a program per tile (r50_15) reuses the ring either way."""
+    from .util import COMPILE, compiling_process
+
+    stdout = compiling_process(["-c", COMPILE.split("{build}")[0] + MMA_EPILOGUE])
+    rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("MMA"))[3:])
+    shared = {(on, name): nbytes for on, name, _, nbytes, _ in rows}
+    assert all("LOCAL:0" in resources and "STACK:0" in resources and src for _, _, resources, _, src in rows)
+    assert shared[(True, "r50_07")] <= shared[(False, "r50_07")] - 32 * 1024
+    assert shared[(True, "r50_15")] == shared[(False, "r50_15")]
+
+
 def test_every_epilogue_operator_compiles_in_every_part():
     """All ten activations, per-channel and per-element batch norm and a blend with the prior output
     (beta) in one chain, emitted for each of three parts."""

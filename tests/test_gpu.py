@@ -285,9 +285,19 @@ GLUON_GEMM_CASES = {
 }
 
 
-@pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB")])
+@pytest.mark.parametrize(
+    "precision, chain, mma_epilogue",
+    [
+        ("fp16", "CBNA", False),
+        ("fp16", "CNAAB", False),
+        ("bf16", "CBNA", False),
+        ("tf32", "CNAAB", False),
+        ("fp16", "CNAAB", True),
+        ("tf32", "CBNA", True),
+    ],
+)
 @pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
-def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
+def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
     208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
     channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
@@ -296,6 +306,7 @@ def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
+    monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", mma_epilogue)  # the chain in the accumulator's layout
     n, c, h, w, k, stride = GLUON_GEMM_CASES[case]
     dtype, tf32, tol, eps = PRECISIONS[precision]
     x = input_tensor((n, c, h, w), dtype, "NHWC")

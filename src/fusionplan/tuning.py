@@ -200,6 +200,13 @@ GLUON_GEMM_MIN_TILE = 64 * 128
 #: (r50_13 11.2 against 11.4); slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9).
 GLUON_GEMM_PINGPONG_MIN_STEPS = 8
 
+#: gluon-gemm's epilogue runs the chain in the accumulator's own layout and changes only the
+#: 16-bit output's layout for the stores (a quarter of the fp32 accumulator's shared memory, in
+#: Triton 3.6 and 3.9 for sm_90: 8 KB against 64 KB for 128 x 128) when True; else the fp32
+#: accumulator's layout changes first. Not measured yet: off until it is (`python
+#: scripts/tile_sweep.py --solver gluon-gemm --tuning GLUON_GEMM_MMA_EPILOGUE=1 ...`).
+GLUON_GEMM_MMA_EPILOGUE = False
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

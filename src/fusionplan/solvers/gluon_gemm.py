@@ -158,8 +158,8 @@ def _persistent_partition(
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, ROW_SLOTS: gl.constexpr, CONSUMER: gl.constexpr,
-    CONSUMERS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
+    CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     # Each program walks tiles the grid's size apart, and runs each one's epilogue itself while
@@ -191,7 +191,7 @@ def gluon_gemm_kernel(
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
-    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
     {stage_flags}
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels (strided, ROW_SLOTS > 0: as
@@ -249,29 +249,33 @@ _CONSUMER = """(
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
                      M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
-                     ROW_SLOTS, {consumer}, {consumers}, {flag_args}),
+                     ROW_SLOTS, MMA_EPILOGUE, {consumer}, {consumers}, {flag_args}),
                 )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
 _EPILOGUE = """k0 = (tile % gl.cdiv(K, BLOCK_N)) * BLOCK_N
 m0 = (tile // gl.cdiv(K, BLOCK_N)) * PIXELS
-# each part's [pixels, channels] in a blocked layout: 8 contiguous channels per thread, 16-byte stores
+# the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
 out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-n_mask = offs_n < K
-ch = offs_n
-if IDX64:  # offsets of outputs past 2^31 elements
-    ch = ch.to(gl.int64)
+if not MMA_EPILOGUE:
+{channels_in_out}
 ohw = OHW
 {parts}"""
 
-#: One part's epilogue: its pixels' rows, then the generated chain and store (``{tail}``).
-_PART = """acc = gl.convert_layout(gl.permute({acc}, (1, 0)), out_layout)
-offs_m = m0 + {offset} + gl.arange(0, {pixels}, layout=gl.SliceLayout(1, out_layout))
+#: A tile's output channels in ``{layout}``: their mask and offsets.
+_CHANNELS = """offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
+n_mask = offs_n < K
+ch = offs_n
+if IDX64:  # offsets of outputs past 2^31 elements
+    ch = ch.to(gl.int64)"""
+
+#: A part's pixels in ``{layout}``: their mask, image, row and column (strided: from slots of
+#: ROW_SLOTS per output row, those past OW padding).
+_PIXELS = """offs_m = m0 + {offset} + gl.arange(0, {pixels}, layout=gl.SliceLayout(1, {layout}))
 m_mask = offs_m < M
 if IDX64:
     offs_m = offs_m.to(gl.int64)
-if ROW_SLOTS > 0:  # slot (output row, column) of ROW_SLOTS per row; those past OW are padding
+if ROW_SLOTS > 0:
     ow = offs_m % ROW_SLOTS
     m_mask = m_mask & (ow < OW)
     n_img = (offs_m // ROW_SLOTS) // (ohw // OW)
@@ -281,8 +285,31 @@ else:
     n_img = offs_m // ohw
     pix = offs_m % ohw
     oh = pix // OW
-    ow = pix % OW
+    ow = pix % OW"""
+
+#: One part's epilogue: the generated chain on its [pixels, channels] accumulator, then the store
+#: (``{tail}``). MMA_EPILOGUE: the chain runs in the accumulator's own layout and only the
+#: output, in its own dtype, changes layout for the stores (a quarter of the fp32 tile's shared
+#: memory); else the fp32 accumulator changes layout first.
+_PART = """if MMA_EPILOGUE:
+    acc = gl.permute({acc}, (1, 0))
+{channels_in_acc}
+{pixels_in_acc}
+else:
+    acc = gl.convert_layout(gl.permute({acc}, (1, 0)), out_layout)
+{pixels_in_out}
 {tail}"""
+
+#: The store of a part: in MMA_EPILOGUE, after the output's layout change, with the channels and
+#: pixels in the stores' layout.
+_PART_STORE = """    if MMA_EPILOGUE:
+        h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+{channels_in_out}
+{pixels_in_out}
+        mask = m_mask[:, None] & n_mask[None, :]
+    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
+             h.to(y_ptr.dtype.element_ty), mask=mask)
+"""
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
 _PART_LOAD = """if ROW_SLOTS > 0:
@@ -296,19 +323,39 @@ else:
     {tma_load}(a{i}_desc, [m0 + {offset}, c0], ready.index(stage), a{i}_bufs.index(stage))"""
 
 
+#: Where the epilogue's channels and pixels are laid out: the accumulator's layout, the stores'.
+_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
+
+
+def _indented(text: str, spaces: int) -> str:
+    return indent(text.split("\n"), spaces)
+
+
 def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with a tile's epilogue, in the persistent partition and after
     the per-tile one: each part's (the chain of ``stages`` in Gluon's names, as gluon-window's),
     the second and third under their PARTS condition."""
     epi = emit_stages(stages, spec.ops)
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi)).rstrip("\n")
-    tail = "\n".join(line[4:] for line in tail.split("\n"))  # _PART's own indentation
     offsets = ("0", "P0", "P0 + P1")
     parts = []
+    channels = {where: _CHANNELS.format(layout=layout) for where, layout in _LAYOUTS}
     for i in range(MAX_PARTS):
-        part = _PART.format(acc=f"acc{i}", offset=offsets[i], pixels=f"P{i}", tail=tail).split("\n")
+        pixels = {where: _PIXELS.format(offset=offsets[i], pixels=f"P{i}", layout=layout) for where, layout in _LAYOUTS}
+        store = _PART_STORE.format(
+            channels_in_out=_indented(channels["in_out"], 8), pixels_in_out=_indented(pixels["in_out"], 8)
+        )
+        tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
+        tail = "\n".join(line[4:] for line in tail.split("\n"))  # _PART's own indentation
+        part = _PART.format(
+            acc=f"acc{i}",
+            tail=tail,
+            channels_in_acc=_indented(channels["in_acc"], 4),
+            pixels_in_acc=_indented(pixels["in_acc"], 4),
+            pixels_in_out=_indented(pixels["in_out"], 4),
+        ).split("\n")
         parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
-    epilogue = indent(_EPILOGUE.format(parts="\n".join(parts)).split("\n"), 8)
+    text = _EPILOGUE.format(channels_in_out=_indented(channels["in_out"], 4), parts="\n".join(parts))
+    epilogue = indent(text.split("\n"), 8)
     loads = []
     for i in range(MAX_PARTS):
         load = _PART_LOAD.format(i=i, offset=offsets[i], **gluon_names()).split("\n")
@@ -569,6 +616,7 @@ class GluonGemmKernel(GluonWindowKernel):
             cfg.consumers,
             CONSUMER_REGS,
             slots,
+            tuning.GLUON_GEMM_MMA_EPILOGUE,
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
