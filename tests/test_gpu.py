@@ -285,18 +285,20 @@ GLUON_GEMM_CASES = {
 }
 
 
-@pytest.mark.parametrize(
-    "precision, chain, mma_epilogue",
-    [
-        ("fp16", "CBNA", False),
-        ("fp16", "CNAAB", False),
-        ("bf16", "CBNA", False),
-        ("tf32", "CNAAB", False),
-        ("fp16", "CNAAB", True),
-        ("tf32", "CBNA", True),
-    ],
-)
-@pytest.mark.parametrize("case", list(GLUON_GEMM_CASES))
+#: (case, precision, chain, the chain in the accumulator's layout): every case in four precision
+#: and chain pairs; the accumulator-layout epilogue on three cases (flat, 7x7, strided) in two.
+GLUON_GEMM_RUNS = [
+    (case, precision, chain, False)
+    for case in GLUON_GEMM_CASES
+    for precision, chain in (("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB"))
+] + [
+    (case, precision, chain, True)
+    for case in ("odd-rows", "7x7", "strided-28x28")
+    for precision, chain in (("fp16", "CNAAB"), ("tf32", "CBNA"))
+]
+
+
+@pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_GEMM_RUNS)
 def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
     208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
