@@ -45,19 +45,14 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
-    gl_layout,
+    gluon_descriptor,
     gluon_dtype_why_not,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import (
-    conv_plan_why_not,
-    descriptor_input_why_not,
-    epilogue_tail,
-    header_fields,
-    triton_cdiv,
-)
+from fusionplan.solvers.triton_conv import conv_plan_why_not, epilogue_tail, header_fields, triton_cdiv
+from fusionplan.solvers.triton_gemm import gemm_input_why_not
 
 Tensor = torch.Tensor
 
@@ -434,7 +429,7 @@ def gluon_gemm_config(
             if parts[-1] < row_slots:  # a part holds whole output rows
                 continue
             cost = gemm_tile_cost(m, k, steps, pixels, block_n, multiprocessors)
-            rank = (cost, len(pixel_parts(pixels)), triton_cdiv(m, pixels) * triton_cdiv(k, block_n))
+            rank = (cost, len(parts), triton_cdiv(m, pixels) * triton_cdiv(k, block_n))
             if best is None or rank < best[0]:
                 best = (rank, pixels, block_n, warps)
     assert best is not None
@@ -479,14 +474,10 @@ def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
     c = conv.conv
     if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0):
         return "only 1x1 convolutions without padding are products over the input's rows"
-    if c.groups != 1:
-        return "grouped convolutions are not one GEMM"
-    why = descriptor_input_why_not(spec, "read as rows of pixels")
+    why = gemm_input_why_not(spec, "read as rows of pixels")
     if why:
         return why
-    n, _, h, w = spec.input_desc.dims
-    if n * h * w >= 2**31:
-        return "more than 2^31 - 1 pixels do not fit a tensor descriptor's dimension"
+    h = spec.input_desc.dims[2]
     stride_h = c.strides[0]
     if h % stride_h:
         return f"strided: H={h} must be a multiple of the stride {stride_h} (images and rows in one view)"
@@ -549,20 +540,22 @@ class GluonGemmKernel(GluonWindowKernel):
         for p in (64, 96, 128)
     ]
 
+    def __init__(self, spec: PlanSpec, handle) -> None:
+        self.row_slots = row_slots(spec)  # decided once: the heuristic and every launch read it
+        super().__init__(spec, handle)
+
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_gemm_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        slots = row_slots(self.spec)
-        rows = self._rows()
-        return gluon_gemm_config(rows, k_per_group, c_per_group, dtype, multiprocessors(self._handle), slots)
+        sms = multiprocessors(self._handle)
+        return gluon_gemm_config(self._rows(), k_per_group, c_per_group, dtype, sms, self.row_slots)
 
     def _rows(self) -> int:
         """The rows of the product: output pixels, or strided, slots of whole output rows."""
-        slots = row_slots(self.spec)
         n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
-        return n * oh * slots if slots else self.geometry[0]
+        return n * oh * self.row_slots if self.row_slots else self.geometry[0]
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         _, c, k = self.geometry[:3]
@@ -588,7 +581,7 @@ class GluonGemmKernel(GluonWindowKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         _, c, k = self.geometry[:3]
-        m, slots = self._rows(), row_slots(self.spec)
+        m, slots = self._rows(), self.row_slots
         oh, ow = self.out_hw
         parts = pixel_parts(cfg.block_m)
         if slots and parts[-1] < slots:
@@ -599,7 +592,7 @@ class GluonGemmKernel(GluonWindowKernel):
         grid = (min(tiles, multiprocessors(self._handle)), 1, 1)  # persistent: a program per multiprocessor
         swizzle, bits = self._swizzle_and_bits(cfg)
         a_descs = [self._input_descriptor(x, size, cfg.block_k, swizzle, bits) for size in sizes]
-        w_desc = self._descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
+        w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         consts = (
             cfg.block_n,
@@ -627,20 +620,13 @@ class GluonGemmKernel(GluonWindowKernel):
         output's rows of the input, [N*OH, OW, C] (rows stride_h*W*C apart, pixels stride_w*C),
         boxes of ``size`` / row_slots whole rows, the slots past OW zero-filled."""
         n, c, h, w = self.spec.input_desc.dims
-        slots = row_slots(self.spec)
+        slots = self.row_slots
         if not slots:
-            return self._descriptor(x, [n * h * w, c], [c, 1], [size, block_k], swizzle, bits)
+            return gluon_descriptor(x, [n * h * w, c], [c, 1], [size, block_k], swizzle, bits)
         stride_h, stride_w = self.conv_args[2:4]
         oh, ow = self.out_hw
         view = [n * oh, ow, c], [stride_h * w * c, stride_w * c, 1]
-        return self._descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
-
-    @staticmethod
-    def _descriptor(tensor: Tensor, shape: list[int], strides: list[int], box: list[int], swizzle: int, bits: int):
-        """Gluon's host descriptor of ``tensor`` seen with ``shape`` and ``strides``."""
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-        return TensorDescriptor(tensor, shape, strides, box, gl_layout(swizzle, bits, len(shape)))
+        return gluon_descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors, the output, the prior."""

@@ -207,6 +207,14 @@ def gl_layout(swizzle: int, bits: int, rank: int):
     return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=rank)
 
 
+def gluon_descriptor(tensor: Tensor, shape: list[int], strides: list[int], box: list[int], swizzle: int, bits: int):
+    """Gluon's host descriptor of ``tensor`` seen with ``shape`` and ``strides`` (elements), read in
+    ``box`` boxes laid out in shared memory as gl_layout gives."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    return TensorDescriptor(tensor, shape, strides, box, gl_layout(swizzle, bits, len(shape)))
+
+
 def gluon_why_not() -> str | None:
     """None when this Triton has Gluon's Hopper dialect, else why not."""
     why = triton_available()
@@ -359,11 +367,9 @@ class GluonWindowKernel(TritonWindowKernel):
         """Gluon's host descriptors of the input's one view of every stride class (the only view this
         kernel reads) and of the packed weights (triton-window's geometry), with the shared-memory
         layouts of their boxes."""
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
         swizzle, bits = self._swizzle_and_bits(cfg)
-        x_desc = TensorDescriptor(x, *self._one_view_geometry(cfg, window), gl_layout(swizzle, bits, 5))
-        w_desc = TensorDescriptor(packed, *self._weight_geometry(cfg), gl_layout(swizzle, bits, 2))
+        x_desc = gluon_descriptor(x, *self._one_view_geometry(cfg, window), swizzle, bits)
+        w_desc = gluon_descriptor(packed, *self._weight_geometry(cfg), swizzle, bits)
         return x_desc, w_desc
 
 

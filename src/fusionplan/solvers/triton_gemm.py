@@ -130,9 +130,18 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
     c = conv.conv
     if conv.w_desc.dims[2:] != (1, 1) or c.strides != (1, 1) or c.pads != (0, 0):
         return "only 1x1 convolutions with stride 1 and no padding are plain GEMMs"
-    if c.groups != 1:
+    return gemm_input_why_not(spec, "read as a matrix")
+
+
+def gemm_input_why_not(spec: PlanSpec, reading: str) -> str | None:
+    """Why the GEMM kernels cannot read the input of the plan's 1x1 convolution through tensor
+    descriptors (``reading``: how, for the message), or None: ungrouped, packed channels-last with
+    16-byte rows, fewer than 2^31 pixels."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    if conv.conv.groups != 1:
         return "grouped convolutions are not one GEMM"
-    why = descriptor_input_why_not(spec, "read as a matrix")
+    why = descriptor_input_why_not(spec, reading)
     if why:
         return why
     n, _, h, w = spec.input_desc.dims
