@@ -51,6 +51,16 @@ def test_rows_of_16_bytes_are_needed():
     assert "16-byte rows" in verdict(plan).reason
 
 
+@pytest.mark.parametrize("stride, reason", [(1, "needs a Hopper GPU"), (2, "exceed a tensor box's 256")])
+def test_only_strided_rows_are_bound_by_a_box(stride, reason):
+    """Output rows wider than a box's 256 pixels: flat rows (stride 1) read them; the strided view
+    cannot."""
+    x = torch.empty(1, 64, 4, 600, dtype=torch.float16).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
+    plan = add_chain(plan_for(x), "CBA", conv=conv, k=64, r=1, s=1, param_dtype="float")
+    assert reason in verdict(plan).reason
+
+
 def test_strided_inputs_need_a_height_of_whole_strides():
     x = torch.empty(2, 64, 15, 16, dtype=torch.float16).to(memory_format=torch.channels_last)
     conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
