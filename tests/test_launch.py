@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fusionplan.folding import args_fingerprint
-from fusionplan.launch import Repeat, RepeatCache, extent_bytes, needs_int64, specialization
+from fusionplan.launch import Launcher, Repeat, RepeatCache, extent_bytes, needs_int64, specialization
 from fusionplan.testing import add_chain
 
 from .util import make_input, plan_for, random_args
@@ -120,6 +120,40 @@ def test_specialization_follows_everything_triton_compiles_for():
         [t, 64, 3, 1.5, True, "tf32"],
     ):
         assert (specialization(changed) == base) == (changed[1] == 48), changed
+
+
+def test_constexpr_values_and_descriptor_blocks_specialize():
+    """A constexpr argument is compiled in: 0 and 32 (both divisible by 16) are different kernels,
+    as are descriptors of other blocks or ranks over the same tensor. Launch records on disk are
+    found by this key, across plans whose kernels share a source: a kernel compiled for another
+    value must never be loaded for this one."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    t = torch.empty(64, 64)
+    base = specialization([t, 0, 64], frozenset({1}))
+    assert specialization([torch.empty(64, 64), 0, 48], frozenset({1})) == base  # a runtime int: same
+    assert specialization([t, 32, 64], frozenset({1})) != base  # constexpr 0 -> 32
+    assert specialization([t, 32, 64]) == specialization([t, 0, 64])  # as runtime ints: same
+
+    def desc(shape, strides, block):
+        return TensorDescriptor(t, shape, strides, block)
+
+    flat = specialization([desc([64, 64], [64, 1], [16, 64])])
+    assert specialization([desc([64, 64], [64, 1], [16, 64])]) == flat
+    assert specialization([desc([64, 64], [64, 1], [32, 64])]) != flat  # another block
+    assert specialization([desc([8, 8, 64], [512, 64, 1], [2, 8, 64])]) != flat  # another rank
+
+
+def test_launcher_knows_its_kernels_constexpr_parameters():
+    """(Compiled kernels' parameters: the interpreter's functions have none, and launch through Triton.)"""
+    pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    def kernel(x_ptr, n, BLOCK: tl.constexpr, FLAG: tl.constexpr):
+        pass
+
+    assert Launcher(JITFunction(kernel)).constexprs == frozenset({2, 3})
 
 
 def test_own_scratch_serves_our_launches_whatever_allocator_is_set_and_restores_it():

@@ -171,6 +171,7 @@ class Launcher:
     def __init__(self, fn) -> None:
         self.fn = fn
         self.names = list(getattr(fn, "arg_names", []))
+        self.constexprs = constexpr_positions(fn)
         self._compiled: dict[tuple, object] = {}
         self._too_large: dict[tuple, Exception] = {}  # specializations that do not fit the device
         self.direct = (
@@ -181,7 +182,7 @@ class Launcher:
         """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that
         needs more of the device than it has (Triton's OutOfResources: shared memory, registers)
         raises that error, at once on later calls (no new compile)."""
-        key = (key, specialization(args))
+        key = (key, specialization(args, self.constexprs))
         if key in self._too_large:
             raise self._too_large[key]
         kernel = self._compiled.get(key) if self.direct else None
@@ -212,7 +213,7 @@ class Launcher:
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
-        key = (key, specialization(args))
+        key = (key, specialization(args, self.constexprs))
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         record = self._record_path(key, num_warps, num_stages)
@@ -257,21 +258,46 @@ def is_out_of_resources(exc: BaseException) -> bool:
     return type(exc).__name__ == "OutOfResources" and type(exc).__module__.startswith("triton")
 
 
-def specialization(args: Sequence) -> tuple:
+def constexpr_positions(fn) -> frozenset[int]:
+    """The positions of a Triton kernel's constexpr parameters (none for a non-Triton callable)."""
+    return frozenset(i for i, p in enumerate(getattr(fn, "params", ())) if getattr(p, "is_constexpr", False))
+
+
+def specialization(args: Sequence, constexprs: frozenset[int] = frozenset()) -> tuple:
     """Everything Triton's compiled kernel depends on in the arguments of a launch: element type and
-    16-byte alignment of pointers, width of integers and whether they equal 1 or divide by 16,
-    constexpr values. Equal specializations (and equal launch options) mean the same compiled kernel."""
+    16-byte alignment of pointers, width of integers and whether they equal 1 or divide by 16, the
+    value of every argument in a ``constexprs`` position (a kernel is compiled for each), a host
+    tensor descriptor's element type, rank, block and layout. Equal specializations (and equal
+    launch options) mean the same compiled kernel: launch records found on disk are reused by it,
+    across plans whose kernels share a source."""
     spec = []
-    for a in args:
-        if isinstance(a, Tensor):
+    for i, a in enumerate(args):
+        if i in constexprs:
+            spec.append(("constexpr", a))
+        elif isinstance(a, Tensor):
             spec.append((a.dtype, a.data_ptr() % 16 == 0))
         elif isinstance(a, bool) or a is None or isinstance(a, str):
             spec.append(a)
         elif isinstance(a, int):
             spec.append((-(2**31) <= a < 2**31, a == 1, a % 16 == 0))
+        elif is_host_descriptor(a):
+            spec.append(descriptor_specialization(a))
         else:
             spec.append(type(a).__name__)
     return tuple(spec)
+
+
+def descriptor_specialization(desc) -> tuple:
+    """What a kernel compiled for a host tensor descriptor depends on: its element type, rank, block
+    and shared-memory layout (the block is compiled into the kernel and its tensor-map metadata)."""
+    return (
+        type(desc).__name__,
+        str(desc.base.dtype),
+        len(desc.shape),
+        tuple(desc.block_shape),
+        repr(getattr(desc, "layout", None)),
+        getattr(desc, "padding", None),
+    )
 
 
 def record_kernel(path: Path | None, kernel) -> None:

@@ -386,6 +386,10 @@ GEMM_RING_BYTES = 200 * 1024
 #: memory at a time, at most, by the computing warps (Triton 3.9's allocation for sm_90: 128 x 128
 #: fp32 with 8 warps, 4096 elements with 4; two warpgroups taking tiles in turn have one each).
 GEMM_EPILOGUE_ELEMENTS = {4: 4096, 8: 128 * 128}
+#: Shared memory of the epilogue in the accumulator's layout (tuning.GLUON_GEMM_MMA_EPILOGUE), which
+#: changes only the 16-bit output's layout, at most, per computing warpgroup (Triton 3.6 and 3.9 for
+#: sm_90: 8 KB with 8 warps, 2 KB with 4; persistent r50_07, 256 x 128: 213052 -> 155708 bytes).
+GEMM_MMA_EPILOGUE_BYTES = {4: 2048, 8: 8192}
 #: At most this many stages (deeper rings measured no faster on windows: GLUON_STAGES).
 GEMM_MAX_STAGES = 8
 #: Accumulator registers per computing thread, at most (gluon-window's largest tile has 128).
@@ -449,9 +453,18 @@ def gemm_stages(
     """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
     epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), which runs
     while the ring holds the next tile's stages (a program per tile reuses the ring's memory)."""
-    scratch = consumers * min(pixel_parts(pixels)[0] * block_n, GEMM_EPILOGUE_ELEMENTS[warps]) * 4
+    scratch = consumers * epilogue_scratch_bytes(pixel_parts(pixels)[0] * block_n, size, warps)
     ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
+
+
+def epilogue_scratch_bytes(part_elements: int, size: int, warps: int) -> int:
+    """Shared memory a computing warpgroup's epilogue stages a part's outputs of ``size`` bytes
+    through: the 16-bit output's layout change with tuning.GLUON_GEMM_MMA_EPILOGUE, else the fp32
+    accumulator's."""
+    if tuning.GLUON_GEMM_MMA_EPILOGUE and size == 2:
+        return min(part_elements * size, GEMM_MMA_EPILOGUE_BYTES[warps])
+    return min(part_elements, GEMM_EPILOGUE_ELEMENTS[warps]) * 4
 
 
 def row_slots(spec: PlanSpec) -> int:
