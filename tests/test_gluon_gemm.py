@@ -80,9 +80,27 @@ def test_strided_rows_take_slots_of_a_power_of_two(name, slots):
         assert all(part >= slots for part in gluon_gemm.pixel_parts(cfg.block_m)), cfg
 
 
-def test_strided_layers_wait_for_their_measurement():
-    why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_08").spec(), fp.Handle("cpu"))
-    assert "strided 1x1: not measured yet" in why
+@pytest.mark.parametrize(
+    "name, dtype, deferred",
+    [
+        ("r50_08", torch.float16, None),  # 448 programs: beyond one wave, still the fastest
+        ("r50_14", torch.bfloat16, None),
+        ("r50_20", torch.float16, None),
+        ("r50_20", torch.float32, None),  # 112 programs: one wave
+        ("r50_08", torch.float32, "fp32 strided"),
+        ("r50_14", torch.float32, "fp32 strided"),
+    ],
+)
+def test_strided_layers_take_row_boxes_as_measured(name, dtype, deferred):
+    """Strided 1x1 (whose other kernels are triton-conv's and the window solvers', not triton-gemm's):
+    16-bit always, fp32 within one wave."""
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, dtype).spec(), fp.Handle("cpu"))
+    assert why == deferred if deferred is None else deferred in why
+
+
+def test_strided_batch_1_is_a_small_problem():
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_14", batch=1).spec(), fp.Handle("cpu"))
+    assert why is not None and "small problem" in why
 
 
 @pytest.mark.parametrize("pixels, parts", [(16, (16,)), (96, (64, 32)), (112, (64, 32, 16)), (256, (256,))])

@@ -516,31 +516,45 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and triton-conv on most fp32
     layers (tuning.GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other
     kernel (fp16: r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against
-    16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm)."""
-    if row_slots(spec):
-        return "strided 1x1: not measured yet against triton-conv and gluon-window (force solver='gluon-gemm')"
-    n, c, h, w = spec.input_desc.dims
+    16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm). Strided, where
+    triton-gemm does not apply, see strided_defer_why."""
+    n, c, _, _ = spec.input_desc.dims
+    oh, ow = spec.output_desc.dims[2:]
     k = spec.output_desc.dims[1]
-    cfg = gluon_gemm_config(n * h * w, k, c, spec.dtype.torch_dtype, sms)
-    programs = triton_cdiv(n * h * w, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    slots = row_slots(spec)
+    rows = n * oh * (slots or ow)
+    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots)
+    programs = triton_cdiv(rows, cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
         return (
             f"a small problem: its best tile is {cfg.block_m} pixels x {cfg.block_n} channels "
             f"(< {tuning.GLUON_GEMM_MIN_TILE}); triton-conv's small-grid tiles measured fastest there"
         )
+    if slots:
+        return strided_defer_why(spec, programs, sms)
     if programs <= sms or cfg.consumers > 1:
         return None
     if spec.dtype == DataType.FLOAT:
-        if c >= tuning.GLUON_GEMM_TF32_MIN_CHANNELS and n * h * w < tuning.GLUON_GEMM_TF32_MAX_PIXELS:
+        if c >= tuning.GLUON_GEMM_TF32_MIN_CHANNELS and n * oh * ow < tuning.GLUON_GEMM_TF32_MAX_PIXELS:
             return None
         return (
             f"fp32 data beyond one wave ({programs} tiles), C={c} < {tuning.GLUON_GEMM_TF32_MIN_CHANNELS} or "
-            f"{n * h * w} >= {tuning.GLUON_GEMM_TF32_MAX_PIXELS} pixels: triton-conv measured faster"
+            f"{n * oh * ow} >= {tuning.GLUON_GEMM_TF32_MAX_PIXELS} pixels: triton-conv measured faster"
         )
     return (
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
         "multiprocessors: triton-gemm's persistent programs measured faster beyond one wave"
     )
+
+
+def strided_defer_why(spec: PlanSpec, programs: int, sms: int) -> str | None:
+    """Strided 1x1: boxes of whole output rows, against triton-conv and the window solvers (H100,
+    batch 32, CBNA): 16-bit always faster (fp16 r50_08 24.5 us against 30.0 for triton-conv, r50_14
+    17.5 against 22.6, r50_20 16.1 against 16.3 for gluon-window), fp32 (TF32) only within one wave
+    (r50_20 29.6 against 31.6; beyond it r50_08 56.7 against 50.4, r50_14 41.6 against 39.9)."""
+    if spec.dtype != DataType.FLOAT or programs <= sms:
+        return None
+    return f"fp32 strided beyond one wave ({programs} tiles on {sms} multiprocessors): triton-conv measured faster"
 
 
 class GluonGemmKernel(GluonWindowKernel):
