@@ -87,13 +87,13 @@ def test_strided_rows_take_slots_of_a_power_of_two(name, slots):
         ("r50_14", torch.bfloat16, None),
         ("r50_20", torch.float16, None),
         ("r50_20", torch.float32, None),  # 112 programs: one wave
-        ("r50_08", torch.float32, "fp32 strided"),
-        ("r50_14", torch.float32, "fp32 strided"),
+        ("r50_08", torch.float32, None),  # 8 steps: ping-pong
+        ("r50_14", torch.float32, None),
     ],
 )
 def test_strided_layers_take_row_boxes_as_measured(name, dtype, deferred):
     """Strided 1x1 (whose other kernels are triton-conv's and the window solvers', not triton-gemm's):
-    16-bit always, fp32 within one wave."""
+    16-bit always, fp32 within one wave or with two warpgroups taking tiles in turn."""
     why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, dtype).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
 
@@ -176,20 +176,42 @@ def test_defers_beyond_one_wave(name, deferred):
 
 @pytest.mark.parametrize(
     "name, deferred",
-    [("r50_11", None), ("r50_13", None), ("r50_15", None), ("r50_07", "C=128 < 256"), ("r50_05", "100352")],
+    [
+        ("r50_11", None),  # beyond one wave, 16 steps of 32 channels: ping-pong
+        ("r50_13", None),
+        ("r50_07", None),  # 4 steps
+        ("r50_05", None),
+        ("r50_04", None),
+        ("r50_15", None),  # one wave
+        ("r50_19", None),
+        ("r50_03", "2 reduction steps"),  # C=64: triton-conv
+        ("r50_01", "2 reduction steps"),
+        ("r50_09", "25088 pixels"),  # one wave, but many pixels: triton-conv
+    ],
 )
-def test_tf32_stays_persistent_on_deep_layers_of_few_pixels(name, deferred):
+def test_tf32_layers_as_measured(name, deferred):
     why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
 
 
-@pytest.mark.parametrize("dtype, consumers", [(torch.float16, 2), (torch.bfloat16, 2), (torch.float32, 1)])
-def test_deep_16_bit_layers_beyond_one_wave_take_tiles_in_turn(dtype, consumers):
-    """r50_11 (25088 pixels, C=512: 8 reduction steps): two warpgroups, 128 x 128 tiles (16-bit);
-    TF32 keeps one warpgroup (not measured with two)."""
-    s = resnet50_layer("r50_11")
+@pytest.mark.parametrize(
+    "name, dtype, consumers",
+    [
+        ("r50_11", torch.float16, 2),  # 8 steps of 64 channels
+        ("r50_11", torch.bfloat16, 2),
+        ("r50_13", torch.float16, 1),  # 4 steps: one warpgroup (then triton-gemm)
+        ("r50_11", torch.float32, 2),  # 16 steps of 32
+        ("r50_07", torch.float32, 2),  # 4 steps of 32
+        ("r50_03", torch.float32, 1),  # 2 steps
+        ("r50_15", torch.float32, 1),  # one wave
+    ],
+)
+def test_deep_layers_beyond_one_wave_take_tiles_in_turn(name, dtype, consumers):
+    """Two warpgroups taking 128 x 128 tiles in turn beyond one wave: 16-bit data from 8 reduction
+    steps, fp32 (TF32) from 4."""
+    s = resnet50_layer(name)
     cfg = gluon_gemm.gluon_gemm_config(32 * s.h * s.w, s.k, s.c, dtype, H100_SMS)
-    assert cfg.consumers == consumers
+    assert cfg.consumers == consumers, cfg
     if consumers == 2:
         assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (128, 128, 4)
 
@@ -247,12 +269,13 @@ from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.solvers.gluon_gemm import gemm_stages
 s = resnet50_layer("r50_07")
-x = torch.empty(32, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
-kernel = solver_named("gluon-gemm").build(layer_plan(s, x, "CBNA").spec(), fp.Handle("cpu"))
 rows = []
-for pixels in (64, 96, 128):
-    stages = gemm_stages(pixels, 128, 64, 2, True, 4, 2)
-    kernel.config = tuning.ConvConfig(pixels, 128, 64, 8, 4, stages, 1, consumers=2)
+for dtype, pixels in ((torch.float16, 64), (torch.float16, 96), (torch.float16, 128), (torch.float32, 128)):
+    x = torch.empty(32, s.c, s.h, s.w, dtype=dtype).to(memory_format=torch.channels_last)
+    kernel = solver_named("gluon-gemm").build(layer_plan(s, x, "CBNA").spec(), fp.Handle("cpu", allow_tf32=True))
+    block_k = 128 // x.element_size()
+    stages = gemm_stages(pixels, 128, block_k, x.element_size(), True, 4, 2)
+    kernel.config = tuning.ConvConfig(pixels, 128, block_k, 8, 4, stages, 1, consumers=2)
     info = summarize(compile_for_hopper(kernel, with_prior=True)[1])
     shared = info["shared bytes (dynamic)"]
     rows.append([pixels, info["HGMMA"], info["resources"], shared, info["sass"].count("SETMAXREG")])
@@ -262,15 +285,16 @@ print("PINGPONG" + json.dumps(rows))
 
 def test_two_warpgroups_taking_tiles_in_turn_compile_and_fit():
     """Ping-pong (ConvConfig.consumers = 2): two computing warpgroups, each its own copy of the
-    products, without spills, in sm_90's shared memory
-    with a prior output and the stages gemm_stages gives."""
+    products, without spills, in sm_90's shared memory with a prior output and the stages
+    gemm_stages gives; fp16 tiles of 64, 96, 128 pixels, TF32 of 128."""
     from .util import COMPILE, compiling_process
 
     script = COMPILE.split("{build}")[0] + PINGPONG
     stdout = compiling_process(["-c", script])
     rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("PINGPONG"))[8:])
     for pixels, hgmma, resources, shared, setmaxreg in rows:
-        # per warpgroup: 128 channels are two 64-row products, for each part and 16-element slice
+        # per warpgroup: 128 channels are two 64-row products, for each part and slice of the step
+        # (16 elements of 16-bit data, 8 of fp32: four per step either way)
         assert hgmma == 2 * 2 * 4 * len(gluon_gemm.pixel_parts(pixels)), pixels
         assert "LOCAL:0" in resources and shared <= 232448 and setmaxreg > 0, (pixels, resources, shared)
 

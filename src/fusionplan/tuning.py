@@ -180,12 +180,12 @@ WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 GLUON_TF32_1X1_MAX_PIXELS = 16384
 
 #: fp32 1x1 layers (TF32 products) that need more than one wave of gluon-gemm's programs stay on
-#: it, persistent, from this many input channels and below GLUON_GEMM_TF32_MAX_PIXELS output
-#: pixels (H200, batch 32: r50_11 35.0 us against 39.8 for triton-conv, r50_13 24.4 against 26.1);
-#: triton-conv measured faster on shallower and larger ones (r50_07, C=128: 36.6 against 40.6;
-#: r50_05, 100352 pixels: 55.5 against 56.8).
-GLUON_GEMM_TF32_MIN_CHANNELS = 256
-GLUON_GEMM_TF32_MAX_PIXELS = 65536
+#: it from this many reduction steps (of 32 channels), with two computing warpgroups taking 128 x
+#: 128 tiles in turn (H100, batch 32, warm L2, against triton-conv: r50_13 23.6 us against 27.4,
+#: r50_11 35.9 / 43.9, r50_05 63.4 / 66.2, r50_04 52.4 / 55.3, r50_07 37.7 / 39.9, strided r50_14
+#: 32.9 / 42.0 and r50_08 39.7 / 52.6; one warpgroup lost on most: r50_08 55.3, r50_07 45.5). At
+#: 2 steps triton-conv stays faster (r50_03 66.2 against 69.4, r50_01 24.5 against 28.2).
+GLUON_GEMM_TF32_PINGPONG_MIN_STEPS = 4
 
 #: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
 #: 16x64 to 96x64 at batch 1, 64x128 and up at batch 32) defer: small problems are bound by the
@@ -197,7 +197,10 @@ GLUON_GEMM_MIN_TILE = 64 * 128
 #: 16-bit 1x1 layers that need more than one wave of gluon-gemm's programs stay on it from this
 #: many reduction steps, with two computing warpgroups taking 128 x 128 tiles in turn (ping-pong):
 #: H200, fp16, batch 32, warm L2: r50_11 (8 steps) 14.6 us against 16.1 for triton-gemm; even at 4
-#: (r50_13 11.2 against 11.4); slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9).
+#: (r50_13 11.2 against 11.4; H100 10.8 against 11.7), but not measured on the 4-step layers of
+#: 64 and 128 output channels (r50_04, r50_05, where a 128-channel tile is half or all of K);
+#: slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9). fp32:
+#: GLUON_GEMM_TF32_PINGPONG_MIN_STEPS.
 GLUON_GEMM_PINGPONG_MIN_STEPS = 8
 
 #: gluon-gemm's epilogue runs the chain in the accumulator's own layout and changes only the

@@ -417,8 +417,8 @@ def gluon_gemm_config(
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
     pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages).
-    Beyond one wave, 16-bit data with tuning.GLUON_GEMM_PINGPONG_MIN_STEPS reduction steps or more
-    takes two warpgroups taking 128 x 128 tiles in turn. ``m``: rows (pixels, or strided, slots of
+    Beyond one wave, with pingpong_min_steps reduction steps or more, two warpgroups take 128 x 128
+    tiles in turn. ``m``: rows (pixels, or strided, slots of
     whole output rows of ``row_slots`` each: every part a multiple of them)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
@@ -439,12 +439,19 @@ def gluon_gemm_config(
     assert best is not None
     _, pixels, block_n, warps = best
     persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
-    if persistent and size == 2 and steps >= tuning.GLUON_GEMM_PINGPONG_MIN_STEPS and row_slots <= 128:
-        # deep 16-bit reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
+    if persistent and steps >= pingpong_min_steps(size) and row_slots <= 128:
+        # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
         return tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
     stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
+
+
+def pingpong_min_steps(size: int) -> int:
+    """Reduction steps from which tiles beyond one wave are taken in turn by two warpgroups, for
+    data of ``size`` bytes (measured separately: tuning.GLUON_GEMM_PINGPONG_MIN_STEPS for 16-bit
+    data, GLUON_GEMM_TF32_PINGPONG_MIN_STEPS for fp32)."""
+    return tuning.GLUON_GEMM_PINGPONG_MIN_STEPS if size == 2 else tuning.GLUON_GEMM_TF32_PINGPONG_MIN_STEPS
 
 
 def gemm_stages(
@@ -509,15 +516,15 @@ def multiprocessors(handle) -> int:
 
 
 def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
-    """More programs than ``sms`` multiprocessors even with the best tile, and one computing
-    warpgroup (16-bit data with fewer than tuning.GLUON_GEMM_PINGPONG_MIN_STEPS reduction steps):
-    the persistent kernel runs each tile's products and epilogue in turn (only the loads run
-    ahead), where triton-gemm measured faster on 16-bit data (fp16, H200, batch 32: r50_13 12.1 us
-    against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and triton-conv on most fp32
-    layers (tuning.GLUON_GEMM_TF32_MIN_CHANNELS). Within one wave it is faster than every other
+    """Where another kernel measured faster. Within one wave gluon-gemm is faster than every other
     kernel (fp16: r50_15 10.0-10.4 us against 11.0 for gluon-window, r50_17 13.6-13.9 against
-    16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm). Strided, where
-    triton-gemm does not apply, see strided_defer_why."""
+    16.2, r50_21 9.7-10.0 against 10.5, r50_09 13.0 against 14.1 for triton-gemm), except on fp32
+    data of many pixels (tuning.GLUON_TF32_1X1_MAX_PIXELS; r50_09, H100: 33.7 us against 31.4 for
+    triton-conv). Beyond one wave with one computing warpgroup (reductions too short for
+    ping-pong: pingpong_min_steps) the persistent kernel runs each tile's products and epilogue in
+    turn (only the loads run ahead), where triton-gemm measured faster on 16-bit data (fp16, H200,
+    batch 32: r50_13 12.1 us against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and
+    triton-conv on fp32 data. Strided, where triton-gemm does not apply: strided_defer_why."""
     n, c, _, _ = spec.input_desc.dims
     oh, ow = spec.output_desc.dims[2:]
     k = spec.output_desc.dims[1]
@@ -531,28 +538,34 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
             f"(< {tuning.GLUON_GEMM_MIN_TILE}); triton-conv's small-grid tiles measured fastest there"
         )
     if slots:
-        return strided_defer_why(spec, programs, sms)
-    if programs <= sms or cfg.consumers > 1:
+        return strided_defer_why(spec, programs, sms, cfg)
+    fp32 = spec.dtype == DataType.FLOAT
+    if programs <= sms:
+        if fp32 and n * oh * ow >= tuning.GLUON_TF32_1X1_MAX_PIXELS:
+            return (
+                f"fp32 data of {n * oh * ow} pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) in one wave: "
+                "triton-conv measured faster"
+            )
         return None
-    if spec.dtype == DataType.FLOAT:
-        if c >= tuning.GLUON_GEMM_TF32_MIN_CHANNELS and n * oh * ow < tuning.GLUON_GEMM_TF32_MAX_PIXELS:
-            return None
-        return (
-            f"fp32 data beyond one wave ({programs} tiles), C={c} < {tuning.GLUON_GEMM_TF32_MIN_CHANNELS} or "
-            f"{n * oh * ow} >= {tuning.GLUON_GEMM_TF32_MAX_PIXELS} pixels: triton-conv measured faster"
-        )
+    if cfg.consumers > 1:
+        return None
+    steps = f"{triton_cdiv(c, cfg.block_k)} reduction steps (< {pingpong_min_steps(spec.dtype.torch_dtype.itemsize)})"
+    if fp32:
+        return f"fp32 data beyond one wave ({programs} tiles) with {steps}: triton-conv measured faster"
     return (
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
-        "multiprocessors: triton-gemm's persistent programs measured faster beyond one wave"
+        f"multiprocessors, {steps}: triton-gemm's persistent programs measured faster beyond one wave"
     )
 
 
-def strided_defer_why(spec: PlanSpec, programs: int, sms: int) -> str | None:
+def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvConfig) -> str | None:
     """Strided 1x1: boxes of whole output rows, against triton-conv and the window solvers (H100,
     batch 32, CBNA): 16-bit always faster (fp16 r50_08 24.5 us against 30.0 for triton-conv, r50_14
-    17.5 against 22.6, r50_20 16.1 against 16.3 for gluon-window), fp32 (TF32) only within one wave
-    (r50_20 29.6 against 31.6; beyond it r50_08 56.7 against 50.4, r50_14 41.6 against 39.9)."""
-    if spec.dtype != DataType.FLOAT or programs <= sms:
+    17.5 against 22.6, r50_20 16.1 against 16.3 for gluon-window); fp32 (TF32) within one wave
+    (r50_20 29.6 against 31.6) or with two warpgroups taking tiles in turn (warm L2: r50_08 39.7
+    against 52.6, r50_14 32.9 against 42.0), not with one beyond a wave (r50_08 56.7 against 50.4,
+    r50_14 41.6 against 39.9)."""
+    if spec.dtype != DataType.FLOAT or programs <= sms or cfg.consumers > 1:
         return None
     return f"fp32 strided beyond one wave ({programs} tiles on {sms} multiprocessors): triton-conv measured faster"
 
