@@ -179,14 +179,6 @@ WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 #: gluon-window's TF32 products (H200, batch 32: r50_09, 25088 pixels, 27.5 us against 24.4).
 GLUON_TF32_1X1_MAX_PIXELS = 16384
 
-#: fp32 1x1 layers (TF32 products) that need more than one wave of gluon-gemm's programs stay on
-#: it from this many reduction steps (of 32 channels), with two computing warpgroups taking 128 x
-#: 128 tiles in turn (H100, batch 32, warm L2, against triton-conv: r50_13 23.6 us against 27.4,
-#: r50_11 35.9 / 43.9, r50_05 63.4 / 66.2, r50_04 52.4 / 55.3, r50_07 37.7 / 39.9, strided r50_14
-#: 32.9 / 42.0 and r50_08 39.7 / 52.6; one warpgroup lost on most: r50_08 55.3, r50_07 45.5). At
-#: 2 steps triton-conv stays faster (r50_03 66.2 against 69.4, r50_01 24.5 against 28.2).
-GLUON_GEMM_TF32_PINGPONG_MIN_STEPS = 4
-
 #: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
 #: 16x64 to 96x64 at batch 1, 64x128 and up at batch 32) defer: small problems are bound by the
 #: ring's fill, the epilogue and the host (a launch with tensor descriptors costs 19-21 us of host
@@ -194,14 +186,20 @@ GLUON_GEMM_TF32_PINGPONG_MIN_STEPS = 4
 #: batch 1, host time included (bench/NOTES.md, section 13); gluon-gemm is not measured there.
 GLUON_GEMM_MIN_TILE = 64 * 128
 
-#: 16-bit 1x1 layers that need more than one wave of gluon-gemm's programs stay on it from this
-#: many reduction steps, with two computing warpgroups taking 128 x 128 tiles in turn (ping-pong):
-#: H200, fp16, batch 32, warm L2: r50_11 (8 steps) 14.6 us against 16.1 for triton-gemm; even at 4
-#: (r50_13 11.2 against 11.4; H100 10.8 against 11.7), but not measured on the 4-step layers of
-#: 64 and 128 output channels (r50_04, r50_05, where a 128-channel tile is half or all of K);
-#: slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9). fp32:
-#: GLUON_GEMM_TF32_PINGPONG_MIN_STEPS.
-GLUON_GEMM_PINGPONG_MIN_STEPS = 8
+#: 1x1 layers that need more than one wave of gluon-gemm's programs stay on it, with two computing
+#: warpgroups taking 128 x 128 tiles in turn (ping-pong), from this many reduction steps, by
+#: (element bytes, output channels at least): the smallest entry that applies.
+#: - 16-bit (steps of 64 channels; H200, fp16, batch 32, warm L2): r50_11 (8 steps) 14.6 us against
+#:   16.1 for triton-gemm; r50_13 (4 steps, K=1024) 11.2 against 11.4 (H100: 10.8 against 11.7);
+#:   slower at 2 and 1 (r50_07 15.9 against 13.5, r50_03 27.1 against 21.9). The 4-step layers of
+#:   64 and 128 output channels (r50_04, r50_05: a tile's 128 channels are all or twice K) are not
+#:   measured with it.
+#: - fp32, TF32 products (steps of 32 channels; H100, batch 32, warm L2, against triton-conv):
+#:   r50_13 23.6 us against 27.4, r50_11 35.9 / 43.9, r50_05 63.4 / 66.2, r50_04 52.4 / 55.3, r50_07
+#:   37.7 / 39.9, strided r50_14 32.9 / 42.0 and r50_08 39.7 / 52.6 (one warpgroup lost on most:
+#:   r50_08 55.3, r50_07 45.5); at 2 steps triton-conv stays faster (r50_03 66.2 against 69.4, r50_01
+#:   24.5 against 28.2).
+GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 
 #: gluon-gemm's epilogue runs the chain in the accumulator's own layout and changes only the
 #: 16-bit output's layout for the stores (a quarter of the fp32 accumulator's shared memory, in

@@ -439,7 +439,7 @@ def gluon_gemm_config(
     assert best is not None
     _, pixels, block_n, warps = best
     persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
-    if persistent and steps >= pingpong_min_steps(size) and row_slots <= 128:
+    if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
         return tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
@@ -447,11 +447,11 @@ def gluon_gemm_config(
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
-def pingpong_min_steps(size: int) -> int:
+def pingpong_min_steps(size: int, k: int) -> int:
     """Reduction steps from which tiles beyond one wave are taken in turn by two warpgroups, for
-    data of ``size`` bytes (measured separately: tuning.GLUON_GEMM_PINGPONG_MIN_STEPS for 16-bit
-    data, GLUON_GEMM_TF32_PINGPONG_MIN_STEPS for fp32)."""
-    return tuning.GLUON_GEMM_PINGPONG_MIN_STEPS if size == 2 else tuning.GLUON_GEMM_TF32_PINGPONG_MIN_STEPS
+    data of ``size`` bytes and ``k`` output channels (tuning.GLUON_GEMM_PINGPONG_MIN_STEPS)."""
+    table = tuning.GLUON_GEMM_PINGPONG_MIN_STEPS
+    return min((steps for (nbytes, min_k), steps in table.items() if nbytes == size and k >= min_k), default=2**31)
 
 
 def gemm_stages(
@@ -549,7 +549,8 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         return None
     if cfg.consumers > 1:
         return None
-    steps = f"{triton_cdiv(c, cfg.block_k)} reduction steps (< {pingpong_min_steps(spec.dtype.torch_dtype.itemsize)})"
+    least = pingpong_min_steps(spec.dtype.torch_dtype.itemsize, k)
+    steps = f"{triton_cdiv(c, cfg.block_k)} reduction steps (< {least})"
     if fp32:
         return f"fp32 data beyond one wave ({programs} tiles) with {steps}: triton-conv measured faster"
     return (
