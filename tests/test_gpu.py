@@ -209,6 +209,28 @@ def test_every_applicable_solver(key, layout, precision):
         run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW", solver=name)
 
 
+NCHW_GEMM_LAYERS = [s for s in LAYERS if s.r == 1 and s.stride == 1]  # planes of 3136, 784, 196, 49 pixels
+
+
+@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("prior", [False, True])
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("layer", NCHW_GEMM_LAYERS, ids=[s.name for s in NCHW_GEMM_LAYERS])
+def test_nchw_gemm_layers(layer, precision, prior, out_layout):
+    """triton-gemm-nchw on every 1x1 stride-1 ResNet-50 layer with NCHW input: output in planes
+    (the contiguous store) or channels-last, with and without a prior output blended in."""
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((3, layer.c, layer.h, layer.w), dtype, "NCHW")
+    plan = add_chain(plan_for(x), "CBNA", k=layer.k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, "cuda", param_dtype=torch.float32, beta=0.5 if prior else 0.0))
+    prior_tensor = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if prior else None
+    if prior_tensor is not None and out_layout == "NHWC":
+        prior_tensor = prior_tensor.to(memory_format=torch.channels_last)
+    run_and_check(plan, precision, x, out_layout, args=args, prior=prior_tensor, solver="triton-gemm-nchw")
+
+
 @pytest.mark.parametrize("solver", ["triton-window", "gluon-window"])
 @pytest.mark.parametrize("pixels", [64, 128, 256])
 @pytest.mark.parametrize("hw", [(28, 28), (14, 14), (8, 8), (13, 11), (9, 30), (56, 56), (7, 7), (4, 5)])

@@ -96,3 +96,32 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
     assert {row[2] for row in rows} == {"triton-gemm", "gluon-window", "gluon-gemm"}
     for layer, dtype, solver, shared in rows:
         assert shared[0] <= HOPPER_SHARED_BYTES or shared[-1] <= HOPPER_SHARED_BYTES, (layer, dtype, solver, shared)
+
+
+def nchw_build(name: str, dtype: str) -> str:
+    return (
+        f"s = resnet50_layer({name!r})\n"
+        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype})\n"
+        "plan = layer_plan(s, x, 'CBNA')"
+    )
+
+
+@pytest.mark.parametrize(
+    "name, dtype, async_input",
+    [
+        ("r50_07", "float16", True),  # 784-pixel planes: 16-byte copies
+        ("r50_15", "float16", True),  # 196: 8-byte copies (the plane size is compiled in)
+        ("r50_21", "float16", False),  # 49: no alignment, element loads
+        ("r50_11", "float32", True),
+    ],
+)
+def test_nchw_planes_are_read_by_async_copies_without_spills(name, dtype, async_input):
+    """triton-gemm-nchw's pointer loads: pipelined as asynchronous copies into shared memory where
+    the planes' alignment allows (a flattened persistent loop had lost it: every load one element),
+    wgmma products, no spills, within sm_90's shared memory."""
+    info = compile_sm90(nchw_build(name, dtype), "triton-gemm-nchw")
+    weights_only = 16  # the weight tile's copies alone at r50_21's 64 x 64 tiles and 4 stages
+    copies = info["async copies (LDGSTS)"]
+    assert copies > weights_only if async_input else copies > 0
+    assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES

@@ -294,6 +294,90 @@ def test_gemm_solver_says_why_not(case, reason):
     assert plan.compiled_solver(handle) in ("triton-window", "triton-stem", "triton-conv")  # a later solver takes it
 
 
+# ---- 1x1 convolutions on NCHW planes -------------------------------------------------------------------
+def nchw_gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
+    x = make_input((n, c, h, w), dtype, "NCHW")
+    kw.setdefault("param_dtype", DT_NAME[dtype])
+    return add_chain(plan_for(x), chain, k=k, r=1, s=1, **kw), x
+
+
+NCHW_GEMM_CASES = {  # (n, c, h, w, k); the interpreter's tiles are 32 pixels x 32 channels x 16 deep
+    "C3-K17-13x11": (2, 3, 13, 11, 17),  # 143 pixels: 5 tiles per image, the last of 15; C < a step
+    "C40-7x7": (1, 40, 7, 7, 24),  # 49 pixels: 2 tiles; C=40 against 16-deep steps
+    "small-planes": (3, 16, 4, 6, 40),  # 24 pixels: one partial tile per image; K=40 two tiles
+}
+
+
+@pytest.mark.parametrize("case", list(NCHW_GEMM_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
+def test_nchw_gemm_solver(case, dtype, out_layout):
+    """Tiles of one image's pixels (tails in every image), channel and reduction tails, two
+    persistent programs walking the tiles; output in planes (the contiguous store) or channels-last."""
+    plan, x = nchw_gemm_plan(*NCHW_GEMM_CASES[case], dtype)
+    handle = compile_named(plan, "triton-gemm-nchw")
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("chain", ["C", "CNA", "CBNAB", "CANB"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_nchw_gemm_chains_with_alpha_beta(chain, bn_mode):
+    """Every epilogue stage, per-channel and per-element batch norm, blends with a prior output."""
+    plan, x = nchw_gemm_plan(2, 16, 5, 7, 24, torch.float32, chain, bn_mode=bn_mode, activation=ActivationMode.ELU)
+    handle = compile_named(plan, "triton-gemm-nchw")
+    rng = random.Random(len(chain))
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
+
+
+def test_nchw_gemm_reruns_with_new_tensors():
+    plan, x = nchw_gemm_plan(2, 8, 5, 5, 8, torch.float32)
+    handle = compile_named(plan, "triton-gemm-nchw")
+    for _ in range(2):
+        x = make_input(tuple(x.shape), torch.float32, "NCHW")
+        check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
+
+
+@pytest.mark.parametrize(
+    "case, reason",
+    [
+        (dict(r=3), "1x1"),
+        (dict(stride=2), "stride 1"),
+        (dict(groups=2), "grouped"),
+        (dict(layout="NHWC"), "packed NCHW planes"),
+        (dict(sliced=True), "packed NCHW planes"),
+    ],
+)
+def test_nchw_gemm_solver_says_why_not(case, reason):
+    x = make_input((2, 8, 6, 6), torch.float32, case.get("layout", "NCHW"))
+    if case.get("sliced"):
+        x = x[:, :, :, :5]  # rows of 6 holding 5 pixels: not packed planes
+    r, stride = case.get("r", 1), case.get("stride", 1)
+    conv = fp.ConvolutionDescriptor((r // 2, r // 2), (stride, stride), groups=case.get("groups", 1))
+    plan = add_chain(plan_for(x), "CA", k=8, r=r, s=r, conv=conv)
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm-nchw")
+    assert verdict.reason is not None and reason in verdict.reason, verdict
+
+
+def test_nchw_gemm_waits_for_its_measurement():
+    """Applicable, but deferring: compile takes another kernel unless asked for this one."""
+    plan, _ = nchw_gemm_plan(2, 8, 5, 5, 8, torch.float32)
+    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm-nchw")
+    assert verdict.applicable and "not measured" in verdict.deferred
+    handle = compile_triton(plan)
+    assert plan.compiled_solver(handle) != "triton-gemm-nchw"
+
+
+def test_nchw_gemm_tiles_hold_one_images_pixels():
+    from fusionplan.solvers.triton_gemm_nchw import nchw_gemm_config
+
+    for hw, block_m in ((49, 64), (196, 128), (3136, 128), (9, 32)):
+        cfg = nchw_gemm_config(hw, 32 * hw, 512, 256, torch.float16, False)
+        assert cfg.block_m == block_m, (hw, cfg)
+
+
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------
 WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, dilations); the window solver takes C >= 128
     "3x3-edges": (2, 128, 13, 11, 8, 3, 3, (1, 1), (1, 1)),

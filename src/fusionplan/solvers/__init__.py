@@ -19,6 +19,7 @@ from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
 from fusionplan.solvers.triton_depthwise import TritonDepthwiseSolver
 from fusionplan.solvers.triton_gemm import TritonGemmSolver
+from fusionplan.solvers.triton_gemm_nchw import TritonGemmNchwSolver
 from fusionplan.solvers.triton_pointwise import TritonPointwiseSolver
 from fusionplan.solvers.triton_stem import TritonStemSolver
 from fusionplan.solvers.triton_window import TritonWindowSolver
@@ -36,6 +37,7 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
+    TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
     TritonWindowSolver(),
     TritonStemSolver(),  # few input channels (the stem)
