@@ -511,6 +511,14 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def persistent_programs(handle) -> int:
+    """The programs of a persistent kernel's grid: one per multiprocessor of the handle's GPU (two
+    in the interpreter, so that the loop over tiles runs there too)."""
+    if handle.device.type == "cuda":
+        return torch.cuda.get_device_properties(handle.device).multi_processor_count
+    return 2
+
+
 class DescriptorConvKernel(TritonConvKernel):
     """Base of kernels that read the input through tensor descriptors, whose base address must be
     16-byte aligned: other inputs run through triton-conv's implicit GEMM for the same plan."""

@@ -27,6 +27,7 @@ from fusionplan.solvers.triton_conv import (
     conv_plan_why_not,
     descriptor_input_why_not,
     device_why_not,
+    persistent_programs,
     render_conv_source,
     triton_cdiv,
 )
@@ -158,12 +159,7 @@ class TritonGemmKernel(DescriptorConvKernel):
     candidates = tuning.GEMM_CANDIDATES
 
     def __init__(self, spec: PlanSpec, handle) -> None:
-        # persistent programs: one per multiprocessor (two in the interpreter, so that the loop
-        # over tiles runs there too)
-        if handle.device.type == "cuda":
-            self.max_programs = torch.cuda.get_device_properties(handle.device).multi_processor_count
-        else:
-            self.max_programs = 2
+        self.max_programs = persistent_programs(handle)
         super().__init__(spec, handle)
 
     @staticmethod

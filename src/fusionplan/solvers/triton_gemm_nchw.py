@@ -33,6 +33,7 @@ from fusionplan.solvers.triton_conv import (
     TritonConvKernel,
     conv_plan_why_not,
     device_why_not,
+    persistent_programs,
     render_conv_source,
     triton_cdiv,
 )
@@ -150,12 +151,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
     candidates = tuning.GEMM_CANDIDATES
 
     def __init__(self, spec: PlanSpec, handle) -> None:
-        # persistent programs: one per multiprocessor (two in the interpreter, so that the loop
-        # over tiles runs there too)
-        if handle.device.type == "cuda":
-            self.max_programs = torch.cuda.get_device_properties(handle.device).multi_processor_count
-        else:
-            self.max_programs = 2
+        self.max_programs = persistent_programs(handle)
         super().__init__(spec, handle)
 
     @staticmethod
