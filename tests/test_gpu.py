@@ -454,6 +454,24 @@ def test_gluon_repeats_rebind_the_input_descriptor(monkeypatch, solver):
     assert len(repeats) == 4 and len({p[0] for p in repeats}) == 4  # every execute after the first
 
 
+def test_launch_records_keep_kernels_of_one_source_apart(monkeypatch, tmp_path):
+    """gluon-gemm's source is one per chain and dtype; a stride-1 plan and a strided one of the
+    same tile differ in constexpr arguments (ROW_SLOTS) and descriptor blocks. Each compile in a
+    new process finds the other's launch record on disk: it must load its own kernel (a key
+    without those values once loaded the stride-1 kernel for the strided plan: "Rank mismatch")."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_gemm
+
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))  # records of this test only
+    tile = tuning.ConvConfig(256, 128, 64, 8, 8, 3, 1)
+    monkeypatch.setattr(gluon_gemm, "gluon_gemm_config", lambda *a, **k: tile)
+    for stride, hw in ((1, 28), (2, 56), (1, 28), (2, 56)):  # each after the other's record
+        x = input_tensor((4, 128, hw, hw), torch.float16, "NHWC")
+        conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
+        plan = add_chain(plan_for(x), "CBNA", conv=conv, k=128, r=1, s=1, param_dtype="float")
+        run_and_check(plan, "fp16", x, "NHWC", solver="gluon-gemm")  # a fresh plan, kernel and launcher
+
+
 @pytest.mark.parametrize("chain", ["CBNA", "NA"])
 def test_repeats_follow_what_changes(chain):
     """Repeated calls launch a bound kernel directly; each call below changes one thing that must
