@@ -365,3 +365,21 @@ def test_every_epilogue_operator_compiles_in_every_part():
     info = compile_sm90(build, "gluon-gemm")
     assert "tl." not in info["source"] and info["source"].count("gl.exp(") >= 3 and "HAS_PRIOR" in info["source"]
     assert info["HGMMA"] > 0
+
+
+@pytest.mark.parametrize(
+    "name, dtype", [("r50_15", torch.float16), ("r50_11", torch.float32), ("r50_08", torch.float16)]
+)
+def test_find_candidates_suit_the_kernels_dtype_and_rows(name, dtype):
+    """NORMAL find's configurations: reduction steps of 128-byte rows in the plan's dtype (fp32
+    candidates of 16-bit steps needed 400 KB of shared memory: none could launch), a ring that fits
+    sm_90 beside a persistent epilogue, and strided, parts that hold whole output rows."""
+    plan = layer(name, dtype)
+    kernel = gluon_gemm.GluonGemmSolver().build(plan.spec(), fp.Handle("cpu", allow_tf32=True))
+    size = dtype.itemsize
+    assert kernel.candidates and any(c.consumers == 2 for c in kernel.candidates)
+    for c in kernel.candidates:
+        assert c.block_k * size == 128, c
+        ring = c.num_stages * (c.block_m + c.block_n) * c.block_k * size
+        assert ring <= 224 * 1024, c
+        assert gluon_gemm.pixel_parts(c.block_m)[-1] >= kernel.row_slots, c

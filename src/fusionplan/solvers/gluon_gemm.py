@@ -571,17 +571,31 @@ def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvC
     return f"fp32 strided beyond one wave ({programs} tiles on {sms} multiprocessors): triton-conv measured faster"
 
 
+#: NORMAL find's tiles of one computing warpgroup (pixels x channels): around what the cost model
+#: picks at batch 32.
+FIND_TILES = ((96, 128), (128, 128), (192, 128), (64, 128), (208, 128), (112, 64), (64, 256), (96, 256))
+
+
 class GluonGemmKernel(GluonWindowKernel):
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
-    candidates = [  # NORMAL find: pixels x channels around what the cost model picks at batch 32
-        tuning.ConvConfig(p, n, 64, 8, w, gemm_stages(p, n, 64, 2, True, w), 1)
-        for p, n in ((96, 128), (128, 128), (192, 128), (64, 128), (208, 128), (112, 64), (64, 256), (96, 256))
-        for w in (4 if n == 64 else 8,)
-    ] + [  # two warpgroups taking tiles in turn
-        tuning.ConvConfig(p, 128, 64, 8, 4, gemm_stages(p, 128, 64, 2, True, 4, 2), 1, consumers=2)
-        for p in (64, 96, 128)
-    ]
+
+    @property
+    def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
+        """NORMAL find's configurations: FIND_TILES with one computing warpgroup and 64 to 128 pixels
+        with two taking tiles in turn, in steps of 128-byte rows of the plan's dtype with the
+        stages gemm_stages gives; strided, only tiles whose parts hold whole output rows."""
+        size = self.spec.dtype.torch_dtype.itemsize
+        block_k = 128 // size
+        found = [
+            tuning.ConvConfig(p, n, block_k, 8, w, gemm_stages(p, n, block_k, size, True, w), 1)
+            for p, n in FIND_TILES
+            for w in (4 if n == 64 else 8,)
+        ] + [
+            tuning.ConvConfig(p, 128, block_k, 8, 4, gemm_stages(p, 128, block_k, size, True, 4, 2), 1, consumers=2)
+            for p in (64, 96, 128)
+        ]
+        return [c for c in found if pixel_parts(c.block_m)[-1] >= self.row_slots]
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.row_slots = row_slots(spec)  # decided once: the heuristic and every launch read it
