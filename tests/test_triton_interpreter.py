@@ -294,6 +294,48 @@ def test_gemm_solver_says_why_not(case, reason):
     assert plan.compiled_solver(handle) in ("triton-window", "triton-stem", "triton-conv")  # a later solver takes it
 
 
+# ---- triton-conv over whole output rows (NCHW input) -------------------------------------------------
+@pytest.mark.parametrize("shape_key", ["stem-C3", "1x1", "depthwise"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
+def test_conv_row_slots(shape_key, dtype, out_layout, monkeypatch):
+    """tuning.CONV_NCHW_ROW_SLOTS: triton-conv's pixels as slots of whole output rows (each row's
+    width rounded up to a power of two, the slots past it masked), on NCHW input of stride 1 in
+    width; every shape computes right (rows of 11 in 16 slots, 3 input channels: 13x11; 7 in 8:
+    the 1x1 with K=17; grouped as depthwise)."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
+    plan, x = shape_plan(shape_key, "CBNA", dtype, "NCHW")
+    handle = compile_named(plan, "triton-conv")
+    kernel = plan._entry(handle).kernel
+    assert kernel.pixel_slots > 0 and "ROW_SLOTS" in kernel.source()
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize(
+    "shape_key, layout, slots",
+    [
+        ("1x1", "NCHW", 8),
+        ("stem-C3", "NCHW", 16),
+        ("stride2", "NCHW", 0),
+        ("asymmetric", "NCHW", 0),  # stride 2 in width
+        ("grouped", "NCHW", 0),  # rows of 9 in 16 slots: too many empty
+        ("1x1", "NHWC", 0),
+    ],
+)
+def test_conv_row_slots_only_where_rows_are_contiguous(shape_key, layout, slots, monkeypatch):
+    """Rows of slots where the input's pixels are contiguous along a row (NCHW, stride 1 in width)
+    and at most a third of the slots stay empty: 7-wide rows take 8 slots, 11-wide 16; strided,
+    9-wide and channels-last plans keep flat pixels."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
+    plan, _ = shape_plan(shape_key, "CBNA", torch.float32, layout)
+    handle = compile_named(plan, "triton-conv")
+    assert plan._entry(handle).kernel.pixel_slots == slots
+
+
 # ---- 1x1 convolutions on NCHW planes -------------------------------------------------------------------
 def nchw_gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
     x = make_input((n, c, h, w), dtype, "NCHW")

@@ -210,6 +210,16 @@ GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 #: more stages beside persistent programs' epilogues (gluon_gemm.gemm_stages).
 GLUON_GEMM_MMA_EPILOGUE = True
 
+#: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts
+#: its rows as slots of whole output rows, each row's width rounded up to a power of two, so that
+#: the loads and stores of a row are contiguous along the tile's pixels (coalesced; a pixel index
+#: divided by the width hides that from Triton: NCHW element loads, 2-2.3x the NHWC time on 14x14
+#: and 7x7 layers, bench/NOTES.md section 14). Not measured yet: off until it is (`python
+#: scripts/tile_sweep.py --layout NCHW --solver triton-conv --tuning CONV_NCHW_ROW_SLOTS=1 ...`).
+CONV_NCHW_ROW_SLOTS = False
+#: At most this share of a row's slots may stay empty (ResNet-50's widths: 1/8).
+CONV_ROW_SLOTS_MAX_EMPTY = 1 / 3
+
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

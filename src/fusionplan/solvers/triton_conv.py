@@ -64,6 +64,7 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
+    ROW_SLOTS: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
@@ -89,10 +90,20 @@ def conv_kernel(
         offs_n = offs_n.to(tl.int64)
         offs_k = offs_k.to(tl.int64)
     ohw = OH * OW
-    n_img = offs_m // ohw
-    pix = offs_m % ohw
-    oh = pix // OW
-    ow = pix % OW
+    if ROW_SLOTS > 0:
+        # M counts slots of whole output rows, ROW_SLOTS (a power of two) per row, those past OW
+        # masked: a pixel's column is its slot, contiguous along M, so NCHW rows load and store
+        # coalesced (a pixel index divided by OW hides that from Triton)
+        ow = offs_m % ROW_SLOTS
+        m_mask = m_mask & (ow < OW)
+        n_img = (offs_m // ROW_SLOTS) // OH
+        oh = (offs_m // ROW_SLOTS) % OH
+        pix = oh * OW + ow
+    else:
+        n_img = offs_m // ohw
+        pix = offs_m % ohw
+        oh = pix // OW
+        ow = pix % OW
     ih0 = oh * str_h - pad_h
     iw0 = ow * str_w - pad_w
     x_rows = x_ptr + n_img * sxn + (grp * C_G) * sxc
@@ -317,6 +328,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.geometry = (n * oh * ow, c // g, k // g, h, w, oh, ow)
         self.conv_args = (*conv.conv.pads, *conv.conv.strides, *conv.conv.dilations)
         self.groups, self.k, self.out_hw = g, k, (oh, ow)
+        self.pixel_slots = self._pixel_slots(spec)
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         self.w_kmajor = dtype == DataType.FLOAT and self.kmajor_fp32_weights
@@ -325,7 +337,7 @@ class TritonConvKernel(Repeating, Kernel):
         # (the stem: 7 steps of 21 of 32 instead of 49 steps of 3 of 16; 1.7x faster on the H100)
         self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
-        self.config = self.with_split(self.heuristic(n * oh * ow, k // g, depth, dtype.torch_dtype))
+        self.config = self.with_split(self.heuristic(self._m(), k // g, depth, dtype.torch_dtype))
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
         if handle.device.type == "cuda":
@@ -362,8 +374,27 @@ class TritonConvKernel(Repeating, Kernel):
 
     def _tiles(self, cfg: tuning.ConvConfig) -> int:
         """Output tiles of one group: pixels x channels."""
-        m, _, k_g = self.geometry[:3]
-        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k_g, cfg.block_n)
+        k_g = self.geometry[2]
+        return triton_cdiv(self._m(), cfg.block_m) * triton_cdiv(k_g, cfg.block_n)
+
+    def _m(self) -> int:
+        """Rows of the implicit GEMM: output pixels, or slots of whole output rows (pixel_slots)."""
+        n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
+        return n * oh * self.pixel_slots if self.pixel_slots else self.geometry[0]
+
+    def _pixel_slots(self, spec: PlanSpec) -> int:
+        """Slots per output row of the implicit GEMM's rows (tuning.CONV_NCHW_ROW_SLOTS): the row's
+        width rounded up to a power of two, where the input's pixels are contiguous along a row
+        (NCHW-like strides, stride 1 in width) and at most tuning.CONV_ROW_SLOTS_MAX_EMPTY of the
+        slots stay empty; 0 for flat pixels. Only this class's own template reads them."""
+        if not tuning.CONV_NCHW_ROW_SLOTS or type(self).render is not TritonConvKernel.render:
+            return 0
+        x = spec.input_desc
+        ow = self.out_hw[1]
+        if x.strides[3] != 1 or x.strides[1] == 1 or self.conv_args[3] != 1:
+            return 0
+        slots = 1 << (ow - 1).bit_length()
+        return slots if (slots - ow) <= tuning.CONV_ROW_SLOTS_MAX_EMPTY * slots else 0
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -445,10 +476,12 @@ class TritonConvKernel(Repeating, Kernel):
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             cfg.split_k,
+            self.pixel_slots,
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
-        args = [x, packed, out, p, *ws, *values, *self.geometry, *strides, *self.conv_args, *consts]
+        geometry = (self._m(), *self.geometry[1:])
+        args = [x, packed, out, p, *ws, *values, *geometry, *strides, *self.conv_args, *consts]
         return grid, cfg, args  # the launcher adds the arguments' specialization to the key
 
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:
