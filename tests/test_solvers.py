@@ -198,3 +198,21 @@ def test_stem_stretches_choose_the_shortest_step(interleaved, filter_w, stride, 
     # every tap of every pixel of the run lies inside the stretch, the last one at used - 1
     last = runs.position(runs.pixels - 1, filter_w - 1, stride, pad, dil) + interleaved - 1
     assert runs.position(0, 0, stride, pad, dil) >= 0 and last == runs.used - 1 < runs.block_e
+
+
+@pytest.mark.parametrize("solver", ["triton-window", "triton-gemm"])
+def test_descriptor_kernels_find_among_steps_a_tensor_box_can_read(solver, monkeypatch):
+    """NORMAL find's candidates of the kernels that read tensor boxes: fp32 steps of at most 32
+    channels (128-byte rows, the widest swizzle); 16-bit ones keep their 64."""
+    pytest.importorskip("triton")
+    from fusionplan.solvers import solver_named
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for dtype, most in ((torch.float32, 32), (torch.float16, 64)):
+        x = torch.randn(2, 128, 8, 8, dtype=dtype).to(memory_format=torch.channels_last)
+        r = 3 if solver == "triton-window" else 1
+        conv = fp.ConvolutionDescriptor((r // 2, r // 2))
+        plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBA", k=64, r=r, s=r, conv=conv)
+        kernel = solver_named(solver).build(plan.spec(), fp.Handle("cpu"))
+        found = kernel.find_candidates()
+        assert found and max(c.block_k for c in found) == most

@@ -532,8 +532,12 @@ class TritonConvKernel(Repeating, Kernel):
                 return_mode="median",
             )
 
-        candidates = list(dict.fromkeys([self.config, *self.candidates]))
+        candidates = list(dict.fromkeys([self.config, *self.find_candidates()]))
         return tuning.find_config(self.solver_name, self.tuning_key(), device_name, candidates, benchmark)
+
+    def find_candidates(self) -> list[tuning.ConvConfig]:
+        """The configurations NORMAL find benchmarks beside the heuristic's."""
+        return list(self.candidates)
 
     def tuning_key(self) -> tuple:
         """Everything the generated code and its tuning depend on."""
@@ -584,6 +588,12 @@ class DescriptorConvKernel(TritonConvKernel):
     def narrower_config(self) -> tuning.ConvConfig | None:
         """A configuration to try where the kernel's own does not fit the device, or None."""
         return None
+
+    def find_candidates(self) -> list[tuning.ConvConfig]:
+        """The candidates with reduction steps of at most 128-byte rows in the plan's dtype (the
+        widest swizzle of a tensor box: fp32 steps of 64 channels could not be read at all)."""
+        most = 128 // self.spec.dtype.torch_dtype.itemsize
+        return list(dict.fromkeys(replace(c, block_k=min(c.block_k, most)) for c in self.candidates))
 
     def _implicit_gemm(self) -> TritonConvKernel:
         if self._conv_kernel is None:
