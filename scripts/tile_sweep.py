@@ -151,12 +151,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="print this many fastest configurations per layer")
     p.add_argument(
         "--tuning",
-        type=parse_tuning,
+        type=parse_tuning_choices,
         action="append",
         default=[],
-        help="NAME=VALUE: set a constant of fusionplan.tuning for this run (an experiment's switch), repeatable",
+        help=(
+            "NAME=VALUE: set a constant of fusionplan.tuning for this run (an experiment's switch), repeatable; "
+            "NAME=V1,V2: sweep every layer once per value, one after the other in this process (an A/B)"
+        ),
     )
     return p
+
+
+def parse_tuning_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
+    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)): each value as parse_tuning."""
+    name, _, values = text.partition("=")
+    return name, tuple(parse_tuning(f"{name}={value}")[1] for value in values.split(","))
+
+
+def tuning_variants(choices: list[tuple[str, tuple]]) -> list[dict[str, int | float]]:
+    """Every combination of the chosen values, in order: [{}] when nothing is chosen."""
+    variants: list[dict[str, int | float]] = [{}]
+    for name, values in choices:
+        variants = [{**v, name: value} for v in variants for value in values]
+    return variants
 
 
 def parse_tuning(text: str) -> tuple[str, int | float]:
@@ -181,9 +198,6 @@ def main(argv: list[str] | None = None) -> int:
         print("tile_sweep: needs a CUDA GPU (it times kernels as CUDA-graph replays)", file=sys.stderr)
         return 2
     from fusionplan import tuning
-
-    for name, value in opts.tuning:
-        setattr(tuning, name, value)
     from fusionplan.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(opts.shapes)}
@@ -191,11 +205,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"tile_sweep: unknown layers {unknown}", file=sys.stderr)
         return 2
+    variants = tuning_variants(opts.tuning)
     for name in opts.layers.split(","):
-        rows = sweep_layer(shapes[name], opts)
-        print(f"{name} batch {opts.batch} {opts.precision} {opts.layout} {opts.mode}:")
-        for _, line in sorted(rows)[: opts.top]:
-            print(line)
+        for variant in variants:  # each layer's variants one after the other: the same conditions
+            for constant, value in variant.items():
+                setattr(tuning, constant, value)
+            rows = sweep_layer(shapes[name], opts)
+            label = "".join(f" {k}={v}" for k, v in variant.items()) if len(variants) > 1 else ""
+            print(f"{name} batch {opts.batch} {opts.precision} {opts.layout} {opts.mode}{label}:")
+            for _, line in sorted(rows)[: opts.top]:
+                print(line)
     return 0
 
 

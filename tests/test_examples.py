@@ -49,6 +49,13 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
     assert sweep.parse_tuning("GLUON_GEMM_MMA_EPILOGUE=1") == ("GLUON_GEMM_MMA_EPILOGUE", True)
     assert sweep.parse_tuning("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
+    choices = [sweep.parse_tuning_choices("CONV_NCHW_ROW_SLOTS=0,1"), sweep.parse_tuning_choices("SPLIT_K_TARGET=114")]
+    assert choices == [("CONV_NCHW_ROW_SLOTS", (False, True)), ("SPLIT_K_TARGET", (114,))]
+    assert sweep.tuning_variants(choices) == [
+        {"CONV_NCHW_ROW_SLOTS": False, "SPLIT_K_TARGET": 114},
+        {"CONV_NCHW_ROW_SLOTS": True, "SPLIT_K_TARGET": 114},
+    ]
+    assert sweep.tuning_variants([]) == [{}]
     for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):
         with pytest.raises(Exception, match="constant of fusionplan.tuning|NAME=NUMBER"):
             sweep.parse_tuning(bad)

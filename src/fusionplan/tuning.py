@@ -215,7 +215,7 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: the loads and stores of a row are contiguous along the tile's pixels (coalesced; a pixel index
 #: divided by the width hides that from Triton: NCHW element loads, 2-2.3x the NHWC time on 14x14
 #: and 7x7 layers, bench/NOTES.md section 14). Not measured yet: off until it is (`python
-#: scripts/tile_sweep.py --layout NCHW --solver triton-conv --tuning CONV_NCHW_ROW_SLOTS=1 ...`).
+#: scripts/tile_sweep.py --layout NCHW --solver triton-conv --tuning CONV_NCHW_ROW_SLOTS=0,1 ...`).
 CONV_NCHW_ROW_SLOTS = False
 #: At most this share of a row's slots may stay empty (ResNet-50's widths: 1/8).
 CONV_ROW_SLOTS_MAX_EMPTY = 1 / 3
