@@ -209,18 +209,22 @@ def test_every_applicable_solver(key, layout, precision):
         run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW", solver=name)
 
 
-ROW_SLOT_LAYERS = [s for s in LAYERS if s.name in ("r50_02", "r50_10", "r50_15", "r50_21", "r50_22")]
+ROW_SLOT_LAYERS = [
+    s for s in LAYERS if s.name in ("r50_02", "r50_10", "r50_15", "r50_21", "r50_22", "r50_06", "r50_18", "r50_20")
+]
 
 
 @pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
 @pytest.mark.parametrize("layer", ROW_SLOT_LAYERS, ids=[s.name for s in ROW_SLOT_LAYERS])
 def test_conv_row_slots_on_nchw_layers(layer, precision, out_layout, monkeypatch):
-    """triton-conv with tuning.CONV_NCHW_ROW_SLOTS on NCHW input (rows of 56, 28, 14 and 7 pixels
-    in 64, 32, 16 and 8 slots; split reductions on the 7x7 layers at batch 3)."""
+    """triton-conv with tuning.CONV_NCHW_ROW_SLOTS and CONV_NCHW_ROW_PAIRS on NCHW input (rows of
+    56, 28, 14 and 7 pixels in 64, 32, 16 and 8 slots; stride 2 as pairs of columns: r50_06,
+    r50_18, r50_20; split reductions on the 7x7 layers at batch 3)."""
     from fusionplan import tuning
 
     monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_PAIRS", True)
     dtype = PRECISIONS[precision][0]
     x = input_tensor((3, layer.c, layer.h, layer.w), dtype, "NCHW")
     conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))

@@ -318,7 +318,7 @@ def test_conv_row_slots(shape_key, dtype, out_layout, monkeypatch):
     [
         ("1x1", "NCHW", 8),
         ("stem-C3", "NCHW", 16),
-        ("stride2", "NCHW", 0),
+        ("stride2", "NCHW", 0),  # stride 2: pairs of columns, off (CONV_NCHW_ROW_PAIRS)
         ("asymmetric", "NCHW", 0),  # stride 2 in width
         ("grouped", "NCHW", 0),  # rows of 9 in 16 slots: too many empty
         ("1x1", "NHWC", 0),
@@ -334,6 +334,32 @@ def test_conv_row_slots_only_where_rows_are_contiguous(shape_key, layout, slots,
     plan, _ = shape_plan(shape_key, "CBNA", torch.float32, layout)
     handle = compile_named(plan, "triton-conv")
     assert plan._entry(handle).kernel.pixel_slots == slots
+
+
+STRIDED_PAIR_CASES = {  # (n, c, h, w, k, r, pad): stride 2; output rows of 7, 6 and 4 pixels
+    "3x3-14x14": (2, 16, 14, 14, 24, 3, 1),  # rows of 7 in 8 slots, the first tap one column left
+    "1x1-12x12": (3, 8, 12, 12, 17, 1, 0),
+    "3x3-odd-7x8": (1, 20, 7, 8, 8, 3, 1),  # 4x4 outputs from an odd height
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED_PAIR_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
+def test_conv_row_pairs_of_strided_rows(case, dtype, out_layout, monkeypatch):
+    """tuning.CONV_NCHW_ROW_PAIRS: stride 2 in width on NCHW input, each tap loading the
+    2 x pixels contiguous columns of its rows (coalesced) and keeping the even ones."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_PAIRS", True)
+    n, c, h, w, k, r, pad = STRIDED_PAIR_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor((pad, pad), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=r, param_dtype=DT_NAME[dtype])
+    handle = compile_named(plan, "triton-conv")
+    assert plan._entry(handle).kernel.pixel_slots > 0
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
 # ---- 1x1 convolutions on NCHW planes -------------------------------------------------------------------

@@ -217,6 +217,11 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: and 7x7 layers, bench/NOTES.md section 14). Not measured yet: off until it is (`python
 #: scripts/tile_sweep.py --layout NCHW --solver triton-conv --tuning CONV_NCHW_ROW_SLOTS=0,1 ...`).
 CONV_NCHW_ROW_SLOTS = False
+#: With CONV_NCHW_ROW_SLOTS, stride 2 in width too: each tap loads the 2 x pixels contiguous input
+#: columns of its rows (coalesced) and keeps the even ones, where every other column would be a
+#: lone 2-byte load laid out along the channels (the strided NCHW layers: 2.2x the NHWC time on the
+#: H100, section 14). Not measured yet: off until it is (`--tuning CONV_NCHW_ROW_PAIRS=0,1`).
+CONV_NCHW_ROW_PAIRS = False
 #: At most this share of a row's slots may stay empty (ResNet-50's widths: 1/8).
 CONV_ROW_SLOTS_MAX_EMPTY = 1 / 3
 

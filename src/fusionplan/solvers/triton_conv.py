@@ -64,7 +64,7 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
-    ROW_SLOTS: tl.constexpr,
+    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
@@ -149,8 +149,25 @@ def conv_kernel(
             row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             cc = c0 + offs_k
             c_ok = cc < C_G
-            a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                        mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            if ROW_PAIRS:
+                # stride 2 in width (rows of slots, NCHW): the tap's 2 x BLOCK_M contiguous input
+                # columns (pair e of pixel m is slot 2 * m + e), loaded along the pixels, then the
+                # even ones kept: coalesced loads where every other column would be a lone element
+                q = 2 * (pid_m * BLOCK_M) + tl.arange(0, 2 * BLOCK_M)
+                if IDX64:
+                    q = q.to(tl.int64)
+                q_row = q // (2 * ROW_SLOTS)
+                q_col = q % (2 * ROW_SLOTS) - pad_w + s * dil_w
+                q_ih = (q_row % OH) * str_h - pad_h + r * dil_h
+                q_ok = (q < 2 * M) & (q % (2 * ROW_SLOTS) < 2 * OW) & (q_ih >= 0) & (q_ih < H)
+                q_ok = q_ok & (q_col >= 0) & (q_col < W)
+                q_rows = x_ptr + (q_row // OH) * sxn + (grp * C_G) * sxc + q_ih * sxh + q_col
+                pairs = tl.load(q_rows[:, None] + cc[None, :] * sxc, mask=q_ok[:, None] & c_ok[None, :], other=0.0)
+                pairs = tl.permute(tl.reshape(pairs, (BLOCK_M, 2, BLOCK_K)), (0, 2, 1))
+                a, _ = tl.split(pairs)
+            else:
+                a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
+                            mask=row_ok[:, None] & c_ok[None, :], other=0.0)
             b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn,
                         mask=c_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
@@ -328,7 +345,6 @@ class TritonConvKernel(Repeating, Kernel):
         self.geometry = (n * oh * ow, c // g, k // g, h, w, oh, ow)
         self.conv_args = (*conv.conv.pads, *conv.conv.strides, *conv.conv.dilations)
         self.groups, self.k, self.out_hw = g, k, (oh, ow)
-        self.pixel_slots = self._pixel_slots(spec)
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         self.w_kmajor = dtype == DataType.FLOAT and self.kmajor_fp32_weights
@@ -337,6 +353,7 @@ class TritonConvKernel(Repeating, Kernel):
         # (the stem: 7 steps of 21 of 32 instead of 49 steps of 3 of 16; 1.7x faster on the H100)
         self.fold_s = c // g < 16 and filter_w > 1 and c // g * filter_w <= 64
         depth = c // g * filter_w if self.fold_s else c // g  # what one reduction step covers
+        self.pixel_slots = self._pixel_slots(spec)
         self.config = self.with_split(self.heuristic(self._m(), k // g, depth, dtype.torch_dtype))
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
@@ -385,13 +402,16 @@ class TritonConvKernel(Repeating, Kernel):
     def _pixel_slots(self, spec: PlanSpec) -> int:
         """Slots per output row of the implicit GEMM's rows (tuning.CONV_NCHW_ROW_SLOTS): the row's
         width rounded up to a power of two, where the input's pixels are contiguous along a row
-        (NCHW-like strides, stride 1 in width) and at most tuning.CONV_ROW_SLOTS_MAX_EMPTY of the
-        slots stay empty; 0 for flat pixels. Only this class's own template reads them."""
+        (NCHW-like strides; stride 1 in width, or 2 with tuning.CONV_NCHW_ROW_PAIRS outside the
+        few-channel fold) and at most tuning.CONV_ROW_SLOTS_MAX_EMPTY of the slots stay empty; 0
+        for flat pixels. Only this class's own template reads them."""
         if not tuning.CONV_NCHW_ROW_SLOTS or type(self).render is not TritonConvKernel.render:
             return 0
         x = spec.input_desc
         ow = self.out_hw[1]
-        if x.strides[3] != 1 or x.strides[1] == 1 or self.conv_args[3] != 1:
+        stride_w = self.conv_args[3]
+        pairs = stride_w == 2 and tuning.CONV_NCHW_ROW_PAIRS and not self.fold_s
+        if x.strides[3] != 1 or x.strides[1] == 1 or not (stride_w == 1 or pairs):
             return 0
         slots = 1 << (ow - 1).bit_length()
         return slots if (slots - ow) <= tuning.CONV_ROW_SLOTS_MAX_EMPTY * slots else 0
@@ -477,6 +497,7 @@ class TritonConvKernel(Repeating, Kernel):
             has_prior,
             cfg.split_k,
             self.pixel_slots,
+            self.pixel_slots > 0 and self.conv_args[3] == 2,  # pairs of columns
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
