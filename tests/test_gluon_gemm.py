@@ -10,7 +10,7 @@ import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, plan_for
+from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_gemm = pytest.importorskip("fusionplan.solvers.gluon_gemm")
@@ -234,14 +234,6 @@ def test_batch_1_takes_the_smallest_tiles():
     assert cfg.block_n == 64 and cfg.block_m <= 64
 
 
-def gemm_build(name: str, dtype: str, chain: str = "CBNA") -> str:
-    return (
-        f"s = resnet50_layer({name!r})\n"
-        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype}).to(memory_format=torch.channels_last)\n"
-        f"plan = layer_plan(s, x, {chain!r})"
-    )
-
-
 @pytest.mark.parametrize(
     "name, dtype, hgmma",
     [
@@ -255,7 +247,7 @@ def gemm_build(name: str, dtype: str, chain: str = "CBNA") -> str:
 def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
     """A loading partition beside the computing one, a tensor load per part and for the weights, a
     wgmma per part and 16-element slice of the step (fp32: 32 elements, 8 each), this step's products in flight."""
-    info = compile_sm90(gemm_build(name, dtype), "gluon-gemm")
+    info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
     pixels = {"r50_15": 96, "r50_19": 208, "r50_21": 64, "r50_17": 192, "r50_07": 256}[name]
     parts = len(gluon_gemm.pixel_parts(pixels))
     assert info["HGMMA"] == hgmma and info["LDSM (operand through registers)"] == 0
@@ -307,7 +299,7 @@ def test_strided_kernels_load_whole_rows(name, dtype):
     """Strided: each part's box is 3-D (rows of slots of the strided view), reinterpreted as the
     [pixels, BLOCK_K] operand; a tensor load per part and for the weights, no spills, in sm_90's
     shared memory."""
-    info = compile_sm90(gemm_build(name, dtype), "gluon-gemm")
+    info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
     assert "ROW_SLOTS" in info["source"] and info["HGMMA"] > 0
     assert info["tensor loads (UTMALDG)"] >= 2 and "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448

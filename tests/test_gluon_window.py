@@ -9,7 +9,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers.triton_window import window_defer_why
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, plan_for
+from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_window = pytest.importorskip("fusionplan.solvers.gluon_window")
@@ -67,14 +67,6 @@ def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory(dtype):
         assert cfg.block_n >= 16 * cfg.num_warps and cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128
         row = cfg.block_k * dtype.itemsize
         assert row <= 128 and cfg.num_stages * (cfg.block_m + cfg.block_n) * row <= 200 * 1024, (name, cfg)
-
-
-def layer_build(name: str, dtype: str) -> str:
-    return (
-        f"s = resnet50_layer({name!r})\n"
-        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype}).to(memory_format=torch.channels_last)\n"
-        "plan = layer_plan(s, x, 'CBNA')"
-    )
 
 
 @pytest.mark.parametrize(

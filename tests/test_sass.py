@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .util import compile_sm90, compiling_process
+from .util import compile_sm90, compiling_process, layer_build
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "inspect_sass.py"
 
@@ -98,14 +98,6 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
         assert shared[0] <= HOPPER_SHARED_BYTES or shared[-1] <= HOPPER_SHARED_BYTES, (layer, dtype, solver, shared)
 
 
-def nchw_build(name: str, dtype: str) -> str:
-    return (
-        f"s = resnet50_layer({name!r})\n"
-        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype})\n"
-        "plan = layer_plan(s, x, 'CBNA')"
-    )
-
-
 @pytest.mark.parametrize(
     "name, dtype, async_input",
     [
@@ -119,7 +111,7 @@ def test_nchw_planes_are_read_by_async_copies_without_spills(name, dtype, async_
     """triton-gemm-nchw's pointer loads: pipelined as asynchronous copies into shared memory where
     the planes' alignment allows (a flattened persistent loop had lost it: every load one element),
     wgmma products, no spills, within sm_90's shared memory."""
-    info = compile_sm90(nchw_build(name, dtype), "triton-gemm-nchw")
+    info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "triton-gemm-nchw")
     weights_only = 16  # the weight tile's copies alone at r50_21's 64 x 64 tiles and 4 stages
     copies = info["async copies (LDGSTS)"]
     assert copies > weights_only if async_input else copies > 0

@@ -238,8 +238,8 @@ def test_backend_triton_refuses_what_it_cannot_fuse():
 
 
 # ---- 1x1 convolutions as GEMMs read through tensor descriptors -------------------------------------------
-def gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
-    x = make_input((n, c, h, w), dtype, "NHWC")
+def gemm_plan(n, c, h, w, k, dtype, chain="CBNA", layout="NHWC", **kw):
+    x = make_input((n, c, h, w), dtype, layout)
     kw.setdefault("param_dtype", DT_NAME[dtype])
     return add_chain(plan_for(x), chain, k=k, r=1, s=1, **kw), x
 
@@ -254,11 +254,14 @@ def test_gemm_solver(dims, dtype, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
+@pytest.mark.parametrize("solver, layout", [("triton-gemm", "NHWC"), ("triton-gemm-nchw", "NCHW")])
 @pytest.mark.parametrize("chain", ["C", "CNA", "CBNAB", "CANB"])
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
-def test_gemm_chains_with_alpha_beta(chain, bn_mode):
-    plan, x = gemm_plan(2, 16, 3, 5, 24, torch.float32, chain, bn_mode=bn_mode, activation=ActivationMode.ELU)
-    handle = compile_named(plan, "triton-gemm")
+def test_gemm_chains_with_alpha_beta(solver, layout, chain, bn_mode):
+    """Every epilogue stage, per-channel and per-element batch norm, blends with a prior output."""
+    kw = dict(bn_mode=bn_mode, activation=ActivationMode.ELU)
+    plan, x = gemm_plan(2, 16, 3, 5, 24, torch.float32, chain, layout, **kw)
+    handle = compile_named(plan, solver)
     rng = random.Random(len(chain))
     args = fp.OperatorArgs()
     for op in plan.ops:
@@ -364,9 +367,7 @@ def test_conv_row_pairs_of_strided_rows(case, dtype, out_layout, monkeypatch):
 
 # ---- 1x1 convolutions on NCHW planes -------------------------------------------------------------------
 def nchw_gemm_plan(n, c, h, w, k, dtype, chain="CBNA", **kw):
-    x = make_input((n, c, h, w), dtype, "NCHW")
-    kw.setdefault("param_dtype", DT_NAME[dtype])
-    return add_chain(plan_for(x), chain, k=k, r=1, s=1, **kw), x
+    return gemm_plan(n, c, h, w, k, dtype, chain, "NCHW", **kw)
 
 
 NCHW_GEMM_CASES = {  # (n, c, h, w, k); the interpreter's tiles are 32 pixels x 32 channels x 16 deep
@@ -385,19 +386,6 @@ def test_nchw_gemm_solver(case, dtype, out_layout):
     plan, x = nchw_gemm_plan(*NCHW_GEMM_CASES[case], dtype)
     handle = compile_named(plan, "triton-gemm-nchw")
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
-
-
-@pytest.mark.parametrize("chain", ["C", "CNA", "CBNAB", "CANB"])
-@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
-def test_nchw_gemm_chains_with_alpha_beta(chain, bn_mode):
-    """Every epilogue stage, per-channel and per-element batch norm, blends with a prior output."""
-    plan, x = nchw_gemm_plan(2, 16, 5, 7, 24, torch.float32, chain, bn_mode=bn_mode, activation=ActivationMode.ELU)
-    handle = compile_named(plan, "triton-gemm-nchw")
-    rng = random.Random(len(chain))
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
-    check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
 
 
 def test_nchw_gemm_reruns_with_new_tensors():

@@ -166,6 +166,16 @@ def compiling_process(args: list[str], timeout: int = 300) -> str:
     return out.stdout
 
 
+def layer_build(name: str, dtype: str, chain: str = "CBNA", layout: str = "NHWC") -> str:
+    """Code (for compile_sm90) that builds the plan of ResNet-50 layer ``name`` at batch 32."""
+    to_layout = ".to(memory_format=torch.channels_last)" if layout == "NHWC" else ""
+    return (
+        f"s = resnet50_layer({name!r})\n"
+        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype}){to_layout}\n"
+        f"plan = layer_plan(s, x, {chain!r})"
+    )
+
+
 def compile_sm90(build: str, solver: str) -> dict:
     """The SASS summary (fusionplan.sass) and source of ``solver``'s kernel for the plan that the
     code ``build`` makes, compiled for sm_90 without a GPU (skipped where Triton has no ptxas)."""
