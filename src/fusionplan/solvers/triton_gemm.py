@@ -54,19 +54,7 @@ def gemm_kernel(
     # (STORE_TILES: packed channels-last; else a stand-in, unused). Host descriptors (kernel
     # parameters): built here, in global memory behind a proxy fence, they cost about 2 us per launch.
     num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(K, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_steps = tl.cdiv(C, BLOCK_K)
-    num_pid_in_group = GROUP_M * num_pid_n
-    # persistent: each program walks tiles NUM_PROGRAMS apart; flattening the two loops lets the
-    # loads of the next tile overlap this tile's epilogue
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):
-        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-        pid_n = (tile % num_pid_in_group) // group_size_m
+{persistent_tiles}
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, k_steps):
             a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
@@ -87,6 +75,29 @@ def gemm_kernel(
         ow = pix % OW
         ch = offs_n
 {tail}'''
+
+#: A persistent GEMM's loop over its tiles (num_pid_m given): each program walks tiles NUM_PROGRAMS
+#: apart, in GROUP_M order; ``{loop}``: how the loop is written and why.
+PERSISTENT_TILES = """    num_pid_n = tl.cdiv(K, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = tl.cdiv(C, BLOCK_K)
+    num_pid_in_group = GROUP_M * num_pid_n
+{loop}
+        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
+        group_id = tile // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+        pid_n = (tile % num_pid_in_group) // group_size_m"""
+
+_TEMPLATE = _TEMPLATE.replace(
+    "{persistent_tiles}",
+    PERSISTENT_TILES.format(
+        loop="""    # persistent: each program walks tiles NUM_PROGRAMS apart; flattening the two loops lets the
+    # loads of the next tile overlap this tile's epilogue
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=True):"""
+    ),
+)
 
 #: The GEMM's store: a tile through the output's descriptor when the output is packed
 #: channels-last and aligned (bounds clipped by the hardware), element by element otherwise.

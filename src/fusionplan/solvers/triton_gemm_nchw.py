@@ -37,6 +37,7 @@ from fusionplan.solvers.triton_conv import (
     render_conv_source,
     triton_cdiv,
 )
+from fusionplan.solvers.triton_gemm import PERSISTENT_TILES
 
 Tensor = torch.Tensor
 
@@ -60,19 +61,7 @@ def gemm_nchw_kernel(
     # weights as [C, K]; OUT_PLANES: the output (and a prior) are packed planes too.
     tiles_per_image = tl.cdiv(HW, BLOCK_M)
     num_pid_m = N * tiles_per_image
-    num_pid_n = tl.cdiv(K, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_steps = tl.cdiv(C, BLOCK_K)
-    num_pid_in_group = GROUP_M * num_pid_n
-    # persistent: each program walks tiles NUM_PROGRAMS apart (the next tile's loads overlap this
-    # tile's epilogue)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):
-        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-        pid_n = (tile % num_pid_in_group) // group_size_m
+{persistent_tiles}
         n_img = pid_m // tiles_per_image
         pix = (pid_m % tiles_per_image) * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -99,6 +88,15 @@ def gemm_nchw_kernel(
         ow = pix % OW
         ch = offs_n
 {tail}'''
+
+_TEMPLATE = _TEMPLATE.replace(
+    "{persistent_tiles}",
+    PERSISTENT_TILES.format(
+        loop="""    # persistent, not flattened: a flattened loop carries the pointers from tile to tile, and their
+    # alignment is lost (every load one element, nothing pipelined; tests/test_sass.py)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):"""
+    ),
+)
 
 #: The store: packed planes contiguous along the pixels (HW compiled in: known alignment), else
 #: element by element in the output's own strides.
