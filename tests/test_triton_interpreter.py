@@ -779,3 +779,20 @@ def test_launcher_remembers_specializations_that_do_not_fit():
     with pytest.raises(Exception, match="shared memory"):
         launcher((1, 1, 1), "cfg", [16], 4, 3)  # another specialization: an integer that divides by 16
     assert len(calls) == 2
+
+
+def test_row_slots_are_part_of_the_tuning_key(monkeypatch):
+    """NORMAL find stores a winner per tuning key: a plan run over rows of slots and the same plan
+    over flat pixels (one source) are tuned apart; flat plans keep the key they had."""
+    from fusionplan import tuning
+
+    def kernel():
+        plan, _ = shape_plan("1x1", "CBNA", torch.float32, "NCHW")
+        handle = compile_named(plan, "triton-conv")
+        return plan._entry(handle).kernel
+
+    flat = kernel()
+    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
+    slotted = kernel()
+    assert slotted.source() == flat.source() and slotted.tuning_key() != flat.tuning_key()
+    assert len(flat.tuning_key()) == 4

@@ -561,8 +561,10 @@ class TritonConvKernel(Repeating, Kernel):
         return list(self.candidates)
 
     def tuning_key(self) -> tuple:
-        """Everything the generated code and its tuning depend on."""
-        return (self._source, self.spec.signature(), self.dot_precision, self.fold_s)
+        """Everything the generated code and its tuning depend on (rows of slots, where taken, too:
+        the same source runs both ways)."""
+        key = (self._source, self.spec.signature(), self.dot_precision, self.fold_s)
+        return (*key, ("pixel_slots", self.pixel_slots)) if self.pixel_slots else key
 
 
 def triton_cdiv(a: int, b: int) -> int:
