@@ -99,21 +99,22 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
 
 
 @pytest.mark.parametrize(
-    "name, dtype, async_input",
+    "name, dtype, reads",
     [
-        ("r50_07", "float16", True),  # 784-pixel planes: 16-byte copies
-        ("r50_15", "float16", True),  # 196: 8-byte copies (the plane size is compiled in)
-        ("r50_21", "float16", False),  # 49: no alignment, element loads
-        ("r50_11", "float32", True),
+        ("r50_07", "float16", "boxes"),  # 784-pixel planes: whole 16-byte units, tensor boxes
+        ("r50_11", "float32", "boxes"),
+        ("r50_15", "float16", "copies"),  # 196: 8-byte copies (the plane size is compiled in)
+        ("r50_21", "float16", "elements"),  # 49: no alignment, element loads
     ],
 )
-def test_nchw_planes_are_read_by_async_copies_without_spills(name, dtype, async_input):
-    """triton-gemm-nchw's pointer loads: pipelined as asynchronous copies into shared memory where
-    the planes' alignment allows (a flattened persistent loop had lost it: every load one element),
-    wgmma products, no spills, within sm_90's shared memory."""
+def test_nchw_planes_are_read_by_boxes_or_async_copies_without_spills(name, dtype, reads):
+    """triton-gemm-nchw's input: tensor boxes where the planes allow, else pointer loads pipelined
+    as asynchronous copies where the planes' alignment allows (a flattened persistent loop had lost
+    it: every load one element); wgmma products, no spills, within sm_90's shared memory."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "triton-gemm-nchw")
     weights_only = 16  # the weight tile's copies alone at r50_21's 64 x 64 tiles and 4 stages
-    copies = info["async copies (LDGSTS)"]
-    assert copies > weights_only if async_input else copies > 0
+    boxes, copies = info["tensor loads (UTMALDG)"], info["async copies (LDGSTS)"]
+    assert (boxes > 0) == (reads == "boxes")
+    assert copies > weights_only if reads == "copies" else copies > 0
     assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES

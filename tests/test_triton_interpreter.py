@@ -374,6 +374,7 @@ NCHW_GEMM_CASES = {  # (n, c, h, w, k); the interpreter's tiles are 32 pixels x 
     "C3-K17-13x11": (2, 3, 13, 11, 17),  # 143 pixels: 5 tiles per image, the last of 15; C < a step
     "C40-7x7": (1, 40, 7, 7, 24),  # 49 pixels: 2 tiles; C=40 against 16-deep steps
     "small-planes": (3, 16, 4, 6, 40),  # 24 pixels: one partial tile per image; K=40 two tiles
+    "boxes-8x10": (2, 24, 8, 10, 40),  # 80-pixel planes (whole 16-byte units): tensor boxes, 3 per image
 }
 
 
@@ -386,6 +387,22 @@ def test_nchw_gemm_solver(case, dtype, out_layout):
     plan, x = nchw_gemm_plan(*NCHW_GEMM_CASES[case], dtype)
     handle = compile_named(plan, "triton-gemm-nchw")
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("tile_loads", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, dtype, monkeypatch):
+    """tuning.NCHW_GEMM_TILE_LOADS: 80-pixel planes through tensor boxes of the input, else by
+    pointer; 13x11 planes (143 pixels, not whole 16-byte units) by pointer either way."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "NCHW_GEMM_TILE_LOADS", tile_loads)
+    for dims, boxes in (((2, 24, 8, 10, 40), tile_loads), ((2, 8, 13, 11, 8), False)):
+        plan, x = nchw_gemm_plan(*dims, dtype)
+        handle = compile_named(plan, "triton-gemm-nchw")
+        kernel = plan._entry(handle).kernel
+        assert (kernel._input_tiles(x, kernel.config) is not None) == boxes
+        check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 
 def test_nchw_gemm_reruns_with_new_tensors():

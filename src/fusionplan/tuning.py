@@ -210,6 +210,12 @@ GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 #: more stages beside persistent programs' epilogues (gluon_gemm.gemm_stages).
 GLUON_GEMM_MMA_EPILOGUE = True
 
+#: triton-gemm-nchw reads its input through tensor descriptors ([N, C, H*W] boxes: TMA on Hopper)
+#: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Neither is
+#: measured yet (the solver defers): `python scripts/tile_sweep.py --layout NCHW --solver
+#: triton-gemm-nchw --tuning NCHW_GEMM_TILE_LOADS=0,1 ...`.
+NCHW_GEMM_TILE_LOADS = True
+
 #: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts
 #: its rows as slots of whole output rows, each row's width rounded up to a power of two, so that
 #: the loads and stores of a row are contiguous along the tile's pixels (coalesced; a pixel index

@@ -26,7 +26,7 @@ from fusionplan import tuning
 from fusionplan.codegen import interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
     POINTER_STORE,
@@ -48,25 +48,30 @@ import triton.language as tl
 
 @triton.jit
 def gemm_nchw_kernel(
-    x_ptr, w_ptr, y_ptr, prior_ptr,
+    x_ptr, x_desc, w_ptr, y_ptr, prior_ptr,
     {stage_params}
     N, C, K, sxn,
     syn, syc, syh, syw, spn, spc, sph, spw,
-    HW: tl.constexpr, OW: tl.constexpr, OUT_PLANES: tl.constexpr,
+    HW: tl.constexpr, OW: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     {stage_flags}
 ):
     # x: NCHW, packed planes of HW pixels (image n's channel c at x_ptr + n * sxn + c * HW); w: the
-    # weights as [C, K]; OUT_PLANES: the output (and a prior) are packed planes too.
+    # weights as [C, K]; OUT_PLANES: the output (and a prior) are packed planes too. IN_TILES: the
+    # input read through x_desc, [N, C, HW] in [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte
+    # units, an aligned input; bounds and zero fill by the hardware), else by pointer (x_desc: a
+    # stand-in, unused).
     tiles_per_image = tl.cdiv(HW, BLOCK_M)
     num_pid_m = N * tiles_per_image
 {persistent_tiles}
         n_img = pid_m // tiles_per_image
-        pix = (pid_m % tiles_per_image) * BLOCK_M + tl.arange(0, BLOCK_M)
+        p0 = (pid_m % tiles_per_image) * BLOCK_M
+        pix = p0 + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         m_mask = pix < HW
         n_mask = offs_n < K
+        image = n_img  # a box's coordinate (32-bit)
         if IDX64:  # offsets past 2^31 elements
             n_img = n_img.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
@@ -77,8 +82,11 @@ def gemm_nchw_kernel(
             k_mask = offs_k < C
             if IDX64:
                 offs_k = offs_k.to(tl.int64)
-            a = tl.load(x_image + offs_k[:, None] * HW + pix[None, :],
-                        mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+            if IN_TILES:
+                a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
+            else:
+                a = tl.load(x_image + offs_k[:, None] * HW + pix[None, :],
+                            mask=k_mask[:, None] & m_mask[None, :], other=0.0)
             b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
                         mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
@@ -188,10 +196,12 @@ class TritonGemmNchwKernel(TritonConvKernel):
         out_planes = all(
             d == 1 or a == b == e for d, a, b, e in zip((n, self.k, oh, ow), out_strides[:4], out_strides[4:], planes)
         )
+        x_desc = self._input_tiles(x, cfg)
         consts = (
             oh * ow,
             ow,
             out_planes,
+            x_desc is not None,
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
@@ -202,8 +212,21 @@ class TritonGemmNchwKernel(TritonConvKernel):
             programs,
             *flags.values(),
         )
-        args = [x, packed, out, p, *values, n, c, self.k, x_stride_n, *out_strides, *consts]
+        args = [x, x_desc, packed, out, p, *values, n, c, self.k, x_stride_n, *out_strides, *consts]
         return (programs, 1, 1), cfg, args
+
+    def _input_tiles(self, x: Tensor, cfg: tuning.ConvConfig):
+        """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes, where
+        tuning.NCHW_GEMM_TILE_LOADS asks for it and a descriptor can read the input (planes of whole
+        16-byte units, an aligned address); else None (pointer loads, no descriptor to encode)."""
+        n, c, h, w = self.spec.input_desc.dims
+        if not tuning.NCHW_GEMM_TILE_LOADS or (h * w * x.element_size()) % 16 or x.data_ptr() % 16:
+            return None
+        return host_descriptor(x, [n, c, h * w], [c * h * w, h * w, 1], [1, cfg.block_k, cfg.block_m])
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """The input (and its descriptor, where the kernel reads one), the output, the prior."""
+        return ((0, 1) if args[1] is not None else 0, 3, 4)
 
 
 class TritonGemmNchwSolver(Solver):
