@@ -374,4 +374,4 @@ def test_find_candidates_suit_the_kernels_dtype_and_rows(name, dtype):
         assert c.block_k * size == 128, c
         ring = c.num_stages * (c.block_m + c.block_n) * c.block_k * size
         assert ring <= 224 * 1024, c
-        assert gluon_gemm.pixel_parts(c.block_m)[-1] >= kernel.row_slots, c
+        assert gluon_gemm.pixel_parts(c.block_m)[-1] >= kernel.pixel_slots, c

@@ -595,28 +595,26 @@ class GluonGemmKernel(GluonWindowKernel):
             tuning.ConvConfig(p, 128, block_k, 8, 4, gemm_stages(p, 128, block_k, size, True, 4, 2), 1, consumers=2)
             for p in (64, 96, 128)
         ]
-        return [c for c in found if pixel_parts(c.block_m)[-1] >= self.row_slots]
-
-    def __init__(self, spec: PlanSpec, handle) -> None:
-        self.row_slots = row_slots(spec)  # decided once: the heuristic and every launch read it
-        super().__init__(spec, handle)
+        return [c for c in found if pixel_parts(c.block_m)[-1] >= self.pixel_slots]
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_gemm_source(spec, stages)
 
+    def _pixel_slots(self, spec: PlanSpec) -> int:
+        """Strided, the rows of the product are slots of whole output rows (row_slots: decided once,
+        the heuristic, the grid and every launch read them; the base class counts the product's
+        rows, _m, from them); 0 for flat rows of pixels."""
+        return row_slots(spec)
+
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
-        return gluon_gemm_config(self._rows(), k_per_group, c_per_group, dtype, sms, self.row_slots)
-
-    def _rows(self) -> int:
-        """The rows of the product: output pixels, or strided, slots of whole output rows."""
-        n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
-        return n * oh * self.row_slots if self.row_slots else self.geometry[0]
+        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        """Tiles of the product's rows (not triton-window's windows) and reduction steps."""
         _, c, k = self.geometry[:3]
-        return triton_cdiv(self._rows(), cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
+        return triton_cdiv(self._m(), cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
 
     def narrower_config(self) -> tuning.ConvConfig | None:
         """Two stages fewer (a specialization reading a prior output needs more shared memory)."""
@@ -638,7 +636,7 @@ class GluonGemmKernel(GluonWindowKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         _, c, k = self.geometry[:3]
-        m, slots = self._rows(), self.row_slots
+        m, slots = self._m(), self.pixel_slots
         oh, ow = self.out_hw
         parts = pixel_parts(cfg.block_m)
         if slots and parts[-1] < slots:
@@ -677,7 +675,7 @@ class GluonGemmKernel(GluonWindowKernel):
         output's rows of the input, [N*OH, OW, C] (rows stride_h*W*C apart, pixels stride_w*C),
         boxes of ``size`` / row_slots whole rows, the slots past OW zero-filled."""
         n, c, h, w = self.spec.input_desc.dims
-        slots = self.row_slots
+        slots = self.pixel_slots
         if not slots:
             return gluon_descriptor(x, [n * h * w, c], [c, 1], [size, block_k], swizzle, bits)
         stride_h, stride_w = self.conv_args[2:4]

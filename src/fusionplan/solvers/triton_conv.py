@@ -404,7 +404,8 @@ class TritonConvKernel(Repeating, Kernel):
         width rounded up to a power of two, where the input's pixels are contiguous along a row
         (NCHW-like strides; stride 1 in width, or 2 with tuning.CONV_NCHW_ROW_PAIRS outside the
         few-channel fold) and at most tuning.CONV_ROW_SLOTS_MAX_EMPTY of the slots stay empty; 0
-        for flat pixels. Only this class's own template reads them."""
+        for flat pixels. Of the subclasses' templates, only those that override this read slots
+        (gluon-gemm's strided rows)."""
         if not tuning.CONV_NCHW_ROW_SLOTS or type(self).render is not TritonConvKernel.render:
             return 0
         x = spec.input_desc
