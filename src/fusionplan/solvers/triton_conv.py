@@ -215,6 +215,12 @@ POINTER_STORE = """    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, N
 """
 
 
+def store_where(flag: str, store: str) -> str:
+    """A store for EPILOGUE_TAIL: ``store`` (its lines indented under the ``if``) where the
+    constexpr ``flag`` holds, else POINTER_STORE (element by element, the output's own strides)."""
+    return f"    if {flag}:\n{store}    else:\n" + indent(POINTER_STORE.rstrip("\n").split("\n"), 4) + "\n"
+
+
 def render_conv_source(
     spec: PlanSpec,
     stages: list[Stage],

@@ -15,20 +15,20 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent, interpreter_active
+from fusionplan.codegen import interpreter_active
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
-    POINTER_STORE,
     DescriptorConvKernel,
     conv_plan_why_not,
     descriptor_input_why_not,
     device_why_not,
     persistent_programs,
     render_conv_source,
+    store_where,
     triton_cdiv,
 )
 
@@ -101,10 +101,8 @@ _TEMPLATE = _TEMPLATE.replace(
 
 #: The GEMM's store: a tile through the output's descriptor when the output is packed
 #: channels-last and aligned (bounds clipped by the hardware), element by element otherwise.
-_STORE = (
-    "    if STORE_TILES:\n"
-    "        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], h.to(y_ptr.dtype.element_ty))\n"
-    "    else:\n" + indent(POINTER_STORE.rstrip("\n").split("\n"), 4) + "\n"
+_STORE = store_where(
+    "STORE_TILES", "        y_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], h.to(y_ptr.dtype.element_ty))\n"
 )
 
 

@@ -29,12 +29,12 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
-    POINTER_STORE,
     TritonConvKernel,
     conv_plan_why_not,
     device_why_not,
     persistent_programs,
     render_conv_source,
+    store_where,
     triton_cdiv,
 )
 from fusionplan.solvers.triton_gemm import PERSISTENT_TILES
@@ -60,8 +60,7 @@ def gemm_nchw_kernel(
     # x: NCHW, packed planes of HW pixels (image n's channel c at x_ptr + n * sxn + c * HW); w: the
     # weights as [C, K]; OUT_PLANES: the output (and a prior) are packed planes too. IN_TILES: the
     # input read through x_desc, [N, C, HW] in [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte
-    # units, an aligned input; bounds and zero fill by the hardware), else by pointer (x_desc: a
-    # stand-in, unused).
+    # units, an aligned input; bounds and zero fill by the hardware), else by pointer (x_desc: None).
     tiles_per_image = tl.cdiv(HW, BLOCK_M)
     num_pid_m = N * tiles_per_image
 {persistent_tiles}
@@ -108,11 +107,10 @@ _TEMPLATE = _TEMPLATE.replace(
 
 #: The store: packed planes contiguous along the pixels (HW compiled in: known alignment), else
 #: element by element in the output's own strides.
-_STORE = (
-    "    if OUT_PLANES:\n"
+_STORE = store_where(
+    "OUT_PLANES",
     "        tl.store(y_ptr + n_img * syn + ch[None, :] * HW + pix[:, None],\n"
-    "                 h.to(y_ptr.dtype.element_ty), mask=mask)\n"
-    "    else:\n" + "\n".join("    " + line for line in POINTER_STORE.rstrip("\n").split("\n")) + "\n"
+    "                 h.to(y_ptr.dtype.element_ty), mask=mask)\n",
 )
 
 
