@@ -3,6 +3,7 @@ sm_90 binary (scripts/inspect_sass.py) and the SASS shows what the H100 measurem
 (bench/NOTES.md, section 10)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,14 +108,18 @@ def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():
         ("r50_21", "float16", "elements"),  # 49: no alignment, element loads
     ],
 )
-def test_nchw_planes_are_read_by_boxes_or_async_copies_without_spills(name, dtype, reads):
+def test_nchw_planes_are_read_by_boxes_or_async_copies(name, dtype, reads):
     """triton-gemm-nchw's input: tensor boxes where the planes allow, else pointer loads pipelined
     as asynchronous copies where the planes' alignment allows (a flattened persistent loop had lost
-    it: every load one element); wgmma products, no spills, within sm_90's shared memory."""
+    it: every load one element); wgmma products within sm_90's shared memory. Its tiles of 128
+    channels keep 128 accumulator registers per thread, and the epilogue's pointers beside them
+    spill a little (32-176 bytes of stack): measured faster than tiles that do not (64 channels,
+    bench/NOTES.md section 18), so the test bounds the stack rather than forbidding it."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "triton-gemm-nchw")
-    weights_only = 16  # the weight tile's copies alone at r50_21's 64 x 64 tiles and 4 stages
+    weights_only = 32  # the weight tile's copies alone at r50_21's 64 x 128 tiles and 4 stages
     boxes, copies = info["tensor loads (UTMALDG)"], info["async copies (LDGSTS)"]
     assert (boxes > 0) == (reads == "boxes")
     assert copies > weights_only if reads == "copies" else copies > 0
-    assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
+    stack = int(re.search(r"STACK:(\d+)", info["resources"]).group(1))
+    assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"] and stack <= 192, info["resources"]
     assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES

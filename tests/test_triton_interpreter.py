@@ -434,21 +434,60 @@ def test_nchw_gemm_solver_says_why_not(case, reason):
     assert verdict.reason is not None and reason in verdict.reason, verdict
 
 
-def test_nchw_gemm_waits_for_its_measurement():
-    """Applicable, but deferring: compile takes another kernel unless asked for this one."""
+def nchw_gemm_verdict(dims, dtype):
+    plan, _ = nchw_gemm_plan(*dims, dtype)
+    verdicts = plan.explain(fp.Handle("cpu"))
+    chosen = next(v.solver for v in verdicts if v.applicable and not v.deferred)
+    return next(v for v in verdicts if v.solver == "triton-gemm-nchw"), chosen
+
+
+@pytest.mark.parametrize(
+    "dims, dtype, deferred",
+    [
+        ((32, 256, 14, 14, 1024), torch.float16, None),  # r50_13: taken
+        ((32, 512, 28, 28, 128), torch.float16, None),  # r50_09
+        ((32, 64, 56, 56, 64), torch.float16, None),  # r50_01
+        ((32, 256, 14, 14, 1024), torch.float32, "32-bit"),  # TF32 or fp32: triton-conv
+        ((32, 512, 7, 7, 2048), torch.float16, "7x7 planes with K=2048 > C=512"),  # r50_19: store-bound
+        ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
+    ],
+    ids=["r50_13", "r50_09", "r50_01", "fp32", "r50_19", "batch1"],
+)
+def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
+    """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes
+    of wide output and small grids defer to triton-conv, saying why."""
+    verdict, chosen = nchw_gemm_verdict(dims, dtype)
+    assert verdict.applicable
+    if deferred is None:
+        assert verdict.deferred is None and chosen == "triton-gemm-nchw", verdict
+    else:
+        assert deferred in verdict.deferred and chosen == "triton-conv", (verdict, chosen)
+
+
+def test_nchw_gemm_deferring_plans_compile_elsewhere():
     plan, _ = nchw_gemm_plan(2, 8, 5, 5, 8, torch.float32)
-    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-gemm-nchw")
-    assert verdict.applicable and "not measured" in verdict.deferred
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) != "triton-gemm-nchw"
 
 
-def test_nchw_gemm_tiles_hold_one_images_pixels():
-    from fusionplan.solvers.triton_gemm_nchw import nchw_gemm_config
+@pytest.mark.parametrize(
+    "hw, images, k, tile",
+    [
+        (49, 32, 512, (64, 128, 4)),  # a 7x7 plane: 64 pixels, one warpgroup
+        (196, 32, 1024, (256, 128, 8)),  # r50_13: 256 tiles of a whole 14x14 plane
+        (196, 32, 256, (128, 128, 4)),  # r50_15: 64 tiles of 256 pixels would leave half the GPU idle
+        (3136, 32, 64, (256, 64, 8)),  # r50_01: K=64
+        (196, 1, 1024, (64, 128, 4)),  # batch 1: down to 64 pixels
+        (9, 32, 512, (32, 128, 4)),  # a 3x3 plane: 32 pixels at least
+    ],
+)
+def test_nchw_gemm_tiles_hold_one_images_pixels(hw, images, k, tile):
+    from fusionplan import tuning
 
-    for hw, block_m in ((49, 64), (196, 128), (3136, 128), (9, 32)):
-        cfg = nchw_gemm_config(hw, 32 * hw, 512, 256, torch.float16, False)
-        assert cfg.block_m == block_m, (hw, cfg)
+    cfg = tuning.nchw_gemm_heuristic(hw, images, k, 256, torch.float16, False)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == tile, cfg
+    fp32 = tuning.nchw_gemm_heuristic(hw, images, k, 256, torch.float32, False)
+    assert fp32.block_m <= max(32, 1 << (hw - 1).bit_length()) and fp32.block_n <= 128
 
 
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------
@@ -689,7 +728,7 @@ def test_gemm_defers_where_it_measured_slower():
     plan32 = add_chain(plan_for(x32), "CA", k=64, r=1, s=1, conv=fp.ConvolutionDescriptor((0, 0)))
     assert "fp32" in next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-gemm").deferred
     handle = compile_triton(plan)
-    assert plan.compiled_solver(handle) == "triton-conv"
+    assert plan.compiled_solver(handle) != "triton-gemm-nchw"
     assert plan.compile(handle, solver="triton-gemm") == "triton-gemm"
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
 

@@ -211,10 +211,52 @@ GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 GLUON_GEMM_MMA_EPILOGUE = True
 
 #: triton-gemm-nchw reads its input through tensor descriptors ([N, C, H*W] boxes: TMA on Hopper)
-#: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Neither is
-#: measured yet (the solver defers): `python scripts/tile_sweep.py --layout NCHW --solver
-#: triton-gemm-nchw --tuning NCHW_GEMM_TILE_LOADS=0,1 ...`.
+#: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Measured
+#: even (H100, fp16 CBNA, batch 32, `python scripts/tile_sweep.py --layout NCHW --solver
+#: triton-gemm-nchw --tuning NCHW_GEMM_TILE_LOADS=0,1 ...`: r50_03 48.5 / 47.8 us, r50_07 26.9 /
+#: 26.9, r50_11 27.7 / 28.2, pointers / boxes); boxes kept (no pointer arithmetic per element).
 NCHW_GEMM_TILE_LOADS = True
+
+#: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
+#: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while
+#: the grid has fewer than NCHW_GEMM_MIN_TILES tiles, and never more than the plane holds (rounded
+#: up to a power of two). H100, fp16 CBNA, batch 32 (`tile_sweep.py --layout NCHW --solver
+#: triton-gemm-nchw`), against 128 x 128 tiles of 8 warps: r50_13 22.9 -> 18.1 us, r50_09 15.4 ->
+#: 12.7, r50_11 28.3 -> 24.2, r50_17 26.5 -> 21.1, r50_05 44.7 -> 41.7, r50_03 47.7 -> 43.5, r50_07
+#: 27.6 -> 24.7; K=64 at 256 x 64: r50_01 15.3 (128 x 64) -> 14.3, r50_04 35.7 -> 32.6; r50_15 (64
+#: tiles of 256 pixels: half the GPU idle) 128 x 128 13.9, 64 x 128 17.3; 7x7 planes 64 x 128.
+NCHW_GEMM_PIXELS = 256
+NCHW_GEMM_MIN_TILES = 66
+
+#: NORMAL find's tiles for triton-gemm-nchw (pixels x channels; the heuristic's pick is timed too).
+NCHW_GEMM_CANDIDATES: list[ConvConfig] = [
+    ConvConfig(256, 128, 64, 8, 8, 3),
+    ConvConfig(256, 64, 64, 8, 8, 3),
+    ConvConfig(128, 128, 64, 8, 4, 4),
+    ConvConfig(128, 128, 64, 8, 8, 4),
+    ConvConfig(128, 64, 64, 8, 4, 4),
+    ConvConfig(64, 128, 64, 8, 4, 4),
+    ConvConfig(64, 64, 64, 8, 4, 4),
+]
+
+
+def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
+    """triton-gemm-nchw's tile for images of hw-pixel planes, C input and K output channels: a tile
+    holds pixels of one image (at most the plane's, rounded up to a power of two, at least 32).
+    32-bit data takes gemm_heuristic's tile with at most 128 channels (the solver defers it)."""
+    plane = _pow2_at_least(hw, 32, 1 << 30)
+    if interpret or dtype not in (torch.float16, torch.bfloat16):
+        cfg = gemm_heuristic(images * hw, k, c, dtype, interpret)
+        if cfg.block_n > 128:
+            cfg = ConvConfig(cfg.block_m, 128, cfg.block_k, cfg.group_m, cfg.num_warps, 4)
+        block_m = min(cfg.block_m, plane)
+        return ConvConfig(block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages)
+    block_n = 64 if k <= 64 else 128
+    block_m = min(NCHW_GEMM_PIXELS, plane)
+    while block_m > 64 and images * -(-hw // block_m) * -(-k // block_n) < NCHW_GEMM_MIN_TILES:
+        block_m //= 2
+    wide = block_m > 128  # two warpgroups
+    return ConvConfig(block_m, block_n, _pow2_at_least(c, 16, 64), 8, 8 if wide else 4, 3 if wide else 4)
 
 #: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts
 #: its rows as slots of whole output rows, each row's width rounded up to a power of two, so that

@@ -130,21 +130,34 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
-    """Not measured on a GPU yet: the convolution kernels keep NCHW plans until it is."""
-    return "not measured on a GPU yet against triton-conv's NCHW path (force solver='triton-gemm-nchw')"
+#: Planes smaller than this many pixels (7x7) with more output than input channels defer: their
+#: stores of 49-pixel runs bound the kernel (H100, fp16, batch 32: r50_19, C=512 -> K=2048, 37.9 us
+#: at its best tile against 25.2 for triton-conv; r50_21, 2048 -> 512, 31.3 against 38.2).
+_STORE_BOUND_PLANE = 64
 
 
-def nchw_gemm_config(hw: int, m: int, k: int, c: int, dtype: torch.dtype, interpret: bool) -> tuning.ConvConfig:
-    """triton-gemm's tile for the [m, c] x [c, k] product, its pixels at most the plane's rounded
-    up to a power of two (at least 32): a tile holds the pixels of one image; at most 128 channels
-    (with 256, the epilogue's pointers beside the accumulator spill: 255 registers and 176 bytes
-    of stack for sm_90, where triton-gemm stores such tiles through a descriptor)."""
-    cfg = tuning.gemm_heuristic(m, k, c, dtype, interpret)
-    if cfg.block_n > 128:
-        cfg = replace(cfg, block_n=128, num_stages=4)
-    plane = max(32, 1 << (hw - 1).bit_length())
-    return cfg if cfg.block_m <= plane else replace(cfg, block_m=plane)
+def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
+    """Why triton-conv keeps the plan although this solver could run it, or None. Measured on the
+    H100 at batch 32 (bench/NOTES.md section 18): faster than triton-conv's NCHW path on the 16-bit
+    1x1 layers but for 7x7 planes of wide output; 2-4x slower in TF32 (wgmma reads 32-bit operands
+    only along the reduction, and this input tile runs along the pixels); not measured on small
+    grids (batch 1), where triton-conv splits its reduction and this kernel cannot."""
+    if spec.dtype.torch_dtype.itemsize != 2:
+        return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
+    (_, c, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
+    if h * w < _STORE_BOUND_PLANE and k > c:
+        return f"{h}x{w} planes with K={k} > C={c}: stores of {h * w}-pixel runs bound it (triton-conv is faster)"
+    if tiles < tuning.SMALL_GRID_PROGRAMS:
+        return f"{tiles} tiles: a small grid, where triton-conv splits the reduction (this kernel does not)"
+    return None
+
+
+def heuristic_tiles(spec: PlanSpec) -> int:
+    """The output tiles of the heuristic's configuration on a GPU (images x tiles per plane x channel
+    tiles; the interpreter's small tiles would say nothing of a GPU's grid)."""
+    (n, c, _, _), (_, k, oh, ow) = spec.input_desc.dims, spec.output_desc.dims
+    cfg = tuning.nchw_gemm_heuristic(oh * ow, n, k, c, spec.dtype.torch_dtype, interpret=False)
+    return n * triton_cdiv(oh * ow, cfg.block_m) * triton_cdiv(k, cfg.block_n)
 
 
 class TritonGemmNchwKernel(TritonConvKernel):
@@ -152,7 +165,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
     stem = "gemm_nchw"
     splits_reduction = False  # its own template: no split reduction
     kmajor_fp32_weights = False  # the weights as [C, K], whatever the dtype
-    candidates = tuning.GEMM_CANDIDATES
+    candidates = tuning.NCHW_GEMM_CANDIDATES
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.max_programs = persistent_programs(handle)
@@ -164,7 +177,17 @@ class TritonGemmNchwKernel(TritonConvKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         oh, ow = self.out_hw
-        return nchw_gemm_config(oh * ow, m, k_per_group, c_per_group, dtype, interpreter_active())
+        images = self.spec.input_desc.dims[0]
+        return tuning.nchw_gemm_heuristic(oh * ow, images, k_per_group, c_per_group, dtype, interpreter_active())
+
+    def find_candidates(self) -> list[tuning.ConvConfig]:
+        """The candidates with at most the plane's pixels (rounded up to a power of two); 32-bit
+        data in 32-deep steps of at most 128 pixels (shared memory)."""
+        oh, ow = self.out_hw
+        plane = max(32, 1 << (oh * ow - 1).bit_length())
+        wide = self.spec.dtype.torch_dtype.itemsize == 2
+        fitting = (c if wide else replace(c, block_k=32) for c in self.candidates if wide or c.block_m <= 128)
+        return list(dict.fromkeys(replace(c, block_m=min(c.block_m, plane)) for c in fitting))
 
     def _tiles(self, cfg: tuning.ConvConfig) -> int:
         """Output tiles: each image's pixels (whole tiles per image) x channels."""
@@ -235,7 +258,7 @@ class TritonGemmNchwSolver(Solver):
         return conv_plan_why_not(spec) or nchw_gemm_why_not(spec) or device_why_not(handle, spec.dtype)
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return nchw_gemm_defer_why(spec)
+        return nchw_gemm_defer_why(spec, heuristic_tiles(spec))
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonGemmNchwKernel(spec, handle)
