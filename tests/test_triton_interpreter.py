@@ -446,16 +446,18 @@ def nchw_gemm_verdict(dims, dtype):
     [
         ((32, 256, 14, 14, 1024), torch.float16, None),  # r50_13: taken
         ((32, 512, 28, 28, 128), torch.float16, None),  # r50_09
-        ((32, 64, 56, 56, 64), torch.float16, None),  # r50_01
+        ((32, 1024, 14, 14, 256), torch.float16, None),  # r50_15
         ((32, 256, 14, 14, 1024), torch.float32, "32-bit"),  # TF32 or fp32: triton-conv
-        ((32, 512, 7, 7, 2048), torch.float16, "7x7 planes with K=2048 > C=512"),  # r50_19: store-bound
+        ((32, 512, 7, 7, 2048), torch.float16, "7x7 planes"),  # r50_19: element loads and stores
+        ((32, 2048, 7, 7, 512), torch.float16, "7x7 planes"),  # r50_21
+        ((32, 64, 56, 56, 64), torch.float16, "K=64"),  # r50_01: 64-channel tiles
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
     ],
-    ids=["r50_13", "r50_09", "r50_01", "fp32", "r50_19", "batch1"],
+    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "batch1"],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
-    """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes
-    of wide output and small grids defer to triton-conv, saying why."""
+    """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes,
+    64 output channels and small grids defer to triton-conv, saying why."""
     verdict, chosen = nchw_gemm_verdict(dims, dtype)
     assert verdict.applicable
     if deferred is None:

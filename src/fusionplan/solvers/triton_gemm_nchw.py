@@ -130,23 +130,29 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-#: Planes smaller than this many pixels (7x7) with more output than input channels defer: their
-#: stores of 49-pixel runs bound the kernel (H100, fp16, batch 32: r50_19, C=512 -> K=2048, 37.9 us
-#: at its best tile against 25.2 for triton-conv; r50_21, 2048 -> 512, 31.3 against 38.2).
-_STORE_BOUND_PLANE = 64
+#: Planes smaller than this many pixels (7x7: runs of 49 pixels, 2-byte aligned, loaded and stored
+#: element by element) defer, as do products of at most this many output channels (tiles of 64
+#: channels): triton-conv was as fast or faster there (H100, fp16 CBNA, batch 32, CUDA-graph replay
+#: in one process, bench/results/2026-11-21-h100-nchw-3/rule: r50_19 43.5 us against 25.3, r50_21
+#: 41.2 / 38.0, r50_01 18.5 / 15.9, r50_04 32.1 / 32.2).
+_SMALL_PLANE = 64
+_NARROW_OUTPUT = 64
 
 
 def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
     """Why triton-conv keeps the plan although this solver could run it, or None. Measured on the
     H100 at batch 32 (bench/NOTES.md section 18): faster than triton-conv's NCHW path on the 16-bit
-    1x1 layers but for 7x7 planes of wide output; 2-4x slower in TF32 (wgmma reads 32-bit operands
-    only along the reduction, and this input tile runs along the pixels); not measured on small
-    grids (batch 1), where triton-conv splits its reduction and this kernel cannot."""
+    1x1 layers of 14x14 planes or more and over 64 output channels (r50_15 26.1 -> 15.5 us, r50_11
+    34.9 -> 25.4, r50_05 50.5 -> 40.9); 2-4x slower in TF32 (wgmma reads 32-bit operands only
+    along the reduction, and this input tile runs along the pixels); not measured on small grids
+    (batch 1), where triton-conv splits its reduction and this kernel cannot."""
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
     (_, c, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
-    if h * w < _STORE_BOUND_PLANE and k > c:
-        return f"{h}x{w} planes with K={k} > C={c}: stores of {h * w}-pixel runs bound it (triton-conv is faster)"
+    if h * w < _SMALL_PLANE:
+        return f"{h}x{w} planes: runs of {h * w} pixels are loaded and stored element by element (triton-conv is faster)"
+    if k <= _NARROW_OUTPUT:
+        return f"K={k}: tiles of {k} output channels measured no faster than triton-conv"
     if tiles < tuning.SMALL_GRID_PROGRAMS:
         return f"{tiles} tiles: a small grid, where triton-conv splits the reduction (this kernel does not)"
     return None
