@@ -1,5 +1,7 @@
 """Launch helpers: when a repeated call may reuse a bound launch, and when it must not."""
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -316,3 +318,139 @@ def test_bound_launch_passes_a_descriptor_slot_over_each_calls_address(monkeypat
     assert second[0].base.dtype == torch.float32 and second[0].layout == layout
     assert first[1] is w_desc and first[2:] == [2 << 20, 3 << 20, 3]
     assert bound.args[0].base.data_ptr() != 5 << 20  # the bound descriptor is not moved
+
+
+def triton36_wrapper(launcher, signature, tensordesc_meta, encode):
+    """A launcher wrapper of the shape Triton 3.6 builds around a kernel's C launcher when the
+    kernel takes host tensor descriptors (its ``wrap_handle_tensordesc``): the closure holds the C
+    launcher, the descriptors' positions and their metadata; its globals the encoding function."""
+    namespace = {"make_tensordesc_arg": encode, "BASE": 13}
+    exec(
+        "def wrap(launcher, tensordesc_indices, tensordesc_meta):\n"
+        "    def inner(*args):\n"
+        "        final_args = list(args[:BASE])\n"
+        "        k = 0\n"
+        "        for i, arg in enumerate(args[BASE:]):\n"
+        "            if i in tensordesc_indices:\n"
+        "                final_args.extend(make_tensordesc_arg(arg, tensordesc_meta[k]))\n"
+        "                k += 1\n"
+        "            else:\n"
+        "                final_args.append(arg)\n"
+        "        return launcher(*final_args)\n"
+        "    return inner\n",
+        namespace,
+    )
+    indices = {i for i, sig in enumerate(signature) if sig.startswith("tensordesc")}
+    return namespace["wrap"](launcher, indices, tensordesc_meta)
+
+
+def encoded_launches(monkeypatch, wrapper_of, encode):
+    """A kernel (input descriptor in a slot, weight descriptor bound, two pointers, a scalar) bound
+    and launched over three calls' addresses (the first again last), once through BoundLaunch's
+    direct path and once through the wrapper as Triton's launch path calls it; the C launcher's
+    argument lists of both."""
+    pytest.importorskip("triton")
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from triton.experimental.gluon import language as gl
+
+    from fusionplan import launch
+
+    direct, through_wrapper = [], []
+    signature = ["tensordesc<fp32[1, 4, 4, 32]>", "tensordesc<fp32[64, 32]>", "*fp32", "*fp32", "i32"]
+    metadata = [{"swizzle": 3, "block_size": [1, 4, 4, 32]}, {"swizzle": 3, "block_size": [64, 32]}]
+
+    class CudaLauncher:  # the shape of Triton 3.6's launcher object
+        launch_cooperative_grid, launch_pdl = False, False
+        global_scratch_size, global_scratch_align, profile_scratch_size, num_ctas = 0, 1, 0, 1
+
+        def __init__(self, sink):
+            self.launch = wrapper_of(lambda *args: sink.append(args), signature, metadata, encode)
+
+        def __call__(self, gx, gy, gz, stream, function, *args):  # no scratch to allocate
+            self.launch(gx, gy, gz, stream, function, False, False, None, None, *args)
+
+    class FakeKernel:
+        function, packed_metadata = 1234, (4, 1, 0)
+        metadata = type("Metadata", (), {"global_scratch_size": 0})()
+
+        def __init__(self, sink):
+            self.run = CudaLauncher(sink)
+
+    monkeypatch.setattr(launch, "RAW_LAUNCHER_VERSIONS", (__import__("triton").__version__,))
+    monkeypatch.setattr(launch, "current_raw_stream", lambda device=None: 77)
+    monkeypatch.setattr(launch, "_launch_hooks", lambda: (None, None))
+    x, w = torch.randn(4, 8, 8, 64), torch.randn(128, 64)
+    x_desc = hopper.TensorDescriptor(
+        x, [4, 8, 8, 64], [4096, 512, 64, 1], [1, 4, 4, 32], gl.NVMMASharedLayout(128, 32, rank=4)
+    )
+    w_desc = hopper.TensorDescriptor.from_tensor(w, [64, 32], gl.NVMMASharedLayout(128, 32, rank=2))
+    args = [x_desc, w_desc, 4096, 4096, 3]
+    bound = launch.BoundLaunch(FakeKernel(direct), (2, 1, 1), args, (0, 2, 3))
+    assert bound.encoder is not None
+    reference = FakeKernel(through_wrapper)
+    calls = [(1 << 20, 2 << 20, 3 << 20), (5 << 20, 6 << 20, 7 << 20), (1 << 20, 2 << 20, 3 << 20)]
+    for x_at, y_at, p_at in calls:
+        bound.launch((x_at, y_at, p_at))
+        launch.launch_compiled(reference, (2, 1, 1), [launch.rebased(x_desc, x_at), w_desc, y_at, p_at, 3])
+    return direct, through_wrapper, w.data_ptr()
+
+
+def test_bound_launch_encodes_descriptors_once_per_address_for_the_c_launcher(monkeypatch):
+    """Descriptor kernels on Triton 3.6: BoundLaunch passes the C launcher the arguments Triton's
+    wrapper would (each descriptor replaced by its encoding, the rest in place), encoding each
+    descriptor once per address: the bound weights once, the input once per call's address."""
+    encodings = []
+
+    def encode(desc, meta):  # Triton's make_tensordesc_arg: a tensor map, then shape and strides
+        encodings.append((desc.base.data_ptr(), tuple(meta["block_size"])))
+        return [("map", desc.base.data_ptr(), tuple(desc.block_shape)), *desc.shape, *desc.strides]
+
+    direct, through_wrapper, w_at = encoded_launches(monkeypatch, triton36_wrapper, encode)
+    assert direct == through_wrapper and len(direct) == 3
+    first = direct[0][13:]
+    assert first[0] == ("map", 1 << 20, (1, 4, 4, 32)) and first[1:9] == (4, 8, 8, 64, 4096, 512, 64, 1)
+    assert first[9] == ("map", w_at, (64, 32)) and first[-3:] == (2 << 20, 3 << 20, 3)
+    # the wrapper encodes both descriptors at each of its 3 launches; the direct path each (descriptor,
+    # address) once: the weights once, the input at 1 << 20 once although launched there twice
+    counts = Counter(encodings)
+    assert counts[(w_at, (64, 32))] == 3 + 1
+    assert counts[(1 << 20, (1, 4, 4, 32))] == 2 + 1 and counts[(5 << 20, (1, 4, 4, 32))] == 1 + 1
+
+
+def test_bound_launch_leaves_other_descriptor_wrappers_to_triton(monkeypatch):
+    """A wrapper without the metadata of every descriptor (device-side descriptors) or of another
+    shape: Triton's own launch path."""
+    from fusionplan import launch
+
+    def inner(*args):
+        return args
+
+    kernel = type("K", (), {"run": type("R", (), {"launch": staticmethod(inner)})()})()
+    assert launch.DescriptorEncoder.of(kernel, [0]) is None
+
+
+def test_bound_launch_encodes_like_triton_36(monkeypatch):
+    """With Triton 3.6 installed: its own wrapper and encoding function (the driver's tensor-map
+    fill replaced by a recorder, there being no GPU) against BoundLaunch's direct path."""
+    triton = pytest.importorskip("triton")
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("Triton 3.6's launcher wrapper")
+    from triton.backends.nvidia import driver as nvidia
+
+    fills = []
+
+    class Utils:
+        @staticmethod
+        def fill_tma_descriptor(address, swizzle, elem_size, elem_type, block, shape, strides, padding):
+            fills.append(address)
+            return ("map", address, tuple(block), tuple(shape), tuple(strides), padding)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", type("Driver", (), {"utils": Utils})(), raising=False)
+    monkeypatch.setattr(type(triton.runtime.driver), "active", property(lambda self: self._active), raising=False)
+
+    def wrapper_of(launcher, signature, metadata, encode):
+        meta = [dict(m, elem_size=4, elem_type=7, fp4_padded=False) for m in metadata]
+        return nvidia.wrap_handle_tensordesc(launcher, dict(enumerate(signature)), meta)
+
+    direct, through_wrapper, _ = encoded_launches(monkeypatch, wrapper_of, None)
+    assert direct == through_wrapper and len(set(fills)) == 3
