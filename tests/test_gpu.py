@@ -235,7 +235,8 @@ def test_conv_row_slots_on_nchw_layers(layer, precision, out_layout, monkeypatch
     run_and_check(plan, precision, x, out_layout, solver="triton-conv")
 
 
-NCHW_GEMM_LAYERS = [s for s in LAYERS if s.r == 1 and s.stride == 1]  # planes of 3136, 784, 196, 49 pixels
+# planes of 3136, 784, 196, 49 pixels; stride 2 from 3136, 784, 196
+NCHW_GEMM_LAYERS = [s for s in LAYERS if s.r == 1]
 
 
 @pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
@@ -243,11 +244,14 @@ NCHW_GEMM_LAYERS = [s for s in LAYERS if s.r == 1 and s.stride == 1]  # planes o
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("layer", NCHW_GEMM_LAYERS, ids=[s.name for s in NCHW_GEMM_LAYERS])
 def test_nchw_gemm_layers(layer, precision, prior, out_layout):
-    """triton-gemm-nchw on every 1x1 stride-1 ResNet-50 layer with NCHW input: output in planes
-    (the contiguous store) or channels-last, with and without a prior output blended in."""
+    """triton-gemm-nchw on every 1x1 ResNet-50 layer with NCHW input (stride 1 and 2): output in
+    planes (the contiguous store) or channels-last, with and without a prior output blended in."""
     dtype = PRECISIONS[precision][0]
     x = input_tensor((3, layer.c, layer.h, layer.w), dtype, "NCHW")
-    plan = add_chain(plan_for(x), "CBNA", k=layer.k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    conv = fp.ConvolutionDescriptor((0, 0), (layer.stride, layer.stride))
+    plan = add_chain(
+        plan_for(x), "CBNA", conv=conv, k=layer.k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float"
+    )
     args = fp.OperatorArgs()
     for op in plan.ops:
         args.set(op, random_record(op, "cuda", param_dtype=torch.float32, beta=0.5 if prior else 0.0))

@@ -123,3 +123,22 @@ def test_nchw_planes_are_read_by_boxes_or_async_copies(name, dtype, reads):
     stack = int(re.search(r"STACK:(\d+)", info["resources"]).group(1))
     assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"] and stack <= 192, info["resources"]
     assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
+
+
+@pytest.mark.parametrize(
+    "name, input_copy",
+    [
+        ("r50_08", "16"),  # 56-pixel input rows: 16-byte copies
+        ("r50_14", "8"),  # 28: 8-byte
+        ("r50_20", "4"),  # 14: 4-byte
+    ],
+)
+def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy):
+    """triton-gemm-nchw at stride 2: each output row's input row read as contiguous columns (the
+    even ones kept after the load) by asynchronous copies as wide as the rows' alignment allows,
+    where a pixel-by-pixel gather would load 2-byte elements; wgmma products, pipelined."""
+    info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
+    widths = info["async copies by bytes"]  # the weights' are 16-byte copies
+    assert widths.get(input_copy, 0) >= 8 and min(int(b) for b in widths) == int(input_copy), widths
+    assert info["HGMMA"] > 0 and "0x1" in info["wgmma waits (outstanding groups allowed)"]
+    assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES

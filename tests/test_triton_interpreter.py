@@ -405,6 +405,29 @@ def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, dtype, monkeypatch
         check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 
+STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding
+    "14x14": (2, 24, 14, 14, 40),  # rows of 7 in 8 slots, 4 rows to a 32-slot tile (the last half empty)
+    "odd-13x11": (2, 3, 13, 11, 17),  # 7x6 outputs: the last input column of a row is an odd one
+    "wide-9x20": (1, 16, 9, 20, 8),  # rows of 10 in 16 slots, 2 to a tile; 5 rows: one tile half empty
+}
+
+
+@pytest.mark.parametrize("case", list(STRIDED_NCHW_GEMM_CASES))
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
+def test_strided_nchw_gemm(case, dtype, out_layout):
+    """Stride 2: tiles of whole output rows of slots, each row reading its input row's contiguous
+    columns and keeping the even ones; output in planes or channels-last."""
+    n, c, h, w, k = STRIDED_NCHW_GEMM_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
+    handle = compile_named(plan, "triton-gemm-nchw")
+    kernel = plan._entry(handle).kernel
+    assert kernel._input_tiles(x, kernel.config) is None and "SLOTS" in kernel.source()
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
 def test_nchw_gemm_reruns_with_new_tensors():
     plan, x = nchw_gemm_plan(2, 8, 5, 5, 8, torch.float32)
     handle = compile_named(plan, "triton-gemm-nchw")
@@ -417,7 +440,8 @@ def test_nchw_gemm_reruns_with_new_tensors():
     "case, reason",
     [
         (dict(r=3), "1x1"),
-        (dict(stride=2), "stride 1"),
+        (dict(stride=3), "stride 1 or 2"),
+        (dict(stride=2, r=3), "1x1"),
         (dict(groups=2), "grouped"),
         (dict(layout="NHWC"), "packed NCHW planes"),
         (dict(sliced=True), "packed NCHW planes"),
@@ -435,7 +459,8 @@ def test_nchw_gemm_solver_says_why_not(case, reason):
 
 
 def nchw_gemm_verdict(dims, dtype):
-    plan, _ = nchw_gemm_plan(*dims, dtype)
+    *dims, stride = dims if len(dims) == 6 else (*dims, 1)
+    plan, _ = nchw_gemm_plan(*dims, dtype, conv=fp.ConvolutionDescriptor((0, 0), (stride, stride)))
     verdicts = plan.explain(fp.Handle("cpu"))
     chosen = next(v.solver for v in verdicts if v.applicable and not v.deferred)
     return next(v for v in verdicts if v.solver == "triton-gemm-nchw"), chosen
@@ -452,8 +477,9 @@ def nchw_gemm_verdict(dims, dtype):
         ((32, 2048, 7, 7, 512), torch.float16, "7x7 planes"),  # r50_21
         ((32, 64, 56, 56, 64), torch.float16, "K=64"),  # r50_01: 64-channel tiles
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
+        ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2: not measured"),  # r50_14
     ],
-    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "batch1"],
+    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "batch1", "r50_14"],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
     """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes,

@@ -57,6 +57,15 @@ def ast_source(fn, args: list):
     return source_class(fn)(fn, signature, constexprs, attrs)
 
 
+def async_copy_widths(sass: str) -> dict[int, int]:
+    """How many LDGSTS instructions copy 16, 8 and 4 bytes each (``.128``, ``.64``, neither)."""
+    widths: dict[int, int] = {}
+    for suffix in re.findall(r"LDGSTS(?:\.[A-Z]+)*(\.128|\.64)?\b", sass):
+        size = {".128": 16, ".64": 8}.get(suffix, 4)
+        widths[size] = widths.get(size, 0) + 1
+    return widths
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -73,6 +82,7 @@ def summarize(compiled) -> dict:
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
         "async copies (LDGSTS)": sass.count("LDGSTS"),
+        "async copies by bytes": async_copy_widths(sass),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,

@@ -258,6 +258,7 @@ def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype
     wide = block_m > 128  # two warpgroups
     return ConvConfig(block_m, block_n, _pow2_at_least(c, 16, 64), 8, 8 if wide else 4, 3 if wide else 4)
 
+
 #: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts
 #: its rows as slots of whole output rows, each row's width rounded up to a power of two, so that
 #: the loads and stores of a row are contiguous along the tile's pixels (coalesced; a pixel index

@@ -52,23 +52,43 @@ def gemm_nchw_kernel(
     {stage_params}
     N, C, K, sxn,
     syn, syc, syh, syw, spn, spc, sph, spw,
-    HW: tl.constexpr, OW: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr,
+    HW: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr, IW: tl.constexpr, IHW: tl.constexpr,
+    SLOTS: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     {stage_flags}
 ):
-    # x: NCHW, packed planes of HW pixels (image n's channel c at x_ptr + n * sxn + c * HW); w: the
-    # weights as [C, K]; OUT_PLANES: the output (and a prior) are packed planes too. IN_TILES: the
-    # input read through x_desc, [N, C, HW] in [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte
-    # units, an aligned input; bounds and zero fill by the hardware), else by pointer (x_desc: None).
-    tiles_per_image = tl.cdiv(HW, BLOCK_M)
+    # x: NCHW, packed planes of IHW pixels, IW to a row (image n's channel c at x_ptr + n * sxn + c *
+    # IHW); w: the weights as [C, K]; output planes of HW = OH x OW pixels; OUT_PLANES: the output
+    # (and a prior) are packed planes too. IN_TILES: the input read through x_desc, [N, C, HW] in
+    # [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte units, an aligned input; bounds and zero
+    # fill by the hardware), else by pointer (x_desc: None). SLOTS (stride 2): a tile's rows are
+    # slots of whole output rows, SLOTS to a row (OW rounded up to a power of two); each row reads
+    # the 2 x SLOTS contiguous columns of its input row and keeps the even ones.
+    if SLOTS:
+        tiles_per_image = tl.cdiv(OH * SLOTS, BLOCK_M)
+    else:
+        tiles_per_image = tl.cdiv(HW, BLOCK_M)
     num_pid_m = N * tiles_per_image
 {persistent_tiles}
         n_img = pid_m // tiles_per_image
         p0 = (pid_m % tiles_per_image) * BLOCK_M
-        pix = p0 + tl.arange(0, BLOCK_M)
+        slot = p0 + tl.arange(0, BLOCK_M)
+        if SLOTS:
+            oh = slot // SLOTS
+            ow = slot % SLOTS
+            m_mask = (oh < OH) & (ow < OW)
+            pix = oh * OW + ow
+            rows = p0 // SLOTS + tl.arange(0, BLOCK_M // SLOTS)  # the tile's output rows
+            cols = tl.arange(0, 2 * SLOTS)  # their input rows' columns, pairs of pixels
+            row_offs = (rows * (2 * IW))[:, None] + cols[None, :]
+            row_mask = (rows < OH)[:, None] & (cols < IW)[None, :]
+        else:
+            pix = slot
+            m_mask = pix < HW
+            oh = pix // OW
+            ow = pix % OW
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        m_mask = pix < HW
         n_mask = offs_n < K
         image = n_img  # a box's coordinate (32-bit)
         if IDX64:  # offsets past 2^31 elements
@@ -83,16 +103,18 @@ def gemm_nchw_kernel(
                 offs_k = offs_k.to(tl.int64)
             if IN_TILES:
                 a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
+            elif SLOTS:
+                pairs = tl.load(x_image + offs_k[:, None, None] * IHW + row_offs[None, :, :],
+                                mask=k_mask[:, None, None] & row_mask[None, :, :], other=0.0)
+                a, _ = tl.split(pairs.reshape(BLOCK_K, BLOCK_M, 2))
             else:
-                a = tl.load(x_image + offs_k[:, None] * HW + pix[None, :],
+                a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
                             mask=k_mask[:, None] & m_mask[None, :], other=0.0)
             b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
                         mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
 
         ohw = HW
-        oh = pix // OW
-        ow = pix % OW
         ch = offs_n
 {tail}'''
 
@@ -116,12 +138,12 @@ _STORE = store_where(
 
 def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
     """Why the plan's convolution is not a product over packed NCHW planes, or None: a 1x1 filter
-    with stride 1, no padding or groups, on input of packed channel planes."""
+    with stride 1 or 2 (both ways), no padding or groups, on input of packed channel planes."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     c = conv.conv
-    if conv.w_desc.dims[2:] != (1, 1) or c.strides != (1, 1) or c.pads != (0, 0):
-        return "only 1x1 convolutions with stride 1 and no padding are products over the input's planes"
+    if conv.w_desc.dims[2:] != (1, 1) or c.strides not in ((1, 1), (2, 2)) or c.pads != (0, 0):
+        return "only 1x1 convolutions with stride 1 or 2 and no padding are products over the input's planes"
     if c.groups != 1:
         return "grouped convolutions are not one GEMM"
     x = spec.input_desc
@@ -148,9 +170,11 @@ def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
     (batch 1), where triton-conv splits its reduction and this kernel cannot."""
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
-    (_, c, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
+    if row_slots(spec):
+        return "stride 2: not measured on a GPU yet against triton-conv (force solver='triton-gemm-nchw')"
+    (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     if h * w < _SMALL_PLANE:
-        return f"{h}x{w} planes: runs of {h * w} pixels are loaded and stored element by element (triton-conv is faster)"
+        return f"{h}x{w} planes: runs of {h * w} pixels, loaded and stored element by element (triton-conv is faster)"
     if k <= _NARROW_OUTPUT:
         return f"K={k}: tiles of {k} output channels measured no faster than triton-conv"
     if tiles < tuning.SMALL_GRID_PROGRAMS:
@@ -158,12 +182,34 @@ def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
     return None
 
 
+def row_slots(spec: PlanSpec) -> int:
+    """Slots per output row of a strided plan's tiles (the output's width rounded up to a power of
+    two), 0 for stride 1 (flat pixels)."""
+    _, _, _, ow = spec.output_desc.dims
+    strided = spec.input_desc.dims[2:] != spec.output_desc.dims[2:]
+    return 1 << (ow - 1).bit_length() if strided else 0
+
+
+def tile_rows(spec: PlanSpec) -> int:
+    """A plane's rows of the product: its pixels, or for a strided plan its output rows' slots."""
+    _, _, oh, ow = spec.output_desc.dims
+    slots = row_slots(spec)
+    return oh * slots if slots else oh * ow
+
+
+def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
+    """The heuristic's tile; a strided plan's holds at least one output row of slots."""
+    (n, c, _, _), k = spec.input_desc.dims, spec.output_desc.dims[1]
+    cfg = tuning.nchw_gemm_heuristic(tile_rows(spec), n, k, c, spec.dtype.torch_dtype, interpret)
+    return replace(cfg, block_m=max(cfg.block_m, row_slots(spec)))
+
+
 def heuristic_tiles(spec: PlanSpec) -> int:
     """The output tiles of the heuristic's configuration on a GPU (images x tiles per plane x channel
     tiles; the interpreter's small tiles would say nothing of a GPU's grid)."""
-    (n, c, _, _), (_, k, oh, ow) = spec.input_desc.dims, spec.output_desc.dims
-    cfg = tuning.nchw_gemm_heuristic(oh * ow, n, k, c, spec.dtype.torch_dtype, interpret=False)
-    return n * triton_cdiv(oh * ow, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    n, k = spec.input_desc.dims[0], spec.output_desc.dims[1]
+    cfg = nchw_config(spec, interpret=False)
+    return n * triton_cdiv(tile_rows(spec), cfg.block_m) * triton_cdiv(k, cfg.block_n)
 
 
 class TritonGemmNchwKernel(TritonConvKernel):
@@ -182,24 +228,22 @@ class TritonGemmNchwKernel(TritonConvKernel):
         return render_conv_source(spec, stages, _TEMPLATE, _STORE, depth=1)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        oh, ow = self.out_hw
-        images = self.spec.input_desc.dims[0]
-        return tuning.nchw_gemm_heuristic(oh * ow, images, k_per_group, c_per_group, dtype, interpreter_active())
+        return nchw_config(self.spec, interpreter_active())
 
     def find_candidates(self) -> list[tuning.ConvConfig]:
-        """The candidates with at most the plane's pixels (rounded up to a power of two); 32-bit
-        data in 32-deep steps of at most 128 pixels (shared memory)."""
-        oh, ow = self.out_hw
-        plane = max(32, 1 << (oh * ow - 1).bit_length())
+        """The candidates with at most the plane's pixels (rounded up to a power of two; strided, at
+        least a row of slots); 32-bit data in 32-deep steps of at most 128 pixels (shared memory)."""
+        plane = max(32, 1 << (tile_rows(self.spec) - 1).bit_length())
+        least = row_slots(self.spec)
         wide = self.spec.dtype.torch_dtype.itemsize == 2
         fitting = (c if wide else replace(c, block_k=32) for c in self.candidates if wide or c.block_m <= 128)
-        return list(dict.fromkeys(replace(c, block_m=min(c.block_m, plane)) for c in fitting))
+        return list(dict.fromkeys(replace(c, block_m=max(least, min(c.block_m, plane))) for c in fitting))
 
     def _tiles(self, cfg: tuning.ConvConfig) -> int:
-        """Output tiles: each image's pixels (whole tiles per image) x channels."""
+        """Output tiles: each image's pixels (whole tiles per image; strided, its rows of slots) x
+        channels."""
         n = self.spec.input_desc.dims[0]
-        oh, ow = self.out_hw
-        return n * triton_cdiv(oh * ow, cfg.block_m) * triton_cdiv(self.k, cfg.block_n)
+        return n * triton_cdiv(tile_rows(self.spec), cfg.block_m) * triton_cdiv(self.k, cfg.block_n)
 
     def _launch_args(
         self,
@@ -214,7 +258,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        n, c = self.spec.input_desc.dims[:2]
+        n, c, h, w = self.spec.input_desc.dims
         oh, ow = self.out_hw
         programs = min(self._tiles(cfg), self.max_programs)
         x_stride_n = strides[0] if strides else x.stride(0)
@@ -226,7 +270,11 @@ class TritonGemmNchwKernel(TritonConvKernel):
         x_desc = self._input_tiles(x, cfg)
         consts = (
             oh * ow,
+            oh,
             ow,
+            w,
+            h * w,
+            row_slots(self.spec),
             out_planes,
             x_desc is not None,
             cfg.block_m,
@@ -247,7 +295,8 @@ class TritonGemmNchwKernel(TritonConvKernel):
         tuning.NCHW_GEMM_TILE_LOADS asks for it and a descriptor can read the input (planes of whole
         16-byte units, an aligned address); else None (pointer loads, no descriptor to encode)."""
         n, c, h, w = self.spec.input_desc.dims
-        if not tuning.NCHW_GEMM_TILE_LOADS or (h * w * x.element_size()) % 16 or x.data_ptr() % 16:
+        whole_units = (h * w * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
+        if not tuning.NCHW_GEMM_TILE_LOADS or row_slots(self.spec) or not whole_units:
             return None
         return host_descriptor(x, [n, c, h * w], [c * h * w, h * w, 1], [1, cfg.block_k, cfg.block_m])
 
