@@ -140,5 +140,5 @@ def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy):
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
     widths = info["async copies by bytes"]  # the weights' are 16-byte copies
     assert widths.get(input_copy, 0) >= 8 and min(int(b) for b in widths) == int(input_copy), widths
-    assert info["HGMMA"] > 0 and "0x1" in info["wgmma waits (outstanding groups allowed)"]
+    assert info["HGMMA"] > 0 and set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}  # pipelined
     assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
