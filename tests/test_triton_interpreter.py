@@ -442,13 +442,14 @@ def test_nchw_gemm_reruns_with_new_tensors():
         (dict(r=3), "1x1"),
         (dict(stride=3), "stride 1 or 2"),
         (dict(stride=2, r=3), "1x1"),
+        (dict(stride=2, width=600), "at most 256"),  # 300-pixel output rows: 512 slots
         (dict(groups=2), "grouped"),
         (dict(layout="NHWC"), "packed NCHW planes"),
         (dict(sliced=True), "packed NCHW planes"),
     ],
 )
 def test_nchw_gemm_solver_says_why_not(case, reason):
-    x = make_input((2, 8, 6, 6), torch.float32, case.get("layout", "NCHW"))
+    x = make_input((2, 8, 6, case.get("width", 6)), torch.float32, case.get("layout", "NCHW"))
     if case.get("sliced"):
         x = x[:, :, :, :5]  # rows of 6 holding 5 pixels: not packed planes
     r, stride = case.get("r", 1), case.get("stride", 1)

@@ -1,5 +1,5 @@
-"""Triton GEMM solver for NCHW input: a 1x1 convolution with stride 1 and no padding on input of
-packed channel planes (NCHW), followed by any chain of bias, batch-norm inference and
+"""Triton GEMM solver for NCHW input: a 1x1 convolution with stride 1 or 2 and no padding on input
+of packed channel planes (NCHW), followed by any chain of bias, batch-norm inference and
 activations, as ONE kernel.
 
 Per image, such a convolution is the product [K, C] x [C, H*W] of the weights and the input as
@@ -14,6 +14,11 @@ fp16) without the 16-byte rows that tensor descriptors need (14x14 and 7x7 plane
 Output of packed planes is stored the same way, contiguous along the pixels; any other output
 layout in its own strides. Pixels per tile at most the plane's, rounded up to a power of two
 (a 7x7 image: 64, of which 49 are used).
+
+At stride 2 a tile is whole output rows of slots (the output's width rounded up to a power of
+two); each row reads the contiguous columns of its input row (vectors as wide as the rows'
+alignment allows, where every other element alone would be a 2-byte load) and keeps the even
+ones.
 """
 
 from __future__ import annotations
@@ -146,6 +151,8 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
         return "only 1x1 convolutions with stride 1 or 2 and no padding are products over the input's planes"
     if c.groups != 1:
         return "grouped convolutions are not one GEMM"
+    if row_slots(spec) > MAX_ROW_SLOTS:
+        return f"stride 2 takes output rows of at most {MAX_ROW_SLOTS} pixels (a tile holds whole rows)"
     x = spec.input_desc
     if not x.same_strides(layout_strides(x.dims, Layout.NCHW)):
         return f"the input must be packed NCHW planes (channels-last input goes to triton-gemm); it is {x.layout_name}"
@@ -182,12 +189,17 @@ def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
     return None
 
 
+#: Slots of a strided plan's output row at most (a tile holds whole rows: 256 x 128 channels).
+MAX_ROW_SLOTS = 256
+
+
 def row_slots(spec: PlanSpec) -> int:
     """Slots per output row of a strided plan's tiles (the output's width rounded up to a power of
     two), 0 for stride 1 (flat pixels)."""
-    _, _, _, ow = spec.output_desc.dims
-    strided = spec.input_desc.dims[2:] != spec.output_desc.dims[2:]
-    return 1 << (ow - 1).bit_length() if strided else 0
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    ow = spec.output_desc.dims[3]
+    return 1 << (ow - 1).bit_length() if conv.conv.strides != (1, 1) else 0
 
 
 def tile_rows(spec: PlanSpec) -> int:
