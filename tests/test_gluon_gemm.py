@@ -131,14 +131,16 @@ def test_cost_model_sizes_the_grid_to_one_wave(name, tile):
     assert programs <= H100_SMS
 
 
-@pytest.mark.parametrize("mma_epilogue", [True, False])
+@pytest.mark.parametrize("mma_epilogue", [True, False, "fp32-acc-stores"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("batch", [1, 8, 32, 128])
 def test_configs_fit_registers_and_shared_memory(dtype, batch, mma_epilogue, monkeypatch):
     """The ring and a persistent program's epilogue scratch (the fp32 accumulator's layout change,
     or with the epilogue in the accumulator's layout, the 16-bit output's: measured in
-    test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory) fit sm_90."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_MMA_EPILOGUE", mma_epilogue)
+    test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory; none for fp32
+    output stored from the accumulator's layout) fit sm_90."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     for name in ("r50_01", "r50_05", "r50_09", "r50_13", "r50_15", "r50_17", "r50_19", "r50_21"):
         s = resnet50_layer(name)
         cfg = gluon_gemm.gluon_gemm_config(batch * s.h * s.w, s.k, s.c, dtype, H100_SMS)
@@ -151,6 +153,8 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch, mma_epilogue, mon
         part = gluon_gemm.pixel_parts(cfg.block_m)[0] * cfg.block_n
         if mma_epilogue and dtype != torch.float32:
             scratch = cfg.consumers * min(part * 2, {4: 2048, 8: 8192}[cfg.num_warps])
+        elif mma_epilogue == "fp32-acc-stores":
+            scratch = 0
         else:
             scratch = cfg.consumers * min(part, {4: 4096, 8: 128 * 128}[cfg.num_warps]) * 4
         scratch = scratch if persistent else 0

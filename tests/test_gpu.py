@@ -339,15 +339,23 @@ GLUON_GEMM_CASES = {
 
 #: (case, precision, chain, the chain in the accumulator's layout): every case in four precision
 #: and chain pairs; the accumulator-layout epilogue on three cases (flat, 7x7, strided) in two.
-GLUON_GEMM_RUNS = [
-    (case, precision, chain, False)
-    for case in GLUON_GEMM_CASES
-    for precision, chain in (("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB"))
-] + [
-    (case, precision, chain, True)
-    for case in ("odd-rows", "7x7", "strided-28x28")
-    for precision, chain in (("fp16", "CNAAB"), ("tf32", "CBNA"))
-]
+GLUON_GEMM_RUNS = (
+    [
+        (case, precision, chain, False)
+        for case in GLUON_GEMM_CASES
+        for precision, chain in (("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB"))
+    ]
+    + [
+        (case, precision, chain, True)
+        for case in ("odd-rows", "7x7", "strided-28x28")
+        for precision, chain in (("fp16", "CNAAB"), ("tf32", "CBNA"))
+    ]
+    + [  # fp32 output stored from the accumulator's layout (tuning.GLUON_GEMM_FP32_ACC_STORES)
+        (case, "tf32", chain, "fp32-acc-stores")
+        for case in ("odd-rows", "7x7", "strided-28x28", "C40-K24")
+        for chain in ("CBNA", "CNAAB")
+    ]
+)
 
 
 @pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_GEMM_RUNS)
@@ -360,7 +368,8 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
-    monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", mma_epilogue)  # the chain in the accumulator's layout
+    monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
+    monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     n, c, h, w, k, stride = GLUON_GEMM_CASES[case]
     dtype, tf32, tol, eps = PRECISIONS[precision]
     x = input_tensor((n, c, h, w), dtype, "NHWC")

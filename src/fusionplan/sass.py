@@ -57,11 +57,15 @@ def ast_source(fn, args: list):
     return source_class(fn)(fn, signature, constexprs, attrs)
 
 
-def async_copy_widths(sass: str) -> dict[int, int]:
-    """How many LDGSTS instructions copy 16, 8 and 4 bytes each (``.128``, ``.64``, neither)."""
+#: Bytes per thread of a memory instruction, by its width suffix (none: 4 bytes).
+_WIDTH_SUFFIXES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+
+
+def access_widths(sass: str, opcode: str) -> dict[int, int]:
+    """How many ``opcode`` instructions (LDGSTS, STG, ...) move 16, 8, 4, 2 or 1 bytes per thread."""
     widths: dict[int, int] = {}
-    for suffix in re.findall(r"LDGSTS(?:\.[A-Z]+)*(\.128|\.64)?\b", sass):
-        size = {".128": 16, ".64": 8}.get(suffix, 4)
+    for suffixes in re.findall(rf"\b{opcode}((?:\.[A-Z0-9]+)*)", sass):
+        size = next((_WIDTH_SUFFIXES[x] for x in suffixes.split(".") if x in _WIDTH_SUFFIXES), 4)
         widths[size] = widths.get(size, 0) + 1
     return widths
 
@@ -82,7 +86,8 @@ def summarize(compiled) -> dict:
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
         "async copies (LDGSTS)": sass.count("LDGSTS"),
-        "async copies by bytes": async_copy_widths(sass),
+        "async copies by bytes": access_widths(sass, "LDGSTS"),
+        "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,

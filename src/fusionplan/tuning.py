@@ -209,6 +209,13 @@ GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 #: r50_11 15.3 -> 14.8, r50_15 9.7 -> 9.4, r50_17 13.6 -> 13.1); the shared memory it frees holds
 #: more stages beside persistent programs' epilogues (gluon_gemm.gemm_stages).
 GLUON_GEMM_MMA_EPILOGUE = True
+#: With GLUON_GEMM_MMA_EPILOGUE, fp32 output (TF32 and fp32 plans) is stored straight from the
+#: accumulator's layout: each thread's two neighbouring channels as one 8-byte store, four threads
+#: writing 32 contiguous bytes (whole sectors), instead of through a layout change in shared memory
+#: (the whole fp32 tile: 16-64 KB per warpgroup, which persistent rings then get as another stage).
+#: Not measured yet: off until it is (`python scripts/tile_sweep.py --precision tf32 --solver
+#: gluon-gemm --tiles keep --splits 1 --tuning GLUON_GEMM_FP32_ACC_STORES=0,1 ...`).
+GLUON_GEMM_FP32_ACC_STORES = False
 
 #: triton-gemm-nchw reads its input through tensor descriptors ([N, C, H*W] boxes: TMA on Hopper)
 #: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Measured

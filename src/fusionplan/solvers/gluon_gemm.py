@@ -283,9 +283,11 @@ else:
     ow = pix % OW"""
 
 #: One part's epilogue: the generated chain on its [pixels, channels] accumulator, then the store
-#: (``{tail}``). MMA_EPILOGUE: the chain runs in the accumulator's own layout and only the
-#: output, in its own dtype, changes layout for the stores (a quarter of the fp32 tile's shared
-#: memory); else the fp32 accumulator changes layout first.
+#: (``{tail}``). MMA_EPILOGUE (epilogue_mode): 1, the chain runs in the accumulator's own layout and
+#: only the output, in its own dtype, changes layout for the stores (a quarter of the fp32 tile's
+#: shared memory); 2, the same without the layout change, fp32 output stored from the
+#: accumulator's layout (each thread's two neighbouring channels: 8-byte stores, four threads
+#: writing 32 contiguous bytes); 0, the fp32 accumulator changes layout first.
 _PART = """if MMA_EPILOGUE:
     acc = gl.permute({acc}, (1, 0))
 {channels_in_acc}
@@ -295,9 +297,9 @@ else:
 {pixels_in_out}
 {tail}"""
 
-#: The store of a part: in MMA_EPILOGUE, after the output's layout change, with the channels and
+#: The store of a part: in MMA_EPILOGUE 1, after the output's layout change, with the channels and
 #: pixels in the stores' layout.
-_PART_STORE = """    if MMA_EPILOGUE:
+_PART_STORE = """    if MMA_EPILOGUE == 1:
         h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {channels_in_out}
 {pixels_in_out}
@@ -465,11 +467,24 @@ def gemm_stages(
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
+def epilogue_mode(size: int) -> int:
+    """The epilogue (the kernel's MMA_EPILOGUE) for data of ``size`` bytes: 1, in the accumulator's
+    layout with the 16-bit output's layout changed for the stores (tuning.GLUON_GEMM_MMA_EPILOGUE);
+    2, fp32 output stored from the accumulator's layout (and tuning.GLUON_GEMM_FP32_ACC_STORES);
+    0, the fp32 accumulator's layout changed first."""
+    if not tuning.GLUON_GEMM_MMA_EPILOGUE:
+        return 0
+    return 2 if size == 4 and tuning.GLUON_GEMM_FP32_ACC_STORES else 1
+
+
 def epilogue_scratch_bytes(part_elements: int, size: int, warps: int) -> int:
     """Shared memory a computing warpgroup's epilogue stages a part's outputs of ``size`` bytes
-    through: the 16-bit output's layout change with tuning.GLUON_GEMM_MMA_EPILOGUE, else the fp32
-    accumulator's."""
-    if tuning.GLUON_GEMM_MMA_EPILOGUE and size == 2:
+    through (epilogue_mode): the 16-bit output's layout change, none for stores from the
+    accumulator's layout, else the fp32 accumulator's layout change."""
+    mode = epilogue_mode(size)
+    if mode == 2:
+        return 0
+    if mode == 1 and size == 2:
         return min(part_elements * size, GEMM_MMA_EPILOGUE_BYTES[warps])
     return min(part_elements, GEMM_EPILOGUE_ELEMENTS[warps]) * 4
 
@@ -664,7 +679,7 @@ class GluonGemmKernel(GluonWindowKernel):
             cfg.consumers,
             CONSUMER_REGS,
             slots,
-            tuning.GLUON_GEMM_MMA_EPILOGUE,
+            epilogue_mode(x.element_size()),
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
