@@ -163,33 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_tuning_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
-    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)): each value as parse_tuning."""
-    name, _, values = text.partition("=")
-    return name, tuple(parse_tuning(f"{name}={value}")[1] for value in values.split(","))
+    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)) (tuning.parse_choices)."""
+    from fusionplan import tuning
 
-
-def tuning_variants(choices: list[tuple[str, tuple]]) -> list[dict[str, int | float]]:
-    """Every combination of the chosen values, in order: [{}] when nothing is chosen."""
-    variants: list[dict[str, int | float]] = [{}]
-    for name, values in choices:
-        variants = [{**v, name: value} for v in variants for value in values]
-    return variants
+    try:
+        return tuning.parse_choices(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_tuning(text: str) -> tuple[str, int | float]:
-    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', 1): a number for a constant of
-    fusionplan.tuning that exists and holds a number (booleans take 0 or 1)."""
+    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', True) (tuning.parse_override)."""
     from fusionplan import tuning
 
-    name, _, value = text.partition("=")
-    current = getattr(tuning, name, None)
-    if not name.isupper() or not isinstance(current, (bool, int, float)):
-        raise argparse.ArgumentTypeError(f"{name!r} is not a numeric constant of fusionplan.tuning")
     try:
-        number = float(value) if isinstance(current, float) else int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=NUMBER") from None
-    return name, bool(number) if isinstance(current, bool) else number
+        return tuning.parse_override(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,12 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"tile_sweep: unknown layers {unknown}", file=sys.stderr)
         return 2
-    variants = tuning_variants(opts.tuning)
+    variants = tuning.override_combinations(opts.tuning)
     for name in opts.layers.split(","):
         for variant in variants:  # each layer's variants one after the other: the same conditions
-            for constant, value in variant.items():
-                setattr(tuning, constant, value)
-            rows = sweep_layer(shapes[name], opts)
+            with tuning.overridden(variant):
+                rows = sweep_layer(shapes[name], opts)
             label = "".join(f" {k}={v}" for k, v in variant.items()) if len(variants) > 1 else ""
             print(f"{name} batch {opts.batch} {opts.precision} {opts.layout} {opts.mode}{label}:")
             for _, line in sorted(rows)[: opts.top]:

@@ -121,3 +121,29 @@ def test_packaged_depthwise_shapes_run_as_depthwise_plans(capsys):
     args = ["--shapes", "mobilenet_v2_depthwise", "--layers", "mbv2_dw_09", "--device", "cpu", "--batch", "1"]
     assert main([*args, "--modes", "CBNA", "--iters", "2", "--warmup", "1", "--no-plots"]) == 0
     assert "mbv2_dw_09" in capsys.readouterr().out
+
+
+def test_tuning_columns_run_the_plan_under_their_values(monkeypatch, tmp_path):
+    """--tuning NAME=V1,V2: a column per value beside the defaults' 'fused', each compiled and run
+    with the constant set (and only then: the defaults stay for 'fused' and after the run);
+    bad names and values are refused."""
+    import fusionplan as fp
+    from fusionplan import tuning
+
+    seen = []
+    execute = fp.FusionPlan.execute
+
+    def spy(self, *args, **kwargs):
+        seen.append(tuning.WINDOW_MIN_CHANNELS)
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(fp.FusionPlan, "execute", spy)
+    default = tuning.WINDOW_MIN_CHANNELS
+    argv = [*SMALL, "--layers", "r50_22", "--modes", "CBA", "--baselines", "none", "--no-plots"]
+    assert main([*argv, "--tuning", "WINDOW_MIN_CHANNELS=64,256", "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    assert row["tuning:WINDOW_MIN_CHANNELS=64_ms"] > 0 and row["tuning:WINDOW_MIN_CHANNELS=256_ms"] > 0
+    assert row["errors"] == "" and {64, 256, default} <= set(seen) and tuning.WINDOW_MIN_CHANNELS == default
+    for bad in ("NO_SUCH=1", "WINDOW_MIN_CHANNELS=x", "CONV_CANDIDATES=1"):
+        with pytest.raises(SystemExit):
+            main([*argv, "--tuning", bad])

@@ -34,6 +34,8 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
 
     import torch
 
+    from fusionplan import tuning
+
     path = pathlib.Path(__file__).parents[1] / "scripts" / "tile_sweep.py"
     spec = importlib.util.spec_from_file_location("tile_sweep", path)
     sweep = importlib.util.module_from_spec(spec)
@@ -51,11 +53,11 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     assert sweep.parse_tuning("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
     choices = [sweep.parse_tuning_choices("CONV_NCHW_ROW_SLOTS=0,1"), sweep.parse_tuning_choices("SPLIT_K_TARGET=114")]
     assert choices == [("CONV_NCHW_ROW_SLOTS", (False, True)), ("SPLIT_K_TARGET", (114,))]
-    assert sweep.tuning_variants(choices) == [
+    assert tuning.override_combinations(choices) == [
         {"CONV_NCHW_ROW_SLOTS": False, "SPLIT_K_TARGET": 114},
         {"CONV_NCHW_ROW_SLOTS": True, "SPLIT_K_TARGET": 114},
     ]
-    assert sweep.tuning_variants([]) == [{}]
+    assert tuning.override_combinations([]) == [{}]
     for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):
         with pytest.raises(Exception, match="constant of fusionplan.tuning|NAME=NUMBER"):
             sweep.parse_tuning(bad)

@@ -9,6 +9,9 @@ heuristic.
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -460,3 +463,51 @@ def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool) -> 
         block_c = _pow2_at_least(channels, 16, 128)
         return PointwiseConfig(max(8192 // block_c, 16), block_c, 8)
     return PointwiseConfig(1024, 4, 8)
+
+
+# ---- overrides of the constants above, for experiments (tile_sweep's and fusionplan-bench's --tuning) ----
+def parse_override(text: str) -> tuple[str, int | float]:
+    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', True): a value for a numeric
+    constant of this module that exists (booleans take 0 or 1); ValueError otherwise."""
+    name, _, value = text.partition("=")
+    current = globals().get(name)
+    if not name.isupper() or not isinstance(current, (bool, int, float)):
+        raise ValueError(f"{name!r} is not a numeric constant of fusionplan.tuning")
+    try:
+        number = float(value) if isinstance(current, float) else int(value)
+    except ValueError:
+        raise ValueError(f"{text!r}: expected NAME=NUMBER") from None
+    return name, bool(number) if isinstance(current, bool) else number
+
+
+def parse_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
+    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)): each value as parse_override."""
+    name, _, values = text.partition("=")
+    return name, tuple(parse_override(f"{name}={value}")[1] for value in values.split(","))
+
+
+def override_combinations(choices: list[tuple[str, tuple]]) -> list[dict[str, int | float]]:
+    """Every combination of the chosen values, in order: [{}] when nothing is chosen."""
+    combinations: list[dict[str, int | float]] = [{}]
+    for name, values in choices:
+        combinations = [{**c, name: value} for c in combinations for value in values]
+    return combinations
+
+
+def override_label(values: dict[str, int | float]) -> str:
+    """{'A': True, 'B': 3} -> 'A=1,B=3' (parse_override reads each part back)."""
+    return ",".join(f"{name}={int(v) if isinstance(v, bool) else v}" for name, v in values.items())
+
+
+@contextmanager
+def overridden(values: dict[str, int | float]) -> Iterator[None]:
+    """These constants set to ``values`` for the block's duration, the previous values after it."""
+    module = sys.modules[__name__]
+    before = {name: getattr(module, name) for name in values}
+    try:
+        for name, value in values.items():
+            setattr(module, name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(module, name, value)

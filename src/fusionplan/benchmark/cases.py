@@ -4,6 +4,8 @@ Variants of a case (each verified against the float64 reference before it is tim
 result is recorded as a failure and never timed):
 - ``fused``: the plan compiled with the first applicable solver;
 - ``solver:NAME``: the plan compiled with one solver forced, for every applicable solver;
+- ``tuning:NAME=V[,NAME=V]``: the plan compiled and run with constants of fusionplan.tuning set
+  (an experiment's switch or threshold, beside the defaults' ``fused`` in the same process);
 - ``unfused``: the same operators one launch each (the reference implementation in the data's dtype);
 - ``eager``: PyTorch eager, conv2d -> batch_norm -> activation as a framework user writes it;
 - ``cudnn``: cuDNN's fused conv+bias+ReLU with batch-norm folded into the weights (ReLU chains);
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusionplan as fp
-from fusionplan import solvers
+from fusionplan import solvers, tuning
 from fusionplan.enums import ActivationMode, DataType, Layout
 from fusionplan.ops import ConvForwardOp
 from fusionplan.shapes import ConvShape
@@ -269,6 +271,28 @@ def failed_variant(name: str, error: Exception) -> Variant:
     return Variant(name, run, run)
 
 
+#: A baseline of this prefix and an override label (tuning.override_label) is a ``tuning:`` variant.
+TUNING_PREFIX = "tuning:"
+
+
+def tuned_variant(name: str, plan: fp.FusionPlan, xs: list, ys: list, args: fp.OperatorArgs, handle) -> Variant:
+    """The plan compiled on ``handle`` and run with the constants that ``name`` (TUNING_PREFIX and
+    NAME=V,...) sets, each call under them (launches read some of them: an epilogue's switch)."""
+    values = dict(tuning.parse_override(part) for part in name[len(TUNING_PREFIX) :].split(","))
+    n = len(xs)
+    try:
+        with tuning.overridden(values):
+            plan.compile(handle)
+    except fp.InternalError as exc:
+        return failed_variant(name, exc)
+
+    def run(i: int) -> None:
+        with tuning.overridden(values):
+            plan.execute(handle, xs[i % n], ys[i % n], args)
+
+    return Variant(name, run, lambda i: ys[i % n], plan.compiled_solver(handle))
+
+
 def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]) -> list[Variant]:
     case, plan, args = prep.case, prep.plan, prep.args
     xs, ys = prep.xs, prep.ys
@@ -304,6 +328,9 @@ def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]
                 variants.append(failed_variant(f"solver:{verdict.solver}", exc))
                 continue
             variants.append(plan_variant(f"solver:{verdict.solver}", forced))
+    for baseline in baselines:
+        if baseline.startswith(TUNING_PREFIX):
+            variants.append(tuned_variant(baseline, plan, xs, ys, args, fp.Handle(device, allow_tf32=case.tf32)))
     if "unfused" in baselines:
         spec = plan.spec()
         kernel = ReferenceKernel(spec, case.dtype if device.type == "cuda" else None)

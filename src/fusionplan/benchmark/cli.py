@@ -4,6 +4,7 @@
     fusionplan-bench --precisions fp16,fp32 --layouts NHWC,NCHW --modes CBNA,CBA,NA --out bench/results/run
     fusionplan-bench --shapes my_shapes.csv --batch 1,32 --graph
     fusionplan-bench --device cpu --layers r50_01,r50_10   # CPU: cpu solver vs reference vs eager
+    fusionplan-bench --layers r50_07 --graph --tuning GLUON_GEMM_FP32_ACC_STORES=0,1   # an A/B column
 
 Every variant is verified against the float64 reference before it is timed; a wrong result is
 reported, never timed. Times are medians of CUDA-event timings after warm-up, inputs rotated so
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from fusionplan.benchmark.cases import PRECISIONS, Case
+from fusionplan import tuning
+from fusionplan.benchmark.cases import PRECISIONS, TUNING_PREFIX, Case
 from fusionplan.benchmark.report import environment, print_table, write_outputs
 from fusionplan.benchmark.runner import BASELINES, run_suite
 from fusionplan.enums import ActivationMode, coerce_enum
@@ -72,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         "CPU); 'none' for fusionplan only",
     )
     p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune') (slow)")
+    p.add_argument(
+        "--tuning",
+        type=_tuning_choices,
+        action="append",
+        default=[],
+        help="NAME=V1,V2: also time the plan with a constant of fusionplan.tuning set to each value (a column "
+        "'tuning:NAME=V' per value beside 'fused', the defaults); repeatable: every combination",
+    )
     p.add_argument("--iters", type=int, default=50, help="timed runs per variant (median; default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed runs first (default 5)")
     p.add_argument(
@@ -95,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
         "in parallel before a timed run)",
     )
     return p
+
+
+def _tuning_choices(text: str) -> tuple[str, tuple]:
+    try:
+        return tuning.parse_choices(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _split(value: str) -> list[str]:
@@ -151,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.max_autotune:
         baselines.append("compile-max")
     unknown = set(baselines) - set(BASELINES)
+    if opts.tuning:
+        baselines += [TUNING_PREFIX + tuning.override_label(c) for c in tuning.override_combinations(opts.tuning)]
     if unknown:
         print(f"fusionplan-bench: unknown baselines {sorted(unknown)}", file=sys.stderr)
         return 2
