@@ -155,3 +155,15 @@ def test_gluon_gemm_stores_fp32_output_from_the_accumulators_layout():
     assert set(stores[0]) == {"16"} and set(stores[1]) == {"4"}
     assert "NUM_STAGES" in direct["source"] and "LOCAL:0" in direct["resources"]
     assert default["shared bytes (dynamic)"] <= direct["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_gemm_products_overlap_in_tf32_too(dtype):
+    """triton-gemm's weights as [K, C] for fp32 data: TF32 wgmma reads its B operand from shared
+    memory only along the reduction, and with the weights as [C, K] Triton had fed them through
+    registers and waited for every product before the next (r50_07: waits ['0x0'], 2x slower than
+    triton-conv on the H100); now one product stays in flight, as for 16-bit data."""
+    info = compile_sm90(layer_build("r50_07", dtype), "triton-gemm")
+    waits = info["wgmma waits (outstanding groups allowed)"]
+    assert info["HGMMA"] > 0 and info["tensor loads (UTMALDG)"] > 0 and set(waits) - {"0x0"}, waits
+    assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]

@@ -47,19 +47,25 @@ def gemm_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
-    NUM_PROGRAMS: tl.constexpr, STORE_TILES: tl.constexpr,
+    NUM_PROGRAMS: tl.constexpr, STORE_TILES: tl.constexpr, B_KMAJOR: tl.constexpr,
     {stage_flags}
 ):
-    # a_desc: the input as [M, C]; b_desc: the weights as [C, K]; y_desc: the output as [M, K]
-    # (STORE_TILES: packed channels-last; else a stand-in, unused). Host descriptors (kernel
-    # parameters): built here, in global memory behind a proxy fence, they cost about 2 us per launch.
+    # a_desc: the input as [M, C]; b_desc: the weights as [C, K] (B_KMAJOR, fp32 data: as [K, C], the
+    # reduction contiguous, the only order in which TF32 wgmma reads its B operand from shared
+    # memory); y_desc: the output as [M, K] (STORE_TILES: packed channels-last; else a stand-in,
+    # unused). Host descriptors (kernel parameters): built here, in global memory behind a proxy
+    # fence, they cost about 2 us per launch.
     num_pid_m = tl.cdiv(M, BLOCK_M)
 {persistent_tiles}
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for kb in range(0, k_steps):
             a = a_desc.load([pid_m * BLOCK_M, kb * BLOCK_K])
-            b = b_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
-            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            if B_KMAJOR:
+                b = b_desc.load([pid_n * BLOCK_N, kb * BLOCK_K])
+                acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
+            else:
+                b = b_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
+                acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
 
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -121,8 +127,10 @@ def gemm_defer_why(spec: PlanSpec) -> str | None:
     n, c, h, w = spec.input_desc.dims
     k = spec.output_desc.dims[1]
     if spec.dtype == DataType.FLOAT:
-        # TF32, H100: r50_07 61.6 us against 37.4 for triton-conv, r50_13 57.0 against 25.8
-        return "fp32 data: triton-conv measured as fast or faster on every 1x1 layer of ResNet-50"
+        # TF32, H100: r50_07 61.6 us against 37.4 for triton-conv, r50_13 57.0 against 25.8, with the
+        # weights as [C, K]: TF32 wgmma reads B only along the reduction, so Triton fed it through
+        # registers and serialized the products; the weights as [K, C] are not measured yet
+        return "fp32 data: triton-conv measured faster (weights read along K then; as [K, C] not measured yet)"
     m = n * h * w
     if m < GEMM_DEFER_PIXELS_ANY:
         why = f"M={m} pixels < {GEMM_DEFER_PIXELS_ANY}: slower than the convolution kernels"
@@ -163,7 +171,7 @@ def gemm_input_why_not(spec: PlanSpec, reading: str) -> str | None:
 class TritonGemmKernel(DescriptorConvKernel):
     solver_name = "triton-gemm"
     splits_reduction = False  # its own template: no split reduction
-    kmajor_fp32_weights = False  # its weight layout is its own
+    kmajor_fp32_weights = True  # fp32 weights as [K, C] (TF32 wgmma reads B along the reduction)
     stem = "gemm"
     candidates = tuning.GEMM_CANDIDATES
 
@@ -210,10 +218,14 @@ class TritonGemmKernel(DescriptorConvKernel):
             has_prior,
             programs,
             store_tiles,
+            self.w_kmajor,
             *flags.values(),
         )
         a_desc = host_descriptor(x, [m, c], [c, 1], [cfg.block_m, cfg.block_k])
-        b_desc = host_descriptor(packed, [c, k], [k, 1], [cfg.block_k, cfg.block_n])
+        if self.w_kmajor:
+            b_desc = host_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k])
+        else:
+            b_desc = host_descriptor(packed, [c, k], [k, 1], [cfg.block_k, cfg.block_n])
         y_desc = host_descriptor(out if store_tiles else packed, [m, k], [k, 1], [cfg.block_m, cfg.block_n])
         args = [a_desc, b_desc, out, p, y_desc, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
         return (programs, 1, 1), cfg, args
