@@ -60,6 +60,16 @@ def test_defers_where_triton_window_does_for_16_bit_data():
         assert gluon_window.gluon_defer_why(layer(name).spec()) == window_defer_why(layer(name).spec())
 
 
+def test_tf32_windows_of_256_pixels_defer():
+    """fp32 data in 256-pixel windows (28x28 outputs: r50_10, strided r50_06) defers to the Triton
+    kernels (measured faster in TF32); smaller windows (r50_12, r50_16, r50_22) and 16-bit data do not."""
+    for name in ("r50_10", "r50_06"):
+        assert "windows of 256 pixels" in gluon_window.gluon_defer_why(layer(name, torch.float32).spec())
+        assert gluon_window.gluon_defer_why(layer(name, torch.float16).spec()) is None
+    for name in ("r50_12", "r50_16", "r50_22"):
+        assert gluon_window.gluon_defer_why(layer(name, torch.float32).spec()) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory(dtype):
     for name in ("r50_10", "r50_15", "r50_16", "r50_17", "r50_18", "r50_19", "r50_21", "r50_22"):

@@ -264,8 +264,9 @@ def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
 
 def gluon_defer_why(spec: PlanSpec) -> str | None:
     """Where triton-conv measured faster: triton-window's grid rules (few channels, small grids),
-    and 1x1 filters on fp32 data (TF32 products) with many output pixels, or more windows than
-    one program per multiprocessor (H200, batch 32: r50_09 (25088 pixels) 27.5 us against 24.4,
+    TF32 windows of tuning.GLUON_TF32_MAX_WINDOW pixels, and 1x1 filters on fp32 data (TF32
+    products) with many output pixels, or more windows than one program per multiprocessor (H200,
+    batch 32: r50_09 (25088 pixels) 27.5 us against 24.4,
     r50_13 (256 programs) 30.3 against 26.4; windows faster on 14x14 and 7x7 outputs of 128
     programs: r50_15 16.4 against 26.6, r50_21 17.0 against 35.6); strided 1x1 filters of 16-bit
     data as triton-window (fp16, H200, fusionplan-bench: r50_08 31.9 us against 31.6, r50_14 21.3
@@ -277,6 +278,9 @@ def gluon_defer_why(spec: PlanSpec) -> str | None:
             f"1x1 filter on fp32 data, {pixels} output pixels (>= {tuning.GLUON_TF32_1X1_MAX_PIXELS}) or "
             f"{programs} windows (> {tuning.SPLIT_K_TARGET}): triton-conv measured faster"
         )
+    window = gluon_config(spec).block_m if programs else 0
+    if spec.dtype == DataType.FLOAT and window >= tuning.GLUON_TF32_MAX_WINDOW:
+        return f"fp32 data in windows of {window} pixels: triton-window and triton-conv measured faster"
     return strided_1x1_defer_why(spec) or window_grid_defer_why(spec)
 
 
