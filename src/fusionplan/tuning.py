@@ -186,8 +186,8 @@ GLUON_TF32_1X1_MAX_PIXELS = 16384
 #: 16x16 windows over two warpgroups) runs on triton-window or triton-conv: measured faster in two
 #: TF32 suites on the H100, every solver forced side by side (bf16-tf32-5 and -6: r50_10 36.9-37.1
 #: us on triton-window against 39.4-40.2, r50_06 48.2-48.7 on triton-window and triton-conv against
-#: 51.4-51.7); windows of
-#: 64 and 128 pixels stay (r50_12 35.8 against 47.1, r50_16 33.6 / 36.8, r50_22 36.9 / 50.0).
+#: 51.4-51.7); windows of 64 and 128 pixels stay (r50_12 35.8 against 47.1, r50_16 33.6 / 36.8,
+#: r50_22 36.9 / 50.0).
 GLUON_TF32_MAX_WINDOW = 256
 
 #: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
