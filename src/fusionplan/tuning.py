@@ -258,11 +258,17 @@ NCHW_GEMM_CANDIDATES: list[ConvConfig] = [
 ]
 
 
+def nchw_gemm_plane(hw: int) -> int:
+    """The most pixels a triton-gemm-nchw tile takes from a plane of ``hw``: rounded up to a power
+    of two, at least 32."""
+    return _pow2_at_least(hw, 32, 1 << 30)
+
+
 def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype, interpret: bool) -> ConvConfig:
     """triton-gemm-nchw's tile for images of hw-pixel planes, C input and K output channels: a tile
     holds pixels of one image (at most the plane's, rounded up to a power of two, at least 32).
     32-bit data takes gemm_heuristic's tile with at most 128 channels (the solver defers it)."""
-    plane = _pow2_at_least(hw, 32, 1 << 30)
+    plane = nchw_gemm_plane(hw)
     if interpret or dtype not in (torch.float16, torch.bfloat16):
         cfg = gemm_heuristic(images * hw, k, c, dtype, interpret)
         if cfg.block_n > 128:

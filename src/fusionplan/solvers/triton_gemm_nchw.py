@@ -168,7 +168,7 @@ _SMALL_PLANE = 64
 _NARROW_OUTPUT = 64
 
 
-def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
+def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     """Why triton-conv keeps the plan although this solver could run it, or None. Measured on the
     H100 at batch 32 (bench/NOTES.md section 18): faster than triton-conv's NCHW path on the 16-bit
     1x1 layers of 14x14 planes or more and over 64 output channels (r50_15 26.1 -> 15.5 us, r50_11
@@ -184,6 +184,7 @@ def nchw_gemm_defer_why(spec: PlanSpec, tiles: int) -> str | None:
         return f"{h}x{w} planes: runs of {h * w} pixels, loaded and stored element by element (triton-conv is faster)"
     if k <= _NARROW_OUTPUT:
         return f"K={k}: tiles of {k} output channels measured no faster than triton-conv"
+    tiles = tile_count(spec, nchw_config(spec, interpret=False))  # a GPU's grid, not the interpreter's
     if tiles < tuning.SMALL_GRID_PROGRAMS:
         return f"{tiles} tiles: a small grid, where triton-conv splits the reduction (this kernel does not)"
     return None
@@ -216,11 +217,9 @@ def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
     return replace(cfg, block_m=max(cfg.block_m, row_slots(spec)))
 
 
-def heuristic_tiles(spec: PlanSpec) -> int:
-    """The output tiles of the heuristic's configuration on a GPU (images x tiles per plane x channel
-    tiles; the interpreter's small tiles would say nothing of a GPU's grid)."""
+def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
+    """Output tiles of ``cfg``: images x tiles per plane (strided: per its rows of slots) x channel tiles."""
     n, k = spec.input_desc.dims[0], spec.output_desc.dims[1]
-    cfg = nchw_config(spec, interpret=False)
     return n * triton_cdiv(tile_rows(spec), cfg.block_m) * triton_cdiv(k, cfg.block_n)
 
 
@@ -245,17 +244,14 @@ class TritonGemmNchwKernel(TritonConvKernel):
     def find_candidates(self) -> list[tuning.ConvConfig]:
         """The candidates with at most the plane's pixels (rounded up to a power of two; strided, at
         least a row of slots); 32-bit data in 32-deep steps of at most 128 pixels (shared memory)."""
-        plane = max(32, 1 << (tile_rows(self.spec) - 1).bit_length())
+        plane = tuning.nchw_gemm_plane(tile_rows(self.spec))
         least = row_slots(self.spec)
         wide = self.spec.dtype.torch_dtype.itemsize == 2
         fitting = (c if wide else replace(c, block_k=32) for c in self.candidates if wide or c.block_m <= 128)
         return list(dict.fromkeys(replace(c, block_m=max(least, min(c.block_m, plane))) for c in fitting))
 
     def _tiles(self, cfg: tuning.ConvConfig) -> int:
-        """Output tiles: each image's pixels (whole tiles per image; strided, its rows of slots) x
-        channels."""
-        n = self.spec.input_desc.dims[0]
-        return n * triton_cdiv(tile_rows(self.spec), cfg.block_m) * triton_cdiv(self.k, cfg.block_n)
+        return tile_count(self.spec, cfg)
 
     def _launch_args(
         self,
@@ -325,7 +321,7 @@ class TritonGemmNchwSolver(Solver):
         return conv_plan_why_not(spec) or nchw_gemm_why_not(spec) or device_why_not(handle, spec.dtype)
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return nchw_gemm_defer_why(spec, heuristic_tiles(spec))
+        return nchw_gemm_defer_why(spec)
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return TritonGemmNchwKernel(spec, handle)
