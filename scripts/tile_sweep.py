@@ -163,13 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_tuning_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
-    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)) (tuning.parse_choices)."""
-    from fusionplan import tuning
+    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)) (fusionplan-bench's --tuning)."""
+    from fusionplan.benchmark.cli import tuning_choices
 
-    try:
-        return tuning.parse_choices(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    return tuning_choices(text)
 
 
 def parse_tuning(text: str) -> tuple[str, int | float]:

@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-autotune", action="store_true", help="also time torch.compile(mode='max-autotune') (slow)")
     p.add_argument(
         "--tuning",
-        type=_tuning_choices,
+        type=tuning_choices,
         action="append",
         default=[],
         help="NAME=V1,V2: also time the plan with a constant of fusionplan.tuning set to each value (a column "
@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _tuning_choices(text: str) -> tuple[str, tuple]:
+def tuning_choices(text: str) -> tuple[str, tuple]:
+    """An argparse type: 'NAME=V1,V2' -> (NAME, values), as tuning.parse_choices, its refusals
+    argparse's errors (scripts/tile_sweep.py's --tuning too)."""
     try:
         return tuning.parse_choices(text)
     except ValueError as exc:
