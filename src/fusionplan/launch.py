@@ -552,21 +552,20 @@ class BoundLaunch:
         return (encoder.c_launch, *raw[1:]), encoder
 
     def launch(self, pointers: Sequence[int]) -> None:
+        args, addresses = self._swapped(pointers)
         if self.raw is not None and _launch_hooks() == (None, None):
-            self._launch_raw(self._raw_arguments(pointers))
+            self._launch_raw(args if self.encoder is None else self.encoder.flat_arguments(args, addresses))
             return
-        args = self.args.copy()
-        for slot, ptr in zip(self.slots, pointers):
-            for i, descriptor in slot:
-                args[i] = rebased(args[i], ptr) if descriptor else ptr
+        for i, address in addresses.items():  # Triton's wrapper encodes descriptors: copies over the address
+            args[i] = rebased(args[i], address)
         if self.needs_scratch:
             with_own_scratch(launch_compiled, self.kernel, self.grid, args)
         else:
             launch_compiled(self.kernel, self.grid, args)
 
-    def _raw_arguments(self, pointers: Sequence[int]) -> list:
-        """The C launcher's kernel arguments: the bound ones with this call's pointers swapped in,
-        descriptors encoded over their addresses."""
+    def _swapped(self, pointers: Sequence[int]) -> tuple[list, dict[int, int]]:
+        """The bound arguments with this call's pointers in their slots, and the call's address of
+        each descriptor in a slot (by argument index; the descriptor itself stays as bound)."""
         args = self.args.copy()
         addresses = {}
         for slot, ptr in zip(self.slots, pointers):
@@ -575,7 +574,7 @@ class BoundLaunch:
                     addresses[i] = ptr
                 else:
                     args[i] = ptr
-        return args if self.encoder is None else self.encoder.flat_arguments(args, addresses)
+        return args, addresses
 
     def _launch_raw(self, args: list) -> None:
         c_launch, function, packed, cooperative, pdl, _, alignment = self.raw
