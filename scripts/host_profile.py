@@ -129,6 +129,17 @@ def chain_pieces(fused, x: torch.Tensor) -> None:
         print(f"  {per_call_us(fn):8.2f} us  {name}")
 
 
+def launcher_in_words(bound) -> str:
+    """The launcher a bound launch calls and, where descriptor arguments keep it on Triton's, why."""
+    from fusionplan.launch import DescriptorEncoder, is_host_descriptor
+
+    words = bound.path()
+    descriptors = [i for i, a in enumerate(bound.args) if is_host_descriptor(a)]
+    if bound.raw is None and descriptors:
+        words += f" ({DescriptorEncoder.refusal(bound.kernel, descriptors)})"
+    return words
+
+
 def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
     """Host time of ``plan.execute`` repeated on one benchmark case (fp16 NHWC CBA) per layer, and
     how many of the calls took a bound launch (``Repeat.try_launch`` succeeding)."""
@@ -138,12 +149,13 @@ def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
     from fusionplan.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(None)}
-    outcomes = []
+    outcomes, bound = [], []
     original = Repeat.try_launch
 
     def counted(self, *args):
         ok = original(self, *args)
         outcomes.append(ok)
+        bound[:] = [self.bound]
         return ok
 
     Repeat.try_launch = counted
@@ -159,6 +171,8 @@ def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
                 f"  {name} b{batch} {prep.plan.compiled_solver(handle)}: {per_call:.2f} us per execute (host), "
                 f"{sum(outcomes)} of {len(outcomes)} repeats launched directly"
             )
+            if bound:
+                print(f"    through {launcher_in_words(bound[0])}")
     finally:
         Repeat.try_launch = original
 

@@ -386,7 +386,9 @@ def encoded_launches(monkeypatch, wrapper_of, encode):
     w_desc = hopper.TensorDescriptor.from_tensor(w, [64, 32], gl.NVMMASharedLayout(128, 32, rank=2))
     args = [x_desc, w_desc, 4096, 4096, 3]
     bound = launch.BoundLaunch(FakeKernel(direct), (2, 1, 1), args, (0, 2, 3))
-    assert bound.encoder is not None
+    assert bound.encoder is not None and "encoded once" in bound.path()
+    assert launch.DescriptorEncoder.refusal(bound.kernel, [0, 1]) is None
+    assert "positions (0, 1) in the wrapper, (0,) bound" in launch.DescriptorEncoder.refusal(bound.kernel, [0])
     reference = FakeKernel(through_wrapper)
     calls = [(1 << 20, 2 << 20, 3 << 20), (5 << 20, 6 << 20, 7 << 20), (1 << 20, 2 << 20, 3 << 20)]
     for x_at, y_at, p_at in calls:
@@ -427,6 +429,7 @@ def test_bound_launch_leaves_other_descriptor_wrappers_to_triton(monkeypatch):
 
     kernel = type("K", (), {"run": type("R", (), {"launch": staticmethod(inner)})()})()
     assert launch.DescriptorEncoder.of(kernel, [0]) is None
+    assert "not Triton 3.6's descriptor wrapper" in launch.DescriptorEncoder.refusal(kernel, [0])
 
 
 def test_bound_launch_encodes_like_triton_36(monkeypatch):

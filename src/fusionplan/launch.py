@@ -460,17 +460,30 @@ class DescriptorEncoder:
         """The encoder for a compiled kernel whose launcher is Triton 3.6's wrapper around the C
         launcher, with metadata for exactly these descriptor positions; else None (Triton's own
         path)."""
+        found = cls._resolve(kernel, descriptor_positions)
+        return found if isinstance(found, cls) else None
+
+    @classmethod
+    def refusal(cls, kernel, descriptor_positions: Sequence[int]) -> str | None:
+        """Why ``of`` gives no encoder for this kernel (None: it gives one)."""
+        found = cls._resolve(kernel, descriptor_positions)
+        return None if isinstance(found, cls) else found
+
+    @classmethod
+    def _resolve(cls, kernel, descriptor_positions: Sequence[int]) -> DescriptorEncoder | str:
         try:
             closure = inspect.getclosurevars(kernel.run.launch)
             c_launch = closure.nonlocals["launcher"]
             indices = closure.nonlocals["tensordesc_indices"]
             metadata = tuple(closure.nonlocals["tensordesc_meta"])
             encode = closure.globals["make_tensordesc_arg"]
-        except Exception:  # another wrapper (or none): Triton's own launch path
-            return None
+        except Exception as e:  # another wrapper (or none): Triton's own launch path
+            return f"not Triton 3.6's descriptor wrapper ({type(e).__name__}: {e})"
         positions = tuple(sorted(indices))
-        if positions != tuple(descriptor_positions) or any(m is None for m in metadata):
-            return None
+        if positions != tuple(descriptor_positions):
+            return f"descriptor positions {positions} in the wrapper, {tuple(descriptor_positions)} bound"
+        if any(m is None for m in metadata):
+            return "no descriptor metadata (the wrapper passes descriptors decomposed)"
         return cls(c_launch, positions, metadata, encode)
 
     def bind(self, args: Sequence) -> None:
@@ -550,6 +563,12 @@ class BoundLaunch:
             return None, None
         encoder.bind(self.args)
         return (encoder.c_launch, *raw[1:]), encoder
+
+    def path(self) -> str:
+        """Which launcher ``launch`` calls, in words (for host-time reports)."""
+        if self.raw is None:
+            return "Triton's launcher"
+        return "the C launcher" + ("" if self.encoder is None else ", descriptors encoded once per address")
 
     def launch(self, pointers: Sequence[int]) -> None:
         args, addresses = self._swapped(pointers)
