@@ -224,9 +224,19 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: accumulator's layout: each thread's two neighbouring channels as one 8-byte store, four threads
 #: writing 32 contiguous bytes (whole sectors), instead of through a layout change in shared memory
 #: (the whole fp32 tile: 16-64 KB per warpgroup, which persistent rings then get as another stage).
-#: Not measured yet: off until it is (`python scripts/tile_sweep.py --precision tf32 --solver
-#: gluon-gemm --tiles keep --splits 1 --tuning GLUON_GEMM_FP32_ACC_STORES=0,1 ...`).
-GLUON_GEMM_FP32_ACC_STORES = False
+#: Measured in the TF32 bench's A/B columns (H100, batch 32, CBNA, rotated inputs): r50_07 37.6 ->
+#: 28.2 us, r50_13 24.4 -> 19.0, r50_19 21.6 -> 17.0, r50_17 28.3 -> 24.1, r50_11 36.0 -> 32.4,
+#: r50_15 18.6 -> 16.8, r50_21 17.0 -> 16.2; even on the 56x56 layers (r50_04 51.9 / 51.3, r50_05
+#: 62.9 / 63.6), which go to triton-gemm (TF32_GEMM_MIN_PIXELS).
+GLUON_GEMM_FP32_ACC_STORES = True
+
+#: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
+#: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
+#: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by
+#: side): the 56x56 layers (100352 pixels) r50_01 21.2 us against 23.6 for triton-conv, r50_03 52.0
+#: / 64.9, r50_04 48.1 / 51.3 for gluon-gemm, r50_05 60.4 / 63.6; the 28x28 layers (25088 pixels)
+#: r50_07 34.8 against 28.2 for gluon-gemm, r50_09 33.8 / 29.7 for triton-conv, r50_13 23.5 / 19.0.
+TF32_GEMM_MIN_PIXELS = 65536
 
 #: triton-gemm-nchw reads its input through tensor descriptors ([N, C, H*W] boxes: TMA on Hopper)
 #: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Measured

@@ -555,6 +555,11 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     if slots:
         return strided_defer_why(spec, programs, sms, cfg)
     fp32 = spec.dtype == DataType.FLOAT
+    if fp32 and n * oh * ow >= tuning.TF32_GEMM_MIN_PIXELS:
+        return (
+            f"fp32 data of {n * oh * ow} pixels (>= {tuning.TF32_GEMM_MIN_PIXELS}): triton-gemm, its weights "
+            "along the reduction, measured faster"
+        )
     if programs <= sms:
         if fp32 and n * oh * ow >= tuning.GLUON_TF32_1X1_MAX_PIXELS:
             return (

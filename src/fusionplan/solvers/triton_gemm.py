@@ -126,12 +126,9 @@ GEMM_DEFER_PIXELS_ANY = 4096
 def gemm_defer_why(spec: PlanSpec) -> str | None:
     n, c, h, w = spec.input_desc.dims
     k = spec.output_desc.dims[1]
-    if spec.dtype == DataType.FLOAT:
-        # TF32, H100: r50_07 61.6 us against 37.4 for triton-conv, r50_13 57.0 against 25.8, with the
-        # weights as [C, K]: TF32 wgmma reads B only along the reduction, so Triton fed it through
-        # registers and serialized the products; the weights as [K, C] are not measured yet
-        return "fp32 data: triton-conv measured faster (weights read along K then; as [K, C] not measured yet)"
     m = n * h * w
+    if spec.dtype == DataType.FLOAT and m < tuning.TF32_GEMM_MIN_PIXELS:
+        return f"fp32 data of M={m} pixels < {tuning.TF32_GEMM_MIN_PIXELS}: gluon-gemm or triton-conv measured faster"
     if m < GEMM_DEFER_PIXELS_ANY:
         why = f"M={m} pixels < {GEMM_DEFER_PIXELS_ANY}: slower than the convolution kernels"
     elif m < GEMM_DEFER_PIXELS and c >= 2 * k:
