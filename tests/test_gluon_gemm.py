@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 gluon_gemm = pytest.importorskip("fusionplan.solvers.gluon_gemm")
 if gluon_gemm.gluon_why_not():
     pytest.skip(gluon_gemm.gluon_why_not(), allow_module_level=True)
+from fusionplan.solvers import triton_gemm  # noqa: E402
 
 H100_SMS = 132
 
@@ -185,17 +186,35 @@ def test_defers_beyond_one_wave(name, deferred):
         ("r50_11", None),  # beyond one wave, 16 steps of 32 channels: ping-pong
         ("r50_13", None),
         ("r50_07", None),  # 4 steps
-        ("r50_05", None),
-        ("r50_04", None),
         ("r50_15", None),  # one wave
         ("r50_19", None),
-        ("r50_03", "2 reduction steps"),  # C=64: triton-conv
-        ("r50_01", "2 reduction steps"),
+        ("r50_05", "100352 pixels (>= 65536): triton-gemm"),  # 56x56: triton-gemm, weights along K
+        ("r50_04", "100352 pixels (>= 65536): triton-gemm"),
+        ("r50_03", "100352 pixels (>= 65536): triton-gemm"),
+        ("r50_01", "100352 pixels (>= 65536): triton-gemm"),
         ("r50_09", "25088 pixels"),  # one wave, but many pixels: triton-conv
     ],
 )
 def test_tf32_layers_as_measured(name, deferred):
     why = gluon_gemm.GluonGemmSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
+    assert why == deferred if deferred is None else deferred in why
+
+
+@pytest.mark.parametrize(
+    "name, deferred",
+    [
+        ("r50_01", None),  # 56x56 planes at batch 32: 100352 pixels
+        ("r50_03", None),
+        ("r50_04", None),
+        ("r50_05", None),
+        ("r50_07", "M=25088 pixels < 65536"),  # 28x28: gluon-gemm
+        ("r50_09", "M=25088 pixels < 65536"),  # triton-conv
+        ("r50_13", "M=6272 pixels < 65536"),
+    ],
+)
+def test_tf32_triton_gemm_takes_the_large_planes(name, deferred):
+    """tuning.TF32_GEMM_MIN_PIXELS: triton-gemm (weights along the reduction) on the 56x56 layers."""
+    why = triton_gemm.TritonGemmSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
 
 

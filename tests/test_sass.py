@@ -148,10 +148,10 @@ def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy):
 def test_gluon_gemm_stores_fp32_output_from_the_accumulators_layout():
     """tuning.GLUON_GEMM_FP32_ACC_STORES (TF32 r50_07, two warpgroups taking tiles in turn): the
     fp32 output goes to global memory from the accumulator's layout, with no layout change through
-    shared memory (default: 16-byte stores after one), the shared memory freed going to the ring."""
-    switched = "import fusionplan.tuning as t\nt.GLUON_GEMM_FP32_ACC_STORES = True\n"
-    default = compile_sm90(layer_build("r50_07", "float32"), "gluon-gemm")
-    direct = compile_sm90(switched + layer_build("r50_07", "float32"), "gluon-gemm")
+    shared memory (switched off: 16-byte stores after one), the shared memory freed going to the ring."""
+    switched = "import fusionplan.tuning as t\nt.GLUON_GEMM_FP32_ACC_STORES = False\n"
+    default = compile_sm90(switched + layer_build("r50_07", "float32"), "gluon-gemm")
+    direct = compile_sm90(layer_build("r50_07", "float32"), "gluon-gemm")
     stores = default["global stores by bytes"], direct["global stores by bytes"]  # keys as JSON strings
     assert set(stores[0]) == {"16"} and set(stores[1]) == {"4"}
     assert "NUM_STAGES" in direct["source"] and "LOCAL:0" in direct["resources"]
