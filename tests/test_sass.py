@@ -136,12 +136,14 @@ def test_nchw_planes_are_read_by_boxes_or_async_copies(name, dtype, reads):
 )
 def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy):
     """triton-gemm-nchw at stride 2: each output row's input row read as contiguous columns (the
-    even ones kept after the load) by asynchronous copies as wide as the rows' alignment allows,
-    where a pixel-by-pixel gather would load 2-byte elements; wgmma products, pipelined."""
+    odd ones' products dropped after the reduction) by asynchronous copies as wide as the rows'
+    alignment allows, where a pixel-by-pixel gather would load 2-byte elements; wgmma products,
+    pipelined from shared memory (no operand staged in registers), nothing spilled."""
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
     widths = info["async copies by bytes"]  # the weights' are 16-byte copies
     assert widths.get(input_copy, 0) >= 8 and min(int(b) for b in widths) == int(input_copy), widths
     assert info["HGMMA"] > 0 and set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}  # pipelined
+    assert info["LDSM (operand through registers)"] == 0 and "STACK:0" in info["resources"], info["resources"]
     assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
 
 

@@ -442,7 +442,7 @@ def test_nchw_gemm_reruns_with_new_tensors():
         (dict(r=3), "1x1"),
         (dict(stride=3), "stride 1 or 2"),
         (dict(stride=2, r=3), "1x1"),
-        (dict(stride=2, width=600), "at most 256"),  # 300-pixel output rows: 512 slots
+        (dict(stride=2, width=300), "at most 128"),  # 150-pixel output rows: 256 slots, 512 columns
         (dict(groups=2), "grouped"),
         (dict(layout="NHWC"), "packed NCHW planes"),
         (dict(sliced=True), "packed NCHW planes"),

@@ -67,11 +67,13 @@ def gemm_nchw_kernel(
     # IHW); w: the weights as [C, K]; output planes of HW = OH x OW pixels; OUT_PLANES: the output
     # (and a prior) are packed planes too. IN_TILES: the input read through x_desc, [N, C, HW] in
     # [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte units, an aligned input; bounds and zero
-    # fill by the hardware), else by pointer (x_desc: None). SLOTS (stride 2): a tile's rows are
-    # slots of whole output rows, SLOTS to a row (OW rounded up to a power of two); each row reads
-    # the 2 x SLOTS contiguous columns of its input row and keeps the even ones.
+    # fill by the hardware), else by pointer (x_desc: None). SLOTS (stride 2): the product's rows
+    # are the contiguous columns of whole input rows (those of the output rows), 2 x SLOTS to a row
+    # (SLOTS: OW rounded up to a power of two), loaded straight into the product's operand; the odd
+    # columns' products are dropped after the reduction (twice the products, each pipelined from
+    # shared memory, where keeping the even columns before the product staged them in registers).
     if SLOTS:
-        tiles_per_image = tl.cdiv(OH * SLOTS, BLOCK_M)
+        tiles_per_image = tl.cdiv(OH * 2 * SLOTS, BLOCK_M)
     else:
         tiles_per_image = tl.cdiv(HW, BLOCK_M)
     num_pid_m = N * tiles_per_image
@@ -80,14 +82,10 @@ def gemm_nchw_kernel(
         p0 = (pid_m % tiles_per_image) * BLOCK_M
         slot = p0 + tl.arange(0, BLOCK_M)
         if SLOTS:
-            oh = slot // SLOTS
-            ow = slot % SLOTS
-            m_mask = (oh < OH) & (ow < OW)
-            pix = oh * OW + ow
-            rows = p0 // SLOTS + tl.arange(0, BLOCK_M // SLOTS)  # the tile's output rows
-            cols = tl.arange(0, 2 * SLOTS)  # their input rows' columns, pairs of pixels
-            row_offs = (rows * (2 * IW))[:, None] + cols[None, :]
-            row_mask = (rows < OH)[:, None] & (cols < IW)[None, :]
+            in_row = slot // (2 * SLOTS)  # the output row (its input row: 2 x in_row)
+            in_col = slot % (2 * SLOTS)
+            in_offs = in_row * (2 * IW) + in_col
+            in_mask = (in_row < OH) & (in_col < IW)
         else:
             pix = slot
             m_mask = pix < HW
@@ -109,15 +107,21 @@ def gemm_nchw_kernel(
             if IN_TILES:
                 a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
             elif SLOTS:
-                pairs = tl.load(x_image + offs_k[:, None, None] * IHW + row_offs[None, :, :],
-                                mask=k_mask[:, None, None] & row_mask[None, :, :], other=0.0)
-                a, _ = tl.split(pairs.reshape(BLOCK_K, BLOCK_M, 2))
+                a = tl.load(x_image + offs_k[:, None] * IHW + in_offs[None, :],
+                            mask=k_mask[:, None] & in_mask[None, :], other=0.0)
             else:
                 a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
                             mask=k_mask[:, None] & m_mask[None, :], other=0.0)
             b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
                         mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
+        if SLOTS:  # the even columns' rows: the output pixels
+            acc, _ = tl.split(tl.permute(acc.reshape(BLOCK_M // 2, 2, BLOCK_N), (0, 2, 1)))
+            out_slot = p0 // 2 + tl.arange(0, BLOCK_M // 2)
+            oh = out_slot // SLOTS
+            ow = out_slot % SLOTS
+            m_mask = (oh < OH) & (ow < OW)
+            pix = oh * OW + ow
 
         ohw = HW
         ch = offs_n
@@ -190,8 +194,9 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     return None
 
 
-#: Slots of a strided plan's output row at most (a tile holds whole rows: 256 x 128 channels).
-MAX_ROW_SLOTS = 256
+#: Slots of a strided plan's output row at most (a tile holds whole input rows, twice the slots:
+#: 256 x 128 channels).
+MAX_ROW_SLOTS = 128
 
 
 def row_slots(spec: PlanSpec) -> int:
@@ -204,17 +209,18 @@ def row_slots(spec: PlanSpec) -> int:
 
 
 def tile_rows(spec: PlanSpec) -> int:
-    """A plane's rows of the product: its pixels, or for a strided plan its output rows' slots."""
+    """A plane's rows of the product: its pixels, or for a strided plan the input columns of its
+    output rows (2 x slots each)."""
     _, _, oh, ow = spec.output_desc.dims
     slots = row_slots(spec)
-    return oh * slots if slots else oh * ow
+    return oh * 2 * slots if slots else oh * ow
 
 
 def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
-    """The heuristic's tile; a strided plan's holds at least one output row of slots."""
+    """The heuristic's tile; a strided plan's holds at least one input row of columns."""
     (n, c, _, _), k = spec.input_desc.dims, spec.output_desc.dims[1]
     cfg = tuning.nchw_gemm_heuristic(tile_rows(spec), n, k, c, spec.dtype.torch_dtype, interpret)
-    return replace(cfg, block_m=max(cfg.block_m, row_slots(spec)))
+    return replace(cfg, block_m=max(cfg.block_m, 2 * row_slots(spec)))
 
 
 def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
@@ -245,7 +251,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
         """The candidates with at most the plane's pixels (rounded up to a power of two; strided, at
         least a row of slots); 32-bit data in 32-deep steps of at most 128 pixels (shared memory)."""
         plane = tuning.nchw_gemm_plane(tile_rows(self.spec))
-        least = row_slots(self.spec)
+        least = 2 * row_slots(self.spec)
         wide = self.spec.dtype.torch_dtype.itemsize == 2
         fitting = (c if wide else replace(c, block_k=32) for c in self.candidates if wide or c.block_m <= 128)
         return list(dict.fromkeys(replace(c, block_m=max(least, min(c.block_m, plane))) for c in fitting))
