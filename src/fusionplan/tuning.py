@@ -330,6 +330,14 @@ WINDOW_CANDIDATES: list[ConvConfig] = [
 ]
 
 
+#: The most pixels of triton-window's fp32 (TF32) windows. Warm-L2 sweeps (H100, batch 32, CBNA,
+#: bench/results/2026-11-21-h100-tf32-7/sweeps/) put 128-pixel windows ahead of 256-pixel ones by
+#: 3-4 % (r50_06 42.3 against 43.7 us, r50_10 34.5 / 35.9); such margins have not always held with
+#: the bench's rotated inputs, so 256 stays until its A/B columns say otherwise
+#: (`fusionplan-bench --precisions tf32 --layers r50_06,r50_10 --tuning WINDOW_FP32_PIXELS=128,256`).
+WINDOW_FP32_PIXELS = 256
+
+
 def window_heuristic(
     m: int, k: int, c: int, out_hw: tuple[int, int], area: tuple[int, int, int], dtype: torch.dtype, interpret: bool
 ) -> ConvConfig:
@@ -345,7 +353,7 @@ def window_heuristic(
     block_n = _pow2_at_least(k, 16, 128)
     oh, ow = out_hw
     images = m // (oh * ow)
-    pixels = largest_window(*area)
+    pixels = largest_window(*area, 256 if wide else WINDOW_FP32_PIXELS)
     while pixels > 64:
         tile_n, tile_h, tile_w = window_shape(*area, pixels)
         if -(-images // tile_n) * -(-oh // tile_h) * -(-ow // tile_w) * -(-k // block_n) >= 120:

@@ -182,7 +182,10 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
     if row_slots(spec):
-        return "stride 2: not measured on a GPU yet against triton-conv (force solver='triton-gemm-nchw')"
+        # H100, fp16 CBNA, batch 32 (bench/results/2026-11-21-h100-nchw-strided-4/after): r50_08 51.4
+        # us against 54.0, r50_14 66.5 / 45.4, r50_20 78.2 / 56.2. The product's rows hold the odd
+        # columns too, so every channel tile reads twice the input from L2 (r50_14: about 180 MB)
+        return "stride 2: triton-conv measured faster (the odd input columns double the reads from L2)"
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     if h * w < _SMALL_PLANE:
         return f"{h}x{w} planes: runs of {h * w} pixels, loaded and stored element by element (triton-conv is faster)"
