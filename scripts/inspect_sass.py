@@ -1,6 +1,7 @@
 """Compile a solver's kernel for a ResNet-50 layer for sm_90 WITHOUT a GPU and summarize its SASS.
 
     python scripts/inspect_sass.py --layer r50_10 --solver triton-window [--mode CBNA] [--dtype fp16] [--layout NHWC]
+        [--tuning NAME=VALUE ...]
 
 Triton ships ptxas and nvdisasm, so the kernel the H100 would run can be built and read on any
 machine. The summary answers the questions that decide a Hopper kernel's speed before timing it:
@@ -18,6 +19,7 @@ import sys
 import torch
 
 import fusionplan as fp
+from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
@@ -33,6 +35,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="the input's layout")
     p.add_argument("--sass", help="write the whole SASS here")
+    p.add_argument(
+        "--tuning",
+        action="append",
+        default=[],
+        type=tuning.parse_override,
+        help="NAME=VALUE: a constant of fusionplan.tuning set for this compile (repeatable)",
+    )
     a = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("unset TRITON_INTERPRET: this compiles for the GPU")
@@ -43,8 +52,9 @@ def main() -> None:
     x = torch.empty(a.batch, s.c, s.h, s.w, dtype=dtype)
     x = x.to(memory_format=torch.channels_last) if a.layout == "NHWC" else x
     plan = layer_plan(s, x, a.mode)
-    kernel = solver_named(a.solver).build(plan.spec(), fp.Handle("cpu"))
-    grid, compiled = compile_for_hopper(kernel)
+    with tuning.overridden(dict(a.tuning)):
+        kernel = solver_named(a.solver).build(plan.spec(), fp.Handle("cpu"))
+        grid, compiled = compile_for_hopper(kernel)
     info = summarize(compiled)
     if a.sass:
         with open(a.sass, "w") as f:

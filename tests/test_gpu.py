@@ -302,10 +302,24 @@ GLUON_CASES = {
 }
 
 
-@pytest.mark.parametrize("chain", ["CBNA", "CA", "CNAAB"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
-@pytest.mark.parametrize("case", list(GLUON_CASES))
-def test_gluon_window_cases(case, precision, chain):
+#: (case, precision, chain, the epilogue in the accumulator's layout): every case in every precision
+#: and chain with the accumulator's layout changed first, and in two chains with the chain run in
+#: it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its stores, fp32 output
+#: stored from the accumulator's layout).
+GLUON_WINDOW_RUNS = [
+    (case, precision, chain, mma_epilogue)
+    for mma_epilogue, chains in ((False, ("CBNA", "CA", "CNAAB")), (True, ("CBNA", "CNAAB")))
+    for case in GLUON_CASES
+    for precision in ("fp16", "bf16", "tf32")
+    for chain in chains
+]
+
+
+@pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_WINDOW_RUNS)
+def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "GLUON_WINDOW_MMA_EPILOGUE", mma_epilogue)
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
     dtype = PRECISIONS[precision][0]
     x = input_tensor((n, c, h, w), dtype, "NHWC")

@@ -230,6 +230,13 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: 62.9 / 63.6), which go to triton-gemm (TF32_GEMM_MIN_PIXELS).
 GLUON_GEMM_FP32_ACC_STORES = True
 
+#: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
+#: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores
+#: and fp32 output is stored from the accumulator's layout, where False changes the whole fp32
+#: accumulator's layout through shared memory first. Off until measured (`fusionplan-bench
+#: --layers r50_12,r50_16,r50_18,r50_22 --tuning GLUON_WINDOW_MMA_EPILOGUE=0,1`, fp16 and tf32).
+GLUON_WINDOW_MMA_EPILOGUE = False
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by

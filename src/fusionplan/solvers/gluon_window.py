@@ -27,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, triton_available
+from fusionplan.codegen import emit_stages, indent, triton_available
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage
 from fusionplan.launch import needs_int64
@@ -125,7 +125,7 @@ def gluon_window_kernel(
     R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
     {stage_flags}
 ):
     PIXELS: gl.constexpr = TILE_N * TILE_H * TILE_W
@@ -165,23 +165,43 @@ def gluon_window_kernel(
         [LOAD_REGS],
     )
 
-    # [pixels, channels] in a blocked layout: 8 contiguous channels per thread, 16-byte stores
+    # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    acc = gl.convert_layout(gl.permute(acc, (1, 0)), out_layout)
-    offs_m = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, out_layout))
-    offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, out_layout))
-    n_img = n0 + offs_m // (TILE_H * TILE_W)
-    oh = oh0 + (offs_m // TILE_W) % TILE_H
-    ow = ow0 + offs_m % TILE_W
-    m_mask = (n_img < N) & (oh < OH) & (ow < OW)
-    n_mask = offs_n < K
-    if IDX64:  # offsets of outputs past 2^31 elements
-        n_img = n_img.to(gl.int64)
-        offs_n = offs_n.to(gl.int64)
     ohw = OH * OW
-    pix = oh * OW + ow
-    ch = offs_n
+    if MMA_EPILOGUE:  # the chain in the accumulator's own layout (window_epilogue_mode)
+        acc = gl.permute(acc, (1, 0))
+{coordinates_in_acc}
+    else:
+        acc = gl.convert_layout(gl.permute(acc, (1, 0)), out_layout)
+{coordinates_in_out}
 {tail}'''
+
+#: The output window's pixels and channels in ``{layout}``: masks, image, row, column, offsets.
+_COORDINATES = """offs_m = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
+offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
+n_img = n0 + offs_m // (TILE_H * TILE_W)
+oh = oh0 + (offs_m // TILE_W) % TILE_H
+ow = ow0 + offs_m % TILE_W
+m_mask = (n_img < N) & (oh < OH) & (ow < OW)
+n_mask = offs_n < K
+if IDX64:  # offsets of outputs past 2^31 elements
+    n_img = n_img.to(gl.int64)
+    offs_n = offs_n.to(gl.int64)
+pix = oh * OW + ow
+ch = offs_n"""
+
+#: The store: in MMA_EPILOGUE 1 the output, in its own dtype, changes layout first (a quarter of
+#: the fp32 tile's shared memory for 16-bit data), its coordinates then in the stores' layout; in
+#: 2 (fp32 output) it is stored from the accumulator's layout, each thread's element of eight
+#: neighbouring channels' threads writing 32 contiguous bytes; in 0 the accumulator changed layout
+#: before the chain.
+_STORE = """    if MMA_EPILOGUE == 1:
+        h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+{coordinates_in_out}
+        mask = m_mask[:, None] & n_mask[None, :]
+    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
+             h.to(y_ptr.dtype.element_ty), mask=mask)
+"""
 
 #: Registers of the loading warp: it computes coordinates only; the computing warpgroups get the rest.
 LOAD_REGS = 40
@@ -307,10 +327,31 @@ def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names (the
     generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning)."""
     epi = emit_stages(stages, spec.ops)
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi))
+    coordinates = {where: _COORDINATES.format(layout=layout) for where, layout in COORDINATE_LAYOUTS}
+    store = _STORE.format(coordinates_in_out=indent(coordinates["in_out"].split("\n"), 8))
+    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    return _TEMPLATE.format(tail=tail, **fields, **gluon_names())
+    return _TEMPLATE.format(
+        tail=tail,
+        coordinates_in_acc=indent(coordinates["in_acc"].split("\n"), 8),
+        coordinates_in_out=indent(coordinates["in_out"].split("\n"), 8),
+        **fields,
+        **gluon_names(),
+    )
+
+
+#: Where the epilogue's pixels and channels are laid out: the accumulator's layout, the stores'.
+COORDINATE_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
+
+
+def window_epilogue_mode(size: int) -> int:
+    """The kernel's MMA_EPILOGUE for data of ``size`` bytes (tuning.GLUON_WINDOW_MMA_EPILOGUE): 1,
+    the chain in the accumulator's layout and the 16-bit output's layout changed for the stores; 2,
+    fp32 output stored from the accumulator's layout; 0, the accumulator's layout changed first."""
+    if not tuning.GLUON_WINDOW_MMA_EPILOGUE:
+        return 0
+    return 2 if size == 4 else 1
 
 
 class GluonWindowKernel(TritonWindowKernel):
@@ -353,6 +394,7 @@ class GluonWindowKernel(TritonWindowKernel):
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
+            window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
