@@ -152,12 +152,13 @@ def test_gluon_window_epilogue_in_the_accumulators_layout(dtype, stores):
     """tuning.GLUON_WINDOW_MMA_EPILOGUE (r50_22, 7x7 windows of several images): the chain runs in
     the accumulator's layout; fp32 output is stored from it (4-byte stores, eight threads writing a
     pixel's 32 contiguous bytes), 16-bit output still changes layout for 16-byte stores; products
-    pipelined, nothing spilled, in both states of the switch."""
-    switched = "import fusionplan.tuning as t\nt.GLUON_WINDOW_MMA_EPILOGUE = True\n"
-    default = compile_sm90(layer_build("r50_22", dtype), "gluon-window")
-    direct = compile_sm90(switched + layer_build("r50_22", dtype), "gluon-window")
-    assert set(default["global stores by bytes"]) == {"16"} and set(direct["global stores by bytes"]) == stores
-    for info in (default, direct):
+    pipelined, nothing spilled, in both states of the switch (off: 16-byte stores after the whole
+    accumulator's layout change)."""
+    switched = "import fusionplan.tuning as t\nt.GLUON_WINDOW_MMA_EPILOGUE = False\n"
+    changed_first = compile_sm90(switched + layer_build("r50_22", dtype), "gluon-window")
+    direct = compile_sm90(layer_build("r50_22", dtype), "gluon-window")
+    assert set(changed_first["global stores by bytes"]) == {"16"} and set(direct["global stores by bytes"]) == stores
+    for info in (changed_first, direct):
         assert set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}
         assert "STACK:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
 

@@ -233,9 +233,11 @@ GLUON_GEMM_FP32_ACC_STORES = True
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores
 #: and fp32 output is stored from the accumulator's layout, where False changes the whole fp32
-#: accumulator's layout through shared memory first. Off until measured (`fusionplan-bench
-#: --layers r50_12,r50_16,r50_18,r50_22 --tuning GLUON_WINDOW_MMA_EPILOGUE=0,1`, fp16 and tf32).
-GLUON_WINDOW_MMA_EPILOGUE = False
+#: accumulator's layout through shared memory first. The bench's A/B columns (H100, batch 32, CBNA,
+#: bench/results/2026-11-21-h100-window-epilogue-1/): TF32 r50_12 35.8 -> 34.0 us, r50_16 33.1 ->
+#: 31.3, r50_18 36.4 -> 35.6, r50_22 36.6 -> 35.8; fp16 0.5-1.6 % on all six window layers (r50_10
+#: 19.3 -> 19.0, r50_06 23.1 -> 22.9).
+GLUON_WINDOW_MMA_EPILOGUE = True
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
