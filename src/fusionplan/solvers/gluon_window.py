@@ -39,6 +39,7 @@ from fusionplan.solvers.triton_conv import (
     triton_cdiv,
 )
 from fusionplan.solvers.triton_window import (
+    WINDOW_COORDINATES,
     TritonWindowKernel,
     filter_is_1x1,
     one_view_why_not,
@@ -177,18 +178,9 @@ def gluon_window_kernel(
 {tail}'''
 
 #: The output window's pixels and channels in ``{layout}``: masks, image, row, column, offsets.
-_COORDINATES = """offs_m = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
-offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
-n_img = n0 + offs_m // (TILE_H * TILE_W)
-oh = oh0 + (offs_m // TILE_W) % TILE_H
-ow = ow0 + offs_m % TILE_W
-m_mask = (n_img < N) & (oh < OH) & (ow < OW)
-n_mask = offs_n < K
-if IDX64:  # offsets of outputs past 2^31 elements
-    n_img = n_img.to(gl.int64)
-    offs_n = offs_n.to(gl.int64)
-pix = oh * OW + ow
-ch = offs_n"""
+_COORDINATES = WINDOW_COORDINATES.format(
+    lang="gl", k0="k0", layout_m=", layout=gl.SliceLayout(1, {layout})", layout_n=", layout=gl.SliceLayout(0, {layout})"
+)
 
 #: The store: in MMA_EPILOGUE 1 the output, in its own dtype, changes layout first (a quarter of
 #: the fp32 tile's shared memory for 16-bit data), its coordinates then in the stores' layout; in

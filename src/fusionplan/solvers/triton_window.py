@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import interpreter_active
+from fusionplan.codegen import indent, interpreter_active
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
@@ -129,20 +129,29 @@ def window_kernel(
                         acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
     acc = tl.trans(acc)
 {split}
-    offs_m = tl.arange(0, TILE_N * TILE_H * TILE_W)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_img = n0 + offs_m // (TILE_H * TILE_W)
-    oh = oh0 + (offs_m // TILE_W) % TILE_H
-    ow = ow0 + offs_m % TILE_W
-    m_mask = (n_img < N) & (oh < OH) & (ow < OW)
-    n_mask = offs_n < K
-    if IDX64:  # offsets of outputs past 2^31 elements
-        n_img = n_img.to(tl.int64)
-        offs_n = offs_n.to(tl.int64)
     ohw = OH * OW
-    pix = oh * OW + ow
-    ch = offs_n
+{coordinates}
 {tail}'''
+
+#: The output window's pixels and channels: masks, image, row, column, offsets (``{lang}``: tl or
+#: gl; ``{k0}``: the first channel; ``{layout_m}``, ``{layout_n}``: Gluon's layouts of the ranges).
+WINDOW_COORDINATES = """offs_m = {lang}.arange(0, TILE_N * TILE_H * TILE_W{layout_m})
+offs_n = {k0} + {lang}.arange(0, BLOCK_N{layout_n})
+n_img = n0 + offs_m // (TILE_H * TILE_W)
+oh = oh0 + (offs_m // TILE_W) % TILE_H
+ow = ow0 + offs_m % TILE_W
+m_mask = (n_img < N) & (oh < OH) & (ow < OW)
+n_mask = offs_n < K
+if IDX64:  # offsets of outputs past 2^31 elements
+    n_img = n_img.to({lang}.int64)
+    offs_n = offs_n.to({lang}.int64)
+pix = oh * OW + ow
+ch = offs_n"""
+
+_TEMPLATE = _TEMPLATE.replace(
+    "{coordinates}",
+    indent(WINDOW_COORDINATES.format(lang="tl", k0="pid_n * BLOCK_N", layout_m="", layout_n="").split("\n"), 4),
+)
 
 
 def window_area(spec: PlanSpec) -> tuple[int, int, int]:
