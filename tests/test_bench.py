@@ -147,3 +147,46 @@ def test_tuning_columns_run_the_plan_under_their_values(monkeypatch, tmp_path):
     for bad in ("NO_SUCH=1", "WINDOW_MIN_CHANNELS=x", "CONV_CANDIDATES=1"):
         with pytest.raises(SystemExit):
             main([*argv, "--tuning", bad])
+
+
+def test_part_option_splits_the_selected_tests(tmp_path):
+    """`pytest --part K/N` (tests/conftest.py): every N-th selected test from the K-th, the parts
+    together the whole selection once; a malformed part is a usage error naming the option."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "test_many.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(7))\ndef test_one(i):\n    print('RAN', i)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+
+    def ran(*options: str) -> tuple[int, list[int]]:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "tests.conftest",
+                "-q",
+                "-s",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:randomly",
+                str(tmp_path / "test_many.py"),
+                *options,
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        return done.returncode, [int(line.split()[-1]) for line in done.stdout.splitlines() if "RAN" in line]
+
+    parts = [ran("--part", f"{k}/3")[1] for k in (1, 2, 3)]
+    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
+    assert ran("-k", "not 3", "--part", "1/2")[1] == [0, 2, 5]  # of the selection: 0 1 2 4 5 6
+    code, _ = ran("--part", "4/3")
+    assert code == 4  # pytest's usage error
