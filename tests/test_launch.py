@@ -344,11 +344,11 @@ def triton36_wrapper(launcher, signature, tensordesc_meta, encode):
     return namespace["wrap"](launcher, indices, tensordesc_meta)
 
 
-def encoded_launches(monkeypatch, wrapper_of, encode):
-    """A kernel (input descriptor in a slot, weight descriptor bound, two pointers, a scalar) bound
-    and launched over three calls' addresses (the first again last), once through BoundLaunch's
-    direct path and once through the wrapper as Triton's launch path calls it; the C launcher's
-    argument lists of both."""
+def encoded_launches(monkeypatch, wrapper_of, encode, input_pointer=False):
+    """A kernel (input descriptor in a slot, weight descriptor bound, two pointers, a scalar; with
+    ``input_pointer``, the input's pointer first, in the descriptor's slot) bound and launched over
+    three calls' addresses (the first again last), once through BoundLaunch's direct path and once
+    through the wrapper as Triton's launch path calls it; the C launcher's argument lists of both."""
     pytest.importorskip("triton")
     hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
@@ -385,15 +385,22 @@ def encoded_launches(monkeypatch, wrapper_of, encode):
     )
     w_desc = hopper.TensorDescriptor.from_tensor(w, [64, 32], gl.NVMMASharedLayout(128, 32, rank=2))
     args = [x_desc, w_desc, 4096, 4096, 3]
-    bound = launch.BoundLaunch(FakeKernel(direct), (2, 1, 1), args, (0, 2, 3))
+    slots = (0, 2, 3)
+    if input_pointer:
+        signature.insert(0, "*fp32")
+        args, slots = [x.data_ptr(), *args], ((0, 1), 3, 4)
+    bound = launch.BoundLaunch(FakeKernel(direct), (2, 1, 1), args, slots)
     assert bound.encoder is not None and "encoded once" in bound.path()
-    assert launch.DescriptorEncoder.refusal(bound.kernel, [0, 1]) is None
-    assert "positions (0, 1) in the wrapper, (0,) bound" in launch.DescriptorEncoder.refusal(bound.kernel, [0])
+    first = 1 if input_pointer else 0  # the input descriptor's position
+    assert launch.DescriptorEncoder.refusal(bound.kernel, [first, first + 1]) is None
+    wrong = launch.DescriptorEncoder.refusal(bound.kernel, [first])
+    assert f"positions ({first}, {first + 1}) in the wrapper, ({first},) bound" in wrong
     reference = FakeKernel(through_wrapper)
     calls = [(1 << 20, 2 << 20, 3 << 20), (5 << 20, 6 << 20, 7 << 20), (1 << 20, 2 << 20, 3 << 20)]
     for x_at, y_at, p_at in calls:
         bound.launch((x_at, y_at, p_at))
-        launch.launch_compiled(reference, (2, 1, 1), [launch.rebased(x_desc, x_at), w_desc, y_at, p_at, 3])
+        called = [launch.rebased(x_desc, x_at), w_desc, y_at, p_at, 3]
+        launch.launch_compiled(reference, (2, 1, 1), [x_at, *called] if input_pointer else called)
     return direct, through_wrapper, w.data_ptr()
 
 
@@ -417,6 +424,18 @@ def test_bound_launch_encodes_descriptors_once_per_address_for_the_c_launcher(mo
     counts = Counter(encodings)
     assert counts[(w_at, (64, 32))] == 3 + 1
     assert counts[(1 << 20, (1, 4, 4, 32))] == 2 + 1 and counts[(5 << 20, (1, 4, 4, 32))] == 1 + 1
+
+
+def test_bound_launch_encodes_a_descriptor_sharing_its_pointers_slot(monkeypatch):
+    """A slot holding both the input's pointer and its descriptor (triton-gemm-nchw's): the pointer
+    in place and the descriptor encoded at it, as Triton's wrapper passes them."""
+
+    def encode(desc, meta):
+        return [("map", desc.base.data_ptr(), tuple(desc.block_shape)), *desc.shape, *desc.strides]
+
+    direct, through_wrapper, _ = encoded_launches(monkeypatch, triton36_wrapper, encode, input_pointer=True)
+    assert direct == through_wrapper and len(direct) == 3
+    assert direct[1][13] == 5 << 20 and direct[1][14] == ("map", 5 << 20, (1, 4, 4, 32))
 
 
 def test_bound_launch_leaves_other_descriptor_wrappers_to_triton(monkeypatch):
@@ -456,4 +475,5 @@ def test_bound_launch_encodes_like_triton_36(monkeypatch):
         return nvidia.wrap_handle_tensordesc(launcher, dict(enumerate(signature)), meta)
 
     direct, through_wrapper, _ = encoded_launches(monkeypatch, wrapper_of, None)
-    assert direct == through_wrapper and len(set(fills)) == 3
+    # the weights, both calls' inputs, and the input's bound address (its layout, once, when bound)
+    assert direct == through_wrapper and len(set(fills)) == 4

@@ -443,9 +443,11 @@ class DescriptorEncoder:
     descriptor is encoded once per address it is launched over, with Triton's own function (the
     one its wrapper calls, with the metadata its wrapper holds), and the flat arguments go to the C
     launcher directly. A descriptor's shape, strides, block and layout are fixed for a bound
-    launch, so the address is the whole key."""
+    launch, so the address is the whole key. The flat list is laid out once (``bind``); a launch
+    copies it and overwrites the pointer slots' entries (on the 2-core development CPU 1.5 -> 0.7 us
+    per launch against rebuilding it from the bound arguments)."""
 
-    __slots__ = ("c_launch", "positions", "metadata", "encode", "cache", "fixed")
+    __slots__ = ("c_launch", "positions", "metadata", "encode", "cache", "template", "places", "bound")
 
     #: Encodings kept per bound launch (addresses recur through the caching allocator).
     MAX_ENCODINGS = 64
@@ -453,7 +455,9 @@ class DescriptorEncoder:
     def __init__(self, c_launch, positions: tuple[int, ...], metadata: tuple, encode) -> None:
         self.c_launch, self.positions, self.metadata, self.encode = c_launch, positions, metadata, encode
         self.cache: dict[tuple[int, int], list] = {}
-        self.fixed: dict[int, int] = {}  # position -> address of the descriptors bound for good
+        self.template: list = []  # the flat arguments as bound, each descriptor encoded at its bound address
+        self.places: tuple = ()  # per pointer slot: (start, stop, descriptor number or -1) per argument it fills
+        self.bound: list = []  # the descriptors as bound, by number
 
     @classmethod
     def of(cls, kernel, descriptor_positions: Sequence[int]) -> DescriptorEncoder | None:
@@ -486,20 +490,32 @@ class DescriptorEncoder:
             return "no descriptor metadata (the wrapper passes descriptors decomposed)"
         return cls(c_launch, positions, metadata, encode)
 
-    def bind(self, args: Sequence) -> None:
-        """Note the addresses of the descriptors bound for good (those in no pointer slot)."""
-        for i in self.positions:
-            self.fixed[i] = args[i].base.data_ptr()
+    def bind(self, args: Sequence, slots: Sequence[Sequence[tuple[int, bool]]]) -> None:
+        """Lay the flat arguments out once: the bound arguments in place and each descriptor
+        encoded at its bound address; and where each pointer slot's arguments (BoundLaunch.slots)
+        fall in them, so that a launch copies the layout and overwrites only those."""
+        number = {i: k for k, i in enumerate(self.positions)}
+        self.bound = [args[i] for i in self.positions]
+        spans = {}
+        for i, arg in enumerate(args):
+            start = len(self.template)
+            if i in number:
+                self.template.extend(self._encoded(number[i], arg, arg.base.data_ptr()))
+            else:
+                self.template.append(arg)
+            spans[i] = (start, len(self.template), number.get(i, -1))
+        self.places = tuple(tuple(spans[i] for i, _ in slot) for slot in slots)
 
-    def flat_arguments(self, args: list, addresses: dict[int, int]) -> list:
-        """The kernel arguments as the C launcher takes them: each descriptor (at ``addresses``, or
-        its bound address) replaced by its encoding."""
-        flat, start = [], 0
-        for k, i in enumerate(self.positions):
-            flat.extend(args[start:i])
-            flat.extend(self._encoded(k, args[i], addresses.get(i, self.fixed[i])))
-            start = i + 1
-        flat.extend(args[start:])
+    def flat_arguments(self, pointers: Sequence[int]) -> list:
+        """The C launcher's arguments for a launch over ``pointers`` (one per pointer slot): each
+        descriptor in a slot encoded at its pointer, each plain pointer in place."""
+        flat = self.template.copy()
+        for places, ptr in zip(self.places, pointers):
+            for start, stop, k in places:
+                if k < 0:
+                    flat[start] = ptr
+                else:
+                    flat[start:stop] = self._encoded(k, self.bound[k], ptr)
         return flat
 
     def _encoded(self, k: int, descriptor, address: int) -> list:
@@ -561,7 +577,7 @@ class BoundLaunch:
         encoder = DescriptorEncoder.of(kernel, descriptors)
         if encoder is None:
             return None, None
-        encoder.bind(self.args)
+        encoder.bind(self.args, self.slots)
         return (encoder.c_launch, *raw[1:]), encoder
 
     def path(self) -> str:
@@ -571,10 +587,11 @@ class BoundLaunch:
         return "the C launcher" + ("" if self.encoder is None else ", descriptors encoded once per address")
 
     def launch(self, pointers: Sequence[int]) -> None:
-        args, addresses = self._swapped(pointers)
         if self.raw is not None and _launch_hooks() == (None, None):
-            self._launch_raw(args if self.encoder is None else self.encoder.flat_arguments(args, addresses))
+            encoder = self.encoder
+            self._launch_raw(self._swapped(pointers)[0] if encoder is None else encoder.flat_arguments(pointers))
             return
+        args, addresses = self._swapped(pointers)
         for i, address in addresses.items():  # Triton's wrapper encodes descriptors: copies over the address
             args[i] = rebased(args[i], address)
         if self.needs_scratch:
