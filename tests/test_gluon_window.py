@@ -60,9 +60,14 @@ def test_defers_where_triton_window_does_for_16_bit_data():
         assert gluon_window.gluon_defer_why(layer(name).spec()) == window_defer_why(layer(name).spec())
 
 
-def test_tf32_windows_of_256_pixels_defer():
-    """fp32 data in 256-pixel windows (28x28 outputs: r50_10, strided r50_06) defers to the Triton
-    kernels (measured faster in TF32); smaller windows (r50_12, r50_16, r50_22) and 16-bit data do not."""
+def test_tf32_windows_defer_from_the_measured_size(monkeypatch):
+    """fp32 data in windows of tuning.GLUON_TF32_MAX_WINDOW pixels or more defers to the Triton
+    kernels. With the epilogue in the accumulator's layout no window size does (r50_10 and strided
+    r50_06, 256-pixel windows, measured faster on gluon-window); with the earlier threshold, 256,
+    those two defer and smaller windows (r50_12, r50_16, r50_22) and 16-bit data do not."""
+    for name in ("r50_10", "r50_06", "r50_12", "r50_16", "r50_22"):
+        assert gluon_window.gluon_defer_why(layer(name, torch.float32).spec()) is None
+    monkeypatch.setattr(fp.tuning, "GLUON_TF32_MAX_WINDOW", 256)
     for name in ("r50_10", "r50_06"):
         assert "windows of 256 pixels" in gluon_window.gluon_defer_why(layer(name, torch.float32).spec())
         assert gluon_window.gluon_defer_why(layer(name, torch.float16).spec()) is None

@@ -182,13 +182,17 @@ WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
 #: gluon-window's TF32 products (H200, batch 32: r50_09, 25088 pixels, 27.5 us against 24.4).
 GLUON_TF32_1X1_MAX_PIXELS = 16384
 
-#: fp32 data (TF32 products) in gluon-window's windows of this many pixels or more (28x28 outputs:
-#: 16x16 windows over two warpgroups) runs on triton-window or triton-conv: measured faster in two
-#: TF32 suites on the H100, every solver forced side by side (bf16-tf32-5 and -6: r50_10 36.9-37.1
-#: us on triton-window against 39.4-40.2, r50_06 48.2-48.7 on triton-window and triton-conv against
-#: 51.4-51.7); windows of 64 and 128 pixels stay (r50_12 35.8 against 47.1, r50_16 33.6 / 36.8,
-#: r50_22 36.9 / 50.0).
-GLUON_TF32_MAX_WINDOW = 256
+#: fp32 data (TF32 products) in gluon-window's windows of this many pixels or more runs on
+#: triton-window or triton-conv. 256 (28x28 outputs: 16x16 windows over two warpgroups) until its
+#: epilogue ran in the accumulator's layout (GLUON_WINDOW_MMA_EPILOGUE): two TF32 suites had
+#: triton-window faster there (bf16-tf32-5 and -6: r50_10 36.9-37.1 us against 39.4-40.2, r50_06
+#: 48.2-48.7 on triton-window and triton-conv against 51.4-51.7). With that epilogue the next TF32
+#: suite's columns (tf32-graph-13, every solver forced side by side) turned both: r50_10 34.5 on
+#: gluon-window against 36.9 on triton-window, r50_06 47.6 against 48.1 on triton-conv and 49.0 on
+#: triton-window. One suite so far: `fusionplan-bench --precisions tf32 --layers r50_06,r50_10
+#: --graph --tuning GLUON_TF32_MAX_WINDOW=256,512` is the A/B that would confirm it. No window
+#: (at most 256 pixels) defers now.
+GLUON_TF32_MAX_WINDOW = 512
 
 #: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
 #: 16x64 to 96x64 at batch 1, 64x128 and up at batch 32) defer: small problems are bound by the
