@@ -18,7 +18,7 @@ from fusionplan.shapes import load_shapes
 from fusionplan.solvers import REGISTRY
 from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
-from .util import CONV_SHAPES, DT_NAME, plan_for, random_conv_plan, shape_plan
+from .util import CONV_SHAPES, DT_NAME, TAP_SHAPES, plan_for, random_conv_plan, shape_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -92,6 +92,28 @@ def test_odd_shapes(shape_key, layout, precision, bn_mode):
         shape_key, "CBNA", PRECISIONS[precision][0], layout, bn_mode, ActivationMode.ELU, device="cuda"
     )
     run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW")
+
+
+@pytest.mark.parametrize("shape_key", list(TAP_SHAPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+def test_conv_tap_bits_on_odd_shapes(shape_key, layout, precision, monkeypatch):
+    """triton-conv with tuning.CONV_TAP_BITS (a bit per filter tap, set once per pixel): padding,
+    stride, dilation, groups, channels no block divides; 7x7 keeps the old reduction."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_TAP_BITS", True)
+    plan, x = shape_plan(
+        shape_key,
+        "CBNA",
+        PRECISIONS[precision][0],
+        layout,
+        BatchNormMode.SPATIAL,
+        ActivationMode.ELU,
+        device="cuda",
+        shapes=TAP_SHAPES,
+    )
+    run_and_check(plan, precision, x, layout, solver="triton-conv")
 
 
 @pytest.mark.parametrize("act", list(ActivationMode))
@@ -728,9 +750,13 @@ def _check_rows(plan, x, y, args, rows):
     assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
 
 
-@pytest.mark.parametrize("chain", ["NA", "C"])
-def test_tensors_past_2_to_the_31_elements(chain):
-    """64-bit offsets: 2.3e9-element fp16 tensors (4.6 GB each); first and last rows verified."""
+@pytest.mark.parametrize("chain, tap_bits", [("NA", False), ("C", False), ("C", True)])
+def test_tensors_past_2_to_the_31_elements(chain, tap_bits, monkeypatch):
+    """64-bit offsets: 2.3e9-element fp16 tensors (4.6 GB each); first and last rows verified; the
+    convolution also on triton-conv with tuning.CONV_TAP_BITS (its per-pixel pointers past 2^31)."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_TAP_BITS", tap_bits)
     if torch.cuda.get_device_properties(0).total_memory < 24 * 2**30:
         pytest.skip("needs 24 GiB of GPU memory")
     x = torch.empty((1, 4, 24000, 24000), device="cuda", dtype=torch.float16).normal_()
@@ -741,7 +767,7 @@ def test_tensors_past_2_to_the_31_elements(chain):
         plan.add_batchnorm_inference(BatchNormMode.SPATIAL, fp.TensorDescriptor.packed("float", (1, 4, 1, 1)))
         plan.add_activation_forward(ActivationMode.LEAKYRELU)
     handle = fp.Handle("cuda")
-    plan.compile(handle)
+    plan.compile(handle, solver="triton-conv" if tap_bits else None)
     args = random_args(plan, "cuda", param_dtype=torch.float32)
     y = torch.full(plan.output_desc.dims, float("nan"), device="cuda", dtype=torch.float16)
     plan.execute(handle, x, y, args)

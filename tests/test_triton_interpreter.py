@@ -17,6 +17,7 @@ from fusionplan.testing import add_chain
 from .util import (
     CONV_SHAPES,
     DT_NAME,
+    TAP_SHAPES,
     check_against_reference,
     make_input,
     plan_for,
@@ -77,6 +78,20 @@ def conv_case(
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 def test_conv_shapes(shape_key, layout, dtype):
     conv_case(shape_key, "CBNA", dtype, layout)
+
+
+@pytest.mark.parametrize("shape_key", list(TAP_SHAPES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_conv_tap_bits(shape_key, layout, dtype, monkeypatch):
+    """tuning.CONV_TAP_BITS: each pixel's taps inside the image as bits, set once, and one offset
+    per tap, on padding, stride, dilation, groups, rectangular filters and channels no block
+    divides; a 7x7 filter (49 taps) keeps the old reduction."""
+    monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", True)
+    plan, x = shape_plan(shape_key, "CBNA", dtype, layout, shapes=TAP_SHAPES)
+    handle = compile_named(plan, "triton-conv")
+    assert plan._entry(handle).kernel._tap_bits() == (shape_key != "7x7")
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
 
 
 @pytest.mark.parametrize("chain", ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "C", "CAN", "CNANB", "CAAB"])

@@ -42,12 +42,29 @@ def plan_for(x: torch.Tensor) -> fp.FusionPlan:
     return fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
 
 
-def shape_plan(shape_key, chain, dtype, layout, bn_mode=None, act=None, w_layout="NCHW", device="cpu"):
-    """A random input of the named odd shape (CONV_SHAPES) and the plan of ``chain`` on it."""
+#: Odd shapes of 16 or more input channels per group, where triton-conv's reduction runs over taps
+#: and channel blocks (fewer fold a filter row into each step): the same kinds as CONV_SHAPES, a
+#: channel count that no block divides, and a 7x7 filter (49 taps: more than one bit each in 32).
+TAP_SHAPES = {
+    "3x3": (2, 24, 13, 11, 17, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "stride2": (2, 16, 13, 11, 16, 3, 3, (1, 1), (2, 2), (1, 1), 1),
+    "dilation2": (1, 20, 12, 10, 7, 3, 3, (2, 2), (1, 1), (2, 2), 1),
+    "grouped": (2, 32, 9, 9, 18, 3, 3, (1, 1), (1, 1), (1, 1), 2),
+    "asymmetric": (1, 16, 10, 13, 5, 1, 5, (0, 2), (1, 2), (1, 1), 1),
+    "5x5-valid": (1, 16, 11, 9, 8, 5, 5, (0, 0), (1, 1), (1, 1), 1),
+    "C40": (1, 40, 7, 6, 9, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "7x7": (1, 16, 9, 9, 8, 7, 7, (3, 3), (1, 1), (1, 1), 1),
+}
+
+
+def shape_plan(
+    shape_key, chain, dtype, layout, bn_mode=None, act=None, w_layout="NCHW", device="cpu", shapes=CONV_SHAPES
+):
+    """A random input of the named odd shape (``shapes``) and the plan of ``chain`` on it."""
     from fusionplan.enums import ActivationMode, BatchNormMode
     from fusionplan.testing import add_chain
 
-    n, c, h, w, k, r, s, pad, stride, dil, groups = CONV_SHAPES[shape_key]
+    n, c, h, w, k, r, s, pad, stride, dil, groups = shapes[shape_key]
     x = make_input((n, c, h, w), dtype, layout, device)
     plan = add_chain(
         plan_for(x),

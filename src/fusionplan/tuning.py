@@ -167,6 +167,13 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
     return split
 
 
+#: triton-conv's reduction over filter taps tests one bit per tap, set once per pixel, and adds one
+#: offset per tap to a per-pixel pointer, where each step recomputed every pixel's input row and
+#: column and tested four bounds (sm_90 SASS, r50_02 fp16: about 20 instructions per 16-byte input
+#: copy, the loop issue-bound as Nsight Compute found in bench/NOTES.md section 5). Off until
+#: measured: `fusionplan-bench --layers r50_02,r50_10,r50_16 --graph --tuning CONV_TAP_BITS=0,1`.
+CONV_TAP_BITS = False
+
 #: Below this many programs in its grid (ResNet-50 at batch 1: 8-98; at batch 32: 128 or more)
 #: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).
 WINDOW_MIN_PROGRAMS = 100

@@ -64,7 +64,7 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
-    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr,
+    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr, TAP_BITS: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
@@ -139,6 +139,19 @@ def conv_kernel(
     else:
         num_cb = tl.cdiv(C_G, BLOCK_K)
         steps = R * S * num_cb
+        if TAP_BITS:
+            # per pixel, once: its window's corner in the input (a pointer) and a bit per filter tap
+            # that falls inside the image; a step then adds one offset for its tap and tests one bit,
+            # where recomputing the row, column and four bounds of every pixel took most of the
+            # loop's instructions (sm_90 SASS: about 20 per 16-byte copy)
+            x_pix = x_rows + ih0 * sxh + iw0 * sxw
+            taps_ok = tl.zeros((BLOCK_M,), dtype=tl.int32)
+            for tap_r in tl.static_range(R):
+                for tap_s in tl.static_range(S):
+                    tap_h = ih0 + tap_r * dil_h
+                    tap_w = iw0 + tap_s * dil_w
+                    inside = m_mask & (tap_h >= 0) & (tap_h < H) & (tap_w >= 0) & (tap_w < W)
+                    taps_ok = taps_ok | (inside.to(tl.int32) << (tap_r * S + tap_s))
         for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
             rs = kb // num_cb
             c0 = (kb % num_cb) * BLOCK_K
@@ -165,6 +178,15 @@ def conv_kernel(
                 pairs = tl.load(q_rows[:, None] + cc[None, :] * sxc, mask=q_ok[:, None] & c_ok[None, :], other=0.0)
                 pairs = tl.permute(tl.reshape(pairs, (BLOCK_M, 2, BLOCK_K)), (0, 2, 1))
                 a, _ = tl.split(pairs)
+            elif TAP_BITS:
+                step_h = r * dil_h
+                step_w = s * dil_w
+                if IDX64:
+                    step_h = step_h.to(tl.int64)
+                    step_w = step_w.to(tl.int64)
+                tap_ok = ((taps_ok >> rs) & 1) != 0
+                a = tl.load(x_pix[:, None] + (step_h * sxh + step_w * sxw) + cc[None, :] * sxc,
+                            mask=tap_ok[:, None] & c_ok[None, :], other=0.0)
             else:
                 a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                             mask=row_ok[:, None] & c_ok[None, :], other=0.0)
@@ -505,12 +527,21 @@ class TritonConvKernel(Repeating, Kernel):
             cfg.split_k,
             self.pixel_slots,
             self.pixel_slots > 0 and self.conv_args[3] == 2,  # pairs of columns
+            self._tap_bits(),
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
         geometry = (self._m(), *self.geometry[1:])
         args = [x, packed, out, p, *ws, *values, *geometry, *strides, *self.conv_args, *consts]
         return grid, cfg, args  # the launcher adds the arguments' specialization to the key
+
+    def _tap_bits(self) -> bool:
+        """Whether the kernel's reduction tests a bit per filter tap, set once per pixel
+        (tuning.CONV_TAP_BITS): the loop over taps and channel blocks, of at most 31 taps (a bit
+        each in 32 bits), not the few-channel fold nor pairs of columns."""
+        r, s = self.conv.w_desc.dims[2:]
+        pairs = self.pixel_slots > 0 and self.conv_args[3] == 2
+        return tuning.CONV_TAP_BITS and not self.fold_s and not pairs and r * s <= 31
 
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:
         grid, key, args = self._launch_args(cfg, x, packed, out, out, values, flags, False)
