@@ -163,6 +163,20 @@ def test_gluon_window_epilogue_in_the_accumulators_layout(dtype, stores):
         assert "STACK:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_conv_tap_bits_shorten_the_reduction_loop(dtype):
+    """tuning.CONV_TAP_BITS (triton-conv, r50_02: 3x3, 64 channels): the loop over taps and channel
+    blocks issues at least a quarter fewer instructions (Triton 3.6: 300 -> 182 for fp16), still
+    16-byte asynchronous copies and pipelined products, nothing spilled."""
+    switched = "import fusionplan.tuning as t\nt.CONV_TAP_BITS = True\n"
+    before = compile_sm90(layer_build("r50_02", dtype), "triton-conv")
+    after = compile_sm90(switched + layer_build("r50_02", dtype), "triton-conv")
+    loop = "instructions of the longest loop"
+    assert 0 < after[loop] <= 0.75 * before[loop], (before[loop], after[loop])
+    assert after["async copies by bytes"] == before["async copies by bytes"]
+    assert set(after["wgmma waits (outstanding groups allowed)"]) - {"0x0"} and "STACK:0" in after["resources"]
+
+
 def test_gluon_gemm_stores_fp32_output_from_the_accumulators_layout():
     """tuning.GLUON_GEMM_FP32_ACC_STORES (TF32 r50_07, two warpgroups taking tiles in turn): the
     fp32 output goes to global memory from the accumulator's layout, with no layout change through

@@ -70,6 +70,20 @@ def access_widths(sass: str, opcode: str) -> dict[int, int]:
     return widths
 
 
+def longest_loop(sass: str) -> int:
+    """Instructions between a label and the furthest branch back to it (a kernel's main loop: what
+    each step issues), 0 without a loop."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
+    longest = 0
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`\((\.L_x_\d+)\)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = lines[labels[m.group(1)] : i + 1]
+            longest = max(longest, sum(1 for x in body if re.search(r"/\*[0-9a-f]{4,}\*/\s+\S", x)))
+    return longest
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -89,6 +103,7 @@ def summarize(compiled) -> dict:
         "async copies by bytes": access_widths(sass, "LDGSTS"),
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
+        "instructions of the longest loop": longest_loop(sass),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,
         "sass": sass,

@@ -152,9 +152,16 @@ def conv_kernel(
                     tap_w = iw0 + tap_s * dil_w
                     inside = m_mask & (tap_h >= 0) & (tap_h < H) & (tap_w >= 0) & (tap_w < W)
                     taps_ok = taps_ok | (inside.to(tl.int32) << (tap_r * S + tap_s))
+            # the step's tap and channel block, carried from step to step (one division, here)
+            tap_now = (steps * pid_k // SPLIT_K) // num_cb
+            c0_now = ((steps * pid_k // SPLIT_K) % num_cb) * BLOCK_K
         for kb in range(steps * pid_k // SPLIT_K, steps * (pid_k + 1) // SPLIT_K):
-            rs = kb // num_cb
-            c0 = (kb % num_cb) * BLOCK_K
+            if TAP_BITS:
+                rs = tap_now
+                c0 = c0_now
+            else:
+                rs = kb // num_cb
+                c0 = (kb % num_cb) * BLOCK_K
             r = rs // S
             s = rs % S
             ih = ih0 + r * dil_h
@@ -193,6 +200,10 @@ def conv_kernel(
             b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn,
                         mask=c_ok[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+            if TAP_BITS:
+                c0_now += BLOCK_K
+                tap_now = tl.where(c0_now >= C_G, tap_now + 1, tap_now)
+                c0_now = tl.where(c0_now >= C_G, 0, c0_now)
 {split}
     ch = grp * K_G + offs_n
 {tail}'''
