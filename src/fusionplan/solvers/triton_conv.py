@@ -64,7 +64,7 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
-    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr, TAP_BITS: tl.constexpr,
+    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr, TAP_BITS: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
@@ -192,13 +192,20 @@ def conv_kernel(
                     step_h = step_h.to(tl.int64)
                     step_w = step_w.to(tl.int64)
                 tap_ok = ((taps_ok >> rs) & 1) != 0
+                if WHOLE_BLOCKS:  # channel blocks divide C: no channel mask
+                    a_mask = tap_ok[:, None]
+                else:
+                    a_mask = tap_ok[:, None] & c_ok[None, :]
                 a = tl.load(x_pix[:, None] + (step_h * sxh + step_w * sxw) + cc[None, :] * sxc,
-                            mask=tap_ok[:, None] & c_ok[None, :], other=0.0)
+                            mask=a_mask, other=0.0)
             else:
                 a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                             mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn,
-                        mask=c_ok[:, None] & n_mask[None, :], other=0.0)
+            if WHOLE_BLOCKS:
+                b_mask = n_mask[None, :]
+            else:
+                b_mask = c_ok[:, None] & n_mask[None, :]
+            b = tl.load(w_grp + (rs * C_G + cc)[:, None] * w_sk + offs_n[None, :] * w_sn, mask=b_mask, other=0.0)
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
             if TAP_BITS:
                 c0_now += BLOCK_K
@@ -539,6 +546,7 @@ class TritonConvKernel(Repeating, Kernel):
             self.pixel_slots,
             self.pixel_slots > 0 and self.conv_args[3] == 2,  # pairs of columns
             self._tap_bits(),
+            self._tap_bits() and self.geometry[1] % cfg.block_k == 0,  # whole channel blocks
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
