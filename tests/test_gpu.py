@@ -94,6 +94,24 @@ def test_odd_shapes(shape_key, layout, precision, bn_mode):
     run_and_check(plan, precision, x, "NHWC" if layout == "NCHW" else "NCHW")
 
 
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+@pytest.mark.parametrize("name", ["r50_01", "r50_02", "r50_06", "r50_16", "r50_22"])
+def test_conv_tap_bits_on_resnet50_layers(name, precision, layout, batch, monkeypatch):
+    """triton-conv with tuning.CONV_TAP_BITS on ResNet-50's layers (1x1, 3x3, strided 3x3, 14x14 and
+    7x7 outputs; batch 1 splits the reduction), whole channel blocks as the layers have them."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "CONV_TAP_BITS", True)
+    layer = next(s for s in LAYERS if s.name == name)
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((batch, layer.c, layer.h, layer.w), dtype, layout)
+    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride), (1, 1), 1)
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype=DT_NAME[dtype])
+    run_and_check(plan, precision, x, layout, solver="triton-conv")
+
+
 @pytest.mark.parametrize("shape_key", list(TAP_SHAPES))
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
