@@ -166,7 +166,7 @@ def test_gluon_window_epilogue_in_the_accumulators_layout(dtype, stores):
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_conv_tap_bits_shorten_the_reduction_loop(dtype):
     """tuning.CONV_TAP_BITS (triton-conv, r50_02: 3x3, 64 channels): the loop over taps and channel
-    blocks issues at least a quarter fewer instructions (Triton 3.6: 300 -> 153 for fp16), still
+    blocks issues at least a quarter fewer instructions (Triton 3.6: 300 -> 144 for fp16), still
     16-byte asynchronous copies and pipelined products, nothing spilled."""
     switched = "import fusionplan.tuning as t\nt.CONV_TAP_BITS = True\n"
     before = compile_sm90(layer_build("r50_02", dtype), "triton-conv")

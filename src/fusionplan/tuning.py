@@ -171,8 +171,8 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
 #: offset per tap to a per-pixel pointer, and carries its tap and channel block from step to step,
 #: where each step divided its index, recomputed every pixel's input row and column and tested four
 #: bounds, and drops the channel masks where the channel blocks divide C (sm_90 SASS of r50_02, fp16:
-#: about 20 instructions per 16-byte input copy before; the loop 300 -> 153 instructions with
-#: Triton 3.6, 307 -> 167 with 3.9; Nsight Compute found the loop issue-bound, bench/NOTES.md
+#: about 20 instructions per 16-byte input copy before; the loop 300 -> 144 instructions with
+#: Triton 3.6, the GPU's (307 -> 176 with 3.9); Nsight Compute found the loop issue-bound, bench/NOTES.md
 #: section 5). Off until measured: `fusionplan-bench --layers
 #: r50_02,r50_10,r50_16 --graph --tuning CONV_TAP_BITS=0,1` (and at batch 1, where triton-conv
 #: takes every layer).

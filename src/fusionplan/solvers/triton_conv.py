@@ -188,16 +188,19 @@ def conv_kernel(
             elif TAP_BITS:
                 step_h = r * dil_h
                 step_w = s * dil_w
+                step_c = c0
                 if IDX64:
                     step_h = step_h.to(tl.int64)
                     step_w = step_w.to(tl.int64)
+                    step_c = step_c.to(tl.int64)
                 tap_ok = ((taps_ok >> rs) & 1) != 0
                 if WHOLE_BLOCKS:  # channel blocks divide C: no channel mask
                     a_mask = tap_ok[:, None]
                 else:
                     a_mask = tap_ok[:, None] & c_ok[None, :]
-                a = tl.load(x_pix[:, None] + (step_h * sxh + step_w * sxw) + cc[None, :] * sxc,
-                            mask=a_mask, other=0.0)
+                # the step's tap and channel block as one offset: one address per copy
+                step_offset = step_h * sxh + step_w * sxw + step_c * sxc
+                a = tl.load(x_pix[:, None] + step_offset + offs_k[None, :] * sxc, mask=a_mask, other=0.0)
             else:
                 a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
                             mask=row_ok[:, None] & c_ok[None, :], other=0.0)
