@@ -71,8 +71,9 @@ def access_widths(sass: str, opcode: str) -> dict[int, int]:
 
 
 def longest_loop(sass: str) -> int:
-    """Instructions between a label and the furthest branch back to it (a kernel's main loop: what
-    each step issues), 0 without a loop."""
+    """Instructions between a label and the furthest branch back to it, 0 without a loop: in a
+    kernel whose only loop is its reduction (triton-conv), what each step issues; in persistent
+    kernels, the loop over tiles with everything nested in it."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\.L_x_\d+):", line))}
     longest = 0
