@@ -20,6 +20,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan import tuning
+from fusionplan.benchmark.cli import tuning_override
 from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
@@ -39,7 +40,7 @@ def main() -> None:
         "--tuning",
         action="append",
         default=[],
-        type=tuning.parse_override,
+        type=tuning_override,
         help="NAME=VALUE: a constant of fusionplan.tuning set for this compile (repeatable)",
     )
     a = p.parse_args()

@@ -25,6 +25,8 @@ import sys
 
 import torch
 
+from fusionplan.benchmark.cli import tuning_choices
+
 _TILE = re.compile(r"(\d+)x(\d+)(?:k(\d+))?(?:w(\d+))?(?:s(\d+))?(?:c(\d+))?")
 
 
@@ -151,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=10, help="print this many fastest configurations per layer")
     p.add_argument(
         "--tuning",
-        type=parse_tuning_choices,
+        type=tuning_choices,
         action="append",
         default=[],
         help=(
@@ -160,23 +162,6 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     return p
-
-
-def parse_tuning_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
-    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)) (fusionplan-bench's --tuning)."""
-    from fusionplan.benchmark.cli import tuning_choices
-
-    return tuning_choices(text)
-
-
-def parse_tuning(text: str) -> tuple[str, int | float]:
-    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', True) (tuning.parse_override)."""
-    from fusionplan import tuning
-
-    try:
-        return tuning.parse_override(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,6 +35,7 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     import torch
 
     from fusionplan import tuning
+    from fusionplan.benchmark.cli import tuning_choices, tuning_override
 
     path = pathlib.Path(__file__).parents[1] / "scripts" / "tile_sweep.py"
     spec = importlib.util.spec_from_file_location("tile_sweep", path)
@@ -49,9 +50,10 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
         (128, 128, None, 4, 6, 2),
     ]
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
-    assert sweep.parse_tuning("GLUON_GEMM_MMA_EPILOGUE=1") == ("GLUON_GEMM_MMA_EPILOGUE", True)
-    assert sweep.parse_tuning("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
-    choices = [sweep.parse_tuning_choices("CONV_NCHW_ROW_SLOTS=0,1"), sweep.parse_tuning_choices("SPLIT_K_TARGET=114")]
+    assert tuning_override("GLUON_GEMM_MMA_EPILOGUE=1") == ("GLUON_GEMM_MMA_EPILOGUE", True)
+    assert tuning_override("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
+    assert sweep.tuning_choices is tuning_choices  # the script's --tuning parses as fusionplan-bench's
+    choices = [tuning_choices("CONV_NCHW_ROW_SLOTS=0,1"), tuning_choices("SPLIT_K_TARGET=114")]
     assert choices == [("CONV_NCHW_ROW_SLOTS", (False, True)), ("SPLIT_K_TARGET", (114,))]
     assert tuning.override_combinations(choices) == [
         {"CONV_NCHW_ROW_SLOTS": False, "SPLIT_K_TARGET": 114},
@@ -60,7 +62,7 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     assert tuning.override_combinations([]) == [{}]
     for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):
         with pytest.raises(Exception, match="constant of fusionplan.tuning|NAME=NUMBER"):
-            sweep.parse_tuning(bad)
+            tuning_override(bad)
     for bad in ("32by64", "x64", "32x64w", "32x64s3w8", "32x64c2s3"):
         with pytest.raises(Exception, match="expected MxN"):
             sweep.parse_tiles(bad)

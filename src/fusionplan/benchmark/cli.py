@@ -110,8 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
 def tuning_choices(text: str) -> tuple[str, tuple]:
     """An argparse type: 'NAME=V1,V2' -> (NAME, values), as tuning.parse_choices, its refusals
     argparse's errors (scripts/tile_sweep.py's --tuning too)."""
+    return _argument(tuning.parse_choices, text)
+
+
+def tuning_override(text: str) -> tuple[str, int | float]:
+    """An argparse type: 'NAME=V' -> (NAME, value), as tuning.parse_override, its refusals
+    argparse's errors (scripts/inspect_sass.py's --tuning)."""
+    return _argument(tuning.parse_override, text)
+
+
+def _argument(parse, text: str):
     try:
-        return tuning.parse_choices(text)
+        return parse(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
