@@ -45,6 +45,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
+    epilogue_mode,
     gluon_descriptor,
     gluon_dtype_why_not,
     gluon_names,
@@ -283,7 +284,7 @@ else:
     ow = pix % OW"""
 
 #: One part's epilogue: the generated chain on its [pixels, channels] accumulator, then the store
-#: (``{tail}``). MMA_EPILOGUE (epilogue_mode): 1, the chain runs in the accumulator's own layout and
+#: (``{tail}``). MMA_EPILOGUE (gemm_epilogue_mode): 1, the chain runs in the accumulator's own layout and
 #: only the output, in its own dtype, changes layout for the stores (a quarter of the fp32 tile's
 #: shared memory); 2, the same without the layout change, fp32 output stored from the
 #: accumulator's layout (each thread's two neighbouring channels: 8-byte stores, four threads
@@ -467,21 +468,16 @@ def gemm_stages(
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
-def epilogue_mode(size: int) -> int:
-    """The epilogue (the kernel's MMA_EPILOGUE) for data of ``size`` bytes: 1, in the accumulator's
-    layout with the 16-bit output's layout changed for the stores (tuning.GLUON_GEMM_MMA_EPILOGUE);
-    2, fp32 output stored from the accumulator's layout (and tuning.GLUON_GEMM_FP32_ACC_STORES);
-    0, the fp32 accumulator's layout changed first."""
-    if not tuning.GLUON_GEMM_MMA_EPILOGUE:
-        return 0
-    return 2 if size == 4 and tuning.GLUON_GEMM_FP32_ACC_STORES else 1
+def gemm_epilogue_mode(size: int) -> int:
+    """gluon-gemm's epilogue_mode (tuning.GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES)."""
+    return epilogue_mode(size, tuning.GLUON_GEMM_MMA_EPILOGUE, tuning.GLUON_GEMM_FP32_ACC_STORES)
 
 
 def epilogue_scratch_bytes(part_elements: int, size: int, warps: int) -> int:
     """Shared memory a computing warpgroup's epilogue stages a part's outputs of ``size`` bytes
-    through (epilogue_mode): the 16-bit output's layout change, none for stores from the
+    through (gemm_epilogue_mode): the 16-bit output's layout change, none for stores from the
     accumulator's layout, else the fp32 accumulator's layout change."""
-    mode = epilogue_mode(size)
+    mode = gemm_epilogue_mode(size)
     if mode == 2:
         return 0
     if mode == 1 and size == 2:
@@ -684,7 +680,7 @@ class GluonGemmKernel(GluonWindowKernel):
             cfg.consumers,
             CONSUMER_REGS,
             slots,
-            epilogue_mode(x.element_size()),
+            gemm_epilogue_mode(x.element_size()),
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]

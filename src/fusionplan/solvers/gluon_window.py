@@ -337,13 +337,19 @@ def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
 COORDINATE_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
 
 
-def window_epilogue_mode(size: int) -> int:
-    """The kernel's MMA_EPILOGUE for data of ``size`` bytes (tuning.GLUON_WINDOW_MMA_EPILOGUE): 1,
-    the chain in the accumulator's layout and the 16-bit output's layout changed for the stores; 2,
-    fp32 output stored from the accumulator's layout; 0, the accumulator's layout changed first."""
-    if not tuning.GLUON_WINDOW_MMA_EPILOGUE:
+def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) -> int:
+    """A Gluon kernel's MMA_EPILOGUE for data of ``size`` bytes: 1, the chain in the accumulator's
+    layout (``in_acc_layout``) and the output's layout changed for the stores; 2, as 1 but fp32
+    output (with ``fp32_acc_stores``) stored from the accumulator's layout; 0, the accumulator's
+    layout changed first."""
+    if not in_acc_layout:
         return 0
-    return 2 if size == 4 else 1
+    return 2 if size == 4 and fp32_acc_stores else 1
+
+
+def window_epilogue_mode(size: int) -> int:
+    """gluon-window's epilogue_mode (tuning.GLUON_WINDOW_MMA_EPILOGUE)."""
+    return epilogue_mode(size, tuning.GLUON_WINDOW_MMA_EPILOGUE)
 
 
 class GluonWindowKernel(TritonWindowKernel):
