@@ -533,6 +533,7 @@ class TritonConvKernel(Repeating, Kernel):
         tiles = self._tiles(cfg)
         grid = (tiles, self.groups, cfg.split_k)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
+        tap_bits = self._tap_bits()
         consts = (
             self.conv.w_desc.dims[2],
             self.conv.w_desc.dims[3],
@@ -548,8 +549,8 @@ class TritonConvKernel(Repeating, Kernel):
             cfg.split_k,
             self.pixel_slots,
             self.pixel_slots > 0 and self.conv_args[3] == 2,  # pairs of columns
-            self._tap_bits(),
-            self._tap_bits() and self.geometry[1] % cfg.block_k == 0,  # whole channel blocks
+            tap_bits,
+            tap_bits and self.geometry[1] % cfg.block_k == 0,  # whole channel blocks
             *flags.values(),
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
