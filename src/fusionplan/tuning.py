@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -306,9 +306,8 @@ def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype
     if interpret or dtype not in (torch.float16, torch.bfloat16):
         cfg = gemm_heuristic(images * hw, k, c, dtype, interpret)
         if cfg.block_n > 128:
-            cfg = ConvConfig(cfg.block_m, 128, cfg.block_k, cfg.group_m, cfg.num_warps, 4)
-        block_m = min(cfg.block_m, plane)
-        return ConvConfig(block_m, cfg.block_n, cfg.block_k, cfg.group_m, cfg.num_warps, cfg.num_stages)
+            cfg = replace(cfg, block_n=128, num_stages=4)
+        return replace(cfg, block_m=min(cfg.block_m, plane))
     block_n = 64 if k <= 64 else 128
     block_m = min(NCHW_GEMM_PIXELS, plane)
     while block_m > 64 and images * -(-hw // block_m) * -(-k // block_n) < NCHW_GEMM_MIN_TILES:
