@@ -168,9 +168,11 @@ def test_conv_tap_bits_shorten_the_reduction_loop(dtype):
     """tuning.CONV_TAP_BITS (triton-conv, r50_02: 3x3, 64 channels): the loop over taps and channel
     blocks issues at least a quarter fewer instructions (Triton 3.6: 300 -> 144 for fp16), still
     16-byte asynchronous copies and pipelined products, nothing spilled."""
-    switched = "import fusionplan.tuning as t\nt.CONV_TAP_BITS = True\n"
-    before = compile_sm90(layer_build("r50_02", dtype), "triton-conv")
-    after = compile_sm90(switched + layer_build("r50_02", dtype), "triton-conv")
+    def switched(on: int) -> str:
+        return f"import fusionplan.tuning as t\nt.CONV_TAP_BITS = {on}\n" + layer_build("r50_02", dtype)
+
+    before = compile_sm90(switched(0), "triton-conv")
+    after = compile_sm90(switched(1), "triton-conv")
     loop = "instructions of the longest loop"
     assert 0 < after[loop] <= 0.75 * before[loop], (before[loop], after[loop])
     assert after["async copies by bytes"] == before["async copies by bytes"]

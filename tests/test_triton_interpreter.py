@@ -94,6 +94,36 @@ def test_conv_tap_bits(shape_key, layout, dtype, monkeypatch):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
 
 
+#: ResNet-50 layers at batch 1 as (N, C, H, W, K, R, S, pad, stride, dilation, groups)
+_RULE_LAYERS = {
+    "r50_02": (1, 64, 56, 56, 64, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+    "r50_12": (1, 256, 56, 56, 256, 3, 3, (1, 1), (2, 2), (1, 1), 1),
+    "r50_09": (1, 512, 28, 28, 128, 1, 1, (0, 0), (1, 1), (1, 1), 1),
+}
+
+
+@pytest.mark.parametrize(
+    "layer, dtype, layout, expected",
+    [
+        ("r50_02", torch.float16, "NHWC", True),  # 16-bit channels-last, several taps
+        ("r50_02", torch.float32, "NHWC", False),  # a 56x56 plane of fp32
+        ("r50_02", torch.float16, "NCHW", False),  # a 56x56 plane in NCHW
+        ("r50_12", torch.float32, "NCHW", True),  # a 28x28 output plane, any layout and precision
+        ("r50_09", torch.float16, "NHWC", False),  # a 1x1 filter
+    ],
+)
+def test_conv_tap_bits_rule(layer, dtype, layout, expected, monkeypatch):
+    """By default (tuning.CONV_TAP_BITS = -1) triton-conv takes tap bits where the bench's A/B
+    columns found them faster (tuning.conv_tap_bits_pay); 0 and 1 force them off and on."""
+    plan, _ = shape_plan(layer, "CBA", dtype, layout, shapes=_RULE_LAYERS)
+    handle = compile_named(plan, "triton-conv")
+    kernel = plan._entry(handle).kernel
+    assert kernel._tap_bits() == expected
+    for forced in (0, 1):
+        monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", forced)
+        assert kernel._tap_bits() == bool(forced)
+
+
 @pytest.mark.parametrize("chain", ["CBNA", "CBA", "CA", "CB", "CN", "CNA", "C", "CAN", "CNANB", "CAAB"])
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
 def test_conv_chains(chain, bn_mode):

@@ -173,10 +173,25 @@ def split_k_for(programs: int, steps: int, interpret: bool = False) -> int:
 #: bounds, and drops the channel masks where the channel blocks divide C (sm_90 SASS of r50_02, fp16:
 #: about 20 instructions per 16-byte input copy before; the loop 300 -> 144 instructions with
 #: Triton 3.6, the GPU's (307 -> 176 with 3.9); Nsight Compute found the loop issue-bound, bench/NOTES.md
-#: section 5). Off until measured: `fusionplan-bench --layers
-#: r50_02,r50_10,r50_16 --graph --tuning CONV_TAP_BITS=0,1` (and at batch 1, where triton-conv
-#: takes every layer).
-CONV_TAP_BITS = False
+#: section 5). -1: where conv_tap_bits_pay says so; 0: never; 1: always (the bench's A/B switch).
+CONV_TAP_BITS = -1
+
+#: Output planes of at most this many pixels take tap bits in either layout and precision.
+TAP_BITS_MAX_ANY_PLANE = 28 * 28
+
+
+def conv_tap_bits_pay(taps: int, itemsize: int, channels_last: bool, out_plane: int) -> bool:
+    """Whether triton-conv's reduction should test a bit per tap (CONV_TAP_BITS), from the H100's
+    A/B columns (`fusionplan-bench --graph --tuning CONV_TAP_BITS=0,1`, bench/NOTES.md section 20):
+    filters of several taps gain where the loop's address arithmetic bounds it, 16-bit
+    channels-last (r50_02 fp16 30.3 -> 28.2 us at batch 32) and the 28x28 and smaller planes in
+    either layout (batch 1: r50_12 29.7 -> 27.3, r50_22 27.5 -> 25.4; NCHW r50_12 58.4 -> 52.8,
+    r50_22 62.5 -> 59.5); 56x56 planes of fp32 or NCHW data lose (TF32 r50_02 54.4 -> 55.3, NCHW
+    r50_02 44.7 -> 49.0: more registers, 168 -> 212 in NCHW), and so do 1x1 filters (NCHW r50_08
+    54.4 -> 60.7, r50_14 46.4 -> 52.6; batch 1 r50_09 26.9 -> 28.0)."""
+    if CONV_TAP_BITS >= 0:
+        return bool(CONV_TAP_BITS)
+    return taps > 1 and ((itemsize == 2 and channels_last) or out_plane <= TAP_BITS_MAX_ANY_PLANE)
 
 #: Below this many programs in its grid (ResNet-50 at batch 1: 8-98; at batch 32: 128 or more)
 #: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).

@@ -560,11 +560,15 @@ class TritonConvKernel(Repeating, Kernel):
 
     def _tap_bits(self) -> bool:
         """Whether the kernel's reduction tests a bit per filter tap, set once per pixel
-        (tuning.CONV_TAP_BITS): the loop over taps and channel blocks, of at most 31 taps (a bit
+        (tuning.conv_tap_bits_pay): the loop over taps and channel blocks, of at most 31 taps (a bit
         each in 32 bits), not the few-channel fold nor pairs of columns."""
         r, s = self.conv.w_desc.dims[2:]
         pairs = self.pixel_slots > 0 and self.conv_args[3] == 2
-        return tuning.CONV_TAP_BITS and not self.fold_s and not pairs and r * s <= 31
+        if self.fold_s or pairs or r * s > 31:
+            return False
+        channels_last = self.spec.input_desc.strides[1] == 1
+        itemsize = self.spec.dtype.torch_dtype.itemsize
+        return tuning.conv_tap_bits_pay(r * s, itemsize, channels_last, self.out_hw[0] * self.out_hw[1])
 
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:
         grid, key, args = self._launch_args(cfg, x, packed, out, out, values, flags, False)
