@@ -60,6 +60,20 @@ def test_defers_where_triton_window_does_for_16_bit_data():
         assert gluon_window.gluon_defer_why(layer(name).spec()) == window_defer_why(layer(name).spec())
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_strided_3x3_of_many_pixels_defers_to_triton_conv_with_tap_bits(dtype, monkeypatch):
+    """16-bit strided 3x3 of 16384 output pixels or more (r50_06, 25088) defers to triton-conv, whose
+    tap bits measured faster; fewer pixels (r50_12, r50_18), fp32, and tap bits switched off do not."""
+    why = gluon_window.gluon_defer_why(layer("r50_06", dtype).spec())
+    assert "strided 3x3 filter, 25088 >= 16384" in why
+    assert why == window_defer_why(layer("r50_06", dtype).spec())
+    for name in ("r50_12", "r50_18", "r50_10"):
+        assert gluon_window.gluon_defer_why(layer(name, dtype).spec()) is None
+    assert gluon_window.gluon_defer_why(layer("r50_06", torch.float32).spec()) is None
+    monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", 0)
+    assert gluon_window.gluon_defer_why(layer("r50_06", dtype).spec()) is None
+
+
 def test_tf32_windows_defer_from_the_measured_size(monkeypatch):
     """fp32 data in windows of tuning.GLUON_TF32_MAX_WINDOW pixels or more defers to the Triton
     kernels. With the epilogue in the accumulator's layout no window size does (r50_10 and strided
@@ -70,7 +84,8 @@ def test_tf32_windows_defer_from_the_measured_size(monkeypatch):
     monkeypatch.setattr(fp.tuning, "GLUON_TF32_MAX_WINDOW", 256)
     for name in ("r50_10", "r50_06"):
         assert "windows of 256 pixels" in gluon_window.gluon_defer_why(layer(name, torch.float32).spec())
-        assert gluon_window.gluon_defer_why(layer(name, torch.float16).spec()) is None
+    # (16-bit r50_06 defers to triton-conv's tap bits whatever this threshold)
+    assert gluon_window.gluon_defer_why(layer("r50_10", torch.float16).spec()) is None
     for name in ("r50_12", "r50_16", "r50_22"):
         assert gluon_window.gluon_defer_why(layer(name, torch.float32).spec()) is None
 

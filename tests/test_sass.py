@@ -168,6 +168,7 @@ def test_conv_tap_bits_shorten_the_reduction_loop(dtype):
     """tuning.CONV_TAP_BITS (triton-conv, r50_02: 3x3, 64 channels): the loop over taps and channel
     blocks issues at least a quarter fewer instructions (Triton 3.6: 300 -> 144 for fp16), still
     16-byte asynchronous copies and pipelined products, nothing spilled."""
+
     def switched(on: int) -> str:
         return f"import fusionplan.tuning as t\nt.CONV_TAP_BITS = {on}\n" + layer_build("r50_02", dtype)
 

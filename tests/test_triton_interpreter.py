@@ -817,7 +817,7 @@ def test_gemm_defers_where_it_measured_slower():
         ("r50_19", 32, "triton-gemm", "M=1568 pixels < 4096"),  # windows of 128 programs faster
         ("r50_08", 32, "triton-window", "strided 1x1 filter, 25088 >= 4096"),  # triton-conv's 3-stage tiles
         ("r50_14", 32, "triton-window", "strided 1x1 filter, 6272 >= 4096"),
-        ("r50_06", 32, "triton-window", None),  # 3x3: every stride class in one loop
+        ("r50_06", 32, "triton-window", "strided 3x3 filter, 25088 >= 16384"),  # triton-conv's tap bits
         ("r50_12", 32, "triton-window", None),
         ("r50_18", 32, "triton-window", None),  # 7x7 outputs
     ],

@@ -193,6 +193,7 @@ def conv_tap_bits_pay(taps: int, itemsize: int, channels_last: bool, out_plane: 
         return bool(CONV_TAP_BITS)
     return taps > 1 and ((itemsize == 2 and channels_last) or out_plane <= TAP_BITS_MAX_ANY_PLANE)
 
+
 #: Below this many programs in its grid (ResNet-50 at batch 1: 8-98; at batch 32: 128 or more)
 #: triton-conv is picked over triton-window: faster on every such layer measured (H100, fp16).
 WINDOW_MIN_PROGRAMS = 100
@@ -203,6 +204,13 @@ WINDOW_MIN_PROGRAMS = 100
 #: 26.2 against 19.0). Strided 3x3 layers stay with windows, which read every stride class in one
 #: loop (r50_06 21.1 against 22.2, r50_12 19.9 against 26.7).
 WINDOW_STRIDED_1X1_MAX_PIXELS = 4096
+
+#: Strided filters of several taps with at least this many output pixels run on triton-conv where
+#: it tests a bit per tap (conv_tap_bits_pay: 16-bit data): faster than both window kernels in the
+#: H100's fp16 and bf16 suites (bench/NOTES.md section 20; r50_06, 25088 pixels: fp16 21.9 us
+#: against 22.9 for gluon-window, bf16 22.2 against 23.2; before tap bits triton-conv took 23.7).
+#: The strided 3x3 layers of 6272 pixels and fewer stay with windows (r50_12 23.2 against 18.8).
+WINDOW_STRIDED_TAPS_MAX_PIXELS = 16384
 
 #: 1x1 filters on fp32 data with this many output pixels or more run on triton-conv rather than
 #: gluon-window's TF32 products (H200, batch 32: r50_09, 25088 pixels, 27.5 us against 24.4).

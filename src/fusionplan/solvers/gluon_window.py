@@ -44,6 +44,7 @@ from fusionplan.solvers.triton_window import (
     filter_is_1x1,
     one_view_why_not,
     strided_1x1_defer_why,
+    strided_taps_defer_why,
     window_config,
     window_grid_defer_why,
     window_programs,
@@ -293,7 +294,7 @@ def gluon_defer_why(spec: PlanSpec) -> str | None:
     window = gluon_config(spec).block_m if programs else 0
     if spec.dtype == DataType.FLOAT and window >= tuning.GLUON_TF32_MAX_WINDOW:
         return f"fp32 data in windows of {window} pixels: triton-window and triton-conv measured faster"
-    return strided_1x1_defer_why(spec) or window_grid_defer_why(spec)
+    return strided_1x1_defer_why(spec) or strided_taps_defer_why(spec) or window_grid_defer_why(spec)
 
 
 #: Pipeline stages by window pixels: as many as about 150 KB of shared memory holds (the stage of a
