@@ -6,10 +6,10 @@ import torch
 
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
-from fusionplan.solvers.triton_window import window_defer_why
+from fusionplan.solvers.triton_window import window_defer_why, window_tiles
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, layer_build, plan_for
+from .util import HOPPER_SHARED_BYTES, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_window = pytest.importorskip("fusionplan.solvers.gluon_window")
@@ -97,6 +97,34 @@ def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory(dtype):
         assert cfg.block_n >= 16 * cfg.num_warps and cfg.block_m * cfg.block_n // (32 * cfg.num_warps) <= 128
         row = cfg.block_k * dtype.itemsize
         assert row <= 128 and cfg.num_stages * (cfg.block_m + cfg.block_n) * row <= 200 * 1024, (name, cfg)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_stride_1_windows_of_wide_layers_take_256_channels_over_two_warpgroups(dtype, monkeypatch):
+    """tuning.GLUON_WINDOW_WIDE_CHANNELS: r50_16 (stride 1, 256 channels) runs 64-pixel windows of
+    256 channels over two warpgroups, as many programs as 128 x 128; the strided r50_12 and the
+    128-channel r50_10 keep their windows; switched off, r50_16 does too."""
+    wide = gluon_window.gluon_config(layer("r50_16", dtype).spec())
+    assert (wide.block_m, wide.block_n, wide.num_warps, wide.num_stages) == (64, 256, 8, 4)
+    assert wide.block_k == 128 // dtype.itemsize
+    assert gluon_window.gluon_config(layer("r50_12", dtype).spec()).block_m == 128
+    assert gluon_window.gluon_config(layer("r50_10", dtype).spec()).block_n == 128
+    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WIDE_CHANNELS", False)
+    narrow = gluon_window.gluon_config(layer("r50_16", dtype).spec())
+    assert (narrow.block_m, narrow.block_n, narrow.num_warps) == (128, 128, 4)
+    spec = layer("r50_16", dtype).spec()
+    programs = [window_tiles(spec, c.block_m)[1] * (256 // c.block_n) for c in (wide, narrow)]
+    assert programs == [128, 128]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_wide_windows_compile_pipelined_within_shared_memory(dtype):
+    """r50_16's 64 x 256 windows (two warpgroups, four stages of 40 KB): products in flight, no
+    spills, the shared memory within Hopper's."""
+    info = compile_sm90(layer_build("r50_16", dtype), "gluon-window")
+    assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
 
 
 @pytest.mark.parametrize(

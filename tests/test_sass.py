@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from .util import compile_sm90, compiling_process, layer_build
+from .util import HOPPER_SHARED_BYTES, compile_sm90, compiling_process, layer_build
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "inspect_sass.py"
 
@@ -83,9 +83,6 @@ for shape in load_shapes():
         rows.append([shape.name, str(dtype), name, shared])
 print("FIT" + json.dumps(rows))
 """
-
-#: Shared memory a program of sm_90 may take (227 KB; the H100's and the H200's limit).
-HOPPER_SHARED_BYTES = 232448
 
 
 def test_resnet50_kernels_fit_hopper_shared_memory_with_a_prior_output():

@@ -14,6 +14,9 @@ import fusionplan as fp
 from fusionplan.reference import run_reference
 from fusionplan.testing import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
 
+#: Shared memory a program of sm_90 may take (227 KB; the H100's and the H200's limit).
+HOPPER_SHARED_BYTES = 232448
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DT_NAME = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16", torch.float64: "double"}
 

@@ -277,6 +277,19 @@ GLUON_GEMM_FP32_ACC_STORES = True
 #: 19.3 -> 19.0, r50_06 23.1 -> 22.9).
 GLUON_WINDOW_MMA_EPILOGUE = True
 
+#: gluon-window's stride-1 windows of 128 pixels and 128 channels, where the layer has 256 output
+#: channels or more, run as 64 pixels x 256 channels over two computing warpgroups (as many
+#: programs). The bench's A/B columns (H100, batch 32, CBNA, bench/results/
+#: 2026-11-21-h100-window-warpgroups-1/): r50_16 fp16 19.0 -> 17.9 us, bf16 19.0 -> 17.8, TF32 32.9
+#: -> 30.6; on the strided r50_12 no gain in 16-bit (19.3 -> 19.4) and a loss in TF32 (34.7 ->
+#: 36.4), so strided windows keep theirs. Two warpgroups of 64 channels for the 64-pixel windows
+#: (r50_18, r50_22) measured no different (20.8 / 20.6 against 21.1 / 20.4 us) and were dropped.
+GLUON_WINDOW_WIDE_CHANNELS = True
+
+#: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
+#: barriers take the rest of the 227 KB).
+GLUON_WINDOW_RING_BYTES = 160 * 1024
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by

@@ -29,7 +29,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent, triton_available
 from fusionplan.enums import DataType
-from fusionplan.folding import Stage
+from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
@@ -308,12 +308,27 @@ def gluon_config(spec: PlanSpec) -> tuning.ConvConfig:
     """triton-window's window and channel blocks (its GPU heuristic: the largest window that still
     gives about a program per multiprocessor), at least 64 output channels (a warpgroup's
     product: channels past K are zeros of the weights' box, masked at the store), with the
-    pipeline stages of GLUON_STAGES; two computing warpgroups for 256-pixel windows of 128
-    channels (128 accumulator registers per thread)."""
+    pipeline stages of GLUON_STAGES within tuning.GLUON_WINDOW_RING_BYTES; two computing
+    warpgroups for 256-pixel windows of 128 channels (128 accumulator registers per thread), and
+    64 x 256 for some stride-1 windows (window_warpgroups)."""
     cfg = window_config(spec, interpret=False)
-    block_n = max(64, cfg.block_n)
-    warps = 8 if cfg.block_m * block_n > 128 * 128 else 4
-    return replace(cfg, block_n=block_n, num_warps=warps, num_stages=GLUON_STAGES.get(cfg.block_m, 3), split_k=1)
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    stride_1 = conv.conv.strides == (1, 1)
+    pixels, block_n, warps = window_warpgroups(cfg.block_m, max(64, cfg.block_n), spec.output_desc.dims[1], stride_1)
+    stage_bytes = (pixels + block_n) * cfg.block_k * spec.dtype.torch_dtype.itemsize
+    stages = max(2, min(GLUON_STAGES.get(pixels, 3), tuning.GLUON_WINDOW_RING_BYTES // stage_bytes))
+    return replace(cfg, block_m=pixels, block_n=block_n, num_warps=warps, num_stages=stages, split_k=1)
+
+
+def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tuple[int, int, int]:
+    """The window's pixels, channels and warps: two warpgroups where the accumulator exceeds
+    128 x 128 (at most 128 registers a thread), one otherwise; with tuning.GLUON_WINDOW_WIDE_CHANNELS
+    a stride-1 window of 128 pixels and 128 channels, where there are 256 or more, becomes 64
+    pixels x 256 channels over two warpgroups (as many programs)."""
+    if tuning.GLUON_WINDOW_WIDE_CHANNELS and stride_1 and pixels == 128 and block_n == 128 and k >= 256:
+        return 64, 256, 8
+    return pixels, block_n, 8 if pixels * block_n > 128 * 128 else 4
 
 
 def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
