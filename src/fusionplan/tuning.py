@@ -223,9 +223,10 @@ GLUON_TF32_1X1_MAX_PIXELS = 16384
 #: 48.2-48.7 on triton-window and triton-conv against 51.4-51.7). With that epilogue the next TF32
 #: suite's columns (tf32-graph-13, every solver forced side by side) turned both: r50_10 34.5 on
 #: gluon-window against 36.9 on triton-window, r50_06 47.6 against 48.1 on triton-conv and 49.0 on
-#: triton-window. One suite so far: `fusionplan-bench --precisions tf32 --layers r50_06,r50_10
-#: --graph --tuning GLUON_TF32_MAX_WINDOW=256,512` is the A/B that would confirm it. No window
-#: (at most 256 pixels) defers now.
+#: triton-window. Confirmed by the A/B (`fusionplan-bench --precisions tf32 --layers r50_06,r50_10
+#: --graph --tuning GLUON_TF32_MAX_WINDOW=256,512`, bench/results/2026-11-21-h100-tapbits-1/): r50_06
+#: 47.8 -> 46.9 and 48.1 -> 45.9 us, r50_10 39.1 -> 36.4 and 39.5 -> 36.3. No window (at most 256
+#: pixels) defers now.
 GLUON_TF32_MAX_WINDOW = 512
 
 #: gluon-gemm's tiles of fewer pixels x channels than this (the cost model's pick for small grids:
