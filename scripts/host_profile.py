@@ -129,6 +129,21 @@ def chain_pieces(fused, x: torch.Tensor) -> None:
         print(f"  {per_call_us(fn):8.2f} us  {name}")
 
 
+def launch_pieces(bound, x: torch.Tensor, y: torch.Tensor, iters: int = 200) -> list[tuple[float, str]]:
+    """Microseconds per call of a bound launch's pieces over x -> y: the whole launch, the
+    descriptor encoder's flat arguments (descriptor kernels) and the C launcher alone with them laid
+    out (where the launch calls it): where a kernel's host time per execute goes."""
+    ptrs = (x.data_ptr(), y.data_ptr(), y.data_ptr())
+    rows = [("BoundLaunch.launch", lambda: bound.launch(ptrs))]
+    encoder = bound.encoder
+    if encoder is not None:
+        rows.append(("DescriptorEncoder.flat_arguments", lambda: encoder.flat_arguments(ptrs)))
+    if bound.raw is not None:
+        flat = encoder.flat_arguments(ptrs) if encoder is not None else bound._swapped(ptrs)[0]
+        rows.append((f"the C launcher alone ({len(flat)} arguments)", lambda: bound._launch_raw(flat)))
+    return [(per_call_us(fn, iters), name) for name, fn in rows]
+
+
 def launcher_in_words(bound) -> str:
     """The launcher a bound launch calls and, where descriptor arguments keep it on Triton's, why."""
     from fusionplan.launch import DescriptorEncoder, is_host_descriptor
@@ -173,6 +188,8 @@ def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
             )
             if bound:
                 print(f"    through {launcher_in_words(bound[0])}")
+                for us, piece in launch_pieces(bound[0], prep.xs[0], prep.ys[0]):
+                    print(f"    {us:8.2f} us  {piece}")
     finally:
         Repeat.try_launch = original
 

@@ -27,6 +27,48 @@ def test_host_profile_script_runs_on_the_cpu():
         assert line in done.stdout, done.stdout
 
 
+def test_host_profile_times_a_bound_launchs_pieces():
+    """host_profile.launch_pieces: the whole launch, the encoder's flat arguments and the C
+    launcher alone with them, each called over the call's pointers (a recording stand-in for a
+    bound descriptor launch); without an encoder or a C launcher, only what the launch has."""
+    import importlib.util
+
+    import torch
+
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "host_profile.py"
+    spec = importlib.util.spec_from_file_location("host_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+
+    class Encoder:
+        def flat_arguments(self, ptrs):
+            calls.append(("flat", ptrs))
+            return ["desc", *ptrs]
+
+    class Bound:
+        encoder, raw = Encoder(), ("c_launch",)
+
+        def launch(self, ptrs):
+            calls.append(("launch", ptrs))
+
+        def _launch_raw(self, flat):
+            calls.append(("raw", tuple(flat)))
+
+    x, y = torch.empty(4), torch.empty(4)
+    ptrs = (x.data_ptr(), y.data_ptr(), y.data_ptr())
+    rows = module.launch_pieces(Bound(), x, y, iters=3)
+    assert [name for _, name in rows] == [
+        "BoundLaunch.launch",
+        "DescriptorEncoder.flat_arguments",
+        "the C launcher alone (4 arguments)",
+    ]
+    assert all(us >= 0 for us, _ in rows)
+    assert ("launch", ptrs) in calls and ("flat", ptrs) in calls and ("raw", ("desc", *ptrs)) in calls
+    Bound.encoder, Bound.raw = None, None
+    assert [name for _, name in module.launch_pieces(Bound(), x, y, iters=3)] == ["BoundLaunch.launch"]
+
+
 def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     """scripts/tile_sweep.py (the sweeps behind the small-grid tiles): options parsed, bad ones
     refused, and on a machine without CUDA a clear refusal instead of a crash."""
