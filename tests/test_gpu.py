@@ -461,6 +461,73 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
             assert ok, (kernel.config, with_prior, programs, result)
 
 
+#: (n, c, h, w, k, r, s, pad, stride, dilation): NCHW planes of 49, 196 and odd sizes, 1x1 and
+#: 3x3 (strided, dilated, "valid" 5x5, a 1x5 row), C not a multiple of the reduction step (40,
+#: 136), K below a warpgroup's 64 rows and not a multiple of 128, tiles across images.
+GLUON_NCHW_CASES = {
+    "7x7-1x1": (9, 512, 7, 7, 136, 1, 1, 0, 1, 1),
+    "7x7-3x3": (5, 128, 7, 7, 72, 3, 3, 1, 1, 1),
+    "14x14-3x3": (3, 256, 14, 14, 192, 3, 3, 1, 1, 1),
+    "strided-3x3": (3, 64, 13, 11, 24, 3, 3, 1, 2, 1),
+    "strided-1x1": (2, 128, 28, 28, 136, 1, 1, 0, 2, 1),
+    "C40-dilated": (2, 40, 12, 10, 17, 3, 3, 2, 1, 2),
+    "C136-5x5-valid": (3, 136, 11, 9, 64, 5, 5, 0, 1, 1),
+    "1x5-row": (2, 64, 10, 13, 40, (1, 5), 0, (0, 2), (1, 2), 1),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
+@pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
+def test_gluon_nchw_tiles(case, precision):
+    """gluon-nchw on NCHW input over each of its tiles (128 and 64 pixels by 128 and 64 output
+    channels, random ring depths), output in planes and channels-last, with and without a prior."""
+    from fusionplan import tuning
+
+    n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
+    if isinstance(r, tuple):  # a filter row: (R, S), pads and strides per dimension
+        (r, s), pads, strides = r, pad, stride
+    else:
+        pads, strides = (pad, pad), (stride, stride)
+    dtype, tf32, tol, eps = PRECISIONS[precision]
+    x = input_tensor((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda", allow_tf32=tf32)
+    assert plan.compile(handle, solver="gluon-nchw") == "gluon-nchw"
+    kernel = plan._entry(handle).kernel
+    block_k = 128 // x.element_size()
+    rng = random.Random(case + precision)
+    for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
+        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4)), 1)
+        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
+            kernel._repeats._by_records.clear()
+            args = fp.OperatorArgs()
+            for op in plan.ops:
+                beta = rng.uniform(-1, 1) if with_prior else 0.0
+                args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
+            prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
+            y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
+            if out_layout == "NHWC":
+                y = y.to(memory_format=torch.channels_last)
+            x.normal_()
+            plan.execute(handle, x, y, args, prior=prior)
+            result = compare(y, reference_output(plan, x, args, prior), eps)
+            ok = result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok
+            assert ok, (kernel.config, out_layout, with_prior, result)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "tf32"])
+@pytest.mark.parametrize("layer", [s for s in LAYERS if s.c > 3], ids=[s.name for s in LAYERS if s.c > 3])
+def test_gluon_nchw_layers(layer, precision):
+    """gluon-nchw on every ResNet-50 layer but the stem, NCHW input and output, batch 3 (tiles
+    across images, a partial last one)."""
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((3, layer.c, layer.h, layer.w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
+    run_and_check(plan, precision, x, "NCHW", solver="gluon-nchw")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

@@ -291,6 +291,15 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024
 
+#: gluon-nchw (a gathering partition of pointer loads beside gluon-window's computing warpgroup)
+#: takes NCHW-like input where this is on; off until the bench's columns measure it against
+#: triton-conv and triton-gemm-nchw.
+GLUON_NCHW = False
+
+#: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
+#: barriers take the rest of the 227 KB).
+GLUON_NCHW_RING_BYTES = 160 * 1024
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by
