@@ -300,6 +300,12 @@ GLUON_NCHW = False
 #: barriers take the rest of the 227 KB).
 GLUON_NCHW_RING_BYTES = 160 * 1024
 
+#: Warps of gluon-nchw's gathering partition (4 or 8) and how many steps ahead of its stores its
+#: loads run (1 or 2): a step's loads take several products' time to come back from L2, and the
+#: stage's store waits for them.
+GLUON_NCHW_GATHER_WARPS = 8
+GLUON_NCHW_PREFETCH = 2
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by

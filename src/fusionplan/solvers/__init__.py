@@ -38,8 +38,8 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
-    TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
+    TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
     TritonWindowSolver(),
     TritonStemSolver(),  # few input channels (the stem)

@@ -62,16 +62,38 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
+def _gather_step(
+    x_ptr, base, ih0, iw0, m_mask, offs_c, kb, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+    SXC: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, WHOLE_CB: gl.constexpr,
+):
+    # Step kb's [pixels, BLOCK_K] operand (zeros past the last step): its tap's input pixels, each
+    # thread's channels of its pixel one address and constant offsets (SXC, the channel stride, is
+    # a constant of the plan: immediates of the loads).
+    t = kb // num_cb
+    c0 = (kb % num_cb) * BLOCK_K
+    ih = ih0 + (t // S) * dil_h
+    iw = iw0 + (t % S) * dil_w
+    inside = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (kb < steps)
+    ptrs = (x_ptr + (base + ih * sxh + iw * sxw + c0 * SXC))[:, None] + (offs_c * SXC)[None, :]
+    if WHOLE_CB:  # C a multiple of BLOCK_K: no channel past C
+        mask = inside[:, None]
+    else:  # channels past C read zeros, so the weight columns of the next tap they meet add nothing
+        mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
+    return gl.load(ptrs, mask=mask, other=0.0)
+
+
+@gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
     m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
     SXC: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, PIXELS: gl.constexpr,
     BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr, WHOLE_CB: gl.constexpr,
+    PREFETCH: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
-    # The channel stride SXC is a constant of the plan: a thread's loads of its pixel are one
-    # address and constant offsets (immediates of the loads).
+    # The loads run PREFETCH steps ahead of the stores (1 or 2): a load's latency from L2 is
+    # several products long, and a thread waits for its loads only at their store.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
     offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
@@ -84,26 +106,30 @@ def _gather_partition(
     ih0 = (pix // OW) * STR_H - pad_h
     iw0 = (pix % OW) * STR_W - pad_w
     base = (offs_m // ohw) * sxn
+    v0 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                      SXC, S, BLOCK_K, WHOLE_CB)
+    v1 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                      SXC, S, BLOCK_K, WHOLE_CB)
     for kb in range(steps):
-        t = kb // num_cb
-        c0 = (kb % num_cb) * BLOCK_K
-        ih = ih0 + (t // S) * dil_h
-        iw = iw0 + (t % S) * dil_w
-        inside = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-        ptrs = (x_ptr + (base + ih * sxh + iw * sxw + c0 * SXC))[:, None] + (offs_c * SXC)[None, :]
-        if WHOLE_CB:  # C a multiple of BLOCK_K: no channel past C
-            mask = inside[:, None]
-        else:  # channels past C read zeros, so the weight columns of the next tap they meet add nothing
-            mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
-        vals = gl.load(ptrs, mask=mask, other=0.0)  # issued before the wait: in flight meanwhile
+        if PREFETCH > 1:
+            v2 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                      SXC, S, BLOCK_K, WHOLE_CB)
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-        a_bufs.index(stage).store(vals)
+        a_bufs.index(stage).store(v0)
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
         {thread_barrier}()  # every gathering warp's stores, before the stage is announced
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, t * C + c0], ready.index(stage), w_bufs.index(stage))
+        {tma_load}(w_desc, [k0, (kb // num_cb) * C + (kb % num_cb) * BLOCK_K], ready.index(stage),
+                   w_bufs.index(stage))
+        if PREFETCH > 1:
+            v0 = v1
+            v1 = v2
+        else:
+            v0 = v1
+            v1 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                      SXC, S, BLOCK_K, WHOLE_CB)
 
 
 @gluon.jit
@@ -138,7 +164,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -167,7 +193,7 @@ def gluon_nchw_kernel(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH),
             ),
         ],
         [GATHER_WARPS],
@@ -207,10 +233,10 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
 """
 
-#: Warps of the gathering partition and registers of each of its threads: 8 channels of a pixel
-#: per load round, a step's [pixels, BLOCK_K] operand in flight (64 values with 128 pixels).
-GATHER_WARPS = 4
-GATHER_REGS = 160
+#: Registers of each thread of the gathering partition, by its warps (tuning.GLUON_NCHW_GATHER_WARPS):
+#: up to three steps' values in flight (128 pixels x 64 channels: 64 a step and thread with 4 warps,
+#: 32 with 8), beside the computing warpgroup's 128 accumulator registers.
+GATHER_REGS = {4: 232, 8: 152}
 
 
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -267,7 +293,7 @@ def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> t
     block_k = 128 // size
     tiles = [(128, 128), (64, 128), (128, 64), (64, 64)]
     pixels, block_n = next(
-        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors), tiles[-1]
+        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors * 3 // 4), tiles[-1]
     )
     stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1)
@@ -349,13 +375,14 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.num_stages,
             swizzle,
             bits,
-            GATHER_WARPS,
-            min(GATHER_WARPS, cfg.block_m // 32),  # warps along the pixels
-            GATHER_REGS,
+            tuning.GLUON_NCHW_GATHER_WARPS,
+            min(tuning.GLUON_NCHW_GATHER_WARPS, cfg.block_m // 32),  # warps along the pixels
+            GATHER_REGS[tuning.GLUON_NCHW_GATHER_WARPS],
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             c % cfg.block_k == 0,
             strides[5] != 1,  # output channels apart: lanes along the pixels
+            tuning.GLUON_NCHW_PREFETCH,
             *flags.values(),
         )
         grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), 1, 1)
