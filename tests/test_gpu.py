@@ -478,9 +478,10 @@ GLUON_NCHW_CASES = {
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
-def test_gluon_nchw_tiles(case, precision):
+def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (128 and 64 pixels by 128 and 64 output
-    channels, random ring depths), output in planes and channels-last, with and without a prior."""
+    channels, random ring depths, gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead),
+    output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
 
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
@@ -499,6 +500,8 @@ def test_gluon_nchw_tiles(case, precision):
     rng = random.Random(case + precision)
     for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4)), 1)
+        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", rng.choice((4, 8)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             args = fp.OperatorArgs()

@@ -301,7 +301,7 @@ GLUON_NCHW = False
 GLUON_NCHW_RING_BYTES = 160 * 1024
 
 #: Warps of gluon-nchw's gathering partition (4 or 8) and how many steps ahead of its stores its
-#: loads run (1 or 2): a step's loads take several products' time to come back from L2, and the
+#: loads run (1 to 3): a step's loads take several products' time to come back from L2, and the
 #: stage's store waits for them.
 GLUON_NCHW_GATHER_WARPS = 8
 GLUON_NCHW_PREFETCH = 2

@@ -92,7 +92,7 @@ def _gather_partition(
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
-    # The loads run PREFETCH steps ahead of the stores (1 or 2): a load's latency from L2 is
+    # The loads run PREFETCH steps ahead of the stores (1 to 3): a load's latency from L2 is
     # several products long, and a thread waits for its loads only at their store.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
@@ -106,14 +106,28 @@ def _gather_partition(
     ih0 = (pix // OW) * STR_H - pad_h
     iw0 = (pix % OW) * STR_W - pad_w
     base = (offs_m // ohw) * sxn
-    v0 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                      SXC, S, BLOCK_K, WHOLE_CB)
-    v1 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                      SXC, S, BLOCK_K, WHOLE_CB)
+    # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
+    v0 = _gather_step(
+        x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        SXC, S, BLOCK_K, WHOLE_CB,
+    )
+    v1 = _gather_step(
+        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        SXC, S, BLOCK_K, WHOLE_CB,
+    )
+    if PREFETCH > 2:
+        v2 = _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+            SXC, S, BLOCK_K, WHOLE_CB,
+        )
+    else:
+        v2 = v1
     for kb in range(steps):
-        if PREFETCH > 1:
-            v2 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                      SXC, S, BLOCK_K, WHOLE_CB)
+        if PREFETCH > 1:  # issued before this step's store waits for its own values
+            v3 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + PREFETCH, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                SXC, S, BLOCK_K, WHOLE_CB,
+            )
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
@@ -123,13 +137,19 @@ def _gather_partition(
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
         {tma_load}(w_desc, [k0, (kb // num_cb) * C + (kb % num_cb) * BLOCK_K], ready.index(stage),
                    w_bufs.index(stage))
-        if PREFETCH > 1:
+        if PREFETCH > 2:
             v0 = v1
             v1 = v2
+            v2 = v3
+        elif PREFETCH > 1:
+            v0 = v1
+            v1 = v3
         else:
             v0 = v1
-            v1 = _gather_step(x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                      SXC, S, BLOCK_K, WHOLE_CB)
+            v1 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                SXC, S, BLOCK_K, WHOLE_CB,
+            )
 
 
 @gluon.jit
