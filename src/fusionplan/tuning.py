@@ -292,9 +292,18 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 GLUON_WINDOW_RING_BYTES = 160 * 1024
 
 #: gluon-nchw (a gathering partition of pointer loads beside gluon-window's computing warpgroup)
-#: takes NCHW-like input where this is on; off until the bench's columns measure it against
-#: triton-conv and triton-gemm-nchw.
-GLUON_NCHW = False
+#: takes NCHW-like input where this is on, on the output planes where it measured faster than
+#: triton-conv and triton-gemm-nchw (H100, fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md,
+#: section 21): filters of several taps on planes of at most GLUON_NCHW_MAX_PLANE output pixels
+#: (r50_16 41.4 -> 32.4 us, r50_12 53.2 -> 43.2, r50_22 58.5 -> 42.6, r50_18 81.3 -> 59.2; not the
+#: 56x56 r50_02: 62.6 against 43.5, where triton-conv reads rows of slots), 1x1 filters on planes of
+#: at most GLUON_NCHW_1X1_MAX_PLANE, stride 1 (r50_21 37.3 -> 21.3, r50_19 24.9 -> 21.6; not the 14x14
+#: ones: r50_15 32.1 against 15.6 for triton-gemm-nchw's tensor boxes; not r50_20), grids of GLUON_NCHW_MIN_PROGRAMS
+#: or more (it cannot split a reduction; triton-conv does on small grids).
+GLUON_NCHW = True
+GLUON_NCHW_MAX_PLANE = 784
+GLUON_NCHW_1X1_MAX_PLANE = 49
+GLUON_NCHW_MIN_PROGRAMS = 64
 
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

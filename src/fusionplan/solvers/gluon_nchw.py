@@ -31,6 +31,7 @@ from fusionplan.codegen import emit_stages, indent
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
     gluon_descriptor,
     gluon_dtype_why_not,
@@ -293,37 +294,56 @@ def gather_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def gather_defer_why(spec: PlanSpec) -> str | None:
-    """Where other kernels read the input: packed channels-last input goes through tensor boxes
-    (gluon-gemm, gluon-window, triton-gemm, triton-conv's 16-byte copies); NCHW-like input
-    (unit-stride pixels) only where tuning.GLUON_NCHW allows."""
+def gather_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
+    """Where other kernels measured faster (tuning.GLUON_NCHW and the limits beside it): packed
+    channels-last input goes through tensor boxes (gluon-gemm, gluon-window, triton-gemm,
+    triton-conv's 16-byte copies); NCHW-like input (unit-stride pixels) on large output planes
+    through triton-conv's rows of slots and triton-gemm-nchw's boxes; small grids through
+    triton-conv's split reductions."""
     x = spec.input_desc
     if x.strides[1] == 1:
         return "channels-last input: the tensor-box and 16-byte-copy kernels read it"
     if not tuning.GLUON_NCHW:
-        return "off (tuning.GLUON_NCHW) until measured against triton-conv and triton-gemm-nchw"
+        return "off (tuning.GLUON_NCHW)"
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    k, _, r, s = conv.w_desc.dims
+    oh, ow = conv.output_desc.dims[2:]
+    several = r * s > 1
+    if not several and conv.conv.strides != (1, 1):
+        return "strided 1x1 filters: triton-conv and triton-gemm-nchw measured faster (r50_20 56.4 us against 65.4)"
+    limit = tuning.GLUON_NCHW_MAX_PLANE if several else tuning.GLUON_NCHW_1X1_MAX_PLANE
+    if oh * ow > limit:
+        kind = "filters of several taps" if several else "1x1 filters"
+        return (
+            f"output planes of {oh * ow} pixels (> {limit} for {kind}): triton-conv's rows of slots and "
+            "triton-gemm-nchw's tensor boxes measured faster"
+        )
+    m = x.dims[0] * oh * ow
+    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors)
+    programs = triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    if programs < tuning.GLUON_NCHW_MIN_PROGRAMS:
+        return (
+            f"a grid of {programs} programs (< {tuning.GLUON_NCHW_MIN_PROGRAMS}): triton-conv splits the "
+            "reduction of small grids"
+        )
     return None
 
 
 def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The largest tile of 128 or 64 pixels x 128 or 64 channels whose grid still gives about a
-    program per multiprocessor (the smallest otherwise), with reduction steps of 128-byte rows and
-    as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
+    """The largest tile of 128 or 64 pixels x 128 or 64 channels whose grid still fills half the
+    multiprocessors (the smallest otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs
+    32.4 us against 44.5 for 64 x 128, 64 x 128 on r50_22's 100 against 59.8 for 128 x 128 on
+    52), with reduction steps of 128-byte rows and as many stages as tuning.GLUON_NCHW_RING_BYTES
+    holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size
     tiles = [(128, 128), (64, 128), (128, 64), (64, 64)]
     pixels, block_n = next(
-        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors * 3 // 4), tiles[-1]
+        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2), tiles[-1]
     )
     stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1)
-
-
-def multiprocessors(handle) -> int:
-    """The handle's device's multiprocessors (the H100's where it has none: CPU compiles and tests)."""
-    if handle.device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(handle.device).multi_processor_count
-    return tuning.SPLIT_K_TARGET
 
 
 class GluonNchwKernel(TritonConvKernel):
@@ -429,7 +449,7 @@ class GluonNchwSolver(Solver):
         )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return gather_defer_why(spec)
+        return gather_defer_why(spec, multiprocessors(handle))
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return GluonNchwKernel(spec, handle)

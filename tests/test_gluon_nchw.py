@@ -1,0 +1,116 @@
+"""gluon-nchw without a GPU: which plans it takes and why not, where it defers to the other NCHW
+kernels, the tiles it picks, and its generated kernel compiled for sm_90 with Triton's own ptxas
+(tests/test_gpu.py runs it)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan import tuning
+from fusionplan.shapes import resnet50_layer
+from fusionplan.testing import add_chain, layer_plan
+
+from .util import compile_sm90, layer_build, plan_for
+
+pytest.importorskip("triton")
+gluon_nchw = pytest.importorskip("fusionplan.solvers.gluon_nchw")
+if gluon_nchw.gluon_why_not():
+    pytest.skip(gluon_nchw.gluon_why_not(), allow_module_level=True)
+
+H100_SMS = 132
+
+
+def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NCHW"):
+    s = resnet50_layer(name)
+    x = torch.empty(batch, s.c, s.h, s.w, dtype=dtype)
+    return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, "CBNA")
+
+
+def reason(plan, tf32: bool = True) -> str | None:
+    return next(v for v in plan.explain(fp.Handle("cpu", allow_tf32=tf32)) if v.solver == "gluon-nchw").reason
+
+
+def deferred(plan) -> str | None:
+    return gluon_nchw.GluonNchwSolver().defer_why(plan.spec(), fp.Handle("cpu"))
+
+
+def odd_plan(c: int, r: int, groups: int = 1, dtype=torch.float16):
+    x = torch.empty(2, c, 9, 9, dtype=dtype)
+    conv = fp.ConvolutionDescriptor((r // 2, r // 2), groups=groups)
+    return add_chain(plan_for(x), "CBA", conv=conv, k=16, r=r, s=r, param_dtype="float")
+
+
+def test_why_not_names_what_is_missing():
+    assert "needs a Hopper GPU" in reason(layer("r50_22"))  # the plan fits: only the device is missing
+    assert "needs a Hopper GPU" in reason(layer("r50_22", torch.float32))  # TF32 products
+    assert "fp32 data without TF32" in reason(layer("r50_22", torch.float32), tf32=False)
+    assert "grouped convolutions (groups=2)" in reason(odd_plan(32, 3, groups=2))
+    # each output channel's packed weights, a tensor descriptor's row: 3*3*3 fp16 elements are 54 bytes
+    assert "whole 16-byte units" in reason(odd_plan(3, 3))
+    assert "needs a Hopper GPU" in reason(odd_plan(8, 3))  # 144 bytes
+
+
+@pytest.mark.parametrize(
+    "name, batch, why",
+    [
+        ("r50_22", 32, None),  # 7x7 planes, 3x3
+        ("r50_18", 32, None),  # strided to 7x7
+        ("r50_16", 32, None),  # 14x14
+        ("r50_12", 32, None),
+        ("r50_10", 32, None),  # 28x28: the largest plane of several taps
+        ("r50_06", 32, None),
+        ("r50_19", 32, None),  # 1x1 on 7x7 planes
+        ("r50_21", 32, None),
+        ("r50_02", 32, "output planes of 3136 pixels (> 784 for filters of several taps)"),
+        ("r50_15", 32, "output planes of 196 pixels (> 49 for 1x1 filters)"),
+        ("r50_20", 32, "strided 1x1 filters"),  # to 7x7 planes
+        ("r50_22", 1, "a grid of 8 programs (< 64)"),  # 49 pixels x 64 channels,
+    ],
+)
+def test_defers_where_the_other_kernels_measured_faster(name, batch, why):
+    found = deferred(layer(name, batch=batch))
+    assert found == why if why is None else why in found
+
+
+def test_channels_last_input_and_the_switch_defer(monkeypatch):
+    assert "channels-last input" in deferred(layer("r50_22", layout="NHWC"))
+    monkeypatch.setattr(tuning, "GLUON_NCHW", False)
+    assert "off (tuning.GLUON_NCHW)" in deferred(layer("r50_22"))
+
+
+@pytest.mark.parametrize(
+    "name, tile",
+    [
+        ("r50_16", (128, 128)),
+        ("r50_12", (128, 128)),
+        ("r50_19", (128, 128)),
+        ("r50_22", (64, 128)),
+        ("r50_21", (64, 128)),
+    ],
+)
+def test_tiles_fill_half_the_multiprocessors(name, tile):
+    """128 x 128 where its grid fills half the GPU (r50_16, r50_12: 98 programs), else 64 x 128
+    (r50_22: 100 programs against 52), the ring within tuning.GLUON_NCHW_RING_BYTES."""
+    s = resnet50_layer(name)
+    oh = s.h // s.stride
+    for dtype in (torch.float16, torch.float32):
+        cfg = gluon_nchw.gather_config(32 * oh * oh, s.k, dtype, H100_SMS)
+        size = torch.empty((), dtype=dtype).element_size()
+        assert (cfg.block_m, cfg.block_n, cfg.block_k) == (*tile, 128 // size)
+        assert (
+            2 <= cfg.num_stages and cfg.num_stages * (cfg.block_m + cfg.block_n) * 128 <= tuning.GLUON_NCHW_RING_BYTES
+        )
+
+
+@pytest.mark.parametrize("name, dtype", [("r50_22", "float16"), ("r50_16", "bfloat16"), ("r50_19", "float32")])
+def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype):
+    """Warp-specialized (register reallocations), the weights by one tensor load, the input by
+    plain loads (no asynchronous copies: 2-byte elements), products with one in flight, no spills,
+    within sm_90's shared memory."""
+    info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "gluon-nchw")
+    assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
+    assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
+    assert info["tensor loads (UTMALDG)"] == 1 and info["async copies (LDGSTS)"] == 0
+    assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
+    assert "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
