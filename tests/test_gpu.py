@@ -480,8 +480,8 @@ GLUON_NCHW_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (128 and 64 pixels by 128 and 64 output
-    channels, random ring depths, gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead),
-    output in planes and channels-last, with and without a prior."""
+    channels, random ring depths, one to three gathering partitions of 4 or 8 warps, loads 1 to 3
+    steps ahead), output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
 
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
@@ -502,6 +502,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4)), 1)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", rng.choice((4, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", rng.choice((1, 2, 3)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             args = fp.OperatorArgs()

@@ -315,6 +315,11 @@ GLUON_NCHW_RING_BYTES = 160 * 1024
 GLUON_NCHW_GATHER_WARPS = 8
 GLUON_NCHW_PREFETCH = 2
 
+#: gluon-nchw's gathering partitions (1 to 3), taking the reduction's steps in turn: each stage's
+#: proxy fence waits for the partition's loads in flight, so partitions, not prefetch depth, put
+#: more loads in flight.
+GLUON_NCHW_GATHERERS = 1
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by

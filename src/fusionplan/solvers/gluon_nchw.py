@@ -89,12 +89,14 @@ def _gather_partition(
     m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
     SXC: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, PIXELS: gl.constexpr,
     BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr, WHOLE_CB: gl.constexpr,
-    PREFETCH: gl.constexpr,
+    PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
-    # The loads run PREFETCH steps ahead of the stores (1 to 3): a load's latency from L2 is
-    # several products long, and a thread waits for its loads only at their store.
+    # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3). The proxy
+    # fence after a stage's stores waits for every load in flight (MEMBAR.ALL.CTA), so a
+    # partition has about one step's loads in flight; GATHERERS partitions take the steps in
+    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
     offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
@@ -109,25 +111,25 @@ def _gather_partition(
     base = (offs_m // ohw) * sxn
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, PART, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, S, BLOCK_K, WHOLE_CB,
     )
     v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, PART + GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, S, BLOCK_K, WHOLE_CB,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, PART + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
             SXC, S, BLOCK_K, WHOLE_CB,
         )
     else:
         v2 = v1
-    for kb in range(steps):
+    for kb in range(PART, steps, GATHERERS):
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + PREFETCH, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                SXC, S, BLOCK_K, WHOLE_CB,
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + PREFETCH * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, S, BLOCK_K, WHOLE_CB,
             )
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -148,8 +150,8 @@ def _gather_partition(
         else:
             v0 = v1
             v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                SXC, S, BLOCK_K, WHOLE_CB,
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, S, BLOCK_K, WHOLE_CB,
             )
 
 
@@ -185,7 +187,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -207,19 +209,19 @@ def gluon_nchw_kernel(
 
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
-    (acc,) = gl.warp_specialize(
-        [
-            (_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS)),
-            (
-                _gather_partition,
-                (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH),
-            ),
-        ],
-        [GATHER_WARPS],
-        [GATHER_REGS],
-    )
+    # the computing warpgroup (the default partition) and GATHERERS gathering partitions
+    if GATHERERS == 1:
+        (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
+    elif GATHERERS == 2:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
+        )
+    else:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
+            [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
+            [GATHER_REGS, GATHER_REGS, GATHER_REGS],
+        )
 
     # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
     # contiguous channels per thread (16-byte stores)
@@ -231,6 +233,17 @@ def gluon_nchw_kernel(
     acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout
 {coordinates_in_acc}
 {tail}'''
+
+#: The computing partition and its arguments.
+_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS))"
+
+#: A gathering partition and its arguments: partition {part} of {parts}.
+_GATHERER = """(
+                _gather_partition,
+                (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
+                 pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}),
+            )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
 _COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
@@ -254,10 +267,16 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
 """
 
-#: Registers of each thread of the gathering partition, by its warps (tuning.GLUON_NCHW_GATHER_WARPS):
-#: up to three steps' values in flight (128 pixels x 64 channels: 64 a step and thread with 4 warps,
-#: 32 with 8), beside the computing warpgroup's 128 accumulator registers.
-GATHER_REGS = {4: 232, 8: 152}
+#: Registers a thread of the computing warpgroup keeps (128 accumulator registers of a 128 x 128
+#: tile and the epilogue's): the gathering partitions share the rest of the multiprocessor's 64K.
+MMA_REGS = 176
+
+
+def gather_regs(warps: int, gatherers: int) -> int:
+    """Registers of each thread of ``gatherers`` gathering partitions of ``warps`` warps: the
+    multiprocessor's 64K less the computing warpgroup's MMA_REGS, in steps of 8, at most 232."""
+    share = (65536 - 128 * MMA_REGS) // (gatherers * warps * 32)
+    return min(232, share // 8 * 8)
 
 
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -268,9 +287,12 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
+    gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
     return _TEMPLATE.format(
         tail=tail,
         coordinates_in_acc=indent(coordinates["in_acc"].split("\n"), 4),
+        mma=_MMA,
+        **gatherers,
         **fields,
         **gluon_names(),
     )
@@ -417,12 +439,13 @@ class GluonNchwKernel(TritonConvKernel):
             bits,
             tuning.GLUON_NCHW_GATHER_WARPS,
             min(tuning.GLUON_NCHW_GATHER_WARPS, cfg.block_m // 32),  # warps along the pixels
-            GATHER_REGS[tuning.GLUON_NCHW_GATHER_WARPS],
+            gather_regs(tuning.GLUON_NCHW_GATHER_WARPS, tuning.GLUON_NCHW_GATHERERS),
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             c % cfg.block_k == 0,
             strides[5] != 1,  # output channels apart: lanes along the pixels
             tuning.GLUON_NCHW_PREFETCH,
+            tuning.GLUON_NCHW_GATHERERS,
             *flags.values(),
         )
         grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), 1, 1)
