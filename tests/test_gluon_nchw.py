@@ -102,15 +102,32 @@ def test_tiles_fill_half_the_multiprocessors(name, tile):
         )
 
 
-@pytest.mark.parametrize("name, dtype", [("r50_22", "float16"), ("r50_16", "bfloat16"), ("r50_19", "float32")])
-def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype):
-    """Warp-specialized (register reallocations), the weights by one tensor load, the input by
-    plain loads (no asynchronous copies: 2-byte elements), products with one in flight, no spills,
-    within sm_90's shared memory."""
+@pytest.mark.parametrize(
+    "name, dtype, partitions", [("r50_22", "float16", 3), ("r50_16", "bfloat16", 1), ("r50_19", "float32", 1)]
+)
+def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
+    """Warp-specialized (register reallocations), the weights by a tensor load in each gathering
+    partition (three for 64-pixel tiles), the input by plain loads (no asynchronous copies: 2-byte
+    elements), products with one in flight, no spills, within sm_90's shared memory."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "gluon-nchw")
     assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
-    assert info["tensor loads (UTMALDG)"] == 1 and info["async copies (LDGSTS)"] == 0
+    assert info["tensor loads (UTMALDG)"] == partitions and info["async copies (LDGSTS)"] == 0
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_gathering_side_by_the_tile(monkeypatch):
+    """64-pixel tiles: three partitions of 4 warps, a step ahead; 128: one of 8, two ahead; the
+    tuning constants override the table, within the registers (at most 12 gathering warps)."""
+    assert gluon_nchw.gather_partitions(64) == (4, 3, 1)
+    assert gluon_nchw.gather_partitions(128) == (8, 1, 2)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", 2)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", 4)
+    assert gluon_nchw.gather_partitions(128) == (4, 2, 2)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", 8)
+    with pytest.raises(ValueError, match="at most 12 warps"):
+        gluon_nchw.gather_partitions(64)
+    # each thread's share of the registers the computing warpgroup leaves
+    assert gluon_nchw.gather_regs(4, 3) == 112 and gluon_nchw.gather_regs(8, 1) == 168

@@ -500,9 +500,10 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     rng = random.Random(case + precision)
     for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4)), 1)
-        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", rng.choice((4, 8)))
+        warps, parts = rng.choice(((4, 1), (4, 2), (4, 3), (8, 1)))  # at most 12 gathering warps
+        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
+        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", rng.choice((1, 2, 3)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             args = fp.OperatorArgs()

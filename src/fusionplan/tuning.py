@@ -309,16 +309,14 @@ GLUON_NCHW_MIN_PROGRAMS = 64
 #: barriers take the rest of the 227 KB).
 GLUON_NCHW_RING_BYTES = 160 * 1024
 
-#: Warps of gluon-nchw's gathering partition (4 or 8) and how many steps ahead of its stores its
-#: loads run (1 to 3): a step's loads take several products' time to come back from L2, and the
-#: stage's store waits for them.
-GLUON_NCHW_GATHER_WARPS = 8
-GLUON_NCHW_PREFETCH = 2
-
-#: gluon-nchw's gathering partitions (1 to 3), taking the reduction's steps in turn: each stage's
-#: proxy fence waits for the partition's loads in flight, so partitions, not prefetch depth, put
-#: more loads in flight.
-GLUON_NCHW_GATHERERS = 1
+#: gluon-nchw's gathering side, where set (0: by the tile, solvers/gluon_nchw.py GATHER_SHAPES):
+#: warps of a gathering partition (4 or 8), partitions taking the reduction's steps in turn (1 to
+#: 3; each stage's proxy fence waits for its partition's loads in flight, so partitions, not
+#: prefetch depth, put more loads in flight), and how many of its steps ahead a partition's loads
+#: run (1 to 3).
+GLUON_NCHW_GATHER_WARPS = 0
+GLUON_NCHW_GATHERERS = 0
+GLUON_NCHW_PREFETCH = 0
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on

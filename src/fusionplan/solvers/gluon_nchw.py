@@ -271,6 +271,32 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 #: tile and the epilogue's): the gathering partitions share the rest of the multiprocessor's 64K.
 MMA_REGS = 176
 
+#: Gathering warps at most beside the computing warpgroup (16 warps: 8 gathering warps in two
+#: partitions left ptxas 72 registers a thread, too few; 24 failed to launch).
+MAX_GATHER_WARPS = 12
+
+#: The gathering side by the tile's pixels: (warps of a partition, partitions, prefetch steps).
+#: H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay, bench/NOTES.md section 21): 64-pixel tiles
+#: with three partitions of 4 warps, one step ahead: r50_22 44.9 -> 35.7 us, r50_18 62.9 -> 56.7,
+#: r50_21 27.0 -> 22.0; 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64
+#: values a thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
+GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 1)}
+
+
+def gather_partitions(pixels: int) -> tuple[int, int, int]:
+    """(warps of a gathering partition, partitions, prefetch steps) for tiles of ``pixels``:
+    GATHER_SHAPES, or the tuning.GLUON_NCHW_GATHER_WARPS / _GATHERERS / _PREFETCH set (0: the table's)."""
+    warps, parts, prefetch = GATHER_SHAPES[pixels]
+    warps = tuning.GLUON_NCHW_GATHER_WARPS or warps
+    parts = tuning.GLUON_NCHW_GATHERERS or parts
+    prefetch = tuning.GLUON_NCHW_PREFETCH or prefetch
+    if warps * parts > MAX_GATHER_WARPS or parts > 3 or warps not in (4, 8) or prefetch not in (1, 2, 3):
+        raise ValueError(
+            f"gathering side of {parts} partitions of {warps} warps, {prefetch} steps ahead: 4 or 8 warps, "
+            f"1 to 3 partitions, at most {MAX_GATHER_WARPS} warps in all, 1 to 3 steps"
+        )
+    return warps, parts, prefetch
+
 
 def gather_regs(warps: int, gatherers: int) -> int:
     """Registers of each thread of ``gatherers`` gathering partitions of ``warps`` warps: the
@@ -426,6 +452,7 @@ class GluonNchwKernel(TritonConvKernel):
         w_desc = gluon_descriptor(packed, [k, r * s * c], [r * s * c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
+        warps, parts, prefetch = gather_partitions(cfg.block_m)
         consts = (
             strides[1],  # the input's channel stride: fixed by the plan (execute checks the input's strides)
             r,
@@ -437,15 +464,15 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.num_stages,
             swizzle,
             bits,
-            tuning.GLUON_NCHW_GATHER_WARPS,
-            min(tuning.GLUON_NCHW_GATHER_WARPS, cfg.block_m // 32),  # warps along the pixels
-            gather_regs(tuning.GLUON_NCHW_GATHER_WARPS, tuning.GLUON_NCHW_GATHERERS),
+            warps,
+            min(warps, cfg.block_m // 32),  # warps along the pixels
+            gather_regs(warps, parts),
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             c % cfg.block_k == 0,
             strides[5] != 1,  # output channels apart: lanes along the pixels
-            tuning.GLUON_NCHW_PREFETCH,
-            tuning.GLUON_NCHW_GATHERERS,
+            prefetch,
+            parts,
             *flags.values(),
         )
         grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), 1, 1)
