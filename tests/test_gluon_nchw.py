@@ -131,3 +131,13 @@ def test_gathering_side_by_the_tile(monkeypatch):
         gluon_nchw.gather_partitions(64)
     # each thread's share of the registers the computing warpgroup leaves
     assert gluon_nchw.gather_regs(4, 3) == 112 and gluon_nchw.gather_regs(8, 1) == 168
+
+
+@pytest.mark.parametrize(
+    "stages, parts, ring",
+    [(6, 3, (6, 3)), (6, 2, (6, 2)), (5, 3, (4, 2)), (4, 3, (4, 2)), (3, 3, (3, 1)), (2, 2, (2, 1)), (6, 1, (6, 1))],
+)
+def test_each_stage_has_one_gathering_partition(stages, parts, ring):
+    """The ring's stages a multiple of the partitions (a partition filling a stage after another's
+    could pass its one-bit phase wait a round early), two stages or more per partition."""
+    assert gluon_nchw.shared_ring(stages, parts) == ring

@@ -298,6 +298,15 @@ def gather_partitions(pixels: int) -> tuple[int, int, int]:
     return warps, parts, prefetch
 
 
+def shared_ring(stages: int, parts: int) -> tuple[int, int]:
+    """(stages, partitions): the ring's stages a multiple of the gathering partitions, so that each
+    stage has one partition filling it (a barrier's phase is one bit: a partition filling a stage
+    after another's could pass its wait a whole round early), fewer partitions than 2 stages each
+    where the ring is shallow."""
+    parts = max(1, min(parts, stages // 2 if stages >= 4 else 1))
+    return stages - stages % parts, parts
+
+
 def gather_regs(warps: int, gatherers: int) -> int:
     """Registers of each thread of ``gatherers`` gathering partitions of ``warps`` warps: the
     multiprocessor's 64K less the computing warpgroup's MMA_REGS, in steps of 8, at most 232."""
@@ -453,6 +462,7 @@ class GluonNchwKernel(TritonConvKernel):
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
         warps, parts, prefetch = gather_partitions(cfg.block_m)
+        stages, parts = shared_ring(cfg.num_stages, parts)
         consts = (
             strides[1],  # the input's channel stride: fixed by the plan (execute checks the input's strides)
             r,
@@ -461,7 +471,7 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
-            cfg.num_stages,
+            stages,
             swizzle,
             bits,
             warps,
