@@ -61,7 +61,7 @@ def test_why_not_names_what_is_missing():
         ("r50_06", 32, None),
         ("r50_19", 32, None),  # 1x1 on 7x7 planes
         ("r50_21", 32, None),
-        ("r50_02", 32, "output planes of 3136 pixels (> 784 for filters of several taps)"),
+        ("r50_02", 32, "output planes of 3136 pixels (> 784 for several taps)"),
         ("r50_15", 32, "output planes of 196 pixels (> 49 for 1x1 filters)"),
         ("r50_20", 32, "strided 1x1 filters"),  # to 7x7 planes
         ("r50_22", 1, "a grid of 8 programs (< 64)"),  # 49 pixels x 64 channels,
@@ -69,6 +69,14 @@ def test_why_not_names_what_is_missing():
 )
 def test_defers_where_the_other_kernels_measured_faster(name, batch, why):
     found = deferred(layer(name, batch=batch))
+    assert found == why if why is None else why in found
+
+
+@pytest.mark.parametrize(
+    "name, why", [("r50_16", None), ("r50_22", None), ("r50_10", "784 pixels (> 196 for fp32 data)")]
+)
+def test_fp32_data_defers_on_28x28_planes(name, why):
+    found = deferred(layer(name, torch.float32))
     assert found == why if why is None else why in found
 
 

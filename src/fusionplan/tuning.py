@@ -302,6 +302,10 @@ GLUON_WINDOW_RING_BYTES = 160 * 1024
 #: or more (it cannot split a reduction; triton-conv does on small grids).
 GLUON_NCHW = True
 GLUON_NCHW_MAX_PLANE = 784
+#: The same for fp32 data (TF32 products): triton-conv stays faster on 28x28 planes (r50_10 55.8 us
+#: against 61.1, r50_06 82.2 against 83.8), gluon-nchw on 14x14 and 7x7 (r50_16 66.0 -> 55.2, r50_12
+#: 87.1 -> 82.2, r50_22 66.5 -> 57.8, r50_21 41.4 -> 32.1, r50_19 37.9 -> 34.1, r50_18 95.0 -> 92.6).
+GLUON_NCHW_FP32_MAX_PLANE = 196
 GLUON_NCHW_1X1_MAX_PLANE = 49
 GLUON_NCHW_MIN_PROGRAMS = 64
 

@@ -28,6 +28,7 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent
+from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
@@ -369,9 +370,14 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     several = r * s > 1
     if not several and conv.conv.strides != (1, 1):
         return "strided 1x1 filters: triton-conv and triton-gemm-nchw measured faster (r50_20 56.4 us against 65.4)"
-    limit = tuning.GLUON_NCHW_MAX_PLANE if several else tuning.GLUON_NCHW_1X1_MAX_PLANE
+    if not several:
+        limit = tuning.GLUON_NCHW_1X1_MAX_PLANE
+    elif spec.dtype == DataType.FLOAT:
+        limit = tuning.GLUON_NCHW_FP32_MAX_PLANE
+    else:
+        limit = tuning.GLUON_NCHW_MAX_PLANE
     if oh * ow > limit:
-        kind = "filters of several taps" if several else "1x1 filters"
+        kind = "1x1 filters" if not several else "fp32 data" if spec.dtype == DataType.FLOAT else "several taps"
         return (
             f"output planes of {oh * ow} pixels (> {limit} for {kind}): triton-conv's rows of slots and "
             "triton-gemm-nchw's tensor boxes measured faster"
