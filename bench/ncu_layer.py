@@ -5,7 +5,8 @@
         python bench/ncu_layer.py --layer r50_02
 
 Everything is compiled and warmed up first; the profiler range holds exactly one fusionplan
-execute (CBNA-ReLU) and one cuDNN fused conv+bias+ReLU (batch-norm folded), fp16 NHWC.
+execute (CBNA-ReLU) and one cuDNN fused conv+bias+ReLU (batch-norm folded), fp16, NHWC or
+(``--layout NCHW``) NCHW input and output.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ def main() -> None:
     p.add_argument("--layer", default="r50_02")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--solver", default=None, help="force one solver (default: the first applicable)")
+    p.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC")
     a = p.parse_args()
     s = resnet50_layer(a.layer)
-    x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=torch.channels_last)
+    fmt = torch.channels_last if a.layout == "NHWC" else torch.contiguous_format
+    x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=fmt)
     plan = layer_plan(s, x, "CBNA")
     handle = fp.Handle("cuda")
     plan.compile(handle, solver=a.solver)
     args = random_args(plan, "cuda", param_dtype=torch.float32)
-    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
+    y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=fmt)
     cudnn = cudnn_fused(plan, args)
     assert cudnn is not None
     for _ in range(5):
