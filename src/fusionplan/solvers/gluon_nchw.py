@@ -22,12 +22,9 @@ compile it for sm_90).
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
@@ -36,6 +33,7 @@ from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
     gluon_descriptor,
     gluon_dtype_why_not,
+    gluon_epilogue,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
@@ -43,8 +41,6 @@ from fusionplan.solvers.gluon_window import (
 from fusionplan.solvers.triton_conv import (
     TritonConvKernel,
     conv_plan_why_not,
-    epilogue_tail,
-    header_fields,
     triton_cdiv,
 )
 
@@ -317,25 +313,9 @@ def gather_regs(warps: int, gatherers: int) -> int:
 
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    epi = emit_stages(stages, spec.ops)
-    coordinates = {where: _COORDINATES.format(layout=layout) for where, layout in _LAYOUTS}
-    store = _STORE.format(coordinates_in_out=indent(coordinates["in_out"].split("\n"), 4))
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
-    fields = header_fields(spec, stages, epi)
-    fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
-    return _TEMPLATE.format(
-        tail=tail,
-        coordinates_in_acc=indent(coordinates["in_acc"].split("\n"), 4),
-        mma=_MMA,
-        **gatherers,
-        **fields,
-        **gluon_names(),
-    )
-
-
-#: Where the epilogue's pixels and channels are laid out: the accumulator's layout, the stores'.
-_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
+    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    return _TEMPLATE.format(mma=_MMA, **gatherers, **epilogue, **gluon_names())
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:

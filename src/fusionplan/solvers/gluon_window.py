@@ -335,21 +335,24 @@ def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tupl
 
 
 def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names (the
-    generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning)."""
+    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
+    return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
+
+
+def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store: str, depth: int) -> dict:
+    """A Gluon template's epilogue fields: the tile's ``coordinates`` in the accumulator's layout
+    and in the stores' (each indented ``depth`` spaces), the tail (the chain of ``stages``, then
+    ``store``, whose ``{coordinates_in_out}`` takes the stores' coordinates) and the header's
+    fields; the generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning."""
     epi = emit_stages(stages, spec.ops)
-    coordinates = {where: _COORDINATES.format(layout=layout) for where, layout in COORDINATE_LAYOUTS}
-    store = _STORE.format(coordinates_in_out=indent(coordinates["in_out"].split("\n"), 8))
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
+    coords = {
+        f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
+        for where, layout in COORDINATE_LAYOUTS
+    }
+    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"])))
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    return _TEMPLATE.format(
-        tail=tail,
-        coordinates_in_acc=indent(coordinates["in_acc"].split("\n"), 8),
-        coordinates_in_out=indent(coordinates["in_out"].split("\n"), 8),
-        **fields,
-        **gluon_names(),
-    )
+    return {"tail": tail, **coords, **fields}
 
 
 #: Where the epilogue's pixels and channels are laid out: the accumulator's layout, the stores'.
