@@ -57,6 +57,24 @@ def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None,
     assert result.rms_ok, str(result)
 
 
+def check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, context):
+    """Execute ``plan`` on ``x`` with random records (alpha in [0.5, 2]; with a prior, beta in [-1, 1]
+    and a random prior output), the output NaN-filled in ``out_layout``, and compare it with the
+    reference; ``context`` goes into the failure's message."""
+    dtype, _, tol, eps = PRECISIONS[precision]
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        beta = rng.uniform(-1, 1) if with_prior else 0.0
+        args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
+    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
+    y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
+    if out_layout == "NHWC":
+        y = y.to(memory_format=torch.channels_last)
+    plan.execute(handle, x, y, args, prior=prior)
+    result = compare(y, reference_output(plan, x, args, prior), eps)
+    assert result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok, (context, with_prior, result)
+
+
 def input_tensor(shape, dtype, layout):
     x = torch.randn(shape, device="cuda").to(dtype)
     return x.to(memory_format=torch.channels_last) if layout == "NHWC" else x
@@ -425,7 +443,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     n, c, h, w, k, stride = GLUON_GEMM_CASES[case]
-    dtype, tf32, tol, eps = PRECISIONS[precision]
+    dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NHWC")
     conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
     plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
@@ -448,17 +466,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
         for with_prior, programs in variants:
             kernel._repeats._by_records.clear()
             monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
-            args = fp.OperatorArgs()
-            for op in plan.ops:
-                beta = rng.uniform(-1, 1) if with_prior else 0.0
-                args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
-            prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
-            y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
-            y = y.to(memory_format=torch.channels_last)
-            plan.execute(handle, x, y, args, prior=prior)
-            result = compare(y, reference_output(plan, x, args, prior), eps)
-            ok = result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok
-            assert ok, (kernel.config, with_prior, programs, result)
+            check_random_records(plan, handle, x, precision, rng, with_prior, "NHWC", (kernel.config, programs))
 
 
 #: (n, c, h, w, k, r, s, pad, stride, dilation): NCHW planes of 49, 196 and odd sizes, 1x1 and
@@ -489,7 +497,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         (r, s), pads, strides = r, pad, stride
     else:
         pads, strides = (pad, pad), (stride, stride)
-    dtype, tf32, tol, eps = PRECISIONS[precision]
+    dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW")
     conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
@@ -506,19 +514,8 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
-            args = fp.OperatorArgs()
-            for op in plan.ops:
-                beta = rng.uniform(-1, 1) if with_prior else 0.0
-                args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
-            prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
-            y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
-            if out_layout == "NHWC":
-                y = y.to(memory_format=torch.channels_last)
             x.normal_()
-            plan.execute(handle, x, y, args, prior=prior)
-            result = compare(y, reference_output(plan, x, args, prior), eps)
-            ok = result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok
-            assert ok, (kernel.config, out_layout, with_prior, result)
+            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
