@@ -12,7 +12,9 @@ thread holds 8 channels of its pixel and stores them as one 16-byte row piece of
 [pixels, channels] operand, the layout gluon-gemm's TMA boxes leave; the weights' tile of the
 stage comes by TMA. The computing warpgroup is gluon-window's: it waits for each stage, issues its
 wgmma with one product in flight and frees the stage before it, so the gathers of the next stages
-run under the products.
+run under the products. A stage's stores need a proxy fence before wgmma reads them, and the
+fence waits for every load its partition has in flight; so one to three gathering partitions
+take the reduction's steps in turn (gather_partitions), each with its own loads and fences.
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the
@@ -268,8 +270,8 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 #: tile and the epilogue's): the gathering partitions share the rest of the multiprocessor's 64K.
 MMA_REGS = 176
 
-#: Gathering warps at most beside the computing warpgroup (16 warps: 8 gathering warps in two
-#: partitions left ptxas 72 registers a thread, too few; 24 failed to launch).
+#: Gathering warps at most beside the computing warpgroup: the largest side measured (three
+#: partitions of 4); with 24 (three of 8) ptxas had 72 registers a thread and refused to compile.
 MAX_GATHER_WARPS = 12
 
 #: The gathering side by the tile's pixels: (warps of a partition, partitions, prefetch steps).
