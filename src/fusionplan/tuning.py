@@ -291,15 +291,17 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024
 
-#: gluon-nchw (a gathering partition of pointer loads beside gluon-window's computing warpgroup)
+#: gluon-nchw (gathering partitions of pointer loads beside gluon-window's computing warpgroup)
 #: takes NCHW-like input where this is on, on the output planes where it measured faster than
-#: triton-conv and triton-gemm-nchw (H100, fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md,
-#: section 21): filters of several taps on planes of at most GLUON_NCHW_MAX_PLANE output pixels
-#: (r50_16 41.4 -> 32.4 us, r50_12 53.2 -> 43.2, r50_22 58.5 -> 42.6, r50_18 81.3 -> 59.2; not the
-#: 56x56 r50_02: 62.6 against 43.5, where triton-conv reads rows of slots), 1x1 filters on planes of
-#: at most GLUON_NCHW_1X1_MAX_PLANE, stride 1 (r50_21 37.3 -> 21.3, r50_19 24.9 -> 21.6; not the 14x14
-#: ones: r50_15 32.1 against 15.6 for triton-gemm-nchw's tensor boxes; not r50_20), grids of GLUON_NCHW_MIN_PROGRAMS
-#: or more (it cannot split a reduction; triton-conv does on small grids).
+#: triton-conv and triton-gemm-nchw (H100, fp16, batch 32, CBNA, CUDA-graph replay, every solver
+#: forced side by side; bench/NOTES.md section 21, bench/results/2026-11-21-h100-nchw-16/): filters
+#: of several taps on planes of at most GLUON_NCHW_MAX_PLANE output pixels (r50_16 41.4 -> 34.6 us,
+#: r50_12 53.2 -> 47.8, r50_22 58.5 -> 36.9, r50_18 81.3 -> 60.0; not the 56x56 r50_02: 62.6
+#: against 43.5, where triton-conv reads rows of slots), stride-1 1x1 filters on planes of at most
+#: GLUON_NCHW_1X1_MAX_PLANE (r50_21 37.3 -> 21.9, r50_19 24.9 -> 23.1; not the 14x14 ones: r50_15
+#: 32.1 against 15.6 for triton-gemm-nchw's tensor boxes; not the strided r50_20: 65.4 against
+#: 56.4), grids of GLUON_NCHW_MIN_PROGRAMS or more (it cannot split a reduction; triton-conv does
+#: on small grids).
 GLUON_NCHW = True
 GLUON_NCHW_MAX_PLANE = 784
 #: The same for fp32 data (TF32 products): triton-conv stays faster on 28x28 planes (r50_10 55.8 us

@@ -45,6 +45,7 @@ from fusionplan.solvers.triton_conv import (
     conv_plan_why_not,
     triton_cdiv,
 )
+from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor
 
@@ -382,11 +383,21 @@ def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> t
     52), with reduction steps of 128-byte rows and as many stages as tuning.GLUON_NCHW_RING_BYTES
     holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
-    block_k = 128 // size
-    tiles = [(128, 128), (64, 128), (128, 64), (64, 64)]
     pixels, block_n = next(
-        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2), tiles[-1]
+        ((p, n) for p, n in GATHER_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
+        GATHER_TILES[-1],
     )
+    return gather_tile(pixels, block_n, size)
+
+
+#: gluon-nchw's tiles (pixels x output channels), largest first.
+GATHER_TILES = ((128, 128), (64, 128), (128, 64), (64, 64))
+
+
+def gather_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
+    """A tile of ``pixels`` x ``block_n`` for data of ``size`` bytes: reduction steps of 128-byte
+    rows, as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6), one computing warpgroup."""
+    block_k = 128 // size
     stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1)
 
@@ -410,18 +421,10 @@ class GluonNchwKernel(TritonConvKernel):
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the four tiles of gather_config with its stages."""
-        size = self.spec.dtype.torch_dtype.itemsize
-        block_k = 128 // size
-        found = []
-        for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
-            stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
-            found.append(tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1))
-        return found
+        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize) for p, n in GATHER_TILES]
 
     def pack(self, weight: Tensor) -> Tensor:
-        """[K, C, R, S] -> [K, R*S*C]: each output channel's row in (r, s, c) order, the reduction
-        contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
-        return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
+        return pack_rows_rsc(weight)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         c = self.geometry[1]
@@ -473,14 +476,10 @@ class GluonNchwKernel(TritonConvKernel):
             parts,
             *flags.values(),
         )
-        grid = (triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), 1, 1)
+        grid = (self.programs_and_steps(cfg)[0], 1, 1)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
         args = [x, w_desc, out, p, *values, m, c, k, h, w, oh, ow, *runtime_strides, *pads, *dilations, *consts]
         return grid, cfg, args
-
-    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
-        """The input, the output, the prior (pointers; the weights' descriptor is bound)."""
-        return (0, 2, 3)
 
 
 class GluonNchwSolver(Solver):

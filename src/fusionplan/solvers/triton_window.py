@@ -310,6 +310,12 @@ def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
     )
 
 
+def pack_rows_rsc(weight: Tensor) -> Tensor:
+    """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
+    the reduction contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
+    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
+
+
 class TritonWindowKernel(DescriptorConvKernel):
     solver_name = "triton-window"
     stem = "window"
@@ -324,10 +330,7 @@ class TritonWindowKernel(DescriptorConvKernel):
         return window_config(self.spec, interpreter_active())  # the same m, k, c (no groups) and dtype
 
     def pack(self, weight: Tensor) -> Tensor:
-        """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
-        the reduction contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
-        k = weight.shape[0]
-        return weight.permute(0, 2, 3, 1).reshape(k, -1).contiguous()
+        return pack_rows_rsc(weight)
 
     def _windows(self, cfg: tuning.ConvConfig) -> tuple[tuple[int, int, int], int]:
         """The window of ``cfg.block_m`` pixels and how many cover the output (window_tiles)."""
