@@ -507,7 +507,8 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision)
     for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
-        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4)), 1)
+        # rings of 6 stages let three partitions run (shared_ring: two stages or more each)
+        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4, 6)), 1)
         warps, parts = rng.choice(((4, 1), (4, 2), (4, 3), (8, 1)))  # at most 12 gathering warps
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
