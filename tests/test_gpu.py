@@ -531,6 +531,46 @@ def test_gluon_nchw_layers(layer, precision):
     run_and_check(plan, precision, x, "NCHW", solver="gluon-nchw")
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
+def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
+    """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
+    stages), loads 1 to 3 steps ahead, output in planes and channels-last, with and without a prior."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_nchw_regs
+
+    n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
+    if isinstance(r, tuple):  # a filter row: (R, S), pads and strides per dimension
+        (r, s), pads, strides = r, pad, stride
+    else:
+        pads, strides = (pad, pad), (stride, stride)
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-nchw-regs") == "gluon-nchw-regs"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "regs")
+    for pixels, block_n in gluon_nchw_regs.REGS_TILES:
+        monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
+        kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, x.element_size())
+        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
+            kernel._repeats._by_records.clear()
+            x.normal_()
+            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+
+
+@pytest.mark.parametrize("layer", [s for s in LAYERS if s.c > 3], ids=[s.name for s in LAYERS if s.c > 3])
+def test_gluon_nchw_regs_layers(layer):
+    """gluon-nchw-regs on every ResNet-50 layer but the stem, fp16 NCHW input and output, batch 3."""
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
+    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
+    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-nchw-regs")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

@@ -324,6 +324,13 @@ GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
 
+#: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers, no
+#: shared-memory store and no proxy fence): off until measured; its weights ring's stages (16 KB
+#: each at 128 output channels) and how many reduction steps ahead its loads run (1 to 3).
+GLUON_NCHW_REGS = False
+GLUON_NCHW_REGS_STAGES = 4
+GLUON_NCHW_REGS_AHEAD = 2
+
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
 #: gluon-gemm or triton-conv. TF32 bench columns (H100, batch 32, CBNA, every solver forced side by

@@ -15,6 +15,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
+from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
@@ -38,6 +39,7 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
+    GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
