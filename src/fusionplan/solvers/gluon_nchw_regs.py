@@ -71,10 +71,10 @@ def _load_weights(w_desc, w_bufs, ready, k0, kb, steps, num_cb, C, BLOCK_K: gl.c
 
 
 @gluon.jit
-def _operand(v):
-    # The loaded values, handed over where their product runs: without this opaque copy the
-    # compiler packs each channel pair into one register right after the loads (in the step
-    # that issued them), and that packing waits for the loads, undoing the steps ahead.
+def _handed_over(v):
+    # The loaded values, handed over where their step runs: without this opaque copy the compiler
+    # packs them for the stores right after the loads (in the step that issued them), and that
+    # packing waits for the loads, undoing the steps ahead.
     return gl.inline_asm_elementwise("mov.b16 $0, $1;", "=h,h", [v], dtype=v.dtype, is_pure=False, pack=1)
 
 
@@ -87,7 +87,7 @@ def gluon_nchw_regs_kernel(
     pad_h, pad_w, dil_h, dil_w,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    ELEM_BITS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
+    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, AHEAD: gl.constexpr,
     {stage_flags}
 ):
@@ -114,8 +114,11 @@ def gluon_nchw_regs_kernel(
     for i in gl.static_range(NUM_STAGES - 1):
         _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, BLOCK_K, NUM_STAGES)
 
-    offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, a_layout))
-    offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, a_layout))
+    # the loads' layout (gluon-nchw's): lanes along the pixels (a warp's load: 32 neighbouring
+    # pixels of one channel), 8 channels per thread
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
+    offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
+    offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
     m_mask = offs_m < M
     if IDX64:  # offsets of inputs past 2^31 elements
         offs_m = offs_m.to(gl.int64)
@@ -125,9 +128,14 @@ def gluon_nchw_regs_kernel(
     ih0 = (pix // OW) * STR_H - pad_h
     iw0 = (pix % OW) * STR_W - pad_w
     base = (offs_m // ohw) * sxn
+    # The loaded values change layout through two shared-memory buffers (stores, a barrier of the
+    # warps, matrix loads): generic-proxy traffic that needs no proxy fence, so no wait for the
+    # loads of the steps ahead.
+    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
+    a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2, PIXELS, BLOCK_K], flat)
 
     acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
-    # v0: the operand of this step's product; v1, v2: of the next steps, in flight (AHEAD of them)
+    # v0: the values of this step's product; v1, v2: of the next steps, in flight (AHEAD of them)
     v0 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S, BLOCK_K,
         WHOLE_CB,
@@ -143,16 +151,20 @@ def gluon_nchw_regs_kernel(
         )
     else:
         v2 = v1
-    held = v0  # the operand of the product in flight: kept until the wait that ends it
+    held = gl.zeros((PIXELS, BLOCK_K), x_ptr.dtype.element_ty, a_layout)  # the operand of the product in flight
     for kb in range(steps):
         if AHEAD > 1:
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
                 SXC, S, BLOCK_K, WHOLE_CB,
             )
+        buf = a_bufs.index(kb % 2)
+        buf.store(_handed_over(v0))
+        {thread_barrier}()  # every warp's stores, before any reads them (and, with two buffers, every
+        # warp's reads of step kb - 1's buffer before step kb + 1 stores into it)
+        a = buf.load(a_layout)
         stage = kb % NUM_STAGES
         mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
-        a = _operand(v0)
         acc = warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         acc, held = warpgroup_mma_wait(num_outstanding=1, deps=[acc, held])
         # the product of step kb - 1 has finished: its stage takes step kb - 1 + NUM_STAGES
@@ -189,23 +201,23 @@ def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     return _TEMPLATE.format(gather_step=GATHER_STEP, **epilogue, **gluon_names())
 
 
-#: Tiles (pixels x output channels), largest first; one warpgroup computes a tile.
+#: Tiles (pixels x output channels), largest first.
 REGS_TILES = ((128, 128), (64, 128), (64, 64))
 
 
 def regs_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
     """A tile of ``pixels`` x ``block_n`` for 16-bit data: reduction steps of 128-byte rows (64
-    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages, one warpgroup."""
+    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages, a warp per 16 pixels (one
+    warpgroup per 64)."""
     block_k = 128 // size
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, tuning.GLUON_NCHW_REGS_STAGES, 1)
+    return tuning.ConvConfig(pixels, block_n, block_k, 8, pixels // 16, tuning.GLUON_NCHW_REGS_STAGES, 1)
 
 
 def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The largest tile whose grid fills the multiprocessors twice (two programs each), the smallest
-    otherwise."""
+    """The largest tile whose grid still fills half the multiprocessors, the smallest otherwise."""
     size = torch.empty((), dtype=dtype).element_size()
     pixels, block_n = next(
-        ((p, n) for p, n in REGS_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= 2 * multiprocessors),
+        ((p, n) for p, n in REGS_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         REGS_TILES[-1],
     )
     return regs_tile(pixels, block_n, size)
@@ -270,7 +282,9 @@ class GluonNchwRegsKernel(GluonNchwKernel):
             cfg.block_n,
             cfg.block_k,
             cfg.num_stages,
+            swizzle,
             bits,
+            min(cfg.num_warps, cfg.block_m // 32),  # warps along the pixels
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             c % cfg.block_k == 0,
