@@ -87,7 +87,8 @@ def gluon_nchw_regs_kernel(
     pad_h, pad_w, dil_h, dil_w,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
+    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, AHEAD: gl.constexpr,
     {stage_flags}
 ):
