@@ -326,7 +326,7 @@ GLUON_NCHW_PREFETCH = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers, no
 #: shared-memory store read by wgmma and no proxy fence): off until measured; its weights ring's
-#: stages (16 KB each at 128 output channels, 3 or more: the weights run stages - 2 steps ahead)
+#: stages (16 KB each at 128 output channels, 2 or more: the weights run stages - 1 steps ahead)
 #: and how many reduction steps ahead its loads run (1 to 3).
 GLUON_NCHW_REGS = False
 GLUON_NCHW_REGS_STAGES = 6

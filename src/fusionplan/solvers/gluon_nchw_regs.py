@@ -112,7 +112,7 @@ def gluon_nchw_regs_kernel(
 
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
-    for i in gl.static_range(NUM_STAGES - 2):
+    for i in gl.static_range(NUM_STAGES - 1):
         _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, BLOCK_K, NUM_STAGES)
 
     # the loads' layout (gluon-nchw's): lanes along the pixels (a warp's load: 32 neighbouring
@@ -136,43 +136,54 @@ def gluon_nchw_regs_kernel(
     a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2, PIXELS, BLOCK_K], flat)
 
     acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
-    # v0: the values of this step's product; v1, v2: of the next steps, in flight (AHEAD of them)
-    v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S, BLOCK_K,
-        WHOLE_CB,
+    a_bufs.index(0).store(
+        _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
+            BLOCK_K, WHOLE_CB,
+        )
     )
-    v1 = _gather_step(
+    # v0: the values of the next step, to store during this one's product; v1, v2: of the steps
+    # after it, in flight (AHEAD steps of loads in all)
+    v0 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S, BLOCK_K,
         WHOLE_CB,
     )
-    if AHEAD > 2:
-        v2 = _gather_step(
+    if AHEAD > 1:
+        v1 = _gather_step(
             x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
             BLOCK_K, WHOLE_CB,
         )
     else:
+        v1 = v0
+    if AHEAD > 2:
+        v2 = _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
+            BLOCK_K, WHOLE_CB,
+        )
+    else:
         v2 = v1
-    held = gl.zeros((PIXELS, BLOCK_K), x_ptr.dtype.element_ty, a_layout)  # the operand of the product in flight
+    {thread_barrier}()
     for kb in range(steps):
-        if AHEAD > 1:
-            v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                SXC, S, BLOCK_K, WHOLE_CB,
-            )
-        buf = a_bufs.index(kb % 2)
-        buf.store(_handed_over(v0))
-        # Every warp's stores, before any reads them (and, with two buffers, every warp's reads of
-        # step kb - 1's buffer before step kb + 1 stores into it); every warpgroup has passed step
-        # kb - 1's wait, so the product of step kb - 2 has finished on all: its stage takes step
-        # kb - 2 + NUM_STAGES.
-        {thread_barrier}()
-        _load_weights(w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 2, steps, num_cb, C, BLOCK_K, NUM_STAGES)
-        a = buf.load(a_layout)
+        a = a_bufs.index(kb % 2).load(a_layout)
         stage = kb % NUM_STAGES
         mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
         acc = warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
-        acc, held = warpgroup_mma_wait(num_outstanding=1, deps=[acc, held])
-        held = a
+        # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
+        if AHEAD > 1:
+            v3 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                dil_w, SXC, S, BLOCK_K, WHOLE_CB,
+            )
+        a_bufs.index((kb + 1) % 2).store(_handed_over(v0))
+        # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
+        # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
+        # so its weights' stage takes step kb - 1 + NUM_STAGES.
+        {thread_barrier}()
+        _load_weights(w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, BLOCK_K, NUM_STAGES)
+        # The product reads its operand's registers until it finishes, and the next step's matrix
+        # loads may take the same registers (the operand is not live past its product as the
+        # compiler sees it): one product at a time, overlapping the loads and stores above.
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         if AHEAD > 2:
             v0 = v1
             v1 = v2
@@ -181,12 +192,10 @@ def gluon_nchw_regs_kernel(
             v0 = v1
             v1 = v3
         else:
-            v0 = v1
-            v1 = _gather_step(
+            v0 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
                 SXC, S, BLOCK_K, WHOLE_CB,
             )
-    acc, held = warpgroup_mma_wait(num_outstanding=0, deps=[acc, held])
 
     # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
     # contiguous channels per thread (16-byte stores)
@@ -219,10 +228,10 @@ def regs_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
 
 
 def ring_stages(stages: int) -> int:
-    """``stages``, checked: a stage is refilled two steps after its product was issued (when every
-    warpgroup has waited for it), so a ring holds 3 stages at least."""
-    if stages < 3:
-        raise ValueError(f"a weights ring of {stages} stages: gluon-nchw-regs needs 3 or more")
+    """``stages``, checked: 2 or more (a stage is refilled once every warpgroup has waited for its
+    product, while the next stage's product runs)."""
+    if stages < 2:
+        raise ValueError(f"a weights ring of {stages} stages: gluon-nchw-regs needs 2 or more")
     return stages
 
 
