@@ -552,10 +552,10 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     assert plan.compile(handle, solver="gluon-nchw-regs") == "gluon-nchw-regs"
     kernel = plan._entry(handle).kernel
     rng = random.Random(case + precision + "regs")
-    for pixels, block_n in gluon_nchw_regs.REGS_TILES:
+    for pixels, block_n, warps in gluon_nchw_regs.REGS_TILES:
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
-        kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, x.element_size())
+        kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size())
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             x.normal_()

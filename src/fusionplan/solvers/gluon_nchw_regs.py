@@ -99,8 +99,11 @@ def gluon_nchw_regs_kernel(
     k0 = (pid % n_tiles) * BLOCK_N
     m0 = (pid // n_tiles) * PIXELS
 
+    # a warp per 16 pixels, warpgroups side by side along the output channels (each loads the
+    # whole input operand from shared memory)
+    warps_n: gl.constexpr = gl.num_warps() * 16 // PIXELS
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 256 // ELEM_BITS]
+        version=[3, 0], warps_per_cta=[PIXELS // 16, warps_n], instr_shape=[16, BLOCK_N // warps_n, 256 // ELEM_BITS]
     )
     # wgmma's register operand: a thread holds pixels lane // 4 (+ 8) and channel pairs lane % 4
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=32 // ELEM_BITS)
@@ -213,18 +216,18 @@ def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     return _TEMPLATE.format(gather_step=GATHER_STEP, **epilogue, **gluon_names())
 
 
-#: Tiles (pixels x output channels) in order of preference: 64 x 128 measured fastest on every
+#: Tiles (pixels x output channels, warps) in order of preference: 64 x 128 measured fastest on every
 #: layer tried (H100, fp16, batch 32: r50_16 31.3 us against 37.9 for 128 x 128 and 40.9 for 64 x
 #: 64, r50_22 40.3 / 72.6 / 51.4, r50_18 57.7 / 96.9 / 86.7, r50_10 31.8 / 39.5 / 39.8).
-REGS_TILES = ((64, 128), (64, 64), (128, 128))
+REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
 
 
-def regs_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
-    """A tile of ``pixels`` x ``block_n`` for 16-bit data: reduction steps of 128-byte rows (64
-    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages, a warp per 16 pixels (one
-    warpgroup per 64)."""
+def regs_tile(pixels: int, block_n: int, warps: int, size: int) -> tuning.ConvConfig:
+    """A tile of ``pixels`` x ``block_n`` for 16-bit data computed by ``warps`` warps (a warp per 16
+    pixels, one or two warpgroups along the output channels): reduction steps of 128-byte rows (64
+    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages."""
     block_k = 128 // size
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, pixels // 16, ring_stages(tuning.GLUON_NCHW_REGS_STAGES), 1)
+    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, ring_stages(tuning.GLUON_NCHW_REGS_STAGES), 1)
 
 
 def ring_stages(stages: int) -> int:
@@ -238,11 +241,11 @@ def ring_stages(stages: int) -> int:
 def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
     """The first tile of REGS_TILES whose grid still fills half the multiprocessors, the last otherwise."""
     size = torch.empty((), dtype=dtype).element_size()
-    pixels, block_n = next(
-        ((p, n) for p, n in REGS_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
+    pixels, block_n, warps = next(
+        ((p, n, w) for p, n, w in REGS_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         REGS_TILES[-1],
     )
-    return regs_tile(pixels, block_n, size)
+    return regs_tile(pixels, block_n, warps, size)
 
 
 def regs_dtype_why_not(spec: PlanSpec) -> str | None:
@@ -273,7 +276,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
-        return [regs_tile(p, n, self.spec.dtype.torch_dtype.itemsize) for p, n in REGS_TILES]
+        return [regs_tile(p, n, w, self.spec.dtype.torch_dtype.itemsize) for p, n, w in REGS_TILES]
 
     def _launch_args(
         self,
