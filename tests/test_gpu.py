@@ -489,7 +489,7 @@ GLUON_NCHW_CASES = {
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (128 and 64 pixels by 128 and 64 output
     channels, random ring depths, one to three gathering partitions of 4 or 8 warps, loads 1 to 3
-    steps ahead), output in planes and channels-last, with and without a prior."""
+    steps ahead, either reduction order), output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
 
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
@@ -513,6 +513,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             x.normal_()
@@ -535,7 +536,8 @@ def test_gluon_nchw_layers(layer, precision):
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
-    stages), loads 1 to 3 steps ahead, output in planes and channels-last, with and without a prior."""
+    stages), loads 1 to 3 steps ahead, either reduction order, output in planes and channels-last, with
+    and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw_regs
 
@@ -555,6 +557,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     for pixels, block_n, warps in gluon_nchw_regs.REGS_TILES:
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size())
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()

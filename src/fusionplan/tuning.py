@@ -324,6 +324,11 @@ GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
 
+#: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
+#: after another (their shifted reads of the same input lines meet in L1), rather than the channel
+#: blocks of a tap (off until measured).
+GLUON_NCHW_TAPS_INNER = False
+
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers, no
 #: shared-memory store read by wgmma and no proxy fence): off until measured; its weights ring's
 #: stages (16 KB each at 128 output channels, 2 or more: the weights run stages - 1 steps ahead)

@@ -52,15 +52,34 @@ Tensor = torch.Tensor
 #: One reduction step's input operand, gathered in the layout of its pointers (both gluon-nchw
 #: kernels).
 GATHER_STEP = """@gluon.jit
+def _tap_and_block(kb, num_cb, TAPS: gl.constexpr, TAPS_INNER: gl.constexpr):
+    # Step kb's filter tap and channel block: the taps of a channel block one after another
+    # (TAPS_INNER: their shifted reads of the same input lines meet in L1), or the channel blocks
+    # of a tap.
+    if TAPS_INNER:
+        return kb % TAPS, kb // TAPS
+    else:
+        return kb // num_cb, kb % num_cb
+
+
+@gluon.jit
+def _weights_column(kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr, TAPS_INNER: gl.constexpr):
+    # step kb's first column of the packed weights ([K, R*S*C], a tap's C channels after another's)
+    t, cb = _tap_and_block(kb, num_cb, TAPS, TAPS_INNER)
+    return t * C + cb * BLOCK_K
+
+
+@gluon.jit
 def _gather_step(
     x_ptr, base, ih0, iw0, m_mask, offs_c, kb, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-    SXC: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, WHOLE_CB: gl.constexpr,
+    SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, WHOLE_CB: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
 ):
     # Step kb's [pixels, BLOCK_K] operand (zeros past the last step): its tap's input pixels, each
     # thread's channels of its pixel one address and constant offsets (SXC, the channel stride, is
     # a constant of the plan: immediates of the loads).
-    t = kb // num_cb
-    c0 = (kb % num_cb) * BLOCK_K
+    t, cb = _tap_and_block(kb, num_cb, R * S, TAPS_INNER)
+    c0 = cb * BLOCK_K
     ih = ih0 + (t // S) * dil_h
     iw = iw0 + (t % S) * dil_w
     inside = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (kb < steps)
@@ -91,9 +110,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
     m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
-    SXC: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr, WHOLE_CB: gl.constexpr,
-    PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
+    SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
+    PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
+    WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -116,16 +136,16 @@ def _gather_partition(
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, PART, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-        SXC, S, BLOCK_K, WHOLE_CB,
+        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     v1 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, PART + GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-        SXC, S, BLOCK_K, WHOLE_CB,
+        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
             x_ptr, base, ih0, iw0, m_mask, offs_c, PART + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-            SXC, S, BLOCK_K, WHOLE_CB,
+            SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
@@ -133,7 +153,7 @@ def _gather_partition(
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + PREFETCH * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, S, BLOCK_K, WHOLE_CB,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -142,7 +162,7 @@ def _gather_partition(
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
         {thread_barrier}()  # every gathering warp's stores, before the stage is announced
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, (kb // num_cb) * C + (kb % num_cb) * BLOCK_K], ready.index(stage),
+        {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)], ready.index(stage),
                    w_bufs.index(stage))
         if PREFETCH > 2:
             v0 = v1
@@ -155,7 +175,7 @@ def _gather_partition(
             v0 = v1
             v1 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, S, BLOCK_K, WHOLE_CB,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
 
 
@@ -191,7 +211,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -245,8 +265,8 @@ _MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, 
 _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}),
+                 pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -478,6 +498,7 @@ class GluonNchwKernel(TritonConvKernel):
             strides[5] != 1,  # output channels apart: lanes along the pixels
             prefetch,
             parts,
+            tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
         grid = (self.programs_and_steps(cfg)[0], 1, 1)

@@ -61,12 +61,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 {gather_step}@gluon.jit
-def _load_weights(w_desc, w_bufs, ready, k0, kb, steps, num_cb, C, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    # step kb's [BLOCK_N, BLOCK_K] weights (tap kb // num_cb, its channel block) into its stage
+def _load_weights(
+    w_desc, w_bufs, ready, k0, kb, steps, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+):
+    # step kb's [BLOCK_N, BLOCK_K] weights (its tap's, its channel block's) into its stage
     stage = kb % NUM_STAGES
     live = kb < steps
     mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes, pred=live)
-    {tma_load}(w_desc, [k0, (kb // num_cb) * C + (kb % num_cb) * BLOCK_K], ready.index(stage),
+    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)], ready.index(stage),
                w_bufs.index(stage), pred=live)
 
 
@@ -89,7 +92,7 @@ def gluon_nchw_regs_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, AHEAD: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, AHEAD: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -116,7 +119,7 @@ def gluon_nchw_regs_kernel(
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
     for i in gl.static_range(NUM_STAGES - 1):
-        _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, BLOCK_K, NUM_STAGES)
+        _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES, TAPS_INNER)
 
     # the loads' layout (gluon-nchw's): lanes along the pixels (a warp's load: 32 neighbouring
     # pixels of one channel), 8 channels per thread
@@ -141,27 +144,27 @@ def gluon_nchw_regs_kernel(
     acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
     a_bufs.index(0).store(
         _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
-            BLOCK_K, WHOLE_CB,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+            BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     )
     # v0: the values of the next step, to store during this one's product; v1, v2: of the steps
     # after it, in flight (AHEAD steps of loads in all)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S, BLOCK_K,
-        WHOLE_CB,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+        BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if AHEAD > 1:
         v1 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
-            BLOCK_K, WHOLE_CB,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+            BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v1 = v0
     if AHEAD > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, S,
-            BLOCK_K, WHOLE_CB,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+            BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
@@ -175,14 +178,16 @@ def gluon_nchw_regs_kernel(
         if AHEAD > 1:
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                dil_w, SXC, S, BLOCK_K, WHOLE_CB,
+                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
         a_bufs.index((kb + 1) % 2).store(_handed_over(v0))
         # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
         # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
         # so its weights' stage takes step kb - 1 + NUM_STAGES.
         {thread_barrier}()
-        _load_weights(w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, BLOCK_K, NUM_STAGES)
+        _load_weights(
+            w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES, TAPS_INNER
+        )
         # The product reads its operand's registers until it finishes, and the next step's matrix
         # loads may take the same registers (the operand is not live past its product as the
         # compiler sees it): one product at a time, overlapping the loads and stores above.
@@ -197,7 +202,7 @@ def gluon_nchw_regs_kernel(
         else:
             v0 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                SXC, S, BLOCK_K, WHOLE_CB,
+                SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
 
     # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
@@ -315,6 +320,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
             c % cfg.block_k == 0,
             strides[5] != 1,  # output channels apart: lanes along the pixels
             tuning.GLUON_NCHW_REGS_AHEAD,
+            tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
         grid = (self.programs_and_steps(cfg)[0], 1, 1)
