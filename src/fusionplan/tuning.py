@@ -326,15 +326,23 @@ GLUON_NCHW_PREFETCH = 0
 
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
-#: blocks of a tap (off until measured).
-GLUON_NCHW_TAPS_INNER = False
+#: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):
+#: gluon-nchw r50_18 57.1 -> 45.9 us, r50_12 48.1 -> 46.4, r50_16 34.4 -> 33.5, r50_22 35.7 / 36.1;
+#: gluon-nchw-regs r50_10 33.1 -> 30.3, r50_06 53.1 -> 49.4, r50_22 44.8 -> 40.5.
+GLUON_NCHW_TAPS_INNER = True
 
-#: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers, no
-#: shared-memory store read by wgmma and no proxy fence): off until measured; its weights ring's
-#: stages (16 KB each at 128 output channels, 2 or more: the weights run stages - 1 steps ahead)
-#: and how many reduction steps ahead its loads run (1 to 3).
-GLUON_NCHW_REGS = False
-GLUON_NCHW_REGS_STAGES = 6
+#: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
+#: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
+#: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->
+#: 30.3 us, r50_06 53.6 -> 49.4 (H100, fp16, batch 32, taps inner); gluon-nchw stays faster on the
+#: 14x14 and 7x7 planes (r50_18 45.9 against 58.1, r50_22 36.1 / 40.5, r50_12 46.4 / 47.7) and
+#: on 1x1 filters (r50_21 21.7 / 31.1).
+GLUON_NCHW_REGS = True
+GLUON_NCHW_REGS_MIN_PLANE = 784
+#: Its weights ring's stages (16 KB each at 128 output channels, 2 or more: the weights run
+#: stages - 1 steps ahead; 3, 4, 6 measured within 2 %) and how many reduction steps ahead its
+#: loads run (1 to 3; within 3 % of one another).
+GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,

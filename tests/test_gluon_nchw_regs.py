@@ -1,0 +1,88 @@
+"""gluon-nchw-regs without a GPU: which plans it takes and why not, where it defers to gluon-nchw,
+the tiles it picks, and its generated kernel compiled for sm_90 with Triton's own ptxas
+(tests/test_gpu.py runs it)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan import tuning
+
+from .test_gluon_nchw import layer, odd_plan
+from .util import compile_sm90, layer_build
+
+pytest.importorskip("triton")
+regs = pytest.importorskip("fusionplan.solvers.gluon_nchw_regs")
+if regs.gluon_why_not():
+    pytest.skip(regs.gluon_why_not(), allow_module_level=True)
+
+H100_SMS = 132
+
+
+def reason(plan, tf32: bool = True) -> str | None:
+    return next(v for v in plan.explain(fp.Handle("cpu", allow_tf32=tf32)) if v.solver == "gluon-nchw-regs").reason
+
+
+def deferred(plan) -> str | None:
+    return regs.GluonNchwRegsSolver().defer_why(plan.spec(), fp.Handle("cpu"))
+
+
+def test_why_not_names_what_is_missing():
+    assert "needs a Hopper GPU" in reason(layer("r50_10"))  # the plan fits: only the device is missing
+    assert "needs a Hopper GPU" in reason(layer("r50_10", torch.bfloat16))
+    assert "FLOAT data: the register operand is written for 16-bit data" in reason(layer("r50_10", torch.float32))
+    assert "grouped convolutions (groups=2)" in reason(odd_plan(32, 3, groups=2))
+    assert "whole 16-byte units" in reason(odd_plan(3, 3))
+
+
+@pytest.mark.parametrize(
+    "name, why",
+    [
+        ("r50_10", None),  # 28x28 output planes, 3x3
+        ("r50_06", None),  # strided to 28x28
+        ("r50_16", "output planes of 196 pixels (< 784)"),
+        ("r50_22", "output planes of 49 pixels (< 784)"),
+        ("r50_21", "1x1 filters"),
+        ("r50_02", "output planes of 3136 pixels (> 784 for several taps)"),  # gluon-nchw's own limit
+    ],
+)
+def test_defers_where_gluon_nchw_measured_faster(name, why):
+    found = deferred(layer(name))
+    assert found == why if why is None else why in found
+
+
+def test_takes_the_28x28_layers_by_default():
+    plan = layer("r50_10")
+    verdicts = {v.solver: v for v in plan.explain(fp.Handle("cpu"))}
+    assert verdicts["gluon-nchw-regs"].reason and "Hopper" in verdicts["gluon-nchw-regs"].reason
+    assert deferred(plan) is None and deferred(layer("r50_10", layout="NHWC"))  # channels-last: tensor boxes
+
+
+def test_off_switch(monkeypatch):
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS", False)
+    assert "off (tuning.GLUON_NCHW_REGS)" in deferred(layer("r50_10"))
+
+
+def test_tiles_and_rings():
+    # r50_10: 25088 pixels x 128 channels -> 392 programs of 64 x 128, two warpgroups
+    cfg = regs.regs_config(25088, 128, torch.float16, H100_SMS)
+    assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps) == (64, 128, 64, 8)
+    assert cfg.num_stages == tuning.GLUON_NCHW_REGS_STAGES
+    # a grid below half the multiprocessors takes the last tile
+    cfg = regs.regs_config(64, 64, torch.float16, H100_SMS)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == regs.REGS_TILES[-1]
+    with pytest.raises(ValueError, match="2 or more"):
+        regs.ring_stages(1)
+
+
+@pytest.mark.parametrize("taps_inner", [True, False])
+def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
+    """In either reduction order: the product reads the input operand from registers (matrix loads
+    from the layout-change buffers, no wgmma of a shared input tile), weights by TMA, global loads,
+    no spills, one product in flight (the registers it reads are not kept past it)."""
+    build = f"fp.tuning.GLUON_NCHW_TAPS_INNER = {taps_inner}\n" + layer_build("r50_10", "float16", layout="NCHW")
+    info = compile_sm90(build, "gluon-nchw-regs")
+    assert info["HGMMA"] >= 4 and info["LDSM (operand through registers)"] >= 4
+    assert info["tensor loads (UTMALDG)"] >= 2 and info["async copies (LDGSTS)"] == 0
+    assert info["wgmma waits (outstanding groups allowed)"] == ["0x0"]
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
