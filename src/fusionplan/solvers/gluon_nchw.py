@@ -210,8 +210,9 @@ def gluon_nchw_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
-    GATHER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, TAPS_INNER: gl.constexpr,
+    GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -469,6 +470,31 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
+        warps, parts, prefetch = gather_partitions(cfg.block_m)
+        stages, parts = shared_ring(cfg.num_stages, parts)
+        # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions
+        own = (warps, min(warps, cfg.block_m // 32), gather_regs(warps, parts), prefetch, parts)
+        return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
+
+    def gather_launch(
+        self,
+        cfg: tuning.ConvConfig,
+        stages: int,
+        own: tuple,
+        x: Tensor,
+        packed: Tensor,
+        out: Tensor,
+        p: Tensor,
+        values: list,
+        flags: dict[str, bool],
+        has_prior: bool,
+        strides: tuple[int, ...] | None,
+        idx64: bool | None,
+    ) -> tuple[tuple[int, int, int], tuple, list]:
+        """A gather kernel's launch (this one's and gluon-nchw-regs'): the weights' descriptor, the
+        shapes and strides, then the constants in the templates' order: the plan's and the tile's
+        (``stages`` in the ring), the kernel's ``own``, the index width, prior, whole channel
+        blocks, output layout, reduction order and the chain's flags."""
         m, c, k, h, w, oh, ow = self.geometry
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
@@ -476,8 +502,6 @@ class GluonNchwKernel(TritonConvKernel):
         w_desc = gluon_descriptor(packed, [k, r * s * c], [r * s * c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
-        warps, parts, prefetch = gather_partitions(cfg.block_m)
-        stages, parts = shared_ring(cfg.num_stages, parts)
         consts = (
             strides[1],  # the input's channel stride: fixed by the plan (execute checks the input's strides)
             r,
@@ -489,15 +513,11 @@ class GluonNchwKernel(TritonConvKernel):
             stages,
             swizzle,
             bits,
-            warps,
-            min(warps, cfg.block_m // 32),  # warps along the pixels
-            gather_regs(warps, parts),
+            *own,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             c % cfg.block_k == 0,
             strides[5] != 1,  # output channels apart: lanes along the pixels
-            prefetch,
-            parts,
             tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )

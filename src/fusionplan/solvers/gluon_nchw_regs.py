@@ -25,7 +25,6 @@ import torch
 from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_nchw import (
@@ -37,7 +36,6 @@ from fusionplan.solvers.gluon_nchw import (
     gather_why_not,
 )
 from fusionplan.solvers.gluon_window import (
-    gluon_descriptor,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
@@ -90,9 +88,9 @@ def gluon_nchw_regs_kernel(
     pad_h, pad_w, dil_h, dil_w,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, AHEAD: gl.constexpr, TAPS_INNER: gl.constexpr,
+    SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -311,37 +309,9 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        m, c, k, h, w, oh, ow = self.geometry
-        r, s = self.conv.w_desc.dims[2:]
-        bits = x.element_size() * 8
-        swizzle = min(128, cfg.block_k * bits // 8)
-        w_desc = gluon_descriptor(packed, [k, r * s * c], [r * s * c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
-        strides = strides or (*x.stride(), *out.stride(), *p.stride())
-        pads, conv_strides, dilations = self.conv_args[:2], self.conv_args[2:4], self.conv_args[4:]
-        consts = (
-            strides[1],  # the input's channel stride: fixed by the plan (execute checks the input's strides)
-            r,
-            s,
-            *conv_strides,
-            cfg.block_m,
-            cfg.block_n,
-            cfg.block_k,
-            ring_stages(cfg.num_stages),
-            swizzle,
-            bits,
-            min(cfg.num_warps, cfg.block_m // 32),  # warps along the pixels
-            needs_int64(x, out, p) if idx64 is None else idx64,
-            has_prior,
-            c % cfg.block_k == 0,
-            strides[5] != 1,  # output channels apart: lanes along the pixels
-            tuning.GLUON_NCHW_REGS_AHEAD,
-            tuning.GLUON_NCHW_TAPS_INNER,
-            *flags.values(),
-        )
-        grid = (self.programs_and_steps(cfg)[0], 1, 1)
-        runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
-        args = [x, w_desc, out, p, *values, m, c, k, h, w, oh, ow, *runtime_strides, *pads, *dilations, *consts]
-        return grid, cfg, args
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD)  # warps along the pixels
+        stages = ring_stages(cfg.num_stages)
+        return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
 
 class GluonNchwRegsSolver(Solver):
