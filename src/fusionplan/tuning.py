@@ -328,7 +328,8 @@ GLUON_NCHW_PREFETCH = 0
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
 #: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):
 #: gluon-nchw r50_18 57.1 -> 45.9 us, r50_12 48.1 -> 46.4, r50_16 34.4 -> 33.5, r50_22 35.7 / 36.1;
-#: gluon-nchw-regs r50_10 33.1 -> 30.3, r50_06 53.1 -> 49.4, r50_22 44.8 -> 40.5.
+#: gluon-nchw-regs r50_10 33.1 -> 30.3, r50_06 53.1 -> 49.4, r50_22 44.8 -> 40.5; TF32 on gluon-nchw
+#: r50_18 92.5 -> 75.8, r50_16 55.3 -> 49.0, r50_22 57.5 -> 53.2.
 GLUON_NCHW_TAPS_INNER = True
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
