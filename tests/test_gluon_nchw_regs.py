@@ -68,9 +68,14 @@ def test_tiles_and_rings():
     cfg = regs.regs_config(25088, 128, torch.float16, H100_SMS)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps) == (64, 128, 64, 8)
     assert cfg.num_stages == tuning.GLUON_NCHW_REGS_STAGES
-    # a grid below half the multiprocessors takes the last tile
-    cfg = regs.regs_config(64, 64, torch.float16, H100_SMS)
+    # 64 output channels: a 64-channel tile (r50_02: 100352 pixels)
+    cfg = regs.regs_config(100352, 64, torch.float16, H100_SMS)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (64, 64, 4)
+    # a grid below half the multiprocessors takes the last tile that fits
+    cfg = regs.regs_config(64, 256, torch.float16, H100_SMS)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps) == regs.REGS_TILES[-1]
+    cfg = regs.regs_config(64, 64, torch.float16, H100_SMS)
+    assert (cfg.block_m, cfg.block_n) == (64, 64)
     with pytest.raises(ValueError, match="2 or more"):
         regs.ring_stages(1)
 

@@ -242,11 +242,14 @@ def ring_stages(stages: int) -> int:
 
 
 def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The first tile of REGS_TILES whose grid still fills half the multiprocessors, the last otherwise."""
+    """The first tile of REGS_TILES no wider than the output channels need (64 of them: a 64-channel
+    tile; r50_02 40.3 us against 79.1 for 64 x 128) whose grid still fills half the
+    multiprocessors, the last otherwise."""
     size = torch.empty((), dtype=dtype).element_size()
+    tiles = [t for t in REGS_TILES if t[1] <= max(64, k)] or list(REGS_TILES)
     pixels, block_n, warps = next(
-        ((p, n, w) for p, n, w in REGS_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
-        REGS_TILES[-1],
+        ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
+        tiles[-1],
     )
     return regs_tile(pixels, block_n, warps, size)
 
