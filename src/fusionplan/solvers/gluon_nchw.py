@@ -49,8 +49,8 @@ from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor
 
-#: One reduction step's input operand, gathered in the layout of its pointers (both gluon-nchw
-#: kernels).
+#: A tile's gathered pixels and one reduction step's input operand, gathered in the layout of
+#: its pointers (both gluon-nchw kernels).
 GATHER_STEP = """@gluon.jit
 def _tap_and_block(kb, num_cb, TAPS: gl.constexpr, TAPS_INNER: gl.constexpr):
     # Step kb's filter tap and channel block: the taps of a channel block one after another
@@ -67,6 +67,27 @@ def _weights_column(kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr, TA
     # step kb's first column of the packed weights ([K, R*S*C], a tap's C channels after another's)
     t, cb = _tap_and_block(kb, num_cb, TAPS, TAPS_INNER)
     return t * C + cb * BLOCK_K
+
+
+@gluon.jit
+def _gather_pixels(
+    m0, M, OH, OW, sxn, pad_h, pad_w, layout: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
+    PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, IDX64: gl.constexpr,
+):
+    # The tile's flat output pixels in ``layout`` (of the [pixels, BLOCK_K] operand): each one's
+    # image offset, first tap's input row and column, and mask; and the channels' offsets.
+    offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
+    offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
+    m_mask = offs_m < M
+    if IDX64:  # offsets of inputs past 2^31 elements
+        offs_m = offs_m.to(gl.int64)
+        offs_c = offs_c.to(gl.int64)
+    ohw = OH * OW
+    pix = offs_m % ohw
+    ih0 = (pix // OW) * STR_H - pad_h
+    iw0 = (pix % OW) * STR_W - pad_w
+    base = (offs_m // ohw) * sxn
+    return base, ih0, iw0, m_mask, offs_c
 
 
 @gluon.jit
@@ -122,17 +143,9 @@ def _gather_partition(
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
     # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-    offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
-    offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
-    m_mask = offs_m < M
-    if IDX64:  # offsets of inputs past 2^31 elements
-        offs_m = offs_m.to(gl.int64)
-        offs_c = offs_c.to(gl.int64)
-    ohw = OH * OW
-    pix = offs_m % ohw
-    ih0 = (pix // OW) * STR_H - pad_h
-    iw0 = (pix % OW) * STR_W - pad_w
-    base = (offs_m // ohw) * sxn
+    base, ih0, iw0, m_mask, offs_c = _gather_pixels(
+        m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
+    )
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, PART, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
@@ -248,16 +261,19 @@ def gluon_nchw_kernel(
             [GATHER_REGS, GATHER_REGS, GATHER_REGS],
         )
 
-    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
+{out_layout}    acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout
+{coordinates_in_acc}
+{tail}'''
+
+#: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
+OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
     # contiguous channels per thread (16-byte stores)
     if OUT_PIXEL_MAJOR:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
     else:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     ohw = OH * OW
-    acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout
-{coordinates_in_acc}
-{tail}'''
+"""
 
 #: The computing partition and its arguments.
 _MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS))"
@@ -343,7 +359,8 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
-    return _TEMPLATE.format(gather_step=GATHER_STEP, mma=_MMA, **gatherers, **epilogue, **gluon_names())
+    shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
+    return _TEMPLATE.format(mma=_MMA, **shared, **gatherers, **epilogue, **gluon_names())
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:

@@ -2,15 +2,17 @@
 NCHW above all; any filter, stride, padding, dilation; ungrouped; 16-bit data) as ONE kernel
 whose input operand never touches shared memory (Hopper only).
 
-gluon-nchw stores each gathered step to shared memory, and the proxy fence that must follow the
-stores (MEMBAR.ALL.CTA) waits for every load its partition has in flight, so its gathers stay
-latency-bound (bench/NOTES.md, section 21). Here the product is untransposed, [pixels, output
-channels] = input x weights^T, and wgmma takes the input operand from registers: the computing
-warpgroup loads each step's operand itself, in the operand's own register layout (a warp's load:
-8 neighbouring pixels x 4 channels), AHEAD steps before its product, with no store and no fence
-between the loads and the product. Only the weights go through shared memory, by TMA, in a ring
-of their own; a small ring and a single warpgroup leave room for several programs per
-multiprocessor, whose loads and products overlap one another's.
+gluon-nchw stores each gathered step to shared memory for wgmma, and the proxy fence that must
+follow the stores (MEMBAR.ALL.CTA) waits for every load its partition has in flight, so its
+gathers stay latency-bound (bench/NOTES.md, section 21). Here the product is untransposed,
+[pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
+The computing warps load each step's input themselves, AHEAD steps before its product, coalesced
+(gluon-nchw's gather: 32 neighbouring pixels of a channel a warp), and change its layout through
+two shared-memory buffers, a barrier of the warps and matrix loads: generic-proxy traffic, no
+proxy fence. One product runs at a time (the next step's matrix loads may take the registers the
+product in flight reads), overlapping the next step's loads, stores and barrier. The weights go
+through shared memory by TMA, in a ring of their own; a 64-pixel tile's two warpgroups sit side
+by side along the output channels (bench/NOTES.md, section 22).
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the input's
@@ -31,6 +33,7 @@ from fusionplan.solvers.gluon_nchw import (
     _COORDINATES,
     _STORE,
     GATHER_STEP,
+    OUT_LAYOUT,
     GluonNchwKernel,
     gather_defer_why,
     gather_why_not,
@@ -122,17 +125,9 @@ def gluon_nchw_regs_kernel(
     # the loads' layout (gluon-nchw's): lanes along the pixels (a warp's load: 32 neighbouring
     # pixels of one channel), 8 channels per thread
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-    offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
-    offs_c = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
-    m_mask = offs_m < M
-    if IDX64:  # offsets of inputs past 2^31 elements
-        offs_m = offs_m.to(gl.int64)
-        offs_c = offs_c.to(gl.int64)
-    ohw = OH * OW
-    pix = offs_m % ohw
-    ih0 = (pix // OW) * STR_H - pad_h
-    iw0 = (pix % OW) * STR_W - pad_w
-    base = (offs_m // ohw) * sxn
+    base, ih0, iw0, m_mask, offs_c = _gather_pixels(
+        m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
+    )
     # The loaded values change layout through two shared-memory buffers (stores, a barrier of the
     # warps, matrix loads): generic-proxy traffic that needs no proxy fence, so no wait for the
     # loads of the steps ahead.
@@ -203,20 +198,14 @@ def gluon_nchw_regs_kernel(
                 SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
 
-    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
-    # contiguous channels per thread (16-byte stores)
-    if OUT_PIXEL_MAJOR:
-        out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
-    else:
-        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-{coordinates_in_acc}
+{out_layout}{coordinates_in_acc}
 {tail}'''
 
 
 def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
-    return _TEMPLATE.format(gather_step=GATHER_STEP, **epilogue, **gluon_names())
+    return _TEMPLATE.format(gather_step=GATHER_STEP, out_layout=OUT_LAYOUT, **epilogue, **gluon_names())
 
 
 #: Tiles (pixels x output channels, warps) in order of preference: 64 x 128 measured fastest on every
@@ -246,7 +235,7 @@ def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tun
     tile; r50_02 40.3 us against 79.1 for 64 x 128) whose grid still fills half the
     multiprocessors, the last otherwise."""
     size = torch.empty((), dtype=dtype).element_size()
-    tiles = [t for t in REGS_TILES if t[1] <= max(64, k)] or list(REGS_TILES)
+    tiles = [t for t in REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit
     pixels, block_n, warps = next(
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         tiles[-1],
