@@ -484,6 +484,19 @@ GLUON_NCHW_CASES = {
 }
 
 
+def gluon_nchw_case(case: str, dtype):
+    """A GLUON_NCHW_CASES case: its NCHW input and a CBNA-ELU plan of it."""
+    n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
+    if isinstance(r, tuple):  # a filter row: (R, S), pads and strides per dimension
+        (r, s), pads, strides = r, pad, stride
+    else:
+        pads, strides = (pad, pad), (stride, stride)
+    x = input_tensor((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    return plan, x
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
@@ -492,15 +505,8 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     steps ahead, either reduction order), output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
 
-    n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
-    if isinstance(r, tuple):  # a filter row: (R, S), pads and strides per dimension
-        (r, s), pads, strides = r, pad, stride
-    else:
-        pads, strides = (pad, pad), (stride, stride)
     dtype, tf32 = PRECISIONS[precision][:2]
-    x = input_tensor((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    plan, x = gluon_nchw_case(case, dtype)
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver="gluon-nchw") == "gluon-nchw"
     kernel = plan._entry(handle).kernel
@@ -541,15 +547,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw_regs
 
-    n, c, h, w, k, r, s, pad, stride, dil = GLUON_NCHW_CASES[case]
-    if isinstance(r, tuple):  # a filter row: (R, S), pads and strides per dimension
-        (r, s), pads, strides = r, pad, stride
-    else:
-        pads, strides = (pad, pad), (stride, stride)
-    dtype = PRECISIONS[precision][0]
-    x = input_tensor((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    plan, x = gluon_nchw_case(case, PRECISIONS[precision][0])
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver="gluon-nchw-regs") == "gluon-nchw-regs"
     kernel = plan._entry(handle).kernel
