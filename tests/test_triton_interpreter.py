@@ -434,20 +434,33 @@ def test_nchw_gemm_solver(case, dtype, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
-@pytest.mark.parametrize("tile_loads", [True, False])
+@pytest.mark.parametrize("tile_loads, tile_stores", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, dtype, monkeypatch):
-    """tuning.NCHW_GEMM_TILE_LOADS: 80-pixel planes through tensor boxes of the input, else by
-    pointer; 13x11 planes (143 pixels, not whole 16-byte units) by pointer either way."""
+def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, tile_stores, dtype, monkeypatch):
+    """tuning.NCHW_GEMM_TILE_LOADS / _STORES: 80-pixel planes through tensor boxes of the input and
+    weights (the persistent loop flattened) and of the output planes, else by pointer; 13x11 planes
+    (143 pixels, not whole 16-byte units) by pointer either way, as are weights of K=36 output
+    channels in fp16 (72-byte rows) and channels-last output."""
     from fusionplan import tuning
 
     monkeypatch.setattr(tuning, "NCHW_GEMM_TILE_LOADS", tile_loads)
-    for dims, boxes in (((2, 24, 8, 10, 40), tile_loads), ((2, 8, 13, 11, 8), False)):
+    monkeypatch.setattr(tuning, "NCHW_GEMM_TILE_STORES", tile_stores)
+    fp16 = dtype == torch.float16
+    cases = (
+        ((2, 24, 8, 10, 40), "NCHW", tile_loads, tile_stores),
+        ((2, 24, 8, 10, 40), "NHWC", tile_loads, None),  # pointer stores in the output's strides
+        ((2, 8, 13, 11, 8), "NCHW", False, False),
+        ((2, 16, 4, 8, 36), "NCHW", tile_loads and not fp16, tile_stores),
+    )
+    for dims, out_layout, boxes, stores in cases:
         plan, x = nchw_gemm_plan(*dims, dtype)
         handle = compile_named(plan, "triton-gemm-nchw")
         kernel = plan._entry(handle).kernel
+        y = poisoned(plan.output_desc, out_layout)
         assert (kernel._input_tiles(x, kernel.config) is not None) == boxes
-        check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
+        if stores is not None:
+            assert (kernel._output_tiles(y, kernel.config) is not None) == stores
+        check_against_reference(plan, handle, x, random_args(plan), y)
 
 
 STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding
@@ -521,15 +534,17 @@ def nchw_gemm_verdict(dims, dtype):
         ((32, 256, 14, 14, 1024), torch.float32, "32-bit"),  # TF32 or fp32: triton-conv
         ((32, 512, 7, 7, 2048), torch.float16, "7x7 planes"),  # r50_19: element loads and stores
         ((32, 2048, 7, 7, 512), torch.float16, "7x7 planes"),  # r50_21
-        ((32, 64, 56, 56, 64), torch.float16, "K=64"),  # r50_01: 64-channel tiles
+        ((32, 64, 56, 56, 64), torch.float16, None),  # r50_01: 64-channel tiles read by tensor boxes
+        ((32, 256, 56, 56, 64), torch.float16, None),  # r50_04
+        ((32, 256, 14, 14, 64), torch.float16, "K=64"),  # 64-channel tiles of 392-byte planes: by pointer
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
         ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2: triton-conv measured faster"),  # r50_14
     ],
-    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "batch1", "r50_14"],
+    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "r50_04", "narrow-14x14", "batch1", "r50_14"],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
     """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes,
-    64 output channels and small grids defer to triton-conv, saying why."""
+    64 output channels read by pointer and small grids defer to triton-conv, saying why."""
     verdict, chosen = nchw_gemm_verdict(dims, dtype)
     assert verdict.applicable
     if deferred is None:

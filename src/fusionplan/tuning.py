@@ -360,6 +360,11 @@ TF32_GEMM_MIN_PIXELS = 65536
 #: triton-gemm-nchw --tuning NCHW_GEMM_TILE_LOADS=0,1 ...`: r50_03 48.5 / 47.8 us, r50_07 26.9 /
 #: 26.9, r50_11 27.7 / 28.2, pointers / boxes); boxes kept (no pointer arithmetic per element).
 NCHW_GEMM_TILE_LOADS = True
+#: triton-gemm-nchw stores packed output planes of whole 16-byte units through a tensor descriptor
+#: (TMA on Hopper: asynchronous, no registers held); else 16-byte pointer stores after a layout
+#: change. (Where its loads are tensor boxes, the persistent loop is flattened too: the next tile's
+#: loads run under this one's epilogue.)
+NCHW_GEMM_TILE_STORES = True
 
 #: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
 #: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while

@@ -54,12 +54,12 @@ import triton.language as tl
 
 @triton.jit
 def gemm_nchw_kernel(
-    x_ptr, x_desc, w_ptr, y_ptr, prior_ptr,
+    x_ptr, x_desc, w_ptr, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
     N, C, K, sxn,
     syn, syc, syh, syw, spn, spc, sph, spw,
     HW: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr, IW: tl.constexpr, IHW: tl.constexpr,
-    SLOTS: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr,
+    SLOTS: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr, STORE_TILES: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     {stage_flags}
@@ -68,7 +68,11 @@ def gemm_nchw_kernel(
     # IHW); w: the weights as [C, K]; output planes of HW = OH x OW pixels; OUT_PLANES: the output
     # (and a prior) are packed planes too. IN_TILES: the input read through x_desc, [N, C, HW] in
     # [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte units, an aligned input; bounds and zero
-    # fill by the hardware), else by pointer (x_desc: None). SLOTS (stride 2): the product's rows
+    # fill by the hardware) and the weights through w_desc, [C, K] in [BLOCK_K, BLOCK_N] boxes, the
+    # persistent loop flattened (no pointer carried from tile to tile: the next tile's loads run
+    # under this one's epilogue); else both by pointer (x_desc, w_desc: None). STORE_TILES: the
+    # output, packed planes of whole 16-byte units, stored through y_desc, [N, K, HW] in [1,
+    # BLOCK_N, BLOCK_M] boxes (bounds clipped by the hardware; else None). SLOTS (stride 2): the product's rows
     # are the contiguous columns of whole input rows (those of the output rows), 2 x SLOTS to a row
     # (SLOTS: OW rounded up to a power of two), loaded straight into the product's operand; the odd
     # columns' products are dropped after the reduction (twice the products, each pipelined from
@@ -107,14 +111,16 @@ def gemm_nchw_kernel(
                 offs_k = offs_k.to(tl.int64)
             if IN_TILES:
                 a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
-            elif SLOTS:
-                a = tl.load(x_image + offs_k[:, None] * IHW + in_offs[None, :],
-                            mask=k_mask[:, None] & in_mask[None, :], other=0.0)
+                b = w_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
             else:
-                a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
-                            mask=k_mask[:, None] & m_mask[None, :], other=0.0)
-            b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
-                        mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                if SLOTS:
+                    a = tl.load(x_image + offs_k[:, None] * IHW + in_offs[None, :],
+                                mask=k_mask[:, None] & in_mask[None, :], other=0.0)
+                else:
+                    a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
+                                mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+                b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
+                            mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
         if SLOTS:  # the even columns' rows: the output pixels
             acc, _ = tl.split(tl.permute(acc.reshape(BLOCK_M // 2, 2, BLOCK_N), (0, 2, 1)))
@@ -131,18 +137,24 @@ def gemm_nchw_kernel(
 _TEMPLATE = _TEMPLATE.replace(
     "{persistent_tiles}",
     PERSISTENT_TILES.format(
-        loop="""    # persistent, not flattened: a flattened loop carries the pointers from tile to tile, and their
-    # alignment is lost (every load one element, nothing pipelined; tests/test_sass.py)
-    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS):"""
+        loop="""    # persistent, flattened only where every load is a tensor box: a flattened loop carries the
+    # pointers from tile to tile, and their alignment is lost (every load one element, nothing
+    # pipelined; tests/test_sass.py)
+    for tile in tl.range(tl.program_id(0), num_tiles, NUM_PROGRAMS, flatten=IN_TILES):"""
     ),
 )
 
-#: The store: packed planes contiguous along the pixels (HW compiled in: known alignment), else
-#: element by element in the output's own strides.
+#: The store: a tile through the output's descriptor (STORE_TILES), else packed planes contiguous
+#: along the pixels (HW compiled in: known alignment), else element by element in the output's own
+#: strides.
 _STORE = store_where(
     "OUT_PLANES",
-    "        tl.store(y_ptr + n_img * syn + ch[None, :] * HW + pix[:, None],\n"
-    "                 h.to(y_ptr.dtype.element_ty), mask=mask)\n",
+    "        if STORE_TILES:\n"
+    "            y_desc.store([image, pid_n * BLOCK_N, p0],\n"
+    "                         tl.trans(h.to(y_ptr.dtype.element_ty)).reshape(1, BLOCK_N, BLOCK_M))\n"
+    "        else:\n"
+    "            tl.store(y_ptr + n_img * syn + ch[None, :] * HW + pix[:, None],\n"
+    "                     h.to(y_ptr.dtype.element_ty), mask=mask)\n",
 )
 
 
@@ -168,7 +180,9 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
 #: element by element) defer, as do products of at most this many output channels (tiles of 64
 #: channels): triton-conv was as fast or faster there (H100, fp16 CBNA, batch 32, CUDA-graph replay
 #: in one process, bench/results/2026-11-21-h100-nchw-3/rule: r50_19 43.5 us against 25.3, r50_21
-#: 41.2 / 38.0, r50_01 18.5 / 15.9, r50_04 32.1 / 32.2).
+#: 41.2 / 38.0, r50_01 18.5 / 15.9, r50_04 32.1 / 32.2). Narrow products read through tensor boxes
+#: (tile_reads) measured faster (bench/results/2026-11-22-h100-nchw-tiles-18: r50_01 13.4 us
+#: against 16.0, r50_04 27.3 / 32.4) and stay.
 _SMALL_PLANE = 64
 _NARROW_OUTPUT = 64
 
@@ -190,8 +204,8 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     if h * w < _SMALL_PLANE:
         return f"{h}x{w} planes: runs of {h * w} pixels, loaded and stored element by element (triton-conv is faster)"
-    if k <= _NARROW_OUTPUT:
-        return f"K={k}: tiles of {k} output channels measured no faster than triton-conv"
+    if k <= _NARROW_OUTPUT and not tile_reads(spec):
+        return f"K={k}: tiles of {k} output channels read by pointer measured no faster than triton-conv"
     tiles = tile_count(spec, nchw_config(spec, interpret=False))  # a GPU's grid, not the interpreter's
     if tiles < tuning.SMALL_GRID_PROGRAMS:
         return f"{tiles} tiles: a small grid, where triton-conv splits the reduction (this kernel does not)"
@@ -201,6 +215,16 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
 #: Slots of a strided plan's output row at most (a tile holds whole input rows, twice the slots:
 #: 256 x 128 channels).
 MAX_ROW_SLOTS = 128
+
+
+def tile_reads(spec: PlanSpec) -> bool:
+    """Whether the kernel reads the plan's input and weights through tensor boxes (given aligned
+    data): tuning.NCHW_GEMM_TILE_LOADS, stride 1, planes and weight rows ([C, K]) of whole 16-byte
+    units."""
+    (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
+    size = spec.dtype.torch_dtype.itemsize
+    whole_units = (h * w * size) % 16 == 0 and (k * size) % 16 == 0
+    return tuning.NCHW_GEMM_TILE_LOADS and not row_slots(spec) and whole_units
 
 
 def row_slots(spec: PlanSpec) -> int:
@@ -293,6 +317,8 @@ class TritonGemmNchwKernel(TritonConvKernel):
             d == 1 or a == b == e for d, a, b, e in zip((n, self.k, oh, ow), out_strides[:4], out_strides[4:], planes)
         )
         x_desc = self._input_tiles(x, cfg)
+        w_desc = None if x_desc is None else host_descriptor(packed, [c, self.k], [self.k, 1], [cfg.block_k, cfg.block_n])
+        y_desc = self._output_tiles(out, cfg) if out_planes else None
         consts = (
             oh * ow,
             oh,
@@ -302,6 +328,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
             row_slots(self.spec),
             out_planes,
             x_desc is not None,
+            y_desc is not None,
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
@@ -312,22 +339,34 @@ class TritonGemmNchwKernel(TritonConvKernel):
             programs,
             *flags.values(),
         )
-        args = [x, x_desc, packed, out, p, *values, n, c, self.k, x_stride_n, *out_strides, *consts]
+        args = [x, x_desc, packed, w_desc, out, p, y_desc, *values, n, c, self.k, x_stride_n, *out_strides, *consts]
         return (programs, 1, 1), cfg, args
 
     def _input_tiles(self, x: Tensor, cfg: tuning.ConvConfig):
         """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes, where
-        tuning.NCHW_GEMM_TILE_LOADS asks for it and a descriptor can read the input (planes of whole
-        16-byte units, an aligned address); else None (pointer loads, no descriptor to encode)."""
+        tuning.NCHW_GEMM_TILE_LOADS asks for it and descriptors can read the input and the weights
+        (planes and weight rows of whole 16-byte units, an aligned input); else None (pointer
+        loads, no descriptor to encode)."""
         n, c, h, w = self.spec.input_desc.dims
-        whole_units = (h * w * x.element_size()) % 16 == 0 and x.data_ptr() % 16 == 0
-        if not tuning.NCHW_GEMM_TILE_LOADS or row_slots(self.spec) or not whole_units:
+        if not tile_reads(self.spec) or x.data_ptr() % 16:
             return None
         return host_descriptor(x, [n, c, h * w], [c * h * w, h * w, 1], [1, cfg.block_k, cfg.block_m])
 
+    def _output_tiles(self, out: Tensor, cfg: tuning.ConvConfig):
+        """The output's descriptor, [N, K, OH*OW] in [1, BLOCK_N, BLOCK_M] boxes, where
+        tuning.NCHW_GEMM_TILE_STORES asks for it and a descriptor can write the output (packed planes
+        of whole 16-byte units, an aligned address; stride 1); else None (pointer stores)."""
+        n, k = self.spec.input_desc.dims[0], self.k
+        hw = self.out_hw[0] * self.out_hw[1]
+        whole_units = (hw * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
+        if not tuning.NCHW_GEMM_TILE_STORES or row_slots(self.spec) or not whole_units:
+            return None
+        return host_descriptor(out, [n, k, hw], [k * hw, hw, 1], [1, cfg.block_n, cfg.block_m])
+
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
-        """The input (and its descriptor, where the kernel reads one), the output, the prior."""
-        return ((0, 1) if args[1] is not None else 0, 3, 4)
+        """The input (and its descriptor, where the kernel reads one), the output (and its
+        descriptor, where the kernel stores tiles), the prior."""
+        return ((0, 1) if args[1] is not None else 0, (4, 6) if args[6] is not None else 4, 5)
 
 
 class TritonGemmNchwSolver(Solver):
