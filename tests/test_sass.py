@@ -148,6 +148,18 @@ def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy):
     assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES
 
 
+@pytest.mark.parametrize("joined, stores", [(True, {"8"}), (False, {"2"})])
+def test_stem_joins_its_runs_for_nchw_stores(joined, stores):
+    """tuning.STEM_JOINED_EPILOGUE (the NCHW stem, runs of 4 pixels): the run's accumulators joined
+    into one tile of neighbouring pixels store 4 of them at once (8 bytes), where an epilogue per
+    pixel of the run stores 2-byte elements 4 pixels apart; nothing spilled either way."""
+    switched = f"import fusionplan.tuning as t\nt.STEM_JOINED_EPILOGUE = {joined}\n"
+    build = switched + layer_build("r50_00", "float16", layout="NCHW")
+    info = compile_sm90(build, "triton-stem")
+    assert set(info["global stores by bytes"]) == stores, info["global stores by bytes"]
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"], info["resources"]
+
+
 @pytest.mark.parametrize("dtype, stores", [("float32", {"4"}), ("float16", {"16"})])
 def test_gluon_window_epilogue_in_the_accumulators_layout(dtype, stores):
     """tuning.GLUON_WINDOW_MMA_EPILOGUE (r50_22, 7x7 windows of several images): the chain runs in

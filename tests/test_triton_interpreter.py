@@ -540,7 +540,19 @@ def nchw_gemm_verdict(dims, dtype):
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
         ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2: triton-conv measured faster"),  # r50_14
     ],
-    ids=["r50_13", "r50_09", "r50_15", "fp32", "r50_19", "r50_21", "r50_01", "r50_04", "narrow-14x14", "batch1", "r50_14"],
+    ids=[
+        "r50_13",
+        "r50_09",
+        "r50_15",
+        "fp32",
+        "r50_19",
+        "r50_21",
+        "r50_01",
+        "r50_04",
+        "narrow-14x14",
+        "batch1",
+        "r50_14",
+    ],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
     """16-bit 1x1 layers on NCHW planes at batch 32 are triton-gemm-nchw's; 32-bit data, 7x7 planes,

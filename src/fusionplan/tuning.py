@@ -535,6 +535,13 @@ STEM_CANDIDATES: list[ConvConfig] = [
 ]
 
 
+#: triton-stem joins a run's accumulators into one tile of neighbouring pixels before the epilogue
+#: where the output's rows are contiguous along the pixels (NCHW), so that its stores write runs of
+#: neighbouring pixels, where an epilogue per pixel of the run stores pixels PX apart (2-byte
+#: stores, a sector written in pieces by PX instructions).
+STEM_JOINED_EPILOGUE = True
+
+
 def stem_heuristic(runs: int, pixels: int, k: int, stretch: int, interpret: bool) -> ConvConfig:
     """``runs`` runs of ``pixels`` output pixels, ``k`` output channels, ``stretch`` elements per
     step. The run's pixels have an accumulator each: their tiles hold at most 128 x 64 x 2 fp32

@@ -317,7 +317,8 @@ class TritonGemmNchwKernel(TritonConvKernel):
             d == 1 or a == b == e for d, a, b, e in zip((n, self.k, oh, ow), out_strides[:4], out_strides[4:], planes)
         )
         x_desc = self._input_tiles(x, cfg)
-        w_desc = None if x_desc is None else host_descriptor(packed, [c, self.k], [self.k, 1], [cfg.block_k, cfg.block_n])
+        w_box = [cfg.block_k, cfg.block_n]
+        w_desc = None if x_desc is None else host_descriptor(packed, [c, self.k], [self.k, 1], w_box)
         y_desc = self._output_tiles(out, cfg) if out_planes else None
         consts = (
             oh * ow,
