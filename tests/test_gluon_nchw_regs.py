@@ -44,6 +44,9 @@ def test_why_not_names_what_is_missing():
         ("r50_22", "output planes of 49 pixels (< 784)"),
         ("r50_21", "1x1 filters"),
         ("r50_02", "output planes of 3136 pixels (> 784 for several taps)"),  # gluon-nchw's own limit
+        ("r50_20", None),  # strided 1x1 to 7x7 planes: faster than triton-conv
+        ("r50_14", "strided 1x1 filters on output planes of 196 pixels (> 49)"),
+        ("r50_08", "strided 1x1 filters on output planes of 784 pixels (> 49)"),
     ],
 )
 def test_defers_where_gluon_nchw_measured_faster(name, why):

@@ -538,7 +538,8 @@ def nchw_gemm_verdict(dims, dtype):
         ((32, 256, 56, 56, 64), torch.float16, None),  # r50_04
         ((32, 256, 14, 14, 64), torch.float16, "K=64"),  # 64-channel tiles of 392-byte planes: by pointer
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
-        ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2: triton-conv measured faster"),  # r50_14
+        ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2 on input rows of fewer than 56"),  # r50_14
+        ((32, 256, 56, 56, 512, 2), torch.float16, None),  # r50_08: 56-pixel input rows
     ],
     ids=[
         "r50_13",
@@ -552,6 +553,7 @@ def nchw_gemm_verdict(dims, dtype):
         "narrow-14x14",
         "batch1",
         "r50_14",
+        "r50_08",
     ],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):

@@ -340,6 +340,10 @@ GLUON_NCHW_TAPS_INNER = True
 #: on 1x1 filters (r50_21 21.7 / 31.1).
 GLUON_NCHW_REGS = True
 GLUON_NCHW_REGS_MIN_PLANE = 784
+#: It also takes strided 1x1 filters on output planes of at most this many pixels: r50_20 (7x7
+#: outputs) 49.4 us against 56.3 for triton-conv (H100, fp16 CBNA, batch 32; 49.5 / 56.5 in an
+#: earlier suite); on larger planes triton-conv stayed faster (r50_14 45.8 / 50.4, r50_08 54.9 / 63.1).
+GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 #: Its weights ring's stages (16 KB each at 128 output channels, 2 or more: the weights run
 #: stages - 1 steps ahead; 3, 4, 6 measured within 2 %) and how many reduction steps ahead its
 #: loads run (1 to 3; within 3 % of one another).

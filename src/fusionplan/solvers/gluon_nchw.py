@@ -377,12 +377,13 @@ def gather_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def gather_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
+def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = False) -> str | None:
     """Where other kernels measured faster (tuning.GLUON_NCHW and the limits beside it): packed
     channels-last input goes through tensor boxes (gluon-gemm, gluon-window, triton-gemm,
     triton-conv's 16-byte copies); NCHW-like input (unit-stride pixels) on large output planes
-    through triton-conv's rows of slots and triton-gemm-nchw's boxes; small grids through
-    triton-conv's split reductions."""
+    through triton-conv's rows of slots and triton-gemm-nchw's boxes, strided 1x1 filters
+    unless ``strided_1x1`` (the caller's own rule for them); small grids through triton-conv's
+    split reductions."""
     x = spec.input_desc
     if x.strides[1] == 1:
         return "channels-last input: the tensor-box and 16-byte-copy kernels read it"
@@ -393,7 +394,7 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     k, _, r, s = conv.w_desc.dims
     oh, ow = conv.output_desc.dims[2:]
     several = r * s > 1
-    if not several and conv.conv.strides != (1, 1):
+    if not several and conv.conv.strides != (1, 1) and not strided_1x1:
         return "strided 1x1 filters: triton-conv and triton-gemm-nchw measured faster (r50_20 56.4 us against 65.4)"
     if not several:
         limit = tuning.GLUON_NCHW_1X1_MAX_PLANE

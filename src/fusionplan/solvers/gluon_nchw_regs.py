@@ -252,19 +252,27 @@ def regs_dtype_why_not(spec: PlanSpec) -> str | None:
 
 def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     """gluon-nchw's rules (where other kernels measured faster), then where gluon-nchw measured
-    faster: 1x1 filters, output planes below tuning.GLUON_NCHW_REGS_MIN_PLANE pixels."""
+    faster: 1x1 filters, output planes below tuning.GLUON_NCHW_REGS_MIN_PLANE pixels. Strided 1x1
+    filters are taken on output planes of at most tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE pixels."""
     if not tuning.GLUON_NCHW_REGS:
         return "off (tuning.GLUON_NCHW_REGS)"
-    why = gather_defer_why(spec, multiprocessors)
-    if why:
-        return why
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r, s = conv.w_desc.dims[2:]
     oh, ow = conv.output_desc.dims[2:]
-    if r * s == 1:
+    strided_1x1 = r * s == 1 and conv.conv.strides != (1, 1)
+    if strided_1x1 and oh * ow > tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE:
+        return (
+            f"strided 1x1 filters on output planes of {oh * ow} pixels (> "
+            f"{tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE}): triton-conv and triton-gemm-nchw measured faster "
+            "(r50_14 45.8 us against 50.4, r50_08 54.9 / 63.1)"
+        )
+    why = gather_defer_why(spec, multiprocessors, strided_1x1)
+    if why:
+        return why
+    if r * s == 1 and not strided_1x1:
         return "1x1 filters: gluon-nchw measured faster (r50_21 21.7 us against 31.1)"
-    if oh * ow < tuning.GLUON_NCHW_REGS_MIN_PLANE:
+    if oh * ow < tuning.GLUON_NCHW_REGS_MIN_PLANE and not strided_1x1:
         return (
             f"output planes of {oh * ow} pixels (< {tuning.GLUON_NCHW_REGS_MIN_PLANE}): gluon-nchw measured "
             "faster (r50_18 45.9 us against 58.1, r50_22 36.1 / 40.5)"

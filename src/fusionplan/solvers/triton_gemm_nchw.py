@@ -185,6 +185,10 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
 #: against 16.0, r50_04 27.3 / 32.4) and stay.
 _SMALL_PLANE = 64
 _NARROW_OUTPUT = 64
+#: Strided plans are taken on input rows of at least this many pixels (16-byte row copies): r50_08
+#: (56-pixel rows) measured 51.4-51.9 us against 54.0-54.9 for triton-conv in three suites (H100,
+#: fp16 CBNA, batch 32: nchw-strided-4, nchw-17, nchw-tiles-18); r50_14 and r50_20 slower (above).
+STRIDED_MIN_ROW = 56
 
 
 def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
@@ -196,11 +200,14 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     (batch 1), where triton-conv splits its reduction and this kernel cannot."""
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
-    if row_slots(spec):
+    if row_slots(spec) and spec.input_desc.dims[3] < STRIDED_MIN_ROW:
         # H100, fp16 CBNA, batch 32 (bench/results/2026-11-21-h100-nchw-strided-4/after): r50_08 51.4
         # us against 54.0, r50_14 66.5 / 45.4, r50_20 78.2 / 56.2. The product's rows hold the odd
         # columns too, so every channel tile reads twice the input from L2 (r50_14: about 180 MB)
-        return "stride 2: triton-conv measured faster (the odd input columns double the reads from L2)"
+        return (
+            f"stride 2 on input rows of fewer than {STRIDED_MIN_ROW} pixels: triton-conv measured faster "
+            "(the odd input columns double the reads from L2)"
+        )
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     if h * w < _SMALL_PLANE:
         return f"{h}x{w} planes: runs of {h * w} pixels, loaded and stored element by element (triton-conv is faster)"
