@@ -268,11 +268,11 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
             "(r50_14 45.8 us against 50.4, r50_08 54.9 / 63.1)"
         )
     why = gather_defer_why(spec, multiprocessors, strided_1x1)
-    if why:
+    if why or strided_1x1:
         return why
-    if r * s == 1 and not strided_1x1:
+    if r * s == 1:
         return "1x1 filters: gluon-nchw measured faster (r50_21 21.7 us against 31.1)"
-    if oh * ow < tuning.GLUON_NCHW_REGS_MIN_PLANE and not strided_1x1:
+    if oh * ow < tuning.GLUON_NCHW_REGS_MIN_PLANE:
         return (
             f"output planes of {oh * ow} pixels (< {tuning.GLUON_NCHW_REGS_MIN_PLANE}): gluon-nchw measured "
             "faster (r50_18 45.9 us against 58.1, r50_22 36.1 / 40.5)"
