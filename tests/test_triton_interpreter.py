@@ -463,10 +463,16 @@ def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, tile_stores, dtype
         check_against_reference(plan, handle, x, random_args(plan), y)
 
 
-STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding
-    "14x14": (2, 24, 14, 14, 40),  # rows of 7 in 8 slots, 4 rows to a 32-slot tile (the last half empty)
-    "odd-13x11": (2, 3, 13, 11, 17),  # 7x6 outputs: the last input column of a row is an odd one
-    "wide-9x20": (1, 16, 9, 20, 8),  # rows of 10 in 16 slots, 2 to a tile; 5 rows: one tile half empty
+STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding; input read as boxes in (fp32, fp16)
+    # rows of 7 in 8 slots, 4 rows to a 32-slot tile (the last half empty); 14-pixel row pairs: 112
+    # bytes of fp32, boxes; 56 of fp16, pointers
+    "14x14": ((2, 24, 14, 14, 40), (True, False)),
+    "odd-13x11": ((2, 3, 13, 11, 17), (False, False)),  # 7x6 outputs: the last input column is an odd one
+    "wide-9x20": ((1, 16, 9, 20, 8), (False, False)),  # rows of 10 in 16 slots, 2 to a tile; 5 rows
+    # 16-pixel rows: 8 slots, boxes of 2 rows of 16 columns (an even row's, then the odd row's)
+    "boxes-16x16": ((2, 24, 16, 16, 40), (True, True)),
+    # rows of 10 in 16 slots: a box row's last 12 columns are the odd row's first (dropped); K=8
+    "boxes-12x20": ((1, 16, 12, 20, 8), (True, True)),
 }
 
 
@@ -475,15 +481,35 @@ STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding
 @pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
 def test_strided_nchw_gemm(case, dtype, out_layout):
     """Stride 2: tiles of whole output rows of slots, each row reading its input row's contiguous
-    columns and keeping the even ones; output in planes or channels-last."""
-    n, c, h, w, k = STRIDED_NCHW_GEMM_CASES[case]
+    columns and keeping the even ones, by pointer or (an even number of rows, row pairs of whole
+    16-byte units) through boxes of the input's row pairs; output in planes or channels-last."""
+    (n, c, h, w, k), boxes = STRIDED_NCHW_GEMM_CASES[case]
     x = make_input((n, c, h, w), dtype, "NCHW")
     conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
     handle = compile_named(plan, "triton-gemm-nchw")
     kernel = plan._entry(handle).kernel
-    assert kernel._input_tiles(x, kernel.config) is None and "SLOTS" in kernel.source()
+    expect_boxes = boxes[dtype == torch.float16]
+    assert (kernel._input_tiles(x, kernel.config) is not None) == expect_boxes and "SLOTS" in kernel.source()
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
+
+
+@pytest.mark.parametrize("case", ["boxes-16x16", "boxes-12x20"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
+def test_strided_nchw_gemm_boxes_over_whole_rows(case, dtype, monkeypatch):
+    """tuning.NCHW_GEMM_STRIDED_EVEN_FIRST off: the row pairs' boxes go to the product whole and the
+    odd columns' rows are dropped after the reduction."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "NCHW_GEMM_STRIDED_EVEN_FIRST", False)
+    (n, c, h, w, k), _ = STRIDED_NCHW_GEMM_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
+    handle = compile_named(plan, "triton-gemm-nchw")
+    kernel = plan._entry(handle).kernel
+    assert kernel._input_tiles(x, kernel.config) is not None and "EVEN_FIRST" in kernel.source()
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 
 def test_nchw_gemm_reruns_with_new_tensors():
@@ -538,8 +564,9 @@ def nchw_gemm_verdict(dims, dtype):
         ((32, 256, 56, 56, 64), torch.float16, None),  # r50_04
         ((32, 256, 14, 14, 64), torch.float16, "K=64"),  # 64-channel tiles of 392-byte planes: by pointer
         ((1, 256, 14, 14, 1024), torch.float16, "small grid"),  # batch 1: 32 tiles of 64 x 128
-        ((32, 512, 28, 28, 1024, 2), torch.float16, "stride 2 on input rows of fewer than 56"),  # r50_14
+        ((32, 512, 28, 28, 1024, 2), torch.float16, None),  # r50_14: row pairs through boxes
         ((32, 256, 56, 56, 512, 2), torch.float16, None),  # r50_08: 56-pixel input rows
+        ((32, 1024, 14, 14, 2048, 2), torch.float16, "stride 2 on input rows of fewer than 56"),  # r50_20
     ],
     ids=[
         "r50_13",
@@ -554,6 +581,7 @@ def nchw_gemm_verdict(dims, dtype):
         "batch1",
         "r50_14",
         "r50_08",
+        "r50_20",
     ],
 )
 def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, deferred):
@@ -565,6 +593,28 @@ def test_nchw_gemm_takes_the_layers_it_was_measured_faster_on(dims, dtype, defer
         assert verdict.deferred is None and chosen == "triton-gemm-nchw", verdict
     else:
         assert deferred in verdict.deferred and chosen == "triton-conv", (verdict, chosen)
+
+
+@pytest.mark.parametrize(
+    "dims, tile",
+    [
+        ((32, 256, 56, 56, 512), (256, 256, True)),  # r50_08: boxes, even columns first, 256 channels
+        ((32, 512, 28, 28, 1024), (256, 256, True)),  # r50_14
+        ((32, 1024, 14, 14, 2048), (128, 128, False)),  # r50_20: 28-byte input rows, by pointer
+        ((32, 64, 56, 56, 128), (256, 128, True)),  # K=128: 128-channel tiles
+    ],
+    ids=["r50_08", "r50_14", "r50_20", "K128"],
+)
+def test_strided_nchw_gemm_tiles(dims, tile):
+    """Strided plans read through boxes keep the even columns first and take 256-channel tiles from
+    K=512 (each channel tile reads its input rows whole from L2); pointer reads keep 128 x 128."""
+    from fusionplan.solvers.triton_gemm_nchw import even_first, nchw_config
+
+    plan, _ = nchw_gemm_plan(*dims, torch.float16, conv=fp.ConvolutionDescriptor((0, 0), (2, 2)))
+    spec = plan.spec()
+    cfg = nchw_config(spec, interpret=False)
+    assert (cfg.block_m, cfg.block_n, even_first(spec)) == tile, cfg
+    assert cfg.num_warps == 8
 
 
 def test_nchw_gemm_deferring_plans_compile_elsewhere():

@@ -369,6 +369,16 @@ NCHW_GEMM_TILE_LOADS = True
 #: change. (Where its loads are tensor boxes, the persistent loop is flattened too: the next tile's
 #: loads run under this one's epilogue.)
 NCHW_GEMM_TILE_STORES = True
+#: triton-gemm-nchw reads strided plans' input through tensor boxes too (with NCHW_GEMM_TILE_LOADS),
+#: as the input's row pairs [N, OH, C, 2 x IW] where an even number of rows and row pairs of whole
+#: 16-byte units allow (56x56 and 28x28 input in fp16); the persistent loop is flattened then.
+#: With NCHW_GEMM_STRIDED_EVEN_FIRST, H100, fp16 CBNA, batch 32 (bench/results/2026-11-22-h100-
+#: nchw-row-pairs-19/ab-row-pairs.csv): r50_08 50.9 -> 38.7 us (128-channel tiles).
+NCHW_GEMM_STRIDED_TILE_LOADS = True
+#: With strided boxes, the even columns kept before the product (the box rows reach wgmma through
+#: registers either way): half the products; else the product runs over the odd columns too
+#: (r50_08 47.7 us against 38.7, same run).
+NCHW_GEMM_STRIDED_EVEN_FIRST = True
 
 #: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
 #: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while
@@ -380,6 +390,13 @@ NCHW_GEMM_TILE_STORES = True
 #: tiles of 256 pixels: half the GPU idle) 128 x 128 13.9, 64 x 128 17.3; 7x7 planes 64 x 128.
 NCHW_GEMM_PIXELS = 256
 NCHW_GEMM_MIN_TILES = 66
+#: Strided plans read through boxes with the even columns kept first (NCHW_GEMM_STRIDED_EVEN_FIRST)
+#: take tiles of this many output channels from NCHW_GEMM_STRIDED_WIDE_K of them: each channel tile
+#: reads its input rows whole from L2 (the odd columns too), so wider tiles read them fewer times
+#: (H100, fp16 CBNA, batch 32, 256 slots: r50_14 30.7 us against 46.9 at 128 channels, r50_08
+#: 37.8 / 38.2; `scripts/tile_sweep.py --layout NCHW --solver triton-gemm-nchw`).
+NCHW_GEMM_STRIDED_BLOCK_N = 256
+NCHW_GEMM_STRIDED_WIDE_K = 512
 
 #: NORMAL find's tiles for triton-gemm-nchw (pixels x channels; the heuristic's pick is timed too).
 NCHW_GEMM_CANDIDATES: list[ConvConfig] = [

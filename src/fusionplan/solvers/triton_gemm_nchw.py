@@ -15,11 +15,17 @@ Output of packed planes is stored the same way, contiguous along the pixels; any
 layout in its own strides. Pixels per tile at most the plane's, rounded up to a power of two
 (a 7x7 image: 64, of which 49 are used).
 
-At stride 2 a tile's product runs over the contiguous columns of whole input rows, those of its
-output rows (2 x slots to a row, slots: the output's width rounded up to a power of two; vectors
-as wide as the rows' alignment allows, where every other element alone would be a 2-byte load),
-and the odd columns' results are dropped after the reduction. It defers to triton-conv there
-(measured faster: the odd columns double the reads from L2).
+At stride 2 a tile holds whole output rows (2 x slots to a row, slots: the output's width rounded
+up to a power of two) and reads the contiguous columns of their input rows. Where the input has
+an even number of rows and its row pairs are whole 16-byte units (56x56 and 28x28 in fp16), they
+come through tensor boxes of the row pairs ([N, OH, C, 2 x IW]: an even input row's columns, then
+the odd row's), pass through registers to the product, and the even columns are kept before it
+(half the products); tiles of 256 output channels from K=512, since each channel tile reads its
+input rows whole from L2 (H100: r50_08 51.5 -> 38.0 us, r50_14 45.9 -> 31.6, bench/NOTES.md
+section 24). Elsewhere (14x14 input: 28-byte row pairs) the rows come by pointer, vectors as wide
+as their alignment allows, the product runs over the odd columns too and their rows are dropped
+after the reduction; it defers to the gather kernels there (the odd columns double the reads from
+L2).
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ def gemm_nchw_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     HW: tl.constexpr, OH: tl.constexpr, OW: tl.constexpr, IW: tl.constexpr, IHW: tl.constexpr,
     SLOTS: tl.constexpr, OUT_PLANES: tl.constexpr, IN_TILES: tl.constexpr, STORE_TILES: tl.constexpr,
+    EVEN_FIRST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, NUM_PROGRAMS: tl.constexpr,
     {stage_flags}
@@ -68,15 +75,20 @@ def gemm_nchw_kernel(
     # IHW); w: the weights as [C, K]; output planes of HW = OH x OW pixels; OUT_PLANES: the output
     # (and a prior) are packed planes too. IN_TILES: the input read through x_desc, [N, C, HW] in
     # [1, BLOCK_K, BLOCK_M] boxes (planes of whole 16-byte units, an aligned input; bounds and zero
-    # fill by the hardware) and the weights through w_desc, [C, K] in [BLOCK_K, BLOCK_N] boxes, the
-    # persistent loop flattened (no pointer carried from tile to tile: the next tile's loads run
-    # under this one's epilogue); else both by pointer (x_desc, w_desc: None). STORE_TILES: the
-    # output, packed planes of whole 16-byte units, stored through y_desc, [N, K, HW] in [1,
-    # BLOCK_N, BLOCK_M] boxes (bounds clipped by the hardware; else None). SLOTS (stride 2): the product's rows
-    # are the contiguous columns of whole input rows (those of the output rows), 2 x SLOTS to a row
-    # (SLOTS: OW rounded up to a power of two), loaded straight into the product's operand; the odd
-    # columns' products are dropped after the reduction (twice the products, each pipelined from
-    # shared memory, where keeping the even columns before the product staged them in registers).
+    # fill by the hardware; stride 2: the input's row pairs, [N, OH, C, 2 x IW] in [1, BLOCK_M /
+    # (2 x SLOTS), BLOCK_K, 2 x SLOTS] boxes, an even input row's columns then the odd row's, of
+    # which the slots past OW are dropped with the odd columns) and the weights through w_desc,
+    # [C, K] in [BLOCK_K, BLOCK_N] boxes, the persistent loop flattened (no pointer carried from
+    # tile to tile: the next tile's loads run under this one's epilogue); else both by pointer
+    # (x_desc, w_desc: None). STORE_TILES: the output, packed planes of whole 16-byte units, stored
+    # through y_desc, [N, K, HW] in [1, BLOCK_N, BLOCK_M] boxes (bounds clipped by the hardware;
+    # else None). SLOTS (stride 2): the product's rows are the contiguous columns of whole input
+    # rows (those of the output rows), 2 x SLOTS to a row (SLOTS: OW rounded up to a power of two);
+    # by pointer they are loaded straight into the product's operand and the odd columns' products
+    # are dropped after the reduction (twice the products, each pipelined from shared memory, where
+    # keeping the even columns before the product staged them in registers). EVEN_FIRST (1: stride
+    # 2 through boxes, whose rows reach the product through registers anyway): the even columns
+    # kept before the product, half the products (the accumulator holds output pixels alone).
     if SLOTS:
         tiles_per_image = tl.cdiv(OH * 2 * SLOTS, BLOCK_M)
     else:
@@ -103,14 +115,21 @@ def gemm_nchw_kernel(
             n_img = n_img.to(tl.int64)
             offs_n = offs_n.to(tl.int64)
         x_image = x_ptr + n_img * sxn
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M >> EVEN_FIRST, BLOCK_N), dtype=tl.float32)
         for kb in range(0, k_steps):
             offs_k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
             k_mask = offs_k < C
             if IDX64:
                 offs_k = offs_k.to(tl.int64)
             if IN_TILES:
-                a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
+                if SLOTS:  # input row pairs, [N, OH, C, 2 x IW]: a box of whole output rows' slots
+                    rows = x_desc.load([image, p0 // (2 * SLOTS), kb * BLOCK_K, 0])
+                    a = rows.reshape(BLOCK_M // (2 * SLOTS), BLOCK_K, 2 * SLOTS).permute(1, 0, 2)
+                    a = a.reshape(BLOCK_K, BLOCK_M)
+                    if EVEN_FIRST:
+                        a, _ = tl.split(a.reshape(BLOCK_K, BLOCK_M // 2, 2))
+                else:
+                    a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
                 b = w_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
             else:
                 if SLOTS:
@@ -123,7 +142,8 @@ def gemm_nchw_kernel(
                             mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
         if SLOTS:  # the even columns' rows: the output pixels
-            acc, _ = tl.split(tl.permute(acc.reshape(BLOCK_M // 2, 2, BLOCK_N), (0, 2, 1)))
+            if not EVEN_FIRST:
+                acc, _ = tl.split(tl.permute(acc.reshape(BLOCK_M // 2, 2, BLOCK_N), (0, 2, 1)))
             out_slot = p0 // 2 + tl.arange(0, BLOCK_M // 2)
             oh = out_slot // SLOTS
             ow = out_slot % SLOTS
@@ -185,9 +205,11 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
 #: against 16.0, r50_04 27.3 / 32.4) and stay.
 _SMALL_PLANE = 64
 _NARROW_OUTPUT = 64
-#: Strided plans are taken on input rows of at least this many pixels (16-byte row copies): r50_08
-#: (56-pixel rows) measured 51.4-51.9 us against 54.0-54.9 for triton-conv in three suites (H100,
-#: fp16 CBNA, batch 32: nchw-strided-4, nchw-17, nchw-tiles-18); r50_14 and r50_20 slower (above).
+#: Strided plans read by pointer are taken on input rows of at least this many pixels (16-byte
+#: row copies): r50_08 (56-pixel rows) measured 51.4-51.9 us against 54.0-54.9 for triton-conv in
+#: three suites (H100, fp16 CBNA, batch 32: nchw-strided-4, nchw-17, nchw-tiles-18); r50_14 and
+#: r50_20 slower (above). Read through boxes of row pairs they are taken (nchw-row-pairs-19:
+#: r50_08 38.0 us, r50_14 31.6 against 46.4 for triton-conv).
 STRIDED_MIN_ROW = 56
 
 
@@ -200,7 +222,7 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     (batch 1), where triton-conv splits its reduction and this kernel cannot."""
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
-    if row_slots(spec) and spec.input_desc.dims[3] < STRIDED_MIN_ROW:
+    if row_slots(spec) and spec.input_desc.dims[3] < STRIDED_MIN_ROW and not tile_reads(spec):
         # H100, fp16 CBNA, batch 32 (bench/results/2026-11-21-h100-nchw-strided-4/after): r50_08 51.4
         # us against 54.0, r50_14 66.5 / 45.4, r50_20 78.2 / 56.2. The product's rows hold the odd
         # columns too, so every channel tile reads twice the input from L2 (r50_14: about 180 MB)
@@ -226,12 +248,17 @@ MAX_ROW_SLOTS = 128
 
 def tile_reads(spec: PlanSpec) -> bool:
     """Whether the kernel reads the plan's input and weights through tensor boxes (given aligned
-    data): tuning.NCHW_GEMM_TILE_LOADS, stride 1, planes and weight rows ([C, K]) of whole 16-byte
-    units."""
+    data): tuning.NCHW_GEMM_TILE_LOADS, planes and weight rows ([C, K]) of whole 16-byte units; at
+    stride 2 an even number of input rows (the planes are whole row pairs), row pairs of whole
+    16-byte units and a box row (2 x slots) of at least one."""
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     size = spec.dtype.torch_dtype.itemsize
     whole_units = (h * w * size) % 16 == 0 and (k * size) % 16 == 0
-    return tuning.NCHW_GEMM_TILE_LOADS and not row_slots(spec) and whole_units
+    slots = row_slots(spec)
+    if slots:
+        whole_units = whole_units and h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
+        whole_units = whole_units and tuning.NCHW_GEMM_STRIDED_TILE_LOADS
+    return tuning.NCHW_GEMM_TILE_LOADS and whole_units
 
 
 def row_slots(spec: PlanSpec) -> int:
@@ -261,8 +288,16 @@ def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
     if not slots:
         return cfg
     cfg = replace(cfg, block_m=max(cfg.block_m, 2 * slots))
+    if not interpret and even_first(spec) and k >= tuning.NCHW_GEMM_STRIDED_WIDE_K:
+        cfg = replace(cfg, block_n=tuning.NCHW_GEMM_STRIDED_BLOCK_N, num_stages=3)
     wide = cfg.block_m * cfg.block_n >= 128 * 128 and not interpret
     return replace(cfg, num_warps=8) if wide else cfg
+
+
+def even_first(spec: PlanSpec) -> bool:
+    """Whether a strided plan's kernel keeps the even input columns before the product: read
+    through boxes (tile_reads), tuning.NCHW_GEMM_STRIDED_EVEN_FIRST."""
+    return bool(row_slots(spec)) and tile_reads(spec) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST
 
 
 def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
@@ -337,6 +372,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
             out_planes,
             x_desc is not None,
             y_desc is not None,
+            int(x_desc is not None and even_first(self.spec)),
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
@@ -351,13 +387,18 @@ class TritonGemmNchwKernel(TritonConvKernel):
         return (programs, 1, 1), cfg, args
 
     def _input_tiles(self, x: Tensor, cfg: tuning.ConvConfig):
-        """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes, where
+        """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes (stride 2: its row
+        pairs, [N, C, H/2, 2W] in boxes of whole rows of 2 x slots), where
         tuning.NCHW_GEMM_TILE_LOADS asks for it and descriptors can read the input and the weights
-        (planes and weight rows of whole 16-byte units, an aligned input); else None (pointer
-        loads, no descriptor to encode)."""
+        (tile_reads, an aligned input); else None (pointer loads, no descriptor to encode)."""
         n, c, h, w = self.spec.input_desc.dims
         if not tile_reads(self.spec) or x.data_ptr() % 16:
             return None
+        slots = row_slots(self.spec)
+        if slots:
+            row = 2 * slots
+            box = [1, cfg.block_m // row, cfg.block_k, row]
+            return host_descriptor(x, [n, h // 2, c, 2 * w], [c * h * w, 2 * w, h * w, 1], box)
         return host_descriptor(x, [n, c, h * w], [c * h * w, h * w, 1], [1, cfg.block_k, cfg.block_m])
 
     def _output_tiles(self, out: Tensor, cfg: tuning.ConvConfig):
