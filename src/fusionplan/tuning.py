@@ -379,6 +379,10 @@ NCHW_GEMM_STRIDED_TILE_LOADS = True
 #: registers either way): half the products; else the product runs over the odd columns too
 #: (r50_08 47.7 us against 38.7, same run).
 NCHW_GEMM_STRIDED_EVEN_FIRST = True
+#: The even columns kept first by pointer too (14x14 input: 28-byte row pairs, no boxes). Off:
+#: r50_20 55.0 us at 128 x 256 against 74.6 over whole rows, but 48.0 for gluon-nchw-regs, its
+#: solver (H100, fp16 CBNA, batch 32, nchw-row-pairs-19/sweep-r50_20-pointer-even-first.txt).
+NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST = False
 
 #: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
 #: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while

@@ -87,8 +87,9 @@ def gemm_nchw_kernel(
     # by pointer they are loaded straight into the product's operand and the odd columns' products
     # are dropped after the reduction (twice the products, each pipelined from shared memory, where
     # keeping the even columns before the product staged them in registers). EVEN_FIRST (1: stride
-    # 2 through boxes, whose rows reach the product through registers anyway): the even columns
-    # kept before the product, half the products (the accumulator holds output pixels alone).
+    # 2 through boxes, whose rows reach the product through registers anyway, or by pointer where
+    # asked): the even columns kept before the product, half the products (the accumulator holds
+    # output pixels alone).
     if SLOTS:
         tiles_per_image = tl.cdiv(OH * 2 * SLOTS, BLOCK_M)
     else:
@@ -135,6 +136,8 @@ def gemm_nchw_kernel(
                 if SLOTS:
                     a = tl.load(x_image + offs_k[:, None] * IHW + in_offs[None, :],
                                 mask=k_mask[:, None] & in_mask[None, :], other=0.0)
+                    if EVEN_FIRST:
+                        a, _ = tl.split(a.reshape(BLOCK_K, BLOCK_M // 2, 2))
                 else:
                     a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
                                 mask=k_mask[:, None] & m_mask[None, :], other=0.0)
@@ -295,9 +298,12 @@ def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
 
 
 def even_first(spec: PlanSpec) -> bool:
-    """Whether a strided plan's kernel keeps the even input columns before the product: read
-    through boxes (tile_reads), tuning.NCHW_GEMM_STRIDED_EVEN_FIRST."""
-    return bool(row_slots(spec)) and tile_reads(spec) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST
+    """Whether a strided plan's kernel keeps the even input columns before the product
+    (tuning.NCHW_GEMM_STRIDED_EVEN_FIRST): where it reads through boxes (tile_reads; by pointer
+    too where an input is not 16-byte aligned), or by pointer with
+    tuning.NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST."""
+    by_pointer = tuning.NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST
+    return bool(row_slots(spec)) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST and (tile_reads(spec) or by_pointer)
 
 
 def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
@@ -372,7 +378,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
             out_planes,
             x_desc is not None,
             y_desc is not None,
-            int(x_desc is not None and even_first(self.spec)),
+            int(even_first(self.spec)),
             cfg.block_m,
             cfg.block_n,
             cfg.block_k,
