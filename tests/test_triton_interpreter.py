@@ -476,6 +476,17 @@ STRIDED_NCHW_GEMM_CASES = {  # (n, c, h, w, k): stride 2, no padding; input read
 }
 
 
+def strided_nchw_gemm(case: str, dtype):
+    """A stride-2 1x1 CBNA plan on a case's NCHW input compiled for triton-gemm-nchw: the plan, its
+    handle, its kernel and the input."""
+    (n, c, h, w, k), _ = STRIDED_NCHW_GEMM_CASES[case]
+    x = make_input((n, c, h, w), dtype, "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
+    handle = compile_named(plan, "triton-gemm-nchw")
+    return plan, handle, plan._entry(handle).kernel, x
+
+
 @pytest.mark.parametrize("case", list(STRIDED_NCHW_GEMM_CASES))
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
 @pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
@@ -483,12 +494,8 @@ def test_strided_nchw_gemm(case, dtype, out_layout):
     """Stride 2: tiles of whole output rows of slots, each row reading its input row's contiguous
     columns and keeping the even ones, by pointer or (an even number of rows, row pairs of whole
     16-byte units) through boxes of the input's row pairs; output in planes or channels-last."""
-    (n, c, h, w, k), boxes = STRIDED_NCHW_GEMM_CASES[case]
-    x = make_input((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
-    handle = compile_named(plan, "triton-gemm-nchw")
-    kernel = plan._entry(handle).kernel
+    plan, handle, kernel, x = strided_nchw_gemm(case, dtype)
+    boxes = STRIDED_NCHW_GEMM_CASES[case][1]
     expect_boxes = boxes[dtype == torch.float16]
     assert (kernel._input_tiles(x, kernel.config) is not None) == expect_boxes and "SLOTS" in kernel.source()
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
@@ -502,12 +509,7 @@ def test_strided_nchw_gemm_boxes_over_whole_rows(case, dtype, monkeypatch):
     from fusionplan import tuning
 
     monkeypatch.setattr(tuning, "NCHW_GEMM_STRIDED_EVEN_FIRST", False)
-    (n, c, h, w, k), _ = STRIDED_NCHW_GEMM_CASES[case]
-    x = make_input((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
-    handle = compile_named(plan, "triton-gemm-nchw")
-    kernel = plan._entry(handle).kernel
+    plan, handle, kernel, x = strided_nchw_gemm(case, dtype)
     assert kernel._input_tiles(x, kernel.config) is not None and "EVEN_FIRST" in kernel.source()
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
@@ -522,12 +524,7 @@ def test_strided_nchw_gemm_even_columns_by_pointer(case, dtype, monkeypatch):
 
     unaligned = case.startswith("unaligned")
     monkeypatch.setattr(tuning, "NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST", not unaligned)
-    (n, c, h, w, k), _ = STRIDED_NCHW_GEMM_CASES["boxes-16x16" if unaligned else case]
-    x = make_input((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype=DT_NAME[dtype])
-    handle = compile_named(plan, "triton-gemm-nchw")
-    kernel = plan._entry(handle).kernel
+    plan, handle, kernel, x = strided_nchw_gemm("boxes-16x16" if unaligned else case, dtype)
     if unaligned:  # the same values one element into a buffer: 2 or 4 bytes past a 16-byte boundary
         x = torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
     boxes = STRIDED_NCHW_GEMM_CASES[case][1][dtype == torch.float16] if not unaligned else False
