@@ -127,8 +127,6 @@ def gemm_nchw_kernel(
                     rows = x_desc.load([image, p0 // (2 * SLOTS), kb * BLOCK_K, 0])
                     a = rows.reshape(BLOCK_M // (2 * SLOTS), BLOCK_K, 2 * SLOTS).permute(1, 0, 2)
                     a = a.reshape(BLOCK_K, BLOCK_M)
-                    if EVEN_FIRST:
-                        a, _ = tl.split(a.reshape(BLOCK_K, BLOCK_M // 2, 2))
                 else:
                     a = x_desc.load([image, kb * BLOCK_K, p0]).reshape(BLOCK_K, BLOCK_M)
                 b = w_desc.load([kb * BLOCK_K, pid_n * BLOCK_N])
@@ -136,13 +134,13 @@ def gemm_nchw_kernel(
                 if SLOTS:
                     a = tl.load(x_image + offs_k[:, None] * IHW + in_offs[None, :],
                                 mask=k_mask[:, None] & in_mask[None, :], other=0.0)
-                    if EVEN_FIRST:
-                        a, _ = tl.split(a.reshape(BLOCK_K, BLOCK_M // 2, 2))
                 else:
                     a = tl.load(x_image + offs_k[:, None] * IHW + pix[None, :],
                                 mask=k_mask[:, None] & m_mask[None, :], other=0.0)
                 b = tl.load(w_ptr + offs_k[:, None] * K + offs_n[None, :],
                             mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            if EVEN_FIRST:  # stride 2: the even columns alone, by box or by pointer
+                a, _ = tl.split(a.reshape(BLOCK_K, BLOCK_M // 2, 2))
             acc = tl.dot(tl.trans(a), b, acc, input_precision=DOT_PRECISION)
         if SLOTS:  # the even columns' rows: the output pixels
             if not EVEN_FIRST:
@@ -259,8 +257,8 @@ def tile_reads(spec: PlanSpec) -> bool:
     whole_units = (h * w * size) % 16 == 0 and (k * size) % 16 == 0
     slots = row_slots(spec)
     if slots:
-        whole_units = whole_units and h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
-        whole_units = whole_units and tuning.NCHW_GEMM_STRIDED_TILE_LOADS
+        row_pairs = h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
+        whole_units = whole_units and row_pairs and tuning.NCHW_GEMM_STRIDED_TILE_LOADS
     return tuning.NCHW_GEMM_TILE_LOADS and whole_units
 
 
@@ -394,7 +392,7 @@ class TritonGemmNchwKernel(TritonConvKernel):
 
     def _input_tiles(self, x: Tensor, cfg: tuning.ConvConfig):
         """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes (stride 2: its row
-        pairs, [N, C, H/2, 2W] in boxes of whole rows of 2 x slots), where
+        pairs, [N, H/2, C, 2W] in boxes of whole rows of 2 x slots), where
         tuning.NCHW_GEMM_TILE_LOADS asks for it and descriptors can read the input and the weights
         (tile_reads, an aligned input); else None (pointer loads, no descriptor to encode)."""
         n, c, h, w = self.spec.input_desc.dims
