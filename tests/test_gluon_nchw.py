@@ -87,18 +87,24 @@ def test_channels_last_input_and_the_switch_defer(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name, tile",
+    "name, tile, wide",
     [
-        ("r50_16", (128, 128)),
-        ("r50_12", (128, 128)),
-        ("r50_19", (128, 128)),
-        ("r50_22", (64, 128)),
-        ("r50_21", (64, 128)),
+        ("r50_16", (64, 256), True),
+        ("r50_12", (64, 256), True),
+        ("r50_19", (64, 256), True),
+        ("r50_22", (64, 128), True),
+        ("r50_21", (64, 128), True),
+        ("r50_18", (64, 128), True),
+        ("r50_16", (128, 128), False),
+        ("r50_19", (128, 128), False),
+        ("r50_22", (64, 128), False),
     ],
 )
-def test_tiles_fill_half_the_multiprocessors(name, tile):
-    """128 x 128 where its grid fills half the GPU (r50_16, r50_12: 98 programs), else 64 x 128
-    (r50_22: 100 programs against 52), the ring within tuning.GLUON_NCHW_RING_BYTES."""
+def test_tiles_fill_half_the_multiprocessors(name, tile, wide, monkeypatch):
+    """64 x 256 where its grid fills half the GPU (r50_16, r50_12: 98 programs; r50_19: 200), else
+    128 x 128 or 64 x 128 (r50_22: 100 programs against 50 and 52); without the wide tile
+    (tuning.GLUON_NCHW_WIDE off) 128 x 128 first; the ring within tuning.GLUON_NCHW_RING_BYTES."""
+    monkeypatch.setattr(tuning, "GLUON_NCHW_WIDE", wide)
     s = resnet50_layer(name)
     oh = s.h // s.stride
     for dtype in (torch.float16, torch.float32):
@@ -111,12 +117,13 @@ def test_tiles_fill_half_the_multiprocessors(name, tile):
 
 
 @pytest.mark.parametrize(
-    "name, dtype, partitions", [("r50_22", "float16", 3), ("r50_16", "bfloat16", 1), ("r50_19", "float32", 1)]
+    "name, dtype, partitions", [("r50_22", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
 )
 def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     """Warp-specialized (register reallocations), the weights by a tensor load in each gathering
-    partition (three for 64-pixel tiles), the input by plain loads (no asynchronous copies: 2-byte
-    elements), products with one in flight, no spills, within sm_90's shared memory."""
+    partition (64 x 128 tiles: three; 64 x 256: two, the ring's four stages), the input by plain
+    loads (no asynchronous copies: 2-byte elements), products with one in flight, no spills,
+    within sm_90's shared memory."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "gluon-nchw")
     assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0

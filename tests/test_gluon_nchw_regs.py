@@ -83,6 +83,27 @@ def test_tiles_and_rings():
         regs.ring_stages(1)
 
 
+@pytest.mark.parametrize("wide", [True, False])
+def test_wide_tile_for_one_tap(wide, monkeypatch):
+    """1x1 filters take 128 x 256 (two warpgroups along the pixels) where its grid fills half the
+    GPU (r50_20: 1568 pixels x 2048 channels, 104 programs) and tuning.GLUON_NCHW_REGS_WIDE is on;
+    filters of several taps never; the ring within tuning.GLUON_NCHW_RING_BYTES whatever stages
+    are asked for."""
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_WIDE", wide)
+    cfg = regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=1)
+    expected = regs.WIDE_1X1_TILE if wide else (64, 128, 8)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == expected
+    cfg = regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=9)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (64, 128, 8)
+    # a grid below half the GPU, or output channels fewer than the tile's: the usual tiles
+    assert regs.regs_config(256, 2048, torch.float16, H100_SMS, taps=1).block_m == 64
+    assert regs.regs_config(25088, 128, torch.float16, H100_SMS, taps=1).block_n == 128
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", 8)
+    cfg = regs.regs_tile(*regs.WIDE_1X1_TILE, 2)
+    assert cfg.num_stages * cfg.block_n * 128 <= tuning.GLUON_NCHW_RING_BYTES
+    assert regs.regs_tile(64, 128, 8, 2).num_stages == 8
+
+
 @pytest.mark.parametrize("taps_inner", [True, False])
 def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
     """In either reduction order: the product reads the input operand from registers (matrix loads

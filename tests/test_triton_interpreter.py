@@ -669,6 +669,20 @@ def test_nchw_gemm_tiles_hold_one_images_pixels(hw, images, k, tile):
     assert fp32.block_m <= max(32, 1 << (hw - 1).bit_length()) and fp32.block_n <= 128
 
 
+@pytest.mark.parametrize("min_c, tile", [(1024, (128, 256, 8)), (0, (256, 128, 8)), (2048, (256, 128, 8))])
+def test_nchw_gemm_long_reductions_take_wide_channel_tiles(min_c, tile, monkeypatch):
+    """r50_17 (C=1024 into K=512, 14x14): 128 x 256 in place of 256 x 128 (the same 128 tiles) from
+    tuning.NCHW_GEMM_WIDE_N_MIN_C input channels (0: never); shorter reductions and 32-bit data keep
+    theirs."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "NCHW_GEMM_WIDE_N_MIN_C", min_c)
+    cfg = tuning.nchw_gemm_heuristic(196, 32, 512, 1024, torch.float16, False)
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == tile
+    assert tuning.nchw_gemm_heuristic(196, 32, 512, 512, torch.float16, False).block_n == 128
+    assert tuning.nchw_gemm_heuristic(196, 32, 512, 1024, torch.float32, False).block_n <= 128
+
+
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------
 WINDOW_CASES = {  # name: (n, c, h, w, k, r, s, pads, dilations); the window solver takes C >= 128
     "3x3-edges": (2, 128, 13, 11, 8, 3, 3, (1, 1), (1, 1)),

@@ -311,6 +311,10 @@ GLUON_NCHW_FP32_MAX_PLANE = 196
 GLUON_NCHW_1X1_MAX_PLANE = 49
 GLUON_NCHW_MIN_PROGRAMS = 64
 
+#: gluon-nchw's tiles include 64 pixels x 256 output channels, preferred where its grid fills half
+#: the GPU (solvers/gluon_nchw.py GATHER_TILES).
+GLUON_NCHW_WIDE = True
+
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_NCHW_RING_BYTES = 160 * 1024
@@ -349,6 +353,9 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 #: loads run (1 to 3; within 3 % of one another).
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
+#: gluon-nchw-regs takes 128 x 256 tiles for 1x1 filters where their grid fills half the GPU
+#: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE).
+GLUON_NCHW_REGS_WIDE = True
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
@@ -394,6 +401,12 @@ NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST = False
 #: tiles of 256 pixels: half the GPU idle) 128 x 128 13.9, 64 x 128 17.3; 7x7 planes 64 x 128.
 NCHW_GEMM_PIXELS = 256
 NCHW_GEMM_MIN_TILES = 66
+#: Where the heuristic's tile is 256 pixels x 128 channels and the plan has at least this many
+#: input channels (0: never), triton-gemm-nchw takes 128 x 256 instead: the same grid, each channel
+#: tile reading the long reduction's input from L2 half as often (H100, fp16 CBNA, batch 32, warm
+#: L2: r50_17 18.7 us against 20.9; r50_13, C=256 in 4 steps, 19.1 against 17.8; bench/NOTES.md
+#: section 25).
+NCHW_GEMM_WIDE_N_MIN_C = 1024
 #: Strided plans read through boxes with the even columns kept first (NCHW_GEMM_STRIDED_EVEN_FIRST)
 #: take tiles of this many output channels from NCHW_GEMM_STRIDED_WIDE_K of them: each channel tile
 #: reads its input rows whole from L2 (the odd columns too), so wider tiles read them fewer times
@@ -434,8 +447,11 @@ def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype
     block_m = min(NCHW_GEMM_PIXELS, plane)
     while block_m > 64 and images * -(-hw // block_m) * -(-k // block_n) < NCHW_GEMM_MIN_TILES:
         block_m //= 2
+    block_k = _pow2_at_least(c, 16, 64)
+    if block_m == 256 and block_n == 128 and NCHW_GEMM_WIDE_N_MIN_C and c >= NCHW_GEMM_WIDE_N_MIN_C:
+        return ConvConfig(128, 256, block_k, 8, 8, 3)  # the same grid, the reduction's input read half as often
     wide = block_m > 128  # two warpgroups
-    return ConvConfig(block_m, block_n, _pow2_at_least(c, 16, 64), 8, 8 if wide else 4, 3 if wide else 4)
+    return ConvConfig(block_m, block_n, block_k, 8, 8 if wide else 4, 3 if wide else 4)
 
 
 #: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts

@@ -420,21 +420,30 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
 
 
 def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The largest tile of 128 or 64 pixels x 128 or 64 channels whose grid still fills half the
-    multiprocessors (the smallest otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs
-    32.4 us against 44.5 for 64 x 128, 64 x 128 on r50_22's 100 against 59.8 for 128 x 128 on
-    52), with reduction steps of 128-byte rows and as many stages as tuning.GLUON_NCHW_RING_BYTES
-    holds (2 to 6)."""
+    """The first tile of gather_tiles whose grid still fills half the multiprocessors (the smallest
+    otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs 32.4 us against 44.5 for 64 x 128,
+    64 x 128 on r50_22's 100 against 59.8 for 128 x 128 on 52), with reduction steps of 128-byte
+    rows and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
+    tiles = gather_tiles()
     pixels, block_n = next(
-        ((p, n) for p, n in GATHER_TILES if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
-        GATHER_TILES[-1],
+        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2), tiles[-1]
     )
     return gather_tile(pixels, block_n, size)
 
 
-#: gluon-nchw's tiles (pixels x output channels), largest first.
-GATHER_TILES = ((128, 128), (64, 128), (128, 64), (64, 64))
+#: gluon-nchw's tiles (pixels x output channels) in order of preference. 64 x 256 first: each
+#: pixel tile reads its channel tile's weights from L2, each channel tile its gathered input, and
+#: a tile twice as wide reads the input half as often (H100, fp16 CBNA, batch 32, warm L2: r50_16
+#: 25.1 us against 31.6 for 128 x 128, r50_12 31.9 / 42.2, r50_19 20.2 / 21.6; r50_22, r50_18 and
+#: r50_21 keep 64 x 128: their 50 programs of 64 x 256 leave most of the GPU idle; bench/NOTES.md
+#: section 25).
+GATHER_TILES = ((64, 256), (128, 128), (64, 128), (128, 64), (64, 64))
+
+
+def gather_tiles() -> tuple[tuple[int, int], ...]:
+    """GATHER_TILES, without the 64 x 256 tile where tuning.GLUON_NCHW_WIDE is off."""
+    return GATHER_TILES if tuning.GLUON_NCHW_WIDE else GATHER_TILES[1:]
 
 
 def gather_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
@@ -463,8 +472,8 @@ class GluonNchwKernel(TritonConvKernel):
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: the four tiles of gather_config with its stages."""
-        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize) for p, n in GATHER_TILES]
+        """NORMAL find's configurations: the tiles of gather_config with their stages."""
+        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize) for p, n in gather_tiles()]
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)

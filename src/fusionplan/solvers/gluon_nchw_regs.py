@@ -212,6 +212,13 @@ def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
 #: layer tried (H100, fp16, batch 32: r50_16 31.3 us against 37.9 for 128 x 128 and 40.9 for 64 x
 #: 64, r50_22 40.3 / 72.6 / 51.4, r50_18 57.7 / 96.9 / 86.7, r50_10 31.8 / 39.5 / 39.8).
 REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
+#: 1x1 filters' tile first where its grid fills half the GPU (tuning.GLUON_NCHW_REGS_WIDE): two
+#: warpgroups along the pixels, each 64 x 256. A pixel tile reads its channel tile's weights from L2
+#: and a channel tile its gathered input, and a 1x1 filter's step is one tap: both reads quarter
+#: against 64 x 128 (H100, fp16 CBNA, batch 32, warm L2: r50_20 31.1 us against 50.6; the 3x3
+#: layers r50_06 and r50_10 measured slower at 128 pixels, 49.0 / 46.1 and 34.6 / 27.0 at 128 x 128;
+#: bench/NOTES.md section 25).
+WIDE_1X1_TILE = (128, 256, 8)
 
 
 def regs_tile(pixels: int, block_n: int, warps: int, size: int) -> tuning.ConvConfig:
@@ -219,7 +226,8 @@ def regs_tile(pixels: int, block_n: int, warps: int, size: int) -> tuning.ConvCo
     pixels, one or two warpgroups along the output channels): reduction steps of 128-byte rows (64
     channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages."""
     block_k = 128 // size
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, ring_stages(tuning.GLUON_NCHW_REGS_STAGES), 1)
+    stages = min(ring_stages(tuning.GLUON_NCHW_REGS_STAGES), tuning.GLUON_NCHW_RING_BYTES // (block_n * 128))
+    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
 def ring_stages(stages: int) -> int:
@@ -230,12 +238,13 @@ def ring_stages(stages: int) -> int:
     return stages
 
 
-def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The first tile of REGS_TILES no wider than the output channels need (64 of them: a 64-channel
-    tile; r50_02 40.3 us against 79.1 for 64 x 128) whose grid still fills half the
-    multiprocessors, the last otherwise."""
+def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: int = 9) -> tuning.ConvConfig:
+    """The first tile of REGS_TILES (for a filter of one tap, WIDE_1X1_TILE before them) no wider
+    than the output channels need (64 of them: a 64-channel tile; r50_02 40.3 us against 79.1 for
+    64 x 128) whose grid still fills half the multiprocessors, the last otherwise."""
     size = torch.empty((), dtype=dtype).element_size()
-    tiles = [t for t in REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit
+    wide = (WIDE_1X1_TILE,) if taps == 1 and tuning.GLUON_NCHW_REGS_WIDE else ()
+    tiles = [t for t in wide + REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit
     pixels, block_n, warps = next(
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         tiles[-1],
@@ -289,12 +298,14 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         return render_gluon_nchw_regs_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle))
+        r, s = self.conv.w_desc.dims[2:]
+        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
-        return [regs_tile(p, n, w, self.spec.dtype.torch_dtype.itemsize) for p, n, w in REGS_TILES]
+        size = self.spec.dtype.torch_dtype.itemsize
+        return [regs_tile(p, n, w, size) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
     def _launch_args(
         self,
