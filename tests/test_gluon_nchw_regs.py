@@ -42,7 +42,8 @@ def test_why_not_names_what_is_missing():
         ("r50_06", None),  # strided to 28x28
         ("r50_16", "output planes of 196 pixels (< 784)"),
         ("r50_22", "output planes of 49 pixels (< 784)"),
-        ("r50_21", "1x1 filters"),
+        ("r50_21", "1x1 filters on grids too small for its 128 x 256 tile"),  # 26 programs of it
+        ("r50_19", None),  # 1x1 to 7x7 planes, 2048 channels: 104 programs of 128 x 256
         ("r50_02", "output planes of 3136 pixels (> 784 for several taps)"),  # gluon-nchw's own limit
         ("r50_20", None),  # strided 1x1 to 7x7 planes: faster than triton-conv
         ("r50_14", "strided 1x1 filters on output planes of 196 pixels (> 49)"),
@@ -64,6 +65,12 @@ def test_takes_the_28x28_layers_by_default():
 def test_off_switch(monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_NCHW_REGS", False)
     assert "off (tuning.GLUON_NCHW_REGS)" in deferred(layer("r50_10"))
+
+
+def test_stride_1_1x1_filters_only_with_the_wide_tile(monkeypatch):
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_WIDE", False)
+    assert "1x1 filters on grids too small" in deferred(layer("r50_19"))
+    assert deferred(layer("r50_20")) is None  # strided 1x1: taken on its own rule
 
 
 def test_tiles_and_rings():

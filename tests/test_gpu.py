@@ -500,10 +500,11 @@ def gluon_nchw_case(case: str, dtype):
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
-    """gluon-nchw on NCHW input over each of its tiles (128 and 64 pixels by 128 and 64 output
-    channels, random ring depths, one to three gathering partitions of 4 or 8 warps, loads 1 to 3
+    """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
+    output channels, random ring depths, one to three gathering partitions of 4 or 8 warps, loads 1 to 3
     steps ahead, either reduction order), output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
+    from fusionplan.solvers import gluon_nchw
 
     dtype, tf32 = PRECISIONS[precision][:2]
     plan, x = gluon_nchw_case(case, dtype)
@@ -512,9 +513,11 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     kernel = plan._entry(handle).kernel
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision)
-    for pixels, block_n in ((128, 128), (64, 128), (128, 64), (64, 64)):
-        # rings of 6 stages let three partitions run (shared_ring: two stages or more each)
-        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice((2, 3, 4, 6)), 1)
+    for pixels, block_n in gluon_nchw.GATHER_TILES:
+        # rings of 6 stages let three partitions run (shared_ring: two stages or more each); 64 x 256
+        # tiles hold four in tuning.GLUON_NCHW_RING_BYTES
+        fitting = [s for s in (2, 3, 4, 6) if s * (pixels + block_n) * 128 <= tuning.GLUON_NCHW_RING_BYTES]
+        kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice(fitting), 1)
         warps, parts = rng.choice(((4, 1), (4, 2), (4, 3), (8, 1)))  # at most 12 gathering warps
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
@@ -552,7 +555,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     assert plan.compile(handle, solver="gluon-nchw-regs") == "gluon-nchw-regs"
     kernel = plan._entry(handle).kernel
     rng = random.Random(case + precision + "regs")
-    for pixels, block_n, warps in gluon_nchw_regs.REGS_TILES:
+    for pixels, block_n, warps in (gluon_nchw_regs.WIDE_1X1_TILE, *gluon_nchw_regs.REGS_TILES):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))

@@ -252,6 +252,18 @@ def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: 
     return regs_tile(pixels, block_n, warps, size)
 
 
+def wide_1x1(spec: PlanSpec, multiprocessors: int) -> bool:
+    """Whether the plan's kernel takes WIDE_1X1_TILE (a 1x1 filter, a grid of that tile filling half
+    the GPU): stride-1 1x1 filters are taken there alone (r50_19: 17.2 us against 20.2 for
+    gluon-nchw's 64 x 256, warm L2)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    k, _, r, s = conv.w_desc.dims
+    oh, ow = conv.output_desc.dims[2:]
+    cfg = regs_config(spec.input_desc.dims[0] * oh * ow, k, spec.dtype.torch_dtype, multiprocessors, r * s)
+    return (cfg.block_m, cfg.block_n, cfg.num_warps) == WIDE_1X1_TILE
+
+
 def regs_dtype_why_not(spec: PlanSpec) -> str | None:
     """16-bit data only: a register operand of 32-bit data (TF32) needs another operand layout."""
     if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
@@ -261,8 +273,9 @@ def regs_dtype_why_not(spec: PlanSpec) -> str | None:
 
 def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     """gluon-nchw's rules (where other kernels measured faster), then where gluon-nchw measured
-    faster: 1x1 filters, output planes below tuning.GLUON_NCHW_REGS_MIN_PLANE pixels. Strided 1x1
-    filters are taken on output planes of at most tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE pixels."""
+    faster: 1x1 filters unless their grid takes WIDE_1X1_TILE (wide_1x1), output planes below
+    tuning.GLUON_NCHW_REGS_MIN_PLANE pixels. Strided 1x1 filters are taken on output planes of at
+    most tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE pixels."""
     if not tuning.GLUON_NCHW_REGS:
         return "off (tuning.GLUON_NCHW_REGS)"
     _, conv, _ = split_at_conv(spec.ops)
@@ -280,7 +293,12 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     if why or strided_1x1:
         return why
     if r * s == 1:
-        return "1x1 filters: gluon-nchw measured faster (r50_21 21.7 us against 31.1)"
+        if wide_1x1(spec, multiprocessors):
+            return None
+        return (
+            "1x1 filters on grids too small for its 128 x 256 tile: gluon-nchw measured faster (r50_21 21.7 us "
+            "against 31.1)"
+        )
     if oh * ow < tuning.GLUON_NCHW_REGS_MIN_PLANE:
         return (
             f"output planes of {oh * ow} pixels (< {tuning.GLUON_NCHW_REGS_MIN_PLANE}): gluon-nchw measured "
