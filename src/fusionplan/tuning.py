@@ -312,7 +312,9 @@ GLUON_NCHW_1X1_MAX_PLANE = 49
 GLUON_NCHW_MIN_PROGRAMS = 64
 
 #: gluon-nchw's tiles include 64 pixels x 256 output channels, preferred where its grid fills half
-#: the GPU (solvers/gluon_nchw.py GATHER_TILES).
+#: the GPU (solvers/gluon_nchw.py GATHER_TILES). H100 A/B (CBNA, batch 32,
+#: bench/results/2026-11-22-h100-nchw-wide-20): fp16 r50_12 46.7 -> 37.0 us, r50_16 33.8 -> 26.1;
+#: TF32 r50_12 77.2 -> 60.7, r50_16 48.9 -> 42.4.
 GLUON_NCHW_WIDE = True
 
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
@@ -341,7 +343,8 @@ GLUON_NCHW_TAPS_INNER = True
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->
 #: 30.3 us, r50_06 53.6 -> 49.4 (H100, fp16, batch 32, taps inner); gluon-nchw stays faster on the
 #: 14x14 and 7x7 planes (r50_18 45.9 against 58.1, r50_22 36.1 / 40.5, r50_12 46.4 / 47.7) and
-#: on 1x1 filters (r50_21 21.7 / 31.1).
+#: on 1x1 filters (r50_21 21.7 / 31.1) but where GLUON_NCHW_REGS_WIDE's tile fills half the GPU
+#: (r50_19 17.7 us against 22.0 for gluon-nchw's 64 x 256; bench/NOTES.md section 25).
 GLUON_NCHW_REGS = True
 GLUON_NCHW_REGS_MIN_PLANE = 784
 #: It also takes strided 1x1 filters on output planes of at most this many pixels: r50_20 (7x7
@@ -354,7 +357,8 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
 #: gluon-nchw-regs takes 128 x 256 tiles for 1x1 filters where their grid fills half the GPU
-#: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE).
+#: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE), and stride-1 1x1 filters there alone. H100 A/B
+#: (fp16 CBNA, batch 32, bench/results/2026-11-22-h100-nchw-wide-20): r50_20 49.6 -> 42.6 us.
 GLUON_NCHW_REGS_WIDE = True
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,

@@ -12,7 +12,10 @@ two shared-memory buffers, a barrier of the warps and matrix loads: generic-prox
 proxy fence. One product runs at a time (the next step's matrix loads may take the registers the
 product in flight reads), overlapping the next step's loads, stores and barrier. The weights go
 through shared memory by TMA, in a ring of their own; a 64-pixel tile's two warpgroups sit side
-by side along the output channels (bench/NOTES.md, section 22).
+by side along the output channels (bench/NOTES.md, section 22). 1x1 filters take tiles of 128
+pixels x 256 channels (two warpgroups along the pixels) where that grid fills half the GPU: each
+pixel tile reads its channel tile's weights from L2 and each channel tile the gathered input, so
+the larger tile reads both less often (section 25).
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the input's
