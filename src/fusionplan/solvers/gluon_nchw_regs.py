@@ -227,7 +227,8 @@ WIDE_1X1_TILE = (128, 256, 8)
 def regs_tile(pixels: int, block_n: int, warps: int, size: int) -> tuning.ConvConfig:
     """A tile of ``pixels`` x ``block_n`` for 16-bit data computed by ``warps`` warps (a warp per 16
     pixels, one or two warpgroups along the output channels): reduction steps of 128-byte rows (64
-    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages."""
+    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages, at most as many as
+    tuning.GLUON_NCHW_RING_BYTES holds (a 256-channel stage is 32 KB)."""
     block_k = 128 // size
     stages = min(ring_stages(tuning.GLUON_NCHW_REGS_STAGES), tuning.GLUON_NCHW_RING_BYTES // (block_n * 128))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
@@ -255,15 +256,11 @@ def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: 
     return regs_tile(pixels, block_n, warps, size)
 
 
-def wide_1x1(spec: PlanSpec, multiprocessors: int) -> bool:
-    """Whether the plan's kernel takes WIDE_1X1_TILE (a 1x1 filter, a grid of that tile filling half
-    the GPU): stride-1 1x1 filters are taken there alone (r50_19: 17.2 us against 20.2 for
-    gluon-nchw's 64 x 256, warm L2)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    k, _, r, s = conv.w_desc.dims
-    oh, ow = conv.output_desc.dims[2:]
-    cfg = regs_config(spec.input_desc.dims[0] * oh * ow, k, spec.dtype.torch_dtype, multiprocessors, r * s)
+def wide_1x1(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> bool:
+    """Whether a 1x1 filter's kernel of ``m`` output pixels and ``k`` channels takes WIDE_1X1_TILE
+    (its grid fills half the GPU): stride-1 1x1 filters are taken there alone (r50_19: 17.2 us
+    against 20.2 for gluon-nchw's 64 x 256, warm L2)."""
+    cfg = regs_config(m, k, dtype, multiprocessors, taps=1)
     return (cfg.block_m, cfg.block_n, cfg.num_warps) == WIDE_1X1_TILE
 
 
@@ -296,7 +293,8 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     if why or strided_1x1:
         return why
     if r * s == 1:
-        if wide_1x1(spec, multiprocessors):
+        m = spec.input_desc.dims[0] * oh * ow
+        if wide_1x1(m, conv.w_desc.dims[0], spec.dtype.torch_dtype, multiprocessors):
             return None
         return (
             "1x1 filters on grids too small for its 128 x 256 tile: gluon-nchw measured faster (r50_21 21.7 us "
