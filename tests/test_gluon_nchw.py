@@ -87,37 +87,72 @@ def test_channels_last_input_and_the_switch_defer(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name, tile, wide",
+    "name, tile, wide, split",
     [
-        ("r50_16", (64, 256), True),
-        ("r50_12", (64, 256), True),
-        ("r50_19", (64, 256), True),
-        ("r50_22", (64, 128), True),
-        ("r50_21", (64, 128), True),
-        ("r50_18", (64, 128), True),
-        ("r50_16", (128, 128), False),
-        ("r50_19", (128, 128), False),
-        ("r50_22", (64, 128), False),
+        ("r50_16", (64, 256, 1), True, True),
+        ("r50_12", (64, 256, 1), True, True),
+        ("r50_19", (64, 256, 1), True, True),
+        ("r50_22", (64, 256, 2), True, True),
+        ("r50_18", (64, 256, 2), True, True),
+        ("r50_21", (64, 128, 1), True, True),
+        ("r50_22", (64, 128, 1), True, False),
+        ("r50_18", (64, 128, 1), True, False),
+        ("r50_16", (128, 128, 1), False, True),
+        ("r50_19", (128, 128, 1), False, True),
+        ("r50_22", (128, 128, 2), False, True),
+        ("r50_22", (64, 128, 1), False, False),
     ],
 )
-def test_tiles_fill_half_the_multiprocessors(name, tile, wide, monkeypatch):
-    """64 x 256 where its grid fills half the GPU (r50_16, r50_12: 98 programs; r50_19: 200), else
-    128 x 128 or 64 x 128 (r50_22: 100 programs against 50 and 52); without the wide tile
-    (tuning.GLUON_NCHW_WIDE off) 128 x 128 first; the ring within tuning.GLUON_NCHW_RING_BYTES."""
+def test_tiles_fill_half_the_multiprocessors(name, tile, wide, split, monkeypatch):
+    """64 x 256 where its grid fills half the GPU (r50_16, r50_12: 98 programs; r50_19: 200) or
+    does so split in two (r50_22, r50_18: 50 x 2 programs, 2304 products a part), else 128 x 128
+    or 64 x 128 (r50_21: its 2048 channels split in two parts of 1024, below
+    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH: 100 programs of 64 x 128 against 50 and 52); without the wide
+    tile (tuning.GLUON_NCHW_WIDE off) 128 x 128 first; the ring within tuning.GLUON_NCHW_RING_BYTES."""
     monkeypatch.setattr(tuning, "GLUON_NCHW_WIDE", wide)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_SPLIT", split)
     s = resnet50_layer(name)
     oh = s.h // s.stride
     for dtype in (torch.float16, torch.float32):
-        cfg = gluon_nchw.gather_config(32 * oh * oh, s.k, dtype, H100_SMS)
+        cfg = gluon_nchw.gather_config(32 * oh * oh, s.k, dtype, H100_SMS, s.r * s.s * s.c)
         size = torch.empty((), dtype=dtype).element_size()
-        assert (cfg.block_m, cfg.block_n, cfg.block_k) == (*tile, 128 // size)
+        assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.block_k) == (*tile, 128 // size)
         assert (
             2 <= cfg.num_stages and cfg.num_stages * (cfg.block_m + cfg.block_n) * 128 <= tuning.GLUON_NCHW_RING_BYTES
         )
 
 
 @pytest.mark.parametrize(
-    "name, dtype, partitions", [("r50_22", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
+    "programs, depth, split",
+    [
+        (50, 4608, 2),
+        (33, 4608, 2),
+        (33, 16384, 4),
+        (16, 4608, 2),
+        (8, 65536, 16),
+        (50, 2048, 1),
+        (50, 4095, 1),
+        (66, 4608, 1),
+        (67, 4608, 1),
+    ],
+)
+def test_reductions_split_where_the_grid_leaves_half_the_gpu_idle(programs, depth, split):
+    """Powers of two while the grid stays within the multiprocessors and each part keeps
+    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products; grids of half the GPU or more stay whole."""
+    assert gluon_nchw.gather_split(programs, depth, H100_SMS) == split
+
+
+def test_split_kernel_sums_fp32_partials_of_the_tile():
+    """A split tile stores its fp32 partial in 8-byte pieces (a thread's neighbouring values), counts
+    its arrival with an atomic, and keeps the gathering side of the whole tile (no spills)."""
+    info = compile_sm90(layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw")
+    assert "SPLIT_K: gl.constexpr" in info["source"] and "gl.atomic_add(cnt_ptr + pid" in info["source"]
+    assert info["global stores by bytes"].get("8", 0) > 0
+    assert "LOCAL:0" in info["resources"]
+
+
+@pytest.mark.parametrize(
+    "name, dtype, partitions", [("r50_21", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
 )
 def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     """Warp-specialized (register reallocations), the weights by a tensor load in each gathering

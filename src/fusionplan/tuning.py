@@ -317,6 +317,12 @@ GLUON_NCHW_MIN_PROGRAMS = 64
 #: TF32 r50_12 77.2 -> 60.7, r50_16 48.9 -> 42.4.
 GLUON_NCHW_WIDE = True
 
+#: gluon-nchw splits a tile's reduction over programs (fp32 partial sums, summed by the tile's last
+#: program) where its grid leaves more than half the GPU idle, each part keeping at least
+#: GLUON_NCHW_SPLIT_MIN_DEPTH products (solvers/gluon_nchw.py gather_split).
+GLUON_NCHW_SPLIT = True
+GLUON_NCHW_SPLIT_MIN_DEPTH = 2048
+
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_NCHW_RING_BYTES = 160 * 1024

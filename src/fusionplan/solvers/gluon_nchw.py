@@ -24,6 +24,8 @@ compile it for sm_90).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fusionplan import tuning
@@ -130,7 +132,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 {gather_step}@gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
-    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
+    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
@@ -141,32 +143,34 @@ def _gather_partition(
     # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3). The proxy
     # fence after a stage's stores waits for every load in flight (MEMBAR.ALL.CTA), so a
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
-    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences.
+    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
+    # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
+    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
     )
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, PART, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, PART + GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, PART + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-            SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
+            dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
-    for kb in range(PART, steps, GATHERERS):
+    for kb in range(PART, kb_hi - kb_lo, GATHERERS):
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + PREFETCH * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
+                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -175,7 +179,7 @@ def _gather_partition(
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
         {thread_barrier}()  # every gathering warp's stores, before the stage is announced
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)], ready.index(stage),
+        {tma_load}(w_desc, [k0, _weights_column(kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)], ready.index(stage),
                    w_bufs.index(stage))
         if PREFETCH > 2:
             v0 = v1
@@ -187,7 +191,7 @@ def _gather_partition(
         else:
             v0 = v1
             v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 * GATHERERS, steps, num_cb, C, H, W, sxh, sxw,
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
 
@@ -215,7 +219,7 @@ def _mma_partition(
 
 @gluon.jit
 def gluon_nchw_kernel(
-    x_ptr, w_desc, y_ptr, prior_ptr,
+    x_ptr, w_desc, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
     {stage_params}
     M, C, K, H, W, OH, OW,
     sxn, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
@@ -223,7 +227,7 @@ def gluon_nchw_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
-    GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr,
+    GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -246,7 +250,12 @@ def gluon_nchw_kernel(
     fence_async_shared()
 
     num_cb = gl.cdiv(C, BLOCK_K)
-    steps = R * S * num_cb
+    # this program's part of the reduction's steps (all of them unless it is split)
+    pid_k = gl.program_id(2)
+    per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
+    kb_lo = pid_k * per_part
+    kb_hi = gl.minimum(kb_lo + per_part, R * S * num_cb)
+    steps = kb_hi - kb_lo
     # the computing warpgroup (the default partition) and GATHERERS gathering partitions
     if GATHERERS == 1:
         (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
@@ -262,7 +271,7 @@ def gluon_nchw_kernel(
         )
 
 {out_layout}    acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout
-{coordinates_in_acc}
+{split}{coordinates_in_acc}
 {tail}'''
 
 #: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
@@ -275,6 +284,28 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
     ohw = OH * OW
 """
 
+#: A split reduction's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
+#: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
+#: split order (the same result whichever arrives last), resets the tile's counter for the next
+#: launch and goes on to the epilogue; the others end here.
+GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
+        # [channels, pixels] as wgmma left it: a thread's neighbouring values are one 8-byte store
+        offs_tile = (
+            gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+            + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :] * PIXELS
+        )
+        tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
+        gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
+        {thread_barrier}()  # the whole partial is written before the arrival is counted
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived < SPLIT_K - 1:
+            return
+        acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
+        for part in range(1, SPLIT_K):
+            acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
+"""
+
 #: The computing partition and its arguments.
 _MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS))"
 
@@ -282,7 +313,7 @@ _MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, 
 _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, steps, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
                  WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER),
             )"""
 
@@ -360,7 +391,9 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
     shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
-    return _TEMPLATE.format(mma=_MMA, **shared, **gatherers, **epilogue, **gluon_names())
+    names = gluon_names()
+    split = GLUON_SPLIT_REDUCE.format(**names)
+    return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:
@@ -409,8 +442,8 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
             "triton-gemm-nchw's tensor boxes measured faster"
         )
     m = x.dims[0] * oh * ow
-    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors)
-    programs = triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors, r * s * conv.w_desc.dims[1])
+    programs = triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n) * cfg.split_k
     if programs < tuning.GLUON_NCHW_MIN_PROGRAMS:
         return (
             f"a grid of {programs} programs (< {tuning.GLUON_NCHW_MIN_PROGRAMS}): triton-conv splits the "
@@ -419,17 +452,35 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
     return None
 
 
-def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> tuning.ConvConfig:
-    """The first tile of gather_tiles whose grid still fills half the multiprocessors (the smallest
+def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, depth: int = 0) -> tuning.ConvConfig:
+    """The first tile of gather_tiles whose grid, its reduction split as gather_split allows for a
+    reduction of ``depth`` products (R*S*C), still fills half the multiprocessors (the smallest
     otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs 32.4 us against 44.5 for 64 x 128,
-    64 x 128 on r50_22's 100 against 59.8 for 128 x 128 on 52), with reduction steps of 128-byte
-    rows and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
+    64 x 128 on r50_21's 100, 64 x 256 split in two on r50_22's 50 x 2), with reduction steps of
+    128-byte rows and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
     tiles = gather_tiles()
-    pixels, block_n = next(
-        ((p, n) for p, n in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2), tiles[-1]
-    )
-    return gather_tile(pixels, block_n, size)
+    for pixels, block_n in tiles:
+        programs = triton_cdiv(m, pixels) * triton_cdiv(k, block_n)
+        split = gather_split(programs, depth, multiprocessors)
+        if programs * split >= multiprocessors // 2:
+            return replace(gather_tile(pixels, block_n, size), split_k=split)
+    return gather_tile(*tiles[-1], size)
+
+
+def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
+    """How many programs share each tile's reduction of ``depth`` products: grids below half the
+    multiprocessors split in powers of two (fp32 partial sums, summed by a tile's last program)
+    while the grid stays within the multiprocessors and each part keeps at least
+    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products; 1 with tuning.GLUON_NCHW_SPLIT off. H100, fp16,
+    batch 32, warm L2 (bench/NOTES.md section 26): 64 x 256 in two parts on r50_22 32.0 us against
+    36.0 for 64 x 128 whole, r50_18 46.9 / 50.3; not r50_21's 2048 channels: 23.2 / 19.9."""
+    split = 1
+    if not tuning.GLUON_NCHW_SPLIT or programs >= multiprocessors // 2:
+        return split
+    while programs * split * 2 <= multiprocessors and depth // (split * 2) >= tuning.GLUON_NCHW_SPLIT_MIN_DEPTH:
+        split *= 2
+    return split
 
 
 #: gluon-nchw's tiles (pixels x output channels) in order of preference. 64 x 256 first: each
@@ -457,7 +508,7 @@ def gather_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
 class GluonNchwKernel(TritonConvKernel):
     solver_name = "gluon-nchw"
     stem = "gluon_nchw"
-    splits_reduction = False
+    splits_reduction = True  # where tuning.GLUON_NCHW_SPLIT is on (gather_split)
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle
@@ -467,8 +518,18 @@ class GluonNchwKernel(TritonConvKernel):
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_nchw_source(spec, stages)
 
+    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
+        """``cfg`` with its reduction split as gather_split decides for its grid."""
+        if not self.splits_reduction:
+            return cfg
+        programs = self.programs_and_steps(cfg)[0]
+        r, s = self.conv.w_desc.dims[2:]
+        depth = r * s * self.geometry[1]
+        return replace(cfg, split_k=gather_split(programs, depth, multiprocessors(self._handle)))
+
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle))
+        r, s = self.conv.w_desc.dims[2:]
+        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s * self.geometry[1])
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -499,9 +560,14 @@ class GluonNchwKernel(TritonConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
-        # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions
-        own = (warps, min(warps, cfg.block_m // 32), gather_regs(warps, parts), prefetch, parts)
-        return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
+        # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
+        # programs sharing a tile's reduction
+        own = (warps, min(warps, cfg.block_m // 32), gather_regs(warps, parts), prefetch, parts, cfg.split_k)
+        tiles = self.programs_and_steps(cfg)[0]
+        workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
+        return self.gather_launch(
+            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
+        )
 
     def gather_launch(
         self,
@@ -517,11 +583,14 @@ class GluonNchwKernel(TritonConvKernel):
         has_prior: bool,
         strides: tuple[int, ...] | None,
         idx64: bool | None,
+        workspace: tuple[Tensor, ...] = (),
     ) -> tuple[tuple[int, int, int], tuple, list]:
         """A gather kernel's launch (this one's and gluon-nchw-regs'): the weights' descriptor, the
         shapes and strides, then the constants in the templates' order: the plan's and the tile's
         (``stages`` in the ring), the kernel's ``own``, the index width, prior, whole channel
-        blocks, output layout, reduction order and the chain's flags."""
+        blocks, output layout, reduction order and the chain's flags. ``workspace``: a split
+        reduction's partial sums and counters (gluon-nchw's), after the prior; ``cfg.split_k``
+        programs along the grid's third axis."""
         m, c, k, h, w, oh, ow = self.geometry
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
@@ -548,9 +617,27 @@ class GluonNchwKernel(TritonConvKernel):
             tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
-        grid = (self.programs_and_steps(cfg)[0], 1, 1)
+        grid = (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
-        args = [x, w_desc, out, p, *values, m, c, k, h, w, oh, ow, *runtime_strides, *pads, *dilations, *consts]
+        args = [
+            x,
+            w_desc,
+            out,
+            p,
+            *workspace,
+            *values,
+            m,
+            c,
+            k,
+            h,
+            w,
+            oh,
+            ow,
+            *runtime_strides,
+            *pads,
+            *dilations,
+            *consts,
+        ]
         return grid, cfg, args
 
 

@@ -311,6 +311,7 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
 class GluonNchwRegsKernel(GluonNchwKernel):
     solver_name = "gluon-nchw-regs"
     stem = "gluon_nchw_regs"
+    splits_reduction = False  # its template has no split reduction's end
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
