@@ -669,18 +669,35 @@ def test_nchw_gemm_tiles_hold_one_images_pixels(hw, images, k, tile):
     assert fp32.block_m <= max(32, 1 << (hw - 1).bit_length()) and fp32.block_n <= 128
 
 
-@pytest.mark.parametrize("min_c, tile", [(1024, (128, 256, 8)), (0, (256, 128, 8)), (2048, (256, 128, 8))])
-def test_nchw_gemm_long_reductions_take_wide_channel_tiles(min_c, tile, monkeypatch):
-    """r50_17 (C=1024 into K=512, 14x14): 128 x 256 in place of 256 x 128 (the same 128 tiles) from
-    tuning.NCHW_GEMM_WIDE_N_MIN_C input channels (0: never); shorter reductions and 32-bit data keep
-    theirs."""
+@pytest.mark.parametrize(
+    "name, dtype, min_c, tile",
+    [
+        ("r50_17", torch.float16, 512, (128, 256, 8)),  # C=1024 into K=512, 14x14: the same 128 tiles
+        ("r50_11", torch.bfloat16, 512, (128, 256, 8)),  # C=512 into K=256, 28x28
+        ("r50_11", torch.float16, 1024, (256, 128, 8)),
+        ("r50_17", torch.float16, 0, (256, 128, 8)),  # 0: never
+        ("r50_13", torch.float16, 512, (256, 128, 8)),  # C=256: a short reduction
+        ("r50_09", torch.float16, 512, (256, 128, 8)),  # K=128: half a 256-channel tile idle
+        ("r50_14", torch.float16, 512, (256, 256, 8)),  # strided: its own wide tile of whole input rows
+        ("r50_17", torch.float32, 512, None),  # 32-bit data: at most 128 channels
+    ],
+)
+def test_nchw_gemm_long_reductions_take_wide_channel_tiles(name, dtype, min_c, tile, monkeypatch):
+    """128 x 256 in place of 256 x 128 for stride-1 plans of tuning.NCHW_GEMM_WIDE_N_MIN_C input
+    channels or more into 256 output channels or more; other plans keep their tiles."""
     from fusionplan import tuning
+    from fusionplan.shapes import resnet50_layer
+    from fusionplan.solvers.triton_gemm_nchw import nchw_config
+    from fusionplan.testing import layer_plan
 
     monkeypatch.setattr(tuning, "NCHW_GEMM_WIDE_N_MIN_C", min_c)
-    cfg = tuning.nchw_gemm_heuristic(196, 32, 512, 1024, torch.float16, False)
-    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == tile
-    assert tuning.nchw_gemm_heuristic(196, 32, 512, 512, torch.float16, False).block_n == 128
-    assert tuning.nchw_gemm_heuristic(196, 32, 512, 1024, torch.float32, False).block_n <= 128
+    s = resnet50_layer(name)
+    plan = layer_plan(s, torch.empty(32, s.c, s.h, s.w, dtype=dtype), "CBNA")
+    cfg = nchw_config(plan.spec(), False)
+    if tile is None:
+        assert cfg.block_n <= 128, cfg
+    else:
+        assert (cfg.block_m, cfg.block_n, cfg.num_warps) == tile, cfg
 
 
 # ---- stride-1 convolutions over windows read as input boxes --------------------------------------------

@@ -411,12 +411,14 @@ NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST = False
 #: tiles of 256 pixels: half the GPU idle) 128 x 128 13.9, 64 x 128 17.3; 7x7 planes 64 x 128.
 NCHW_GEMM_PIXELS = 256
 NCHW_GEMM_MIN_TILES = 66
-#: Where the heuristic's tile is 256 pixels x 128 channels and the plan has at least this many
-#: input channels (0: never), triton-gemm-nchw takes 128 x 256 instead: the same grid, each channel
-#: tile reading the long reduction's input from L2 half as often (H100, fp16 CBNA, batch 32, warm
-#: L2: r50_17 18.7 us against 20.9; r50_13, C=256 in 4 steps, 19.1 against 17.8; bench/NOTES.md
-#: section 25).
-NCHW_GEMM_WIDE_N_MIN_C = 1024
+#: Where the heuristic's tile is 256 pixels x 128 channels, the plan is stride 1 with at least 256
+#: output channels and this many input channels (0: never), triton-gemm-nchw takes 128 x 256
+#: instead (solvers/triton_gemm_nchw.py nchw_config): the same grid, each channel tile reading the
+#: long reduction's input from L2 half as often. H100, fp16 CBNA, batch 32 (bench/NOTES.md sections
+#: 25-26): r50_17 (C=1024) 22.5 -> 19.7 us, r50_11 (C=512) 23.5 -> 21.9 (bf16 23.2 -> 21.4); not
+#: r50_13 (C=256 in 4 steps: 19.1 against 17.8, warm L2), nor K=128 (r50_09: half the tile idle,
+#: 16.3 -> 21.4), nor the strided r50_14 (its 256 x 256 tile would lose half its pixels: 32.2 -> 39.0).
+NCHW_GEMM_WIDE_N_MIN_C = 512
 #: Strided plans read through boxes with the even columns kept first (NCHW_GEMM_STRIDED_EVEN_FIRST)
 #: take tiles of this many output channels from NCHW_GEMM_STRIDED_WIDE_K of them: each channel tile
 #: reads its input rows whole from L2 (the odd columns too), so wider tiles read them fewer times
@@ -458,8 +460,6 @@ def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype
     while block_m > 64 and images * -(-hw // block_m) * -(-k // block_n) < NCHW_GEMM_MIN_TILES:
         block_m //= 2
     block_k = _pow2_at_least(c, 16, 64)
-    if block_m == 256 and block_n == 128 and NCHW_GEMM_WIDE_N_MIN_C and c >= NCHW_GEMM_WIDE_N_MIN_C:
-        return ConvConfig(128, 256, block_k, 8, 8, 3)  # the same grid, the reduction's input read half as often
     wide = block_m > 128  # two warpgroups
     return ConvConfig(block_m, block_n, block_k, 8, 8 if wide else 4, 3 if wide else 4)
 

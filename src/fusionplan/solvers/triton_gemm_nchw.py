@@ -287,12 +287,22 @@ def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
     cfg = tuning.nchw_gemm_heuristic(tile_rows(spec), n, k, c, spec.dtype.torch_dtype, interpret)
     slots = row_slots(spec)
     if not slots:
-        return cfg
+        return wide_channels(cfg, c, k)
     cfg = replace(cfg, block_m=max(cfg.block_m, 2 * slots))
     if not interpret and even_first(spec) and k >= tuning.NCHW_GEMM_STRIDED_WIDE_K:
         cfg = replace(cfg, block_n=tuning.NCHW_GEMM_STRIDED_BLOCK_N, num_stages=3)
     wide = cfg.block_m * cfg.block_n >= 128 * 128 and not interpret
     return replace(cfg, num_warps=8) if wide else cfg
+
+
+def wide_channels(cfg: tuning.ConvConfig, c: int, k: int) -> tuning.ConvConfig:
+    """A stride-1 plan's 256 x 128 tile as 128 x 256 (the same grid, each channel tile reading the
+    reduction's input half as often) where the reduction is long and the channels fill the tile:
+    tuning.NCHW_GEMM_WIDE_N_MIN_C input channels or more (0: never), 256 output channels or more."""
+    min_c = tuning.NCHW_GEMM_WIDE_N_MIN_C
+    if (cfg.block_m, cfg.block_n) != (256, 128) or not min_c or c < min_c or k < 256:
+        return cfg
+    return tuning.ConvConfig(128, 256, cfg.block_k, 8, 8, 3)
 
 
 def even_first(spec: PlanSpec) -> bool:
