@@ -114,12 +114,26 @@ def test_tiles_fill_half_the_multiprocessors(name, tile, wide, split, monkeypatc
     s = resnet50_layer(name)
     oh = s.h // s.stride
     for dtype in (torch.float16, torch.float32):
-        cfg = gluon_nchw.gather_config(32 * oh * oh, s.k, dtype, H100_SMS, s.r * s.s * s.c)
+        cfg = gluon_nchw.gather_config(32 * oh * oh, s.k, dtype, H100_SMS, s.r * s.s * s.c, s.stride > 1)
         size = torch.empty((), dtype=dtype).element_size()
-        assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.block_k) == (*tile, 128 // size)
-        assert (
-            2 <= cfg.num_stages and cfg.num_stages * (cfg.block_m + cfg.block_n) * 128 <= tuning.GLUON_NCHW_RING_BYTES
-        )
+        row = tuning.GLUON_NCHW_STRIDED_STEP_BYTES if s.stride > 1 else 128
+        assert (cfg.block_m, cfg.block_n, cfg.split_k, cfg.block_k) == (*tile, row // size)
+        ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * row
+        assert 2 <= cfg.num_stages and ring <= tuning.GLUON_NCHW_RING_BYTES
+
+
+@pytest.mark.parametrize("row, stages", [(64, 6), (128, 4)])
+def test_strided_plans_take_shorter_steps_and_a_deeper_ring(row, stages, monkeypatch):
+    """r50_18 and r50_12 (3x3, stride 2): steps of tuning.GLUON_NCHW_STRIDED_STEP_BYTES a pixel (64:
+    6 stages of a 64 x 256 tile in the ring; 128: 4); the stride-1 r50_22 keeps 128-byte steps."""
+    monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_STEP_BYTES", row)
+    for name in ("r50_18", "r50_12"):
+        s = resnet50_layer(name)
+        m = 32 * (s.h // 2) ** 2
+        cfg = gluon_nchw.gather_config(m, s.k, torch.float16, H100_SMS, s.r * s.s * s.c, True)
+        assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == (64, 256, row // 2, stages)
+    cfg = gluon_nchw.gather_config(32 * 49, 512, torch.float16, H100_SMS, 4608, False)
+    assert (cfg.block_k, cfg.num_stages) == (64, 4)
 
 
 @pytest.mark.parametrize(

@@ -502,7 +502,8 @@ def gluon_nchw_case(case: str, dtype):
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
-    output channels, random ring depths, reductions whole or split in 2 or 3 parts, one to three
+    output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
+    in 2 or 3 parts, one to three
     gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead, either reduction order), output
     in planes and channels-last, with and without a prior (three launches of a split tile: its
     arrival counters reset by each)."""
@@ -514,13 +515,13 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver="gluon-nchw") == "gluon-nchw"
     kernel = plan._entry(handle).kernel
-    block_k = 128 // x.element_size()
     rng = random.Random(case + precision)
     for pixels, block_n in gluon_nchw.GATHER_TILES:
+        row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided plans' steps)
         # rings of 6 stages let three partitions run (shared_ring: two stages or more each); 64 x 256
-        # tiles hold four in tuning.GLUON_NCHW_RING_BYTES
-        fitting = [s for s in (2, 3, 4, 6) if s * (pixels + block_n) * 128 <= tuning.GLUON_NCHW_RING_BYTES]
-        cfg = tuning.ConvConfig(pixels, block_n, block_k, 8, 4, rng.choice(fitting), 1)
+        # tiles of 128-byte steps hold four in tuning.GLUON_NCHW_RING_BYTES
+        fitting = [s for s in (2, 3, 4, 6) if s * (pixels + block_n) * row <= tuning.GLUON_NCHW_RING_BYTES]
+        cfg = tuning.ConvConfig(pixels, block_n, row // x.element_size(), 8, 4, rng.choice(fitting), 1)
         steps = kernel.programs_and_steps(cfg)[1]  # a split reduction: parts of 1 step or more
         kernel.config = replace(cfg, split_k=rng.choice([k for k in (1, 2, 3) if k <= steps]))
         warps, parts = rng.choice(((4, 1), (4, 2), (4, 3), (8, 1)))  # at most 12 gathering warps

@@ -442,7 +442,8 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
             "triton-gemm-nchw's tensor boxes measured faster"
         )
     m = x.dims[0] * oh * ow
-    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors, r * s * conv.w_desc.dims[1])
+    strided = conv.conv.strides != (1, 1)
+    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors, r * s * conv.w_desc.dims[1], strided)
     programs = triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n) * cfg.split_k
     if programs < tuning.GLUON_NCHW_MIN_PROGRAMS:
         return (
@@ -452,20 +453,28 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
     return None
 
 
-def gather_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, depth: int = 0) -> tuning.ConvConfig:
+def gather_config(
+    m: int, k: int, dtype: torch.dtype, multiprocessors: int, depth: int = 0, strided: bool = False
+) -> tuning.ConvConfig:
     """The first tile of gather_tiles whose grid, its reduction split as gather_split allows for a
     reduction of ``depth`` products (R*S*C), still fills half the multiprocessors (the smallest
     otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs 32.4 us against 44.5 for 64 x 128,
     64 x 128 on r50_21's 100, 64 x 256 split in two on r50_22's 50 x 2), with reduction steps of
-    128-byte rows and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
+    step_bytes(strided) and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
     tiles = gather_tiles()
     for pixels, block_n in tiles:
         programs = triton_cdiv(m, pixels) * triton_cdiv(k, block_n)
         split = gather_split(programs, depth, multiprocessors)
         if programs * split >= multiprocessors // 2:
-            return replace(gather_tile(pixels, block_n, size), split_k=split)
-    return gather_tile(*tiles[-1], size)
+            return replace(gather_tile(pixels, block_n, size, step_bytes(strided)), split_k=split)
+    return gather_tile(*tiles[-1], size, step_bytes(strided))
+
+
+def step_bytes(strided: bool) -> int:
+    """Bytes of a pixel's channels in one reduction step: 128 (a swizzled row), or for strided
+    convolutions tuning.GLUON_NCHW_STRIDED_STEP_BYTES."""
+    return tuning.GLUON_NCHW_STRIDED_STEP_BYTES if strided else 128
 
 
 def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
@@ -497,10 +506,11 @@ def gather_tiles() -> tuple[tuple[int, int], ...]:
     return GATHER_TILES if tuning.GLUON_NCHW_WIDE else GATHER_TILES[1:]
 
 
-def gather_tile(pixels: int, block_n: int, size: int) -> tuning.ConvConfig:
-    """A tile of ``pixels`` x ``block_n`` for data of ``size`` bytes: reduction steps of 128-byte
-    rows, as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6), one computing warpgroup."""
-    block_k = 128 // size
+def gather_tile(pixels: int, block_n: int, size: int, row_bytes: int = 128) -> tuning.ConvConfig:
+    """A tile of ``pixels`` x ``block_n`` for data of ``size`` bytes: reduction steps of
+    ``row_bytes`` a pixel (64 or 128), as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to
+    6), one computing warpgroup."""
+    block_k = row_bytes // size
     stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1)
 
@@ -529,12 +539,15 @@ class GluonNchwKernel(TritonConvKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         r, s = self.conv.w_desc.dims[2:]
-        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s * self.geometry[1])
+        strided = self.conv_args[2:4] != (1, 1)
+        depth = r * s * self.geometry[1]
+        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), depth, strided)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of gather_config with their stages."""
-        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize) for p, n in gather_tiles()]
+        row = step_bytes(self.conv_args[2:4] != (1, 1))
+        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize, row) for p, n in gather_tiles()]
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)
