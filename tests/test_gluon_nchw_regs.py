@@ -111,6 +111,18 @@ def test_wide_tile_for_one_tap(wide, monkeypatch):
     assert regs.regs_tile(64, 128, 8, 2).num_stages == 8
 
 
+@pytest.mark.parametrize("row", [64, 128])
+def test_strided_filters_of_several_taps_take_shorter_steps(row, monkeypatch):
+    """r50_06 (3x3, stride 2): steps of tuning.GLUON_NCHW_STRIDED_STEP_BYTES a pixel, the weights
+    ring as many bytes in twice the stages where they are 64; stride 1 (r50_10) and the strided 1x1
+    r50_20 keep 128-byte steps."""
+    monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_STEP_BYTES", row)
+    cfg = regs.regs_config(25088, 128, torch.float16, H100_SMS, taps=9, strided=True)
+    assert (cfg.block_k, cfg.num_stages) == (row // 2, tuning.GLUON_NCHW_REGS_STAGES * 128 // row)
+    assert regs.regs_config(25088, 128, torch.float16, H100_SMS, taps=9).block_k == 64
+    assert regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=1, strided=True).block_k == 64
+
+
 @pytest.mark.parametrize("taps_inner", [True, False])
 def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
     """In either reduction order: the product reads the input operand from registers (matrix loads

@@ -565,7 +565,8 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
-        kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size())
+        row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
+        kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
             kernel._repeats._by_records.clear()
             x.normal_()

@@ -40,6 +40,7 @@ from fusionplan.solvers.gluon_nchw import (
     GluonNchwKernel,
     gather_defer_why,
     gather_why_not,
+    step_bytes,
 )
 from fusionplan.solvers.gluon_window import (
     gluon_epilogue,
@@ -224,13 +225,16 @@ REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
 WIDE_1X1_TILE = (128, 256, 8)
 
 
-def regs_tile(pixels: int, block_n: int, warps: int, size: int) -> tuning.ConvConfig:
+def regs_tile(pixels: int, block_n: int, warps: int, size: int, row_bytes: int = 128) -> tuning.ConvConfig:
     """A tile of ``pixels`` x ``block_n`` for 16-bit data computed by ``warps`` warps (a warp per 16
-    pixels, one or two warpgroups along the output channels): reduction steps of 128-byte rows (64
-    channels), a weights ring of tuning.GLUON_NCHW_REGS_STAGES stages, at most as many as
-    tuning.GLUON_NCHW_RING_BYTES holds (a 256-channel stage is 32 KB)."""
-    block_k = 128 // size
-    stages = min(ring_stages(tuning.GLUON_NCHW_REGS_STAGES), tuning.GLUON_NCHW_RING_BYTES // (block_n * 128))
+    pixels, one or two warpgroups along the output channels): reduction steps of ``row_bytes`` a
+    pixel (128: 64 channels; 64 for strided filters of several taps, gluon_nchw.step_bytes), a
+    weights ring of tuning.GLUON_NCHW_REGS_STAGES stages of 128-byte rows (as many bytes in
+    shorter steps), at most as many as tuning.GLUON_NCHW_RING_BYTES holds (a 256-channel stage of
+    128-byte rows is 32 KB)."""
+    block_k = row_bytes // size
+    ring = ring_stages(tuning.GLUON_NCHW_REGS_STAGES) * 128 // row_bytes
+    stages = min(ring, tuning.GLUON_NCHW_RING_BYTES // (block_n * row_bytes))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
@@ -242,10 +246,14 @@ def ring_stages(stages: int) -> int:
     return stages
 
 
-def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: int = 9) -> tuning.ConvConfig:
+def regs_config(
+    m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: int = 9, strided: bool = False
+) -> tuning.ConvConfig:
     """The first tile of REGS_TILES (for a filter of one tap, WIDE_1X1_TILE before them) no wider
     than the output channels need (64 of them: a 64-channel tile; r50_02 40.3 us against 79.1 for
-    64 x 128) whose grid still fills half the multiprocessors, the last otherwise."""
+    64 x 128) whose grid still fills half the multiprocessors, the last otherwise; strided filters
+    of several taps in gluon-nchw's shorter steps (H100, fp16, batch 32, warm L2: r50_06 45.3 ->
+    35.7 us; not the 1x1 r50_20, 31.7 against 32.4; bench/NOTES.md section 26)."""
     size = torch.empty((), dtype=dtype).element_size()
     wide = (WIDE_1X1_TILE,) if taps == 1 and tuning.GLUON_NCHW_REGS_WIDE else ()
     tiles = [t for t in wide + REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit
@@ -253,7 +261,7 @@ def regs_config(m: int, k: int, dtype: torch.dtype, multiprocessors: int, taps: 
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         tiles[-1],
     )
-    return regs_tile(pixels, block_n, warps, size)
+    return regs_tile(pixels, block_n, warps, size, step_bytes(strided and taps > 1))
 
 
 def wide_1x1(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> bool:
@@ -319,13 +327,16 @@ class GluonNchwRegsKernel(GluonNchwKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         r, s = self.conv.w_desc.dims[2:]
-        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s)
+        strided = self.conv_args[2:4] != (1, 1)
+        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s, strided)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
         size = self.spec.dtype.torch_dtype.itemsize
-        return [regs_tile(p, n, w, size) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
+        r, s = self.conv.w_desc.dims[2:]
+        row = step_bytes(self.conv_args[2:4] != (1, 1) and r * s > 1)
+        return [regs_tile(p, n, w, size, row) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
     def _launch_args(
         self,
