@@ -528,25 +528,33 @@ class GluonNchwKernel(TritonConvKernel):
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_nchw_source(spec, stages)
 
+    @property
+    def taps(self) -> int:
+        """The filter's taps (R*S)."""
+        r, s = self.conv.w_desc.dims[2:]
+        return r * s
+
+    @property
+    def strided(self) -> bool:
+        """Whether the convolution's stride is above 1 in either dimension."""
+        return self.conv_args[2:4] != (1, 1)
+
     def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
         """``cfg`` with its reduction split as gather_split decides for its grid."""
         if not self.splits_reduction:
             return cfg
         programs = self.programs_and_steps(cfg)[0]
-        r, s = self.conv.w_desc.dims[2:]
-        depth = r * s * self.geometry[1]
+        depth = self.taps * self.geometry[1]
         return replace(cfg, split_k=gather_split(programs, depth, multiprocessors(self._handle)))
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        r, s = self.conv.w_desc.dims[2:]
-        strided = self.conv_args[2:4] != (1, 1)
-        depth = r * s * self.geometry[1]
-        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), depth, strided)
+        depth = self.taps * self.geometry[1]
+        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), depth, self.strided)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of gather_config with their stages."""
-        row = step_bytes(self.conv_args[2:4] != (1, 1))
+        row = step_bytes(self.strided)
         return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize, row) for p, n in gather_tiles()]
 
     def pack(self, weight: Tensor) -> Tensor:
@@ -604,7 +612,7 @@ class GluonNchwKernel(TritonConvKernel):
         blocks, output layout, reduction order and the chain's flags. ``workspace``: a split
         reduction's partial sums and counters (gluon-nchw's), after the prior; ``cfg.split_k``
         programs along the grid's third axis."""
-        m, c, k, h, w, oh, ow = self.geometry
+        c, k = self.geometry[1:3]  # input and output channels
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
         swizzle = min(128, cfg.block_k * bits // 8)
@@ -632,25 +640,7 @@ class GluonNchwKernel(TritonConvKernel):
         )
         grid = (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
-        args = [
-            x,
-            w_desc,
-            out,
-            p,
-            *workspace,
-            *values,
-            m,
-            c,
-            k,
-            h,
-            w,
-            oh,
-            ow,
-            *runtime_strides,
-            *pads,
-            *dilations,
-            *consts,
-        ]
+        args = [x, w_desc, out, p, *workspace, *values, *self.geometry, *runtime_strides, *pads, *dilations, *consts]
         return grid, cfg, args
 
 

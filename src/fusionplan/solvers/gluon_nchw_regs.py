@@ -326,16 +326,13 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         return render_gluon_nchw_regs_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        r, s = self.conv.w_desc.dims[2:]
-        strided = self.conv_args[2:4] != (1, 1)
-        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle), r * s, strided)
+        return regs_config(m, k_per_group, dtype, multiprocessors(self._handle), self.taps, self.strided)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
         size = self.spec.dtype.torch_dtype.itemsize
-        r, s = self.conv.w_desc.dims[2:]
-        row = step_bytes(self.conv_args[2:4] != (1, 1) and r * s > 1)
+        row = step_bytes(self.strided and self.taps > 1)
         return [regs_tile(p, n, w, size, row) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
     def _launch_args(
