@@ -324,10 +324,11 @@ GLUON_NCHW_SPLIT = True
 GLUON_NCHW_SPLIT_MIN_DEPTH = 2048
 
 #: Bytes of a pixel's channels in one of gluon-nchw's reduction steps for strided convolutions (128
-#: for the others): half-size steps (32 fp16 channels) let the ring hold 6 stages of a 64 x 256
-#: tile where 128-byte steps leave it 4. H100, fp16 CBNA, batch 32, warm L2 (bench/NOTES.md
-#: section 26): r50_18 45.7 -> 37.8 us, r50_12 36.3 -> 30.3; stride 1 loses (r50_22 31.9 -> 35.1,
-#: r50_16 25.8 -> 28.5).
+#: for the others; gluon-nchw-regs for strided filters of several taps): half-size steps (32 fp16
+#: channels) let the ring hold 6 stages of a 64 x 256 tile where 128-byte steps leave it 4. H100,
+#: fp16 CBNA, batch 32, warm L2 (bench/NOTES.md section 26): r50_18 45.7 -> 37.8 us, r50_12 36.3 ->
+#: 30.3, r50_06 (gluon-nchw-regs) 45.3 -> 35.7; stride 1 loses (r50_22 31.9 -> 35.1, r50_16 25.8 ->
+#: 28.5, r50_10 27.2 -> 30.4).
 GLUON_NCHW_STRIDED_STEP_BYTES = 64
 
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
