@@ -182,6 +182,18 @@ def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
+@pytest.mark.parametrize("early, order", [(True, "FTFTF"), (False, "FFTFT")])
+def test_weights_requested_before_the_gathers_fence(early, order):
+    """With tuning.GLUON_NCHW_EARLY_WEIGHTS each gathering partition (r50_22: two) issues its stage's
+    weights load before the proxy fence that waits for its gathers, and the stage's ready barrier
+    counts the stores' arrival besides the load's; without it, the load after the fence (the first
+    fence: the barriers' initialization)."""
+    build = f"fp.tuning.GLUON_NCHW_EARLY_WEIGHTS = {early}\n" + layer_build("r50_22", "float16", layout="NCHW")
+    info = compile_sm90(build, "gluon-nchw")
+    assert info["tensor loads (T) and fences (F) in order"] == order
+    assert ("mbarrier.init(ready.index(i), count=2)" in info["source"]) and "LOCAL:0" in info["resources"]
+
+
 def test_gathering_side_by_the_tile(monkeypatch):
     """64-pixel tiles: three partitions of 4 warps, a step ahead; 128: one of 8, two ahead; the
     tuning constants override the table, within the registers (at most 12 gathering warps)."""

@@ -85,6 +85,14 @@ def longest_loop(sass: str) -> int:
     return longest
 
 
+def loads_and_fences(sass: str) -> str:
+    """The kernel's tensor loads (T: UTMALDG) and unpredicated CTA memory barriers (F: MEMBAR.ALL.CTA,
+    the first half of a proxy fence) in the order of the code: whether a load is issued before or
+    after a fence."""
+    found = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(@\S+\s+)?(UTMALDG|MEMBAR\.ALL\.CTA)", sass, re.MULTILINE)
+    return "".join("T" if op == "UTMALDG" else "F" for pred, op in found if op == "UTMALDG" or not pred)
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -105,6 +113,7 @@ def summarize(compiled) -> dict:
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "instructions of the longest loop": longest_loop(sass),
+        "tensor loads (T) and fences (F) in order": loads_and_fences(sass),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,
         "sass": sass,

@@ -344,6 +344,12 @@ GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
 
+#: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
+#: before storing its gathered input, rather than after the stores, the proxy fence (which waits for
+#: every load the partition has in flight, the prefetched ones too) and the partition's barrier: the
+#: weights' L2 round trip then runs under the fence's wait rather than after it.
+GLUON_NCHW_EARLY_WEIGHTS = True
+
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
 #: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):

@@ -130,13 +130,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 {gather_step}@gluon.jit
+def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
+                  TAPS_INNER: gl.constexpr):
+    # step kb's weights tile into the stage by TMA; the expect is one of the stage's arrivals
+    mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
+    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)], ready.index(stage),
+               w_bufs.index(stage))
+
+
+@gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
     m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
+    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -145,7 +154,10 @@ def _gather_partition(
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
     # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
     # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
-    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered.
+    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
+    # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
+    # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
+    # requested after the stores.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
@@ -175,12 +187,15 @@ def _gather_partition(
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
+        if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence's wait for the loads
+            _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
         a_bufs.index(stage).store(v0)
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
         {thread_barrier}()  # every gathering warp's stores, before the stage is announced
-        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, _weights_column(kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)], ready.index(stage),
-                   w_bufs.index(stage))
+        if EARLY_WEIGHTS:
+            mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
+        else:
+            _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
         if PREFETCH > 2:
             v0 = v1
             v1 = v2
@@ -228,8 +243,8 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -245,7 +260,10 @@ def gluon_nchw_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
+        if EARLY_WEIGHTS:
+            mbarrier.init(ready.index(i), count=2)
+        else:
+            mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 
@@ -314,7 +332,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -582,8 +600,16 @@ class GluonNchwKernel(TritonConvKernel):
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
-        # programs sharing a tile's reduction
-        own = (warps, min(warps, cfg.block_m // 32), gather_regs(warps, parts), prefetch, parts, cfg.split_k)
+        # programs sharing a tile's reduction, whether a stage's weights are requested before its stores
+        own = (
+            warps,
+            min(warps, cfg.block_m // 32),
+            gather_regs(warps, parts),
+            prefetch,
+            parts,
+            cfg.split_k,
+            tuning.GLUON_NCHW_EARLY_WEIGHTS,
+        )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
         return self.gather_launch(
