@@ -350,6 +350,13 @@ GLUON_NCHW_PREFETCH = 0
 #: weights' L2 round trip then runs under the fence's wait rather than after it.
 GLUON_NCHW_EARLY_WEIGHTS = True
 
+#: gluon-nchw's product as [pixels, channels] = input @ weights^T: one wgmma instruction covers the
+#: tile's pixels and all its channels (64 x 256: A 2 KB + B 8 KB of shared memory read per 16-deep
+#: slice), where the transposed product [channels, pixels] issues one for every 64 channels, each
+#: reading the stage's input again (4 x (2 + 2) KB for the same products): shared memory's
+#: bandwidth, which the gathers' stores and the weights' loads share, bounds these kernels.
+GLUON_NCHW_PIXEL_ROWS = True
+
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
 #: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):

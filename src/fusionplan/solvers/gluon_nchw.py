@@ -215,16 +215,29 @@ def _gather_partition(
 def _mma_partition(
     a_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    PIXEL_ROWS: gl.constexpr,
 ):
-    # [channels, pixels] = weights @ input^T, both operands read by wgmma from shared memory
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
-    )
-    acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
+    # Both operands read by wgmma from shared memory. PIXEL_ROWS: [pixels, channels] = input @
+    # weights^T, each instruction the tile's pixels x all its channels (one read of the input rows
+    # for BLOCK_N channels); else [channels, pixels] = weights @ input^T, an instruction for every
+    # 64 channels, each reading the stage's input again.
+    if PIXEL_ROWS:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 256 // ELEM_BITS]
+        )
+        acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
+    else:
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
+        )
+        acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
-        acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+        if PIXEL_ROWS:
+            acc = warpgroup_mma(a_bufs.index(stage), w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+        else:
+            acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         # the product of the step before has finished: its stage may be refilled
         mbarrier.arrive(empty.index((kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
@@ -243,8 +256,8 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -288,7 +301,8 @@ def gluon_nchw_kernel(
             [GATHER_REGS, GATHER_REGS, GATHER_REGS],
         )
 
-{out_layout}    acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout
+{out_layout}    if not PIXEL_ROWS:
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
 {split}{coordinates_in_acc}
 {tail}'''
 
@@ -307,11 +321,14 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
 #: split order (the same result whichever arrives last), resets the tile's counter for the next
 #: launch and goes on to the epilogue; the others end here.
 GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
-        # [channels, pixels] as wgmma left it: a thread's neighbouring values are one 8-byte store
-        offs_tile = (
-            gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-            + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :] * PIXELS
-        )
+        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
+        # thread's neighbouring values are one 8-byte store
+        px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+        ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
+        if PIXEL_ROWS:
+            offs_tile = px * BLOCK_N + ch
+        else:
+            offs_tile = px + ch * PIXELS
         tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
         gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
         {thread_barrier}()  # the whole partial is written before the arrival is counted
@@ -325,7 +342,7 @@ GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
 """
 
 #: The computing partition and its arguments.
-_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS))"
+_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
 
 #: A gathering partition and its arguments: partition {part} of {parts}.
 _GATHERER = """(
@@ -600,7 +617,8 @@ class GluonNchwKernel(TritonConvKernel):
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
-        # programs sharing a tile's reduction, whether a stage's weights are requested before its stores
+        # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
+        # the product's orientation
         own = (
             warps,
             min(warps, cfg.block_m // 32),
@@ -609,6 +627,7 @@ class GluonNchwKernel(TritonConvKernel):
             parts,
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
+            tuning.GLUON_NCHW_PIXEL_ROWS,
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
