@@ -194,6 +194,26 @@ def test_weights_requested_before_the_gathers_fence(early, order):
     assert ("mbarrier.init(ready.index(i), count=2)" in info["source"]) and "LOCAL:0" in info["resources"]
 
 
+@pytest.mark.parametrize(
+    "name, instruction", [("r50_22", "64x256x16"), ("r50_21", "64x128x16"), ("r50_18", "64x64x16")]
+)
+def test_product_along_the_pixels_where_the_registers_hold_it(name, instruction):
+    """wgmma across the tile's pixels and all its channels (64 x BLOCK_N: r50_22's 64 x 256 tile beside
+    two gathering partitions, r50_21's 64 x 128 beside three) unless the registers a thread has at
+    launch cannot hold one such instruction's accumulator: r50_18's 64 x 256 tile in a 6-stage ring
+    (three gathering partitions, 16 warps, 128 registers) keeps the transposed product's 64-channel
+    instructions. ptxas compiles each within its registers (no spills)."""
+    info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "gluon-nchw")
+    assert info["HGMMA shapes"] == [instruction] and "LOCAL:0" in info["resources"]
+
+
+def test_pixel_rows_by_the_registers_at_launch(monkeypatch):
+    assert gluon_nchw.pixel_rows(256, 12) and gluon_nchw.pixel_rows(128, 16) and gluon_nchw.pixel_rows(64, 16)
+    assert not gluon_nchw.pixel_rows(256, 16)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", False)
+    assert not gluon_nchw.pixel_rows(128, 12)
+
+
 def test_gathering_side_by_the_tile(monkeypatch):
     """64-pixel tiles: three partitions of 4 warps, a step ahead; 128: one of 8, two ahead; the
     tuning constants override the table, within the registers (at most 12 gathering warps)."""

@@ -105,6 +105,7 @@ def summarize(compiled) -> dict:
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     return {
         "HGMMA": sass.count("HGMMA"),
+        "HGMMA shapes": sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass))),
         "wgmma waits (outstanding groups allowed)": waits,
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),

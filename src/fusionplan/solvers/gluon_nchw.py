@@ -414,6 +414,21 @@ def shared_ring(stages: int, parts: int) -> tuple[int, int]:
     return stages - stages % parts, parts
 
 
+#: Registers beside one wgmma instruction's accumulator (BLOCK_N / 2 fp32 values a thread of the
+#: [64, BLOCK_N] product) that ptxas asks for: 154 for 64 x 256 (C7602, "insufficient registers").
+PIXEL_ROWS_SPARE_REGS = 26
+
+
+def pixel_rows(block_n: int, warps: int) -> bool:
+    """Whether the product is [pixels, channels] (tuning.GLUON_NCHW_PIXEL_ROWS): ptxas compiles the
+    kernel within the registers a thread has at launch (64K over ``warps`` warps, before the
+    partitions reallocate them), and one instruction of that product holds BLOCK_N / 2 accumulator
+    registers: 64 x 256 tiles beside 12 gathering warps (128 registers at launch) keep the
+    transposed product, whose instructions cover 64 channels."""
+    at_launch = 65536 // (32 * warps) // 8 * 8
+    return tuning.GLUON_NCHW_PIXEL_ROWS and block_n // 2 + PIXEL_ROWS_SPARE_REGS <= at_launch
+
+
 def gather_regs(warps: int, gatherers: int) -> int:
     """Registers of each thread of ``gatherers`` gathering partitions of ``warps`` warps: the
     multiprocessor's 64K less the computing warpgroup's MMA_REGS, in steps of 8, at most 232."""
@@ -627,7 +642,7 @@ class GluonNchwKernel(TritonConvKernel):
             parts,
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
-            tuning.GLUON_NCHW_PIXEL_ROWS,
+            pixel_rows(cfg.block_n, 4 + warps * parts),
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
