@@ -156,40 +156,13 @@ def test_reductions_split_where_the_grid_leaves_half_the_gpu_idle(programs, dept
     assert gluon_nchw.gather_split(programs, depth, H100_SMS) == split
 
 
-def test_shared_tiles_sum_fp32_partials_in_order():
-    """Where programs share tiles (r50_22: 50 tiles on 132 multiprocessors), each stores its fp32
-    partial in 8-byte pieces (a thread's neighbouring values), counts its arrival with an atomic,
-    and the last sums the partials in the programs' order; the gathering side keeps no spills."""
+def test_split_kernel_sums_fp32_partials_of_the_tile():
+    """A split tile stores its fp32 partial in 8-byte pieces (a thread's neighbouring values), counts
+    its arrival with an atomic, and keeps the gathering side of the whole tile (no spills)."""
     info = compile_sm90(layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw")
-    assert "SHARED_TILES: gl.constexpr" in info["source"] and "gl.atomic_add(cnt_ptr + t" in info["source"]
-    assert "for q in range(first_p, last_p + 1):" in info["source"]
+    assert "SPLIT_K: gl.constexpr" in info["source"] and "gl.atomic_add(cnt_ptr + pid" in info["source"]
     assert info["global stores by bytes"].get("8", 0) > 0
     assert "LOCAL:0" in info["resources"]
-
-
-@pytest.mark.parametrize(
-    "tiles, steps, split, programs",
-    [
-        (50, 72, 2, 132),
-        (100, 32, 1, 132),
-        (98, 36, 1, 132),
-        (50, 4, 2, 50),
-        (20, 16, 1, 40),
-        (132, 8, 1, 132),
-        (200, 8, 1, 200),
-    ],
-)
-def test_programs_share_the_steps_where_tiles_leave_multiprocessors_idle(tiles, steps, split, programs):
-    """One program a multiprocessor where there are fewer tiles, each keeping at least
-    tuning.GLUON_NCHW_STREAM_K_MIN_STEPS (8) steps, never fewer programs than tiles; grids of a
-    wave or more keep one program a tile."""
-    assert gluon_nchw.grid_programs(tiles, steps, split, H100_SMS) == programs
-
-
-def test_programs_a_tile_without_stream_k(monkeypatch):
-    monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", False)
-    assert gluon_nchw.grid_programs(50, 72, 2, H100_SMS) == 100
-    assert gluon_nchw.grid_programs(98, 36, 1, H100_SMS) == 98
 
 
 @pytest.mark.parametrize(

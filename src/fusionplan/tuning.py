@@ -357,13 +357,6 @@ GLUON_NCHW_EARLY_WEIGHTS = True
 #: bandwidth, which the gathers' stores and the weights' loads share, bounds these kernels.
 GLUON_NCHW_PIXEL_ROWS = True
 
-#: gluon-nchw's grid where its tiles leave multiprocessors idle (fewer tiles than multiprocessors:
-#: the 14x14 and 7x7 layers' 50 to 100 tiles on the H100's 132): a program a multiprocessor, the
-#: tiles' reduction steps shared evenly among them (stream-K; a tile's programs sum their fp32
-#: partials in order), each program keeping GLUON_NCHW_STREAM_K_MIN_STEPS steps or more.
-GLUON_NCHW_STREAM_K = True
-GLUON_NCHW_STREAM_K_MIN_STEPS = 8
-
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
 #: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):

@@ -24,7 +24,6 @@ compile it for sm_90).
 
 from __future__ import annotations
 
-import textwrap
 from dataclasses import replace
 
 import torch
@@ -32,7 +31,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64, split_workspace
+from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
@@ -130,7 +129,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 
-{units}{gather_step}@gluon.jit
+{gather_step}@gluon.jit
 def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
                   TAPS_INNER: gl.constexpr):
     # step kb's weights tile into the stage by TMA; the expect is one of the stage's arrivals
@@ -142,7 +141,7 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 @gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
-    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, r0, num_cb,
+    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
@@ -153,10 +152,9 @@ def _gather_partition(
     # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3). The proxy
     # fence after a stage's stores waits for every load in flight (MEMBAR.ALL.CTA), so a
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
-    # turn (the ring's steps PART, PART + GATHERERS, ...), each with its own loads and fences. The
-    # tile's steps here are kb_lo .. kb_hi - 1 of its reduction (a part of it where programs share
-    # the tile); kb counts from 0, kb_lo + kb is the step gathered and r0 + kb the ring's step (its
-    # stage and phase: the program's steps of earlier tiles went through the same ring). With
+    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
+    # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
+    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
     # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
     # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
     # requested after the stores.
@@ -164,32 +162,31 @@ def _gather_partition(
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
     )
-    first = (PART + GATHERERS - r0 % GATHERERS) % GATHERERS  # this partition's first kb
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
-        dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
             dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
-    for kb in range(first, kb_hi - kb_lo, GATHERERS):
+    for kb in range(PART, kb_hi - kb_lo, GATHERERS):
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
                 sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
-        stage = (r0 + kb) % NUM_STAGES
+        stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), (((r0 + kb) // NUM_STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence's wait for the loads
             _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
         a_bufs.index(stage).store(v0)
@@ -216,7 +213,7 @@ def _gather_partition(
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, steps, r0,
+    a_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     PIXEL_ROWS: gl.constexpr,
 ):
@@ -235,17 +232,16 @@ def _mma_partition(
         )
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
     for kb in range(steps):
-        stage = (r0 + kb) % NUM_STAGES  # r0 + kb: the ring's step (r0 taken by the program's earlier tiles)
-        mbarrier.wait(ready.index(stage), ((r0 + kb) // NUM_STAGES) & 1)
+        stage = kb % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
         if PIXEL_ROWS:
             acc = warpgroup_mma(a_bufs.index(stage), w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         else:
             acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         # the product of the step before has finished: its stage may be refilled
-        mbarrier.arrive(empty.index((r0 + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+        mbarrier.arrive(empty.index((kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    mbarrier.arrive(empty.index((r0 + steps - 1) % NUM_STAGES))  # the last stage, for the next tile's gathers
     return (acc,)
 
 
@@ -259,22 +255,17 @@ def gluon_nchw_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
-    GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SHARED_TILES: gl.constexpr,
+    GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
     EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
     # channel blocks first, so that programs running side by side gather the same input pixels.
-    # The grid's programs share the tiles' reduction steps (units) evenly: a program's units run
-    # from u0 to u1 - 1 across one or more tiles, a whole tile where there are as many programs as
-    # tiles (stream-K: the grid fills the GPU whatever the tiles' count).
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(K, BLOCK_N)
-    num_cb = gl.cdiv(C, BLOCK_K)
-    tile_steps = R * S * num_cb
-    per, extra, u0 = _units_of(pid, gl.cdiv(M, PIXELS) * n_tiles * tile_steps, gl.num_programs(0))
-    u1 = u0 + per + (pid < extra).to(gl.int32)
+    k0 = (pid % n_tiles) * BLOCK_N
+    m0 = (pid // n_tiles) * PIXELS
 
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], flat)
@@ -289,54 +280,31 @@ def gluon_nchw_kernel(
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 
-    for t in range(u0 // tile_steps, (u1 - 1) // tile_steps + 1):
-        k0 = (t % n_tiles) * BLOCK_N
-        m0 = (t // n_tiles) * PIXELS
-        # this program's steps of tile t, and how many of its units went before them
-        kb_lo = gl.maximum(u0, t * tile_steps) - t * tile_steps
-        kb_hi = gl.minimum(u1, (t + 1) * tile_steps) - t * tile_steps
-        r0 = t * tile_steps + kb_lo - u0
-        steps = kb_hi - kb_lo
-        # the computing warpgroup (the default partition) and GATHERERS gathering partitions
-        if GATHERERS == 1:
-            (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
-        elif GATHERERS == 2:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
-            )
-        else:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
-                [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS, GATHER_REGS],
-            )
-{tile_end}'''
+    num_cb = gl.cdiv(C, BLOCK_K)
+    # this program's part of the reduction's steps (all of them unless it is split)
+    pid_k = gl.program_id(2)
+    per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
+    kb_lo = pid_k * per_part
+    kb_hi = gl.minimum(kb_lo + per_part, R * S * num_cb)
+    steps = kb_hi - kb_lo
+    # the computing warpgroup (the default partition) and GATHERERS gathering partitions
+    if GATHERERS == 1:
+        (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
+    elif GATHERERS == 2:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
+        )
+    else:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
+            [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
+            [GATHER_REGS, GATHER_REGS, GATHER_REGS],
+        )
 
-#: After a tile's products (indented into the loop over the program's tiles): the stores' layout,
-#: the accumulator as [pixels, channels], a shared tile's reduction, the chain and the stores.
-_TILE_END = """{out_layout}    if not PIXEL_ROWS:
+{out_layout}    if not PIXEL_ROWS:
         acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
-{split}    if finish:
-{finish}"""
-
-#: The programs' even shares of the tiles' reduction steps (units): where a program's units start,
-#: and which program a unit belongs to.
-UNITS = """@gluon.jit
-def _units_of(pid, units, programs):
-    # (units every program has, how many programs have one more, where program pid's units start)
-    per = units // programs
-    extra = units % programs
-    return per, extra, pid * per + gl.minimum(pid, extra)
-
-
-@gluon.jit
-def _program_of(u, per, extra):
-    # the program whose units include unit u
-    longer = extra * (per + 1)  # the units of the programs with one more
-    return gl.where(u < longer, u // (per + 1), extra + (u - longer) // per)
-
-
-"""
+{split}{coordinates_in_acc}
+{tail}'''
 
 #: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
 OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
@@ -348,48 +316,40 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
     ohw = OH * OW
 """
 
-#: A shared tile's reduction (triton_conv.SPLIT_K_REDUCE in Gluon's terms, over stream-K's
-#: shares): each program whose units include some of tile t's steps stores its fp32 partial of the
-#: accumulator (slot 0 of the program: its first tile; slot 1: its last), counts its arrival, and
-#: the last to arrive sums the partials in the programs' order (the same result whichever arrives
-#: last), resets the tile's counter for the next launch and goes on to the epilogue (``finish``).
-GLUON_SPLIT_REDUCE = """    finish = True
-    if SHARED_TILES:
-        first_p = _program_of(t * tile_steps, per, extra)
-        last_p = _program_of((t + 1) * tile_steps - 1, per, extra)
-        finish = first_p == last_p
-        if first_p != last_p:
-            # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]):
-            # a thread's neighbouring values are one 8-byte store
-            tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-            tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
-            if PIXEL_ROWS:
-                offs_tile = tile_px * BLOCK_N + tile_ch
-            else:
-                offs_tile = tile_px + tile_ch * PIXELS
-            slot = (pid * 2 + (t != u0 // tile_steps).to(gl.int32)) * (PIXELS * BLOCK_N)
-            gl.store(ws_ptr + slot + offs_tile, acc, cache_modifier=".cg")
-            {thread_barrier}()  # the whole partial is written before the arrival is counted
-            arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-            finish = arrived == last_p - first_p
-            if finish:
-                acc = gl.zeros_like(acc)
-                for q in range(first_p, last_p + 1):
-                    q_first = (q * per + gl.minimum(q, extra)) // tile_steps  # program q's first tile
-                    q_slot = (q * 2 + (t != q_first).to(gl.int32)) * (PIXELS * BLOCK_N)
-                    acc += gl.load(ws_ptr + q_slot + offs_tile, cache_modifier=".cg")
-                gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
+#: A split reduction's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
+#: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
+#: split order (the same result whichever arrives last), resets the tile's counter for the next
+#: launch and goes on to the epilogue; the others end here.
+GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
+        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
+        # thread's neighbouring values are one 8-byte store
+        px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+        ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
+        if PIXEL_ROWS:
+            offs_tile = px * BLOCK_N + ch
+        else:
+            offs_tile = px + ch * PIXELS
+        tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
+        gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
+        {thread_barrier}()  # the whole partial is written before the arrival is counted
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived < SPLIT_K - 1:
+            return
+        acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
+        for part in range(1, SPLIT_K):
+            acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 """
 
 #: The computing partition and its arguments.
-_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, r0, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
+_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
 
 #: A gathering partition and its arguments: partition {part} of {parts}.
 _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, r0, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K,
-                 NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
+                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -480,11 +440,10 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
     names = gluon_names()
-    finish = textwrap.indent(epilogue.pop("coordinates_in_acc") + "\n" + epilogue.pop("tail"), "    ")
-    tile_end = _TILE_END.format(out_layout=OUT_LAYOUT, split=GLUON_SPLIT_REDUCE.format(**names), finish=finish)
-    fields = {"units": UNITS, "gather_step": GATHER_STEP, "tile_end": textwrap.indent(tile_end, "    ")}
-    return _TEMPLATE.format(mma=_MMA, **fields, **gatherers, **epilogue, **names)
+    split = GLUON_SPLIT_REDUCE.format(**names)
+    return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:
@@ -583,15 +542,6 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
     return split
 
 
-def grid_programs(tiles: int, steps: int, split: int, multiprocessors: int) -> int:
-    """Programs of gluon-nchw's grid, sharing the ``tiles`` x ``steps`` reduction steps evenly: with
-    tuning.GLUON_NCHW_STREAM_K, one a multiprocessor where the tiles leave some idle (each keeping
-    at least tuning.GLUON_NCHW_STREAM_K_MIN_STEPS steps), else ``split`` a tile (gather_split)."""
-    if tuning.GLUON_NCHW_STREAM_K and tiles < multiprocessors:
-        return max(tiles, min(multiprocessors, tiles * steps // tuning.GLUON_NCHW_STREAM_K_MIN_STEPS))
-    return tiles * split
-
-
 #: gluon-nchw's tiles (pixels x output channels) in order of preference. 64 x 256 first: each
 #: pixel tile reads its channel tile's weights from L2, each channel tile its gathered input, and
 #: a tile twice as wide reads the input half as often (H100, fp16 CBNA, batch 32, warm L2: r50_16
@@ -684,24 +634,20 @@ class GluonNchwKernel(TritonConvKernel):
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
         # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
         # the product's orientation
-        tiles, steps = self.programs_and_steps(cfg)
-        programs = grid_programs(tiles, steps, cfg.split_k, multiprocessors(self._handle))
         own = (
             warps,
             min(warps, cfg.block_m // 32),
             gather_regs(warps, parts),
             prefetch,
             parts,
-            programs != tiles,
+            cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, 4 + warps * parts),
         )
-        if programs == tiles:  # one whole tile a program: no partial sums
-            workspace = split_workspace(x.device, 1, 1)
-        else:  # two partial tiles a program at most (its first and its last)
-            workspace = split_workspace(x.device, programs * 2 * cfg.block_m * cfg.block_n, tiles)
+        tiles = self.programs_and_steps(cfg)[0]
+        workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
         return self.gather_launch(
-            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace, programs
+            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
         )
 
     def gather_launch(
@@ -719,14 +665,13 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None,
         idx64: bool | None,
         workspace: tuple[Tensor, ...] = (),
-        programs: int = 0,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         """A gather kernel's launch (this one's and gluon-nchw-regs'): the weights' descriptor, the
         shapes and strides, then the constants in the templates' order: the plan's and the tile's
         (``stages`` in the ring), the kernel's ``own``, the index width, prior, whole channel
         blocks, output layout, reduction order and the chain's flags. ``workspace``: a split
-        reduction's partial sums and counters (gluon-nchw's), after the prior; ``programs``: the
-        grid's (0: one a tile)."""
+        reduction's partial sums and counters (gluon-nchw's), after the prior; ``cfg.split_k``
+        programs along the grid's third axis."""
         c, k = self.geometry[1:3]  # input and output channels
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
@@ -753,7 +698,7 @@ class GluonNchwKernel(TritonConvKernel):
             tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
-        grid = (programs or self.programs_and_steps(cfg)[0], 1, 1)
+        grid = (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
         args = [x, w_desc, out, p, *workspace, *values, *self.geometry, *runtime_strides, *pads, *dilations, *consts]
         return grid, cfg, args
