@@ -347,14 +347,19 @@ GLUON_NCHW_PREFETCH = 0
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for
 #: every load the partition has in flight, the prefetched ones too) and the partition's barrier: the
-#: weights' L2 round trip then runs under the fence's wait rather than after it.
+#: weights' L2 round trip then runs under the fence's wait rather than after it. H100 A/B (CBNA,
+#: batch 32, CUDA-graph replay; bench/NOTES.md section 27): TF32 r50_12 58.3 -> 49.4 us, r50_16 43.2
+#: -> 38.8, r50_22 53.2 -> 49.4; fp16 within the runs' spread (r50_21 22.9 -> 21.9).
 GLUON_NCHW_EARLY_WEIGHTS = True
 
 #: gluon-nchw's product as [pixels, channels] = input @ weights^T: one wgmma instruction covers the
 #: tile's pixels and all its channels (64 x 256: A 2 KB + B 8 KB of shared memory read per 16-deep
 #: slice), where the transposed product [channels, pixels] issues one for every 64 channels, each
-#: reading the stage's input again (4 x (2 + 2) KB for the same products): shared memory's
-#: bandwidth, which the gathers' stores and the weights' loads share, bounds these kernels.
+#: reading the stage's input again (4 x (2 + 2) KB for the same products), in the shared memory
+#: bandwidth that the gathers' stores and the weights' loads use too. Where ptxas cannot hold one
+#: instruction's accumulator in the registers at launch the kernel keeps the transposed product
+#: (solvers/gluon_nchw.py pixel_rows). H100 A/B (bench/NOTES.md section 27): fp16 r50_16 27.2 ->
+#: 25.6 us, r50_21 21.6 -> 21.2, r50_22 unchanged; TF32 r50_16 38.8 -> 32.5, r50_21 31.9 -> 30.6.
 GLUON_NCHW_PIXEL_ROWS = True
 
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
