@@ -323,12 +323,12 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
 GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
         # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
         # thread's neighbouring values are one 8-byte store
-        px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-        ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
+        tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+        tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
         if PIXEL_ROWS:
-            offs_tile = px * BLOCK_N + ch
+            offs_tile = tile_px * BLOCK_N + tile_ch
         else:
-            offs_tile = px + ch * PIXELS
+            offs_tile = tile_px + tile_ch * PIXELS
         tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
         gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
         {thread_barrier}()  # the whole partial is written before the arrival is counted
