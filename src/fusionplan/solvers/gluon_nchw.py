@@ -474,10 +474,11 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
         return "off (tuning.GLUON_NCHW)"
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    k, _, r, s = conv.w_desc.dims
+    k, c, r, s = conv.w_desc.dims
     oh, ow = conv.output_desc.dims[2:]
     several = r * s > 1
-    if not several and conv.conv.strides != (1, 1) and not strided_1x1:
+    strided = conv.conv.strides != (1, 1)
+    if not several and strided and not strided_1x1:
         return "strided 1x1 filters: triton-conv and triton-gemm-nchw measured faster (r50_20 56.4 us against 65.4)"
     if not several:
         limit = tuning.GLUON_NCHW_1X1_MAX_PLANE
@@ -492,8 +493,7 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
             "triton-gemm-nchw's tensor boxes measured faster"
         )
     m = x.dims[0] * oh * ow
-    strided = conv.conv.strides != (1, 1)
-    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors, r * s * conv.w_desc.dims[1], strided)
+    cfg = gather_config(m, k, spec.dtype.torch_dtype, multiprocessors, r * s * c, strided)
     programs = triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n) * cfg.split_k
     if programs < tuning.GLUON_NCHW_MIN_PROGRAMS:
         return (
@@ -589,17 +589,20 @@ class GluonNchwKernel(TritonConvKernel):
         """Whether the convolution's stride is above 1 in either dimension."""
         return self.conv_args[2:4] != (1, 1)
 
+    @property
+    def depth(self) -> int:
+        """Products in a tile's reduction for each of its outputs (R*S*C)."""
+        return self.taps * self.geometry[1]
+
     def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
         """``cfg`` with its reduction split as gather_split decides for its grid."""
         if not self.splits_reduction:
             return cfg
         programs = self.programs_and_steps(cfg)[0]
-        depth = self.taps * self.geometry[1]
-        return replace(cfg, split_k=gather_split(programs, depth, multiprocessors(self._handle)))
+        return replace(cfg, split_k=gather_split(programs, self.depth, multiprocessors(self._handle)))
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        depth = self.taps * self.geometry[1]
-        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), depth, self.strided)
+        return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), self.depth, self.strided)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -642,7 +645,7 @@ class GluonNchwKernel(TritonConvKernel):
             parts,
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
-            pixel_rows(cfg.block_n, 4 + warps * parts),
+            pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)

@@ -261,7 +261,13 @@ def regs_config(
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         tiles[-1],
     )
-    return regs_tile(pixels, block_n, warps, size, step_bytes(strided and taps > 1))
+    return regs_tile(pixels, block_n, warps, size, regs_step_bytes(taps, strided))
+
+
+def regs_step_bytes(taps: int, strided: bool) -> int:
+    """A pixel's bytes in one reduction step: gluon-nchw's shorter strided steps (step_bytes) for
+    strided filters of several taps only (the strided 1x1 r50_20 keeps 128-byte steps)."""
+    return step_bytes(strided and taps > 1)
 
 
 def wide_1x1(m: int, k: int, dtype: torch.dtype, multiprocessors: int) -> bool:
@@ -332,7 +338,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
         size = self.spec.dtype.torch_dtype.itemsize
-        row = step_bytes(self.strided and self.taps > 1)
+        row = regs_step_bytes(self.taps, self.strided)
         return [regs_tile(p, n, w, size, row) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
     def _launch_args(
