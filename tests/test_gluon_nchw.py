@@ -182,12 +182,12 @@ def test_stream_k_partitions_run_across_the_programs_tiles(monkeypatch):
 
 @pytest.mark.parametrize(
     "tiles, steps, programs",
-    [(50, 72, 132), (100, 32, 132), (98, 36, 132), (50, 4, 50), (20, 16, 40), (132, 8, 0), (200, 8, 0), (60, 9, 67)],
+    [(50, 72, 132), (100, 32, 132), (98, 36, 132), (50, 4, 0), (20, 16, 40), (132, 8, 0), (200, 8, 0), (60, 9, 67)],
 )
 def test_stream_k_programs_where_tiles_leave_multiprocessors_idle(monkeypatch, tiles, steps, programs):
     """One program a multiprocessor where there are fewer tiles, each keeping at least
-    tuning.GLUON_NCHW_STREAM_K_MIN_STEPS (8) steps, never fewer programs than tiles; 0 (no stream-K)
-    for grids of a wave or more."""
+    tuning.GLUON_NCHW_STREAM_K_MIN_STEPS (8) steps; 0 (a program a tile) where that leaves no more
+    programs than tiles, or for grids of a wave or more."""
     monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", True)
     assert gluon_nchw.stream_programs(tiles, steps, H100_SMS) == programs
 

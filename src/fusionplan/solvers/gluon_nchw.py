@@ -685,11 +685,11 @@ def gather_config(
 def stream_programs(tiles: int, steps: int, multiprocessors: int) -> int:
     """Programs of a stream-K grid (tuning.GLUON_NCHW_STREAM_K), 0 for a program a tile: where the
     tiles leave multiprocessors idle, one a multiprocessor sharing the ``tiles`` x ``steps``
-    reduction steps evenly, each keeping tuning.GLUON_NCHW_STREAM_K_MIN_STEPS steps or more (never
-    fewer programs than tiles: a program a whole tile where the steps are too few)."""
+    reduction steps evenly, each keeping tuning.GLUON_NCHW_STREAM_K_MIN_STEPS steps or more."""
     if not tuning.GLUON_NCHW_STREAM_K or tiles >= multiprocessors:
         return 0
-    return max(tiles, min(multiprocessors, tiles * steps // tuning.GLUON_NCHW_STREAM_K_MIN_STEPS))
+    programs = min(multiprocessors, tiles * steps // tuning.GLUON_NCHW_STREAM_K_MIN_STEPS)
+    return programs if programs > tiles else 0
 
 
 def step_bytes(strided: bool) -> int:
