@@ -246,8 +246,7 @@ def _mma_partition(
         # the product of the step before has finished: its stage may be refilled
         mbarrier.arrive(empty.index((r0 + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    # the last stage, for a next tile's gathers (none where a split part has no steps)
-    mbarrier.arrive(empty.index((r0 + steps + NUM_STAGES - 1) % NUM_STAGES), pred=steps > 0)
+    mbarrier.arrive(empty.index((r0 + steps - 1) % NUM_STAGES))  # the last stage, for a next tile's gathers
     return (acc,)
 
 
