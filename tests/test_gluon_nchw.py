@@ -165,38 +165,6 @@ def test_split_kernel_sums_fp32_partials_of_the_tile():
     assert "LOCAL:0" in info["resources"]
 
 
-def test_stream_k_partitions_run_across_the_programs_tiles(monkeypatch):
-    """With stream-K each partition loops over the program's tiles (one warp specialization, the
-    ring's steps going on from tile to tile), the computing one storing a shared tile's fp32 partial
-    in 8-byte pieces, the last program summing them in the programs' order, every one of a tile's
-    programs ending it in the same partition (no chain after the warp specialization)."""
-    monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", True)
-    info = compile_sm90(layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw")
-    source = info["source"]
-    assert "STREAM_K: gl.constexpr" in source and "gl.atomic_add(cnt_ptr + t" in source
-    assert "for q in range(first_p, last_p + 1):" in source
-    assert "stage = (r0 + kb) % NUM_STAGES" in source
-    assert info["global stores by bytes"].get("8", 0) > 0
-    assert "LOCAL:0" in info["resources"]
-
-
-@pytest.mark.parametrize(
-    "tiles, steps, programs",
-    [(50, 72, 132), (100, 32, 132), (98, 36, 132), (50, 4, 0), (20, 16, 40), (132, 8, 0), (200, 8, 0), (60, 9, 67)],
-)
-def test_stream_k_programs_where_tiles_leave_multiprocessors_idle(monkeypatch, tiles, steps, programs):
-    """One program a multiprocessor where there are fewer tiles, each keeping at least
-    tuning.GLUON_NCHW_STREAM_K_MIN_STEPS (8) steps; 0 (a program a tile) where that leaves no more
-    programs than tiles, or for grids of a wave or more."""
-    monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", True)
-    assert gluon_nchw.stream_programs(tiles, steps, H100_SMS) == programs
-
-
-def test_no_stream_k_where_off(monkeypatch):
-    monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", False)
-    assert gluon_nchw.stream_programs(50, 72, H100_SMS) == 0
-
-
 @pytest.mark.parametrize(
     "name, dtype, partitions", [("r50_21", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
 )

@@ -503,12 +503,10 @@ def gluon_nchw_case(case: str, dtype):
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
     output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
-    in 2 or 3 parts, or shared by a program a multiprocessor (stream-K, programs keeping 1 to 8
-    steps: parts of tiles, tiles across programs, partitions going on from tile to tile), one to
-    three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead, either reduction order,
-    the product either way round, the weights requested before or after the gathers' stores),
-    output in planes and channels-last, with and without a prior (three launches of a split or
-    shared tile: its arrival counters reset by each)."""
+    in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
+    either reduction order, the product either way round, the weights requested before or after the
+    gathers' stores), output in planes and channels-last, with and without a prior (three launches
+    of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw
 
@@ -531,8 +529,6 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_STREAM_K_MIN_STEPS", rng.choice((1, 2, 3, 5, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))
         for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):

@@ -362,14 +362,6 @@ GLUON_NCHW_EARLY_WEIGHTS = True
 #: 25.6 us, r50_21 21.6 -> 21.2, r50_22 unchanged; TF32 r50_16 38.8 -> 32.5, r50_21 31.9 -> 30.6.
 GLUON_NCHW_PIXEL_ROWS = True
 
-#: gluon-nchw's grid where its tiles leave multiprocessors idle (the 14x14 and 7x7 layers' 50 to
-#: 100 tiles on the H100's 132): a program a multiprocessor, the tiles' reduction steps shared
-#: evenly (stream-K; a tile's programs sum their fp32 partials in order), each program keeping
-#: GLUON_NCHW_STREAM_K_MIN_STEPS steps or more; its partitions run on from tile to tile through one
-#: ring, the computing one ending each tile itself (a partial sum, or the chain and the stores).
-GLUON_NCHW_STREAM_K = False
-GLUON_NCHW_STREAM_K_MIN_STEPS = 8
-
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
 #: blocks of a tap. H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay; bench/NOTES.md section 22):

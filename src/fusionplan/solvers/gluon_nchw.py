@@ -24,8 +24,6 @@ compile it for sm_90).
 
 from __future__ import annotations
 
-import re
-import textwrap
 from dataclasses import replace
 
 import torch
@@ -33,7 +31,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64, split_workspace
+from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
@@ -143,7 +141,7 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 @gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
-    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, r0, num_cb,
+    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
@@ -154,10 +152,9 @@ def _gather_partition(
     # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3). The proxy
     # fence after a stage's stores waits for every load in flight (MEMBAR.ALL.CTA), so a
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
-    # turn (the ring's steps PART, PART + GATHERERS, ...), each with its own loads and fences. The
-    # tile's steps here are kb_lo .. kb_hi - 1 of its reduction (a part of it where it is split or
-    # shared); kb counts from 0, kb_lo + kb is the step gathered and r0 + kb the ring's step (its
-    # stage and phase: r0 > 0 where the program's earlier tiles went through the same ring). With
+    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
+    # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
+    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
     # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
     # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
     # requested after the stores.
@@ -165,32 +162,31 @@ def _gather_partition(
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
     )
-    first = (PART + GATHERERS - r0 % GATHERERS) % GATHERERS  # this partition's first kb
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
-        dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
             dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
-    for kb in range(first, kb_hi - kb_lo, GATHERERS):
+    for kb in range(PART, kb_hi - kb_lo, GATHERERS):
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
                 sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
-        stage = (r0 + kb) % NUM_STAGES
+        stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), (((r0 + kb) // NUM_STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence's wait for the loads
             _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
         a_bufs.index(stage).store(v0)
@@ -217,7 +213,7 @@ def _gather_partition(
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, steps, r0,
+    a_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     PIXEL_ROWS: gl.constexpr,
 ):
@@ -236,21 +232,18 @@ def _mma_partition(
         )
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
     for kb in range(steps):
-        stage = (r0 + kb) % NUM_STAGES  # the ring's step r0 + kb (r0: taken by the program's earlier tiles)
-        mbarrier.wait(ready.index(stage), ((r0 + kb) // NUM_STAGES) & 1)
+        stage = kb % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
         if PIXEL_ROWS:
             acc = warpgroup_mma(a_bufs.index(stage), w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         else:
             acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         # the product of the step before has finished: its stage may be refilled
-        mbarrier.arrive(empty.index((r0 + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+        mbarrier.arrive(empty.index((kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    mbarrier.arrive(empty.index((r0 + steps - 1) % NUM_STAGES))  # the last stage, for a next tile's gathers
     return (acc,)
 
-
-{units}
 
 @gluon.jit
 def gluon_nchw_kernel(
@@ -263,7 +256,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    STREAM_K: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -271,6 +264,8 @@ def gluon_nchw_kernel(
     # channel blocks first, so that programs running side by side gather the same input pixels.
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(K, BLOCK_N)
+    k0 = (pid % n_tiles) * BLOCK_N
+    m0 = (pid // n_tiles) * PIXELS
 
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], flat)
@@ -286,158 +281,30 @@ def gluon_nchw_kernel(
     fence_async_shared()
 
     num_cb = gl.cdiv(C, BLOCK_K)
-    if STREAM_K:
-        # A program a multiprocessor, the tiles' reduction steps (units) shared evenly: this
-        # program's units u0 .. u1 - 1 run across one or more tiles, its partitions going on from
-        # tile to tile through the same ring (the computing one ends each tile: a partial sum, or
-        # the chain and the stores while the gatherers fill the next tile's stages).
-        tile_steps = R * S * num_cb
-        per, extra, u0 = _units_of(pid, gl.cdiv(M, PIXELS) * n_tiles * tile_steps, gl.num_programs(0))
-        u1 = u0 + per + (pid < extra).to(gl.int32)
-        if GATHERERS == 1:
-            gl.warp_specialize([{mma_units}, {units_gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
-        elif GATHERERS == 2:
-            gl.warp_specialize(
-                [{mma_units}, {units_gatherer_0_of_2}, {units_gatherer_1_of_2}],
-                [GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS],
-            )
-        else:
-            gl.warp_specialize(
-                [{mma_units}, {units_gatherer_0_of_3}, {units_gatherer_1_of_3}, {units_gatherer_2_of_3}],
-                [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS, GATHER_REGS],
-            )
+    # this program's part of the reduction's steps (all of them unless it is split)
+    pid_k = gl.program_id(2)
+    per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
+    kb_lo = pid_k * per_part
+    kb_hi = gl.minimum(kb_lo + per_part, R * S * num_cb)
+    steps = kb_hi - kb_lo
+    # the computing warpgroup (the default partition) and GATHERERS gathering partitions
+    if GATHERERS == 1:
+        (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
+    elif GATHERERS == 2:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
+        )
     else:
-        k0 = (pid % n_tiles) * BLOCK_N
-        m0 = (pid // n_tiles) * PIXELS
-        # this program's part of the reduction's steps (all of them unless it is split)
-        pid_k = gl.program_id(2)
-        per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
-        kb_lo = pid_k * per_part
-        kb_hi = gl.minimum(kb_lo + per_part, R * S * num_cb)
-        steps = kb_hi - kb_lo
-        # the computing warpgroup (the default partition) and GATHERERS gathering partitions
-        if GATHERERS == 1:
-            (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
-        elif GATHERERS == 2:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
-            )
-        else:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
-                [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS, GATHER_REGS],
-            )
-{classic_end}'''
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
+            [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
+            [GATHER_REGS, GATHER_REGS, GATHER_REGS],
+        )
 
-#: After a whole or split tile's products (the kernel's end without stream-K): the stores' layout,
-#: the accumulator as [pixels, channels], a split reduction's end, the chain and the stores.
-_CLASSIC_END = """{out_layout}    if not PIXEL_ROWS:
+{out_layout}    if not PIXEL_ROWS:
         acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
 {split}{coordinates_in_acc}
-{tail}"""
-
-#: Stream-K's computing partition: the program's tiles in turn, each ending in a partial sum or
-#: the chain and the stores (the epilogue's names are the kernel's).
-_MMA_UNITS = """@gluon.jit
-def _mma_units(
-    a_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
-    {stage_params}
-    pid, u0, u1, per, extra, n_tiles, tile_steps, M, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-    BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
-    {stage_flags}
-):
-    for t in range(u0 // tile_steps, (u1 - 1) // tile_steps + 1):
-        k0 = (t % n_tiles) * BLOCK_N
-        m0 = (t // n_tiles) * PIXELS
-        # this program's steps of tile t, and the ring's step of the first (its earlier tiles took r0)
-        kb_lo = gl.maximum(u0, t * tile_steps) - t * tile_steps
-        kb_hi = gl.minimum(u1, (t + 1) * tile_steps) - t * tile_steps
-        r0 = t * tile_steps + kb_lo - u0
-        (acc,) = _mma_partition(
-            a_bufs, w_bufs, ready, empty, kb_hi - kb_lo, r0, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS
-        )
-{tile_end}
-
-@gluon.jit
-def _gather_units(
-    x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
-    u0, u1, n_tiles, tile_steps, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, num_cb,
-    SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
-    PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    WARPS_M: gl.constexpr, IDX64: gl.constexpr, WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr,
-    GATHERERS: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
-):
-    # Stream-K's gathering partition: the program's tiles in turn, the ring's steps going on from
-    # one tile to the next (no drain between tiles: the next tile's stages fill under the products
-    # and the epilogue of this one).
-    for t in range(u0 // tile_steps, (u1 - 1) // tile_steps + 1):
-        kb_lo = gl.maximum(u0, t * tile_steps) - t * tile_steps
-        kb_hi = gl.minimum(u1, (t + 1) * tile_steps) - t * tile_steps
-        _gather_partition(
-            x_ptr, w_desc, a_bufs, w_bufs, ready, empty, (t // n_tiles) * PIXELS, (t % n_tiles) * BLOCK_N,
-            M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi,
-            t * tile_steps + kb_lo - u0, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M,
-            IDX64, WHOLE_CB, PREFETCH, PART, GATHERERS, TAPS_INNER, EARLY_WEIGHTS,
-        )
-"""
-
-#: The programs' even shares of the tiles' reduction steps (units): where a program's units start,
-#: and which program a unit belongs to.
-UNITS = """@gluon.jit
-def _units_of(pid, units, programs):
-    # (units every program has, how many programs have one more, where program pid's units start)
-    per = units // programs
-    extra = units % programs
-    return per, extra, pid * per + gl.minimum(pid, extra)
-
-
-@gluon.jit
-def _program_of(u, per, extra):
-    # the program whose units include unit u
-    longer = extra * (per + 1)  # the units of the programs with one more
-    return gl.where(u < longer, u // (per + 1), extra + (u - longer) // per)
-"""
-
-#: A tile's end in stream-K's computing partition: programs sharing the tile each store their fp32
-#: partial of the accumulator (slot 0 of a program: its first tile; slot 1: its last), count their
-#: arrival, and the last to arrive sums the partials in the programs' order (the same result
-#: whichever arrives last), resets the tile's counter for the next launch and goes on to the chain
-#: and the stores (``finish``), which a tile of one program runs at once.
-STREAM_REDUCE = """    first_p = _program_of(t * tile_steps, per, extra)
-    last_p = _program_of((t + 1) * tile_steps - 1, per, extra)
-    finish = first_p == last_p
-    if first_p != last_p:
-        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
-        # thread's neighbouring values are one 8-byte store
-        tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-        tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
-        if PIXEL_ROWS:
-            offs_tile = tile_px * BLOCK_N + tile_ch
-        else:
-            offs_tile = tile_px + tile_ch * PIXELS
-        slot = (pid * 2 + (t != u0 // tile_steps).to(gl.int32)) * (PIXELS * BLOCK_N)
-        gl.store(ws_ptr + slot + offs_tile, acc, cache_modifier=".cg")
-        {thread_barrier}()  # the whole partial is written before the arrival is counted
-        arrived = gl.atomic_add(cnt_ptr + t, 1, sem="acq_rel", scope="gpu")
-        finish = arrived == last_p - first_p
-        if finish:
-            acc = gl.zeros_like(acc)
-            for q in range(first_p, last_p + 1):
-                q_first = (q * per + gl.minimum(q, extra)) // tile_steps  # program q's first tile
-                q_slot = (q * 2 + (t != q_first).to(gl.int32)) * (PIXELS * BLOCK_N)
-                acc += gl.load(ws_ptr + q_slot + offs_tile, cache_modifier=".cg")
-            gl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed", scope="gpu")
-"""
-
-#: Stream-K's tile end (indented into the computing partition's loop over its tiles).
-_STREAM_END = """{out_layout}    if not PIXEL_ROWS:
-        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
-{reduce}    if finish:
-{finish}"""
+{tail}'''
 
 #: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
 OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
@@ -475,31 +342,14 @@ GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
 """
 
 #: The computing partition and its arguments.
-_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, 0, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
-
-#: Stream-K's computing partition and its arguments ({stage_params}, {stage_flags}: the chain's names).
-_MMA_UNITS_CALL = """(
-                    _mma_units,
-                    (a_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, ws_ptr, cnt_ptr, {stage_params}pid, u0, u1,
-                     per, extra, n_tiles, tile_steps, M, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, BLOCK_N,
-                     PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR, {stage_flags}),
-                )"""
-
-#: Stream-K's gathering partition and its arguments: partition {part} of {parts}.
-_UNITS_GATHERER = """(
-                    _gather_units,
-                    (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, u0, u1, n_tiles, tile_steps, M, C, H, W, OH, OW,
-                     sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_N,
-                     BLOCK_K, NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER,
-                     EARLY_WEIGHTS),
-                )"""
+_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
 
 #: A gathering partition and its arguments: partition {part} of {parts}.
 _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, 0, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K,
-                 NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
+                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -587,23 +437,13 @@ def gather_regs(warps: int, gatherers: int) -> int:
 
 
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names, at the
-    kernel's end (a tile a program, whole or split) and in stream-K's computing partition."""
+    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
-    gatherers |= {
-        f"units_gatherer_{i}_of_{n}": _UNITS_GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)
-    }
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
     names = gluon_names()
-    chain = {"stage_params": epilogue["stage_params"], "stage_flags": epilogue["stage_flags"]}
-    classic_end = _CLASSIC_END.format(out_layout=OUT_LAYOUT, split=GLUON_SPLIT_REDUCE.format(**names), **epilogue)
-    finish = textwrap.indent(epilogue["coordinates_in_acc"] + "\n" + epilogue["tail"], "    ")
-    stream_end = _STREAM_END.format(out_layout=OUT_LAYOUT, reduce=STREAM_REDUCE.format(**names), finish=finish)
-    units = UNITS + "\n\n" + _MMA_UNITS.format(tile_end=textwrap.indent(stream_end, "    "), **chain)
-    flag_names = re.sub(r":\s*gl\.constexpr", "", epilogue["stage_flags"])
-    mma_units = _MMA_UNITS_CALL.format(stage_params=epilogue["stage_params"], stage_flags=flag_names)
-    fields = {"gather_step": GATHER_STEP, "units": units, "classic_end": textwrap.indent(classic_end, "    ")}
-    return _TEMPLATE.format(mma=_MMA, mma_units=mma_units, **fields, **gatherers, **epilogue, **names)
+    split = GLUON_SPLIT_REDUCE.format(**names)
+    return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:
@@ -679,16 +519,6 @@ def gather_config(
         if programs * split >= multiprocessors // 2:
             return replace(gather_tile(pixels, block_n, size, step_bytes(strided)), split_k=split)
     return gather_tile(*tiles[-1], size, step_bytes(strided))
-
-
-def stream_programs(tiles: int, steps: int, multiprocessors: int) -> int:
-    """Programs of a stream-K grid (tuning.GLUON_NCHW_STREAM_K), 0 for a program a tile: where the
-    tiles leave multiprocessors idle, one a multiprocessor sharing the ``tiles`` x ``steps``
-    reduction steps evenly, each keeping tuning.GLUON_NCHW_STREAM_K_MIN_STEPS steps or more."""
-    if not tuning.GLUON_NCHW_STREAM_K or tiles >= multiprocessors:
-        return 0
-    programs = min(multiprocessors, tiles * steps // tuning.GLUON_NCHW_STREAM_K_MIN_STEPS)
-    return programs if programs > tiles else 0
 
 
 def step_bytes(strided: bool) -> int:
@@ -804,30 +634,23 @@ class GluonNchwKernel(TritonConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
-        tiles, steps = self.programs_and_steps(cfg)
-        programs = stream_programs(tiles, steps, multiprocessors(self._handle))
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
-        # programs sharing a tile's reduction, stream-K, whether a stage's weights are requested before
-        # its stores, the product's orientation
+        # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
+        # the product's orientation
         own = (
             warps,
             min(warps, cfg.block_m // 32),
             gather_regs(warps, parts),
             prefetch,
             parts,
-            1 if programs else cfg.split_k,
-            bool(programs),
+            cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
         )
-        if programs:  # two partial tiles a program at most (its first and its last)
-            workspace = split_workspace(x.device, programs * 2 * cfg.block_m * cfg.block_n, tiles)
-            grid = (programs, 1, 1)
-        else:
-            workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
-            grid = (tiles, 1, cfg.split_k)
+        tiles = self.programs_and_steps(cfg)[0]
+        workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
         return self.gather_launch(
-            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace, grid
+            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
         )
 
     def gather_launch(
@@ -845,14 +668,13 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None,
         idx64: bool | None,
         workspace: tuple[Tensor, ...] = (),
-        grid: tuple[int, int, int] | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         """A gather kernel's launch (this one's and gluon-nchw-regs'): the weights' descriptor, the
         shapes and strides, then the constants in the templates' order: the plan's and the tile's
         (``stages`` in the ring), the kernel's ``own``, the index width, prior, whole channel
         blocks, output layout, reduction order and the chain's flags. ``workspace``: a split
-        reduction's partial sums and counters (gluon-nchw's), after the prior; ``grid``: the
-        launch's (None: a program a tile, ``cfg.split_k`` along the third axis)."""
+        reduction's partial sums and counters (gluon-nchw's), after the prior; ``cfg.split_k``
+        programs along the grid's third axis."""
         c, k = self.geometry[1:3]  # input and output channels
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
@@ -879,7 +701,7 @@ class GluonNchwKernel(TritonConvKernel):
             tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
-        grid = grid or (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
+        grid = (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
         args = [x, w_desc, out, p, *workspace, *values, *self.geometry, *runtime_strides, *pads, *dilations, *consts]
         return grid, cfg, args
