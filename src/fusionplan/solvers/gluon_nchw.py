@@ -221,16 +221,12 @@ def _mma_partition(
     # weights^T, each instruction the tile's pixels x all its channels (one read of the input rows
     # for BLOCK_N channels); else [channels, pixels] = weights @ input^T, an instruction for every
     # 64 channels, each reading the stage's input again.
-    if PIXEL_ROWS:
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 256 // ELEM_BITS]
-        )
-        acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
-    else:
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
-        )
-        acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
+    ROWS: gl.constexpr = PIXELS if PIXEL_ROWS else BLOCK_N  # the accumulator's rows and columns
+    COLS: gl.constexpr = BLOCK_N if PIXEL_ROWS else PIXELS
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, COLS, 256 // ELEM_BITS]
+    )
+    acc = gl.zeros((ROWS, COLS), gl.float32, acc_layout)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
