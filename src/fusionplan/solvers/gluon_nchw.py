@@ -35,7 +35,6 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
-    GLUON_SPLIT_REDUCE,
     gluon_descriptor,
     gluon_dtype_why_not,
     gluon_epilogue,
@@ -313,6 +312,31 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
     ohw = OH * OW
 """
 
+#: A split reduction's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
+#: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
+#: split order (the same result whichever arrives last), resets the tile's counter for the next
+#: launch and goes on to the epilogue; the others end here.
+GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
+        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
+        # thread's neighbouring values are one 8-byte store
+        tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+        tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
+        if PIXEL_ROWS:
+            offs_tile = tile_px * BLOCK_N + tile_ch
+        else:
+            offs_tile = tile_px + tile_ch * PIXELS
+        tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
+        gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
+        {thread_barrier}()  # the whole partial is written before the arrival is counted
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived < SPLIT_K - 1:
+            return
+        acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
+        for part in range(1, SPLIT_K):
+            acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
+        gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
+"""
+
 #: The computing partition and its arguments.
 _MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
 
@@ -414,7 +438,7 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
     shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
     names = gluon_names()
-    split = GLUON_SPLIT_REDUCE.format(tile="pid", **names)
+    split = GLUON_SPLIT_REDUCE.format(**names)
     return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
 
 

@@ -69,17 +69,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty,
-    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, kb_lo, steps, num_cb,
+    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
     S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
-    # this program's steps are kb_lo .. kb_lo + steps - 1 of the reduction (a part of it where it is split)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-        t = (kb_lo + kb) // num_cb
-        c0 = ((kb_lo + kb) % num_cb) * BLOCK_K
+        t = kb // num_cb
+        c0 = (kb % num_cb) * BLOCK_K
         dh = (t // S) * dil_h - pad_h
         dw = (t % S) * dil_w - pad_w
         ph = (dh + STR_H * pad_h) % STR_H  # dh mod STR_H, from a non-negative dividend
@@ -120,7 +119,7 @@ def _mma_partition(
 
 @gluon.jit
 def gluon_window_kernel(
-    x_desc, w_desc, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
+    x_desc, w_desc, y_ptr, prior_ptr,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -128,11 +127,10 @@ def gluon_window_kernel(
     R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    SPLIT_K: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
     {stage_flags}
 ):
     PIXELS: gl.constexpr = TILE_N * TILE_H * TILE_W
-    PIXEL_ROWS: gl.constexpr = False  # the product is [channels, pixels] (the split's partial sums read it so)
     pid = gl.program_id(0)
     pid_n = gl.program_id(1)
     tiles_w = gl.cdiv(OW, TILE_W)
@@ -152,11 +150,7 @@ def gluon_window_kernel(
     fence_async_shared()
 
     num_cb = gl.cdiv(C, BLOCK_K)
-    # this program's part of the reduction's steps (all of them unless it is split)
-    pid_k = gl.program_id(2)
-    per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
-    kb_lo = pid_k * per_part
-    steps = gl.minimum(kb_lo + per_part, R * S * num_cb) - kb_lo
+    steps = R * S * num_cb
     (acc,) = gl.warp_specialize(
         [
             (
@@ -166,7 +160,7 @@ def gluon_window_kernel(
             (
                 _load_partition,
                 (x_desc, w_desc, x_bufs, w_bufs, ready, empty, n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w,
-                 kb_lo, steps, num_cb, S, STR_H, STR_W, BLOCK_K, NUM_STAGES),
+                 steps, num_cb, S, STR_H, STR_W, BLOCK_K, NUM_STAGES),
             ),
         ],
         [1],
@@ -176,11 +170,11 @@ def gluon_window_kernel(
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     ohw = OH * OW
-    acc = gl.permute(acc, (1, 0))  # [pixels, channels]
-{split}    if MMA_EPILOGUE:  # the chain in the accumulator's own layout (window_epilogue_mode)
+    if MMA_EPILOGUE:  # the chain in the accumulator's own layout (window_epilogue_mode)
+        acc = gl.permute(acc, (1, 0))
 {coordinates_in_acc}
     else:
-        acc = gl.convert_layout(acc, out_layout)
+        acc = gl.convert_layout(gl.permute(acc, (1, 0)), out_layout)
 {coordinates_in_out}
 {tail}'''
 
@@ -200,31 +194,6 @@ _STORE = """    if MMA_EPILOGUE == 1:
         mask = m_mask[:, None] & n_mask[None, :]
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
              h.to(y_ptr.dtype.element_ty), mask=mask)
-"""
-
-#: A split reduction's end in the Gluon kernels (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each
-#: of a tile's SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums
-#: them in split order (the same result whichever arrives last), resets the tile's counter for the
-#: next launch and goes on to the epilogue; the others end here. ``{tile}``: the tile's index.
-GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
-        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
-        # thread's neighbouring values are one 8-byte store
-        tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-        tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
-        if PIXEL_ROWS:
-            offs_tile = tile_px * BLOCK_N + tile_ch
-        else:
-            offs_tile = tile_px + tile_ch * PIXELS
-        tile_ws = ws_ptr + ({tile}) * (SPLIT_K * PIXELS * BLOCK_N)
-        gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
-        {thread_barrier}()  # the whole partial is written before the arrival is counted
-        arrived = gl.atomic_add(cnt_ptr + ({tile}), 1, sem="acq_rel", scope="gpu")
-        if arrived < SPLIT_K - 1:
-            return
-        acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
-        for part in range(1, SPLIT_K):
-            acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
-        gl.atomic_xchg(cnt_ptr + ({tile}), 0, sem="relaxed", scope="gpu")
 """
 
 #: Registers of the loading warp: it computes coordinates only; the computing warpgroups get the rest.
@@ -367,9 +336,7 @@ def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tupl
 
 def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    names = gluon_names()
-    split = GLUON_SPLIT_REDUCE.format(tile="pid + pid_n * gl.num_programs(0)", **names)
-    return _TEMPLATE.format(split=split, **gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **names)
+    return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
 
 
 def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store: str, depth: int) -> dict:
@@ -434,10 +401,8 @@ class GluonWindowKernel(TritonWindowKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         window, windows = self._windows(cfg)
-        n_tiles = triton_cdiv(self.k, cfg.block_n)
-        grid = (windows, n_tiles, cfg.split_k)
+        grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
         x_desc, w_desc = self._gluon_descriptors(cfg, window, x, packed)
-        workspace = self._workspace(x.device, cfg, windows * n_tiles, cfg.block_m * cfg.block_n)
         consts = (
             *self.conv.w_desc.dims[2:],
             *self.conv_args[2:4],  # the convolution's strides
@@ -447,13 +412,12 @@ class GluonWindowKernel(TritonWindowKernel):
             cfg.num_stages,
             *self._swizzle_and_bits(cfg),
             LOAD_REGS,
-            cfg.split_k,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             *flags.values(),
         )
-        args = [x_desc, w_desc, out, p, *workspace, *values, *self._shape_args(out, p, strides), *consts]
+        args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
         return grid, cfg, args
 
     def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
