@@ -167,10 +167,16 @@ class Launcher:
     ``key`` goes through it; the compiled kernel it returns is kept, and later launches with the
     same key call it directly. The key is the caller's (launch options) with the arguments'
     ``specialization``. ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off (and ``BoundLaunch`` with it).
+
+    ``grid_dependency``: compile the kernel for programmatic dependent launch (Triton's
+    ``launch_pdl``), for kernels that wait for the kernel before them on the stream before they
+    touch global memory (the Gluon kernels' GRID_DEPENDENCY): every launch then may begin while
+    that kernel ends.
     """
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, grid_dependency: bool = False) -> None:
         self.fn = fn
+        self.grid_dependency = grid_dependency
         self.names = list(getattr(fn, "arg_names", []))
         self.constexprs = constexpr_positions(fn)
         self._compiled: dict[tuple, object] = {}
@@ -183,7 +189,7 @@ class Launcher:
         """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that
         needs more of the device than it has (Triton's OutOfResources: shared memory, registers)
         raises that error, at once on later calls (no new compile)."""
-        key = (key, specialization(args, self.constexprs))
+        key = (key, specialization(args, self.constexprs), self.grid_dependency)
         if key in self._too_large:
             raise self._too_large[key]
         kernel = self._compiled.get(key) if self.direct else None
@@ -195,9 +201,7 @@ class Launcher:
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             launch = self.fn[grid]
             try:
-                kernel = with_own_scratch(
-                    launch, **dict(zip(self.names, args)), num_warps=num_warps, num_stages=num_stages
-                )
+                kernel = with_own_scratch(launch, **dict(zip(self.names, args)), **self._options(num_warps, num_stages))
             except Exception as exc:
                 if is_out_of_resources(exc):
                     self._too_large[key] = exc
@@ -214,20 +218,25 @@ class Launcher:
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
-        key = (key, specialization(args, self.constexprs))
+        key = (key, specialization(args, self.constexprs), self.grid_dependency)
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         record = self._record_path(key, num_warps, num_stages)
         kernel = self._load_recorded(key, record)
         if kernel is None:
-            kernel = self.fn.warmup(
-                **dict(zip(self.names, args)), grid=grid, num_warps=num_warps, num_stages=num_stages
-            )
+            kernel = self.fn.warmup(**dict(zip(self.names, args)), grid=grid, **self._options(num_warps, num_stages))
             if kernel is None or not hasattr(kernel, "run"):
                 return None
             self._keep(key, kernel, record)
         kernel._init_handles()  # loads the binary onto the device now
         return kernel
+
+    def _options(self, num_warps: int, num_stages: int) -> dict:
+        """Triton's compile options of a launch."""
+        options = {"num_warps": num_warps, "num_stages": num_stages}
+        if self.grid_dependency:
+            options["launch_pdl"] = True
+        return options
 
     def _keep(self, key: tuple, kernel, record: Path | None) -> None:
         self._compiled[key] = kernel

@@ -287,6 +287,11 @@ GLUON_WINDOW_MMA_EPILOGUE = True
 #: (r50_18, r50_22) measured no different (20.8 / 20.6 against 21.1 / 20.4 us) and were dropped.
 GLUON_WINDOW_WIDE_CHANNELS = True
 
+#: The Gluon kernels launch with programmatic dependent launch (launch.Launcher's grid_dependency):
+#: each may begin (its blocks placed, barriers set up) while the kernel before it on the stream
+#: ends, and waits for that kernel's end before it touches global memory. An experiment until measured.
+GRID_DEPENDENCY = False
+
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024

@@ -211,7 +211,7 @@ def gluon_gemm_kernel(
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
     fence_async_shared()
-    if PERSISTENT and CONSUMERS > 1:
+{grid_dependency}    if PERSISTENT and CONSUMERS > 1:
         gl.warp_specialize([{consumer_0_of_2}, {consumer_1_of_2}, {loader}], [4, 1], [CONSUMER_REGS, LOAD_REGS])
     elif PERSISTENT:
         gl.warp_specialize([{consumer_0_of_1}, {loader}], [1], [LOAD_REGS])

@@ -275,7 +275,7 @@ def gluon_nchw_kernel(
             mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
-
+{grid_dependency}
     num_cb = gl.cdiv(C, BLOCK_K)
     # this program's part of the reduction's steps (all of them unless it is split)
     pid_k = gl.program_id(2)
@@ -565,6 +565,7 @@ class GluonNchwKernel(TritonConvKernel):
     solver_name = "gluon-nchw"
     stem = "gluon_nchw"
     splits_reduction = True  # where tuning.GLUON_NCHW_SPLIT is on (gather_split)
+    grid_dependency = True  # GRID_DEPENDENCY, as in every Gluon template
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle

@@ -120,7 +120,7 @@ def gluon_nchw_regs_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
     fence_async_shared()
-
+{grid_dependency}
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
     for i in gl.static_range(NUM_STAGES - 1):

@@ -378,6 +378,7 @@ class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
     stem = "conv"  # generated files and the kernel function are named after it
     kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
+    grid_dependency = False  # whether the template waits for the kernel before it (Launcher's grid_dependency)
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -387,7 +388,8 @@ class TritonConvKernel(Repeating, Kernel):
         self.stages = pointwise_stages(post, conv=conv.index)
         self._source = self.render(spec, self.stages)
         module, self.path = load_module(self._source, self.stem)
-        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"))
+        kernel_fn = getattr(module, f"{self.stem}_kernel")
+        self.launcher = Launcher(kernel_fn, self.grid_dependency and tuning.GRID_DEPENDENCY)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
