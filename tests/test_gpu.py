@@ -1074,3 +1074,68 @@ def test_resnet50_fused_at_batch_32_matches_eager():
     assert torch.isfinite(out).all()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-2  # examples/resnet50.py: 9.4e-4 on the H100
     assert (out.argmax(1) == ref.argmax(1)).float().mean().item() > 0.9
+
+
+@pytest.mark.parametrize(
+    "first, second, layout",
+    [
+        ("gluon-window", "gluon-gemm", "NHWC"),
+        ("triton-conv", "triton-gemm", "NHWC"),
+        ("gluon-nchw", "triton-gemm-nchw", "NCHW"),
+        ("gluon-nchw-regs", "gluon-nchw", "NCHW"),
+    ],
+)
+def test_grid_dependency_keeps_dependent_launches_in_order(first, second, layout, monkeypatch):
+    """tuning.GRID_DEPENDENCY: a kernel may begin while the one before it on the stream ends. The
+    second plan reads the first's output, which a NaN fill precedes (a read too early would see
+    it), launch after launch on one stream and in a replayed graph; each result is the reference's."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "GRID_DEPENDENCY", True)
+    handle = fp.Handle("cuda")
+    x = input_tensor((8, 128, 14, 14), torch.float16, layout)
+    conv3 = fp.ConvolutionDescriptor((1, 1))
+    plan1 = add_chain(plan_for(x), "CBNA", conv=conv3, k=128, r=3, s=3, param_dtype="float")
+    mid = input_tensor(plan1.output_desc.dims, torch.float16, layout)
+    r = 3 if second.startswith("gluon-nchw") else 1
+    conv2 = fp.ConvolutionDescriptor((r // 2, r // 2))
+    plan2 = add_chain(plan_for(mid), "CBNA", conv=conv2, k=256, r=r, s=r, param_dtype="float")
+    assert plan1.compile(handle, solver=first) == first and plan2.compile(handle, solver=second) == second
+    assert plan1._entry(handle).kernel.launcher.grid_dependency
+    assert plan2._entry(handle).kernel.launcher.grid_dependency
+    args1, args2 = (
+        random_args(plan1, "cuda", param_dtype=torch.float32),
+        random_args(plan2, "cuda", param_dtype=torch.float32),
+    )
+    y = input_tensor(plan2.output_desc.dims, torch.float16, layout)
+
+    def chain() -> None:
+        mid.fill_(float("nan"))
+        y.fill_(float("nan"))
+        plan1.execute(handle, x, mid, args1)
+        plan2.execute(handle, mid, y, args2)
+
+    def check() -> None:
+        torch.cuda.synchronize()
+        for plan, inp, out, args in ((plan1, x, mid, args1), (plan2, mid, y, args2)):
+            result = compare(out, reference_output(plan, inp, args), EPS[torch.float16])
+            assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
+
+    for _ in range(3):  # the first launches, then the repeat path, on new input each time
+        x.normal_()
+        for _ in range(10):
+            chain()
+        check()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain()  # first launches on the capture's stream, outside the capture
+        with torch.cuda.graph(graph, stream=side):
+            for _ in range(5):
+                chain()
+    torch.cuda.current_stream().wait_stream(side)
+    for _ in range(3):
+        x.normal_()
+        graph.replay()
+        check()

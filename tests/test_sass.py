@@ -232,3 +232,59 @@ def test_gemm_products_overlap_in_tf32_too(dtype):
     waits = info["wgmma waits (outstanding groups allowed)"]
     assert info["HGMMA"] > 0 and info["tensor loads (UTMALDG)"] > 0 and set(waits) - {"0x0"}, waits
     assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
+
+
+#: Programmatic dependent launch switched on for the build, on a device that runs it (the CPU
+#: handle's kernels otherwise launch plainly).
+GRID_DEPENDENCY_ON = (
+    "import fusionplan.tuning as t\nfrom fusionplan.solvers import triton_conv\n"
+    "t.GRID_DEPENDENCY = True\ntriton_conv.grid_dependency_capable = lambda handle: True\n"
+)
+ORDER = "grid dependency (W wait, P trigger, G global access) in order"
+
+
+@pytest.mark.parametrize(
+    "name, solver, layout",
+    [
+        ("r50_01", "triton-gemm", "NHWC"),
+        ("r50_02", "triton-conv", "NHWC"),
+        ("r50_00", "triton-stem", "NHWC"),
+        ("r50_03", "triton-gemm-nchw", "NCHW"),
+        ("r50_10", "triton-window", "NHWC"),
+    ],
+)
+def test_triton_kernels_wait_for_the_kernel_before_them(name, solver, layout):
+    """tuning.GRID_DEPENDENCY: the kernel launches with programmatic dependent launch, so its first
+    instructions may run while the kernel before it still writes; griddepcontrol.wait (ACQBULK) comes
+    before any global memory access, the trigger for the next kernel after it. Off, neither is there."""
+    on = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout=layout), solver)
+    assert on["programmatic dependent launch"] and on[ORDER] == "WPG", on[ORDER]
+    off = compile_sm90(layer_build(name, "float16", layout=layout), solver)
+    assert not off["programmatic dependent launch"] and off[ORDER] == "G"
+    assert "griddepcontrol" not in off["source"]
+
+
+@pytest.mark.parametrize(
+    "name, solver, layout",
+    [
+        ("r50_19", "gluon-gemm", "NHWC"),
+        ("r50_22", "gluon-window", "NHWC"),
+        ("r50_22", "gluon-nchw", "NCHW"),
+        ("r50_10", "gluon-nchw-regs", "NCHW"),
+    ],
+)
+def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):
+    """The Gluon templates wait for the kernel before them (a no-op in a plain launch) before any
+    global memory access: launched with programmatic dependent launch only with
+    tuning.GRID_DEPENDENCY. The warp-specialized ones wait before their partitions start (the
+    SASS places the partitions' loads apart from the start, hence the check in the source)."""
+    on = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout=layout), solver)
+    source = on["source"]
+    assert on["programmatic dependent launch"]
+    assert source.index("griddepcontrol.wait") < source.index("griddepcontrol.launch_dependents")
+    if "gl.warp_specialize(" in source:
+        assert source.index("griddepcontrol.launch_dependents") < source.index("gl.warp_specialize(")
+        assert set(on[ORDER]) == {"W", "P", "G"}
+    else:
+        assert on[ORDER] == "WPG", on[ORDER]
+    assert not compile_sm90(layer_build(name, "float16", layout=layout), solver)["programmatic dependent launch"]

@@ -170,8 +170,8 @@ class Launcher:
 
     ``grid_dependency``: compile the kernel for programmatic dependent launch (Triton's
     ``launch_pdl``), for kernels that wait for the kernel before them on the stream before they
-    touch global memory (the Gluon kernels' GRID_DEPENDENCY): every launch then may begin while
-    that kernel ends.
+    touch global memory (triton_conv.GRID_DEPENDENCY): every launch then may begin while that
+    kernel ends.
     """
 
     def __init__(self, fn, grid_dependency: bool = False) -> None:

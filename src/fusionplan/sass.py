@@ -93,6 +93,19 @@ def loads_and_fences(sass: str) -> str:
     return "".join("T" if op == "UTMALDG" else "F" for pred, op in found if op == "UTMALDG" or not pred)
 
 
+def grid_dependency_order(sass: str) -> str:
+    """The order in the SASS text of the first griddepcontrol wait (W, ACQBULK), trigger (P, PREEXIT)
+    and global memory access (G: loads, stores, asynchronous and tensor copies, atomics). In a
+    kernel without warp specialization the text's order is the order they run in."""
+    firsts = {}
+    for line in sass.splitlines():
+        found = re.search(r"\b(ACQBULK|PREEXIT|LDGSTS|LDG|STG|UTMALDG|UTMASTG|UBLKCP|RED|ATOMG)\b", line)
+        if found:
+            letter = {"ACQBULK": "W", "PREEXIT": "P"}.get(found.group(1), "G")
+            firsts.setdefault(letter, len(firsts))
+    return "".join(sorted(firsts, key=firsts.get))
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -117,6 +130,8 @@ def summarize(compiled) -> dict:
         "tensor loads (T) and fences (F) in order": loads_and_fences(sass),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,
+        "programmatic dependent launch": bool(getattr(compiled.metadata, "launch_pdl", False)),
+        "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
         "sass": sass,
     }
 
@@ -131,6 +146,6 @@ def compile_for_hopper(kernel, with_prior: bool = False) -> tuple[tuple[int, int
     compiled = triton.compile(
         ast_source(kernel.launcher.fn, args),
         target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
+        options=kernel.launcher._options(num_warps, num_stages),
     )
     return grid, compiled

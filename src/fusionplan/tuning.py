@@ -287,10 +287,14 @@ GLUON_WINDOW_MMA_EPILOGUE = True
 #: (r50_18, r50_22) measured no different (20.8 / 20.6 against 21.1 / 20.4 us) and were dropped.
 GLUON_WINDOW_WIDE_CHANNELS = True
 
-#: The Gluon kernels launch with programmatic dependent launch (launch.Launcher's grid_dependency):
-#: each may begin (its blocks placed, barriers set up) while the kernel before it on the stream
-#: ends, and waits for that kernel's end before it touches global memory. An experiment until measured.
-GRID_DEPENDENCY = False
+#: The convolution kernels launch with programmatic dependent launch on Hopper GPUs
+#: (launch.Launcher's grid_dependency, triton_conv.GRID_DEPENDENCY): each may begin (its blocks
+#: placed, barriers set up) while the kernel before it on the stream ends, and waits for that
+#: kernel's end before it touches global memory. H100, fp16, batch 32, CBNA, CUDA-graph replay, the
+#: A/B of every layer (`fusionplan-bench --layouts NHWC,NCHW --graph --tuning GRID_DEPENDENCY=0,1`,
+#: bench/results/2026-11-22-h100-pdl-25/): NHWC 1.038x faster (against cuDNN 1.036 -> 1.076; r50_13
+#: 12.5 -> 11.2 us, r50_19 11.7 -> 10.6), NCHW 1.023x; within 0.4 us slower on the 7x7 windows.
+GRID_DEPENDENCY = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

@@ -33,6 +33,7 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.triton_conv import (
+    GRID_DEPENDENCY,
     conv_plan_why_not,
     epilogue_tail,
     header_fields,
@@ -196,18 +197,6 @@ _STORE = """    if MMA_EPILOGUE == 1:
              h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
-#: The start of a Gluon kernel's work, after its barriers are set up: a launch with programmatic
-#: dependent launch (GluonWindowKernel.grid_dependency) may begin while the kernel before it on the
-#: stream still runs; it waits for that kernel's end (its writes then visible) before touching
-#: global memory, and lets the kernel after it begin its own set-up (both no-ops in a plain launch).
-GRID_DEPENDENCY = """    gl.inline_asm_elementwise(
-        "griddepcontrol.wait; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-    gl.inline_asm_elementwise(
-        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype=gl.int32, is_pure=False, pack=1
-    )
-"""
-
 #: Registers of the loading warp: it computes coordinates only; the computing warpgroups get the rest.
 LOAD_REGS = 40
 
@@ -216,7 +205,8 @@ def gluon_names() -> dict[str, str]:
     """Names that differ between Triton versions, for the generated source: the TMA load (Triton
     3.6: ``async_copy_global_to_shared``; later: ``async_load``) and the shared-memory view change
     (3.6: ``_reinterpret``; later: ``reinterpret``) and the barrier of a partition's warps (3.6:
-    ``gl.thread_barrier``; later: ``gl.barrier``); and GRID_DEPENDENCY, the same in both."""
+    ``gl.thread_barrier``; later: ``gl.barrier``); and triton_conv's GRID_DEPENDENCY in Gluon's names,
+    which every Gluon template holds (after its barriers are set up)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language import _core
     from triton.experimental.gluon.language.nvidia.hopper import tma
@@ -225,7 +215,7 @@ def gluon_names() -> dict[str, str]:
         "tma_load": "tma.async_load" if hasattr(tma, "async_load") else "tma.async_copy_global_to_shared",
         "reinterpret": "reinterpret" if hasattr(_core.shared_memory_descriptor, "reinterpret") else "_reinterpret",
         "thread_barrier": "gl.barrier" if hasattr(gl, "barrier") else "gl.thread_barrier",
-        "grid_dependency": GRID_DEPENDENCY,
+        "grid_dependency": GRID_DEPENDENCY.format(lang="gl"),
     }
 
 
@@ -391,7 +381,7 @@ class GluonWindowKernel(TritonWindowKernel):
     solver_name = "gluon-window"
     stem = "gluon_window"
     splits_reduction = False  # grids below 100 programs defer to triton-conv (window_grid_defer_why)
-    grid_dependency = True  # GRID_DEPENDENCY, as in every Gluon template
+    waits_for_previous_grid = True  # GRID_DEPENDENCY, as in every Gluon template
     candidates = [replace(c, num_stages=GLUON_STAGES.get(c.block_m, 3)) for c in tuning.WINDOW_CANDIDATES]
 
     @staticmethod

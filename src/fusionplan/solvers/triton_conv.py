@@ -374,11 +374,40 @@ def pack_weights(w: Tensor, groups: int) -> Tensor:
     return w.reshape(groups, k // groups, cg, r, s).permute(0, 3, 4, 2, 1).reshape(groups, r * s * cg, k // groups)
 
 
+#: The start of a kernel's work where it launches with programmatic dependent launch
+#: (tuning.GRID_DEPENDENCY; launch.Launcher's grid_dependency), in ``{lang}``'s names: the launch may
+#: begin while the kernel before it on the stream still runs, so it waits for that kernel's end
+#: (its writes then visible) before it touches global memory, then lets the kernel after it begin
+#: its own start (both no-ops in a plain launch). Hopper's griddepcontrol instructions.
+GRID_DEPENDENCY = """    {lang}.inline_asm_elementwise(
+        "griddepcontrol.wait; // $0", "=r", [], dtype={lang}.int32, is_pure=False, pack=1
+    )
+    {lang}.inline_asm_elementwise(
+        "griddepcontrol.launch_dependents; // $0", "=r", [], dtype={lang}.int32, is_pure=False, pack=1
+    )
+"""
+
+
+def with_grid_dependency(source: str, stem: str) -> str:
+    """A Triton template's ``source`` with GRID_DEPENDENCY first in its kernel ``{stem}_kernel``
+    (whose signature ends with a line of its own, ``):``)."""
+    head, name, rest = source.partition(f"\ndef {stem}_kernel(")
+    body = rest.index("\n):\n") + len("\n):\n")
+    return head + name + rest[:body] + GRID_DEPENDENCY.format(lang="tl") + rest[body:]
+
+
+def grid_dependency_capable(handle) -> bool:
+    """Whether the handle's device runs programmatic dependent launch (Hopper or later, compiled
+    kernels: not Triton's interpreter)."""
+    capability = handle.compute_capability()
+    return capability is not None and capability >= (9, 0) and not interpreter_active()
+
+
 class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
     stem = "conv"  # generated files and the kernel function are named after it
     kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
-    grid_dependency = False  # whether the template waits for the kernel before it (Launcher's grid_dependency)
+    waits_for_previous_grid = False  # the template holds GRID_DEPENDENCY (else added where launches use it)
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -386,10 +415,12 @@ class TritonConvKernel(Repeating, Kernel):
         assert conv is not None
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
+        self.grid_dependency = tuning.GRID_DEPENDENCY and grid_dependency_capable(handle)
         self._source = self.render(spec, self.stages)
+        if self.grid_dependency and not self.waits_for_previous_grid:
+            self._source = with_grid_dependency(self._source, self.stem)
         module, self.path = load_module(self._source, self.stem)
-        kernel_fn = getattr(module, f"{self.stem}_kernel")
-        self.launcher = Launcher(kernel_fn, self.grid_dependency and tuning.GRID_DEPENDENCY)
+        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
