@@ -1,6 +1,11 @@
-import sys, subprocess, os
-import torch, triton, triton.language as tl
+import subprocess
+import sys
+
+import torch
+import triton
+import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
 
 @triton.jit
 def box_kernel(desc, out_ptr, col, BR: tl.constexpr, BC: tl.constexpr):
@@ -9,6 +14,7 @@ def box_kernel(desc, out_ptr, col, BR: tl.constexpr, BC: tl.constexpr):
     offs_r = r + tl.arange(0, BR)
     offs_c = tl.arange(0, BC)
     tl.store(out_ptr + offs_r[:, None] * BC + offs_c[None, :], t)
+
 
 @triton.jit
 def bw_kernel(desc, out_ptr, shift, R, BR: tl.constexpr, BC: tl.constexpr, W: tl.constexpr):
@@ -19,6 +25,7 @@ def bw_kernel(desc, out_ptr, shift, R, BR: tl.constexpr, BC: tl.constexpr, W: tl
         acc += desc.load([r, shift]).to(tl.float32)
     tl.store(out_ptr + pid * BR * BC + tl.arange(0, BR)[:, None] * BC + tl.arange(0, BC)[None, :], acc)
 
+
 def one(col, dtype=torch.float16, W=392, BC=256):
     R = 4096
     x = torch.randn(R, W, device="cuda").to(dtype)
@@ -28,9 +35,10 @@ def one(col, dtype=torch.float16, W=392, BC=256):
     torch.cuda.synchronize()
     ref = torch.zeros(R, BC, device="cuda", dtype=dtype)
     n = max(0, min(BC, W - col))
-    ref[:, :n] = x[:, col:col + n]
+    ref[:, :n] = x[:, col : col + n]
     ok = torch.equal(out, ref)
     print(f"col={col} bytes_off={col * x.element_size()} ok={ok}", flush=True)
+
 
 def bw(shift, W=392, BC=256):
     R = 32 * 1024 * 2  # rows of 784 bytes: ~51 MB
@@ -41,7 +49,8 @@ def bw(shift, W=392, BC=256):
     f = lambda: bw_kernel[(progs,)](desc, out, shift, R, 32, BC, W)
     ms = triton.testing.do_bench(f, warmup=50, rep=200)
     moved = R * BC * 2
-    print(f"bw shift={shift} {ms*1e3:.1f} us  {moved/ms/1e6:.0f} GB/s of box bytes", flush=True)
+    print(f"bw shift={shift} {ms * 1e3:.1f} us  {moved / ms / 1e6:.0f} GB/s of box bytes", flush=True)
+
 
 if __name__ == "__main__":
     if len(sys.argv) > 1:
@@ -51,7 +60,7 @@ if __name__ == "__main__":
     print(torch.__version__, triton.__version__, torch.cuda.get_device_name())
     for col in (0, 8, 196, 4, 2, 1, 49, 98, 147, 100):
         r = subprocess.run([sys.executable, __file__, "one", str(col)], capture_output=True, text=True)
-        print(r.stdout.strip() or ("FAIL rc=%d %s" % (r.returncode, r.stderr.strip()[-300:])), flush=True)
+        print(r.stdout.strip() or f"FAIL rc={r.returncode} {r.stderr.strip()[-300:]}", flush=True)
     for s in (0, 8, 196, 4, 1):
         r = subprocess.run([sys.executable, __file__, "bw", str(s)], capture_output=True, text=True)
-        print(r.stdout.strip() or ("FAIL rc=%d %s" % (r.returncode, r.stderr.strip()[-300:])), flush=True)
+        print(r.stdout.strip() or f"FAIL rc={r.returncode} {r.stderr.strip()[-300:]}", flush=True)
