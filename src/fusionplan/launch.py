@@ -201,7 +201,9 @@ class Launcher:
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             launch = self.fn[grid]
             try:
-                kernel = with_own_scratch(launch, **dict(zip(self.names, args)), **self._options(num_warps, num_stages))
+                kernel = with_own_scratch(
+                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
+                )
             except Exception as exc:
                 if is_out_of_resources(exc):
                     self._too_large[key] = exc
@@ -224,15 +226,17 @@ class Launcher:
         record = self._record_path(key, num_warps, num_stages)
         kernel = self._load_recorded(key, record)
         if kernel is None:
-            kernel = self.fn.warmup(**dict(zip(self.names, args)), grid=grid, **self._options(num_warps, num_stages))
+            kernel = self.fn.warmup(
+                **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
+            )
             if kernel is None or not hasattr(kernel, "run"):
                 return None
             self._keep(key, kernel, record)
         kernel._init_handles()  # loads the binary onto the device now
         return kernel
 
-    def _options(self, num_warps: int, num_stages: int) -> dict:
-        """Triton's compile options of a launch."""
+    def compile_options(self, num_warps: int, num_stages: int) -> dict:
+        """Triton's compile options of a launch (sass.compile_for_hopper compiles with them too)."""
         options = {"num_warps": num_warps, "num_stages": num_stages}
         if self.grid_dependency:
             options["launch_pdl"] = True

@@ -146,6 +146,6 @@ def compile_for_hopper(kernel, with_prior: bool = False) -> tuple[tuple[int, int
     compiled = triton.compile(
         ast_source(kernel.launcher.fn, args),
         target=GPUTarget("cuda", 90, 32),
-        options=kernel.launcher._options(num_warps, num_stages),
+        options=kernel.launcher.compile_options(num_warps, num_stages),
     )
     return grid, compiled

@@ -565,7 +565,6 @@ class GluonNchwKernel(TritonConvKernel):
     solver_name = "gluon-nchw"
     stem = "gluon_nchw"
     splits_reduction = True  # where tuning.GLUON_NCHW_SPLIT is on (gather_split)
-    waits_for_previous_grid = True  # GRID_DEPENDENCY, as in every Gluon template
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle

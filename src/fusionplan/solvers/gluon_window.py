@@ -381,7 +381,6 @@ class GluonWindowKernel(TritonWindowKernel):
     solver_name = "gluon-window"
     stem = "gluon_window"
     splits_reduction = False  # grids below 100 programs defer to triton-conv (window_grid_defer_why)
-    waits_for_previous_grid = True  # GRID_DEPENDENCY, as in every Gluon template
     candidates = [replace(c, num_stages=GLUON_STAGES.get(c.block_m, 3)) for c in tuning.WINDOW_CANDIDATES]
 
     @staticmethod

@@ -396,6 +396,12 @@ def with_grid_dependency(source: str, stem: str) -> str:
     return head + name + rest[:body] + GRID_DEPENDENCY.format(lang="tl") + rest[body:]
 
 
+def holds_grid_dependency(source: str) -> bool:
+    """Whether a rendered kernel already holds GRID_DEPENDENCY (the Gluon templates do, after their
+    barriers are set up), so that with_grid_dependency is not to add it again."""
+    return "griddepcontrol.wait" in source
+
+
 def grid_dependency_capable(handle) -> bool:
     """Whether the handle's device runs programmatic dependent launch (Hopper or later, compiled
     kernels: not Triton's interpreter)."""
@@ -407,7 +413,6 @@ class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
     stem = "conv"  # generated files and the kernel function are named after it
     kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
-    waits_for_previous_grid = False  # the template holds GRID_DEPENDENCY (else added where launches use it)
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -417,7 +422,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.stages = pointwise_stages(post, conv=conv.index)
         self.grid_dependency = tuning.GRID_DEPENDENCY and grid_dependency_capable(handle)
         self._source = self.render(spec, self.stages)
-        if self.grid_dependency and not self.waits_for_previous_grid:
+        if self.grid_dependency and not holds_grid_dependency(self._source):
             self._source = with_grid_dependency(self._source, self.stem)
         module, self.path = load_module(self._source, self.stem)
         self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency)
