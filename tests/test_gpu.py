@@ -396,6 +396,51 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
 
 
+#: (n, c, h, w, k, r, s, pads, dilation) for gluon-rows: ResNet-50's 64-channel 3x3 layer on few
+#: images; K not a multiple of 8 nor of the 64-channel block (17, 136: three blocks), C below the
+#: box's power of two (48, 8), a 5x5 filter of 16 channels, dilation 2, no padding, uneven padding,
+#: a 1x3 filter, rows narrower than 32 pixels (13: 16-pixel products), fewer rows than programs
+#: (one image of 5 rows) and runs that cross images (more rows than programs).
+GLUON_ROWS_CASES = {
+    "r50_02-like": (3, 64, 56, 56, 64, 3, 3, (1, 1), 1),
+    "C16-K17": (5, 16, 13, 40, 17, 3, 3, (1, 1), 1),
+    "C48-K96": (2, 48, 21, 37, 96, 3, 3, (1, 1), 1),
+    "C8-K32": (2, 8, 12, 40, 32, 3, 3, (1, 1), 1),
+    "5x5-C16": (2, 16, 20, 45, 24, 5, 5, (2, 2), 1),
+    "dilated": (3, 32, 30, 33, 40, 3, 3, (2, 2), 2),
+    "valid": (4, 64, 18, 34, 64, 3, 3, (0, 0), 1),
+    "pads-2-0": (3, 64, 11, 40, 64, 3, 3, (2, 0), 1),
+    "K136": (2, 64, 24, 64, 136, 3, 3, (1, 1), 1),
+    "1x3": (3, 64, 10, 50, 64, 1, 3, (0, 1), 1),
+    "narrow": (6, 64, 9, 13, 64, 3, 3, (1, 1), 1),
+    "one-image": (1, 64, 5, 40, 64, 3, 3, (1, 1), 1),
+}
+
+
+@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("bf16", "CNAAB"), ("fp16", "CA")])
+@pytest.mark.parametrize("case", list(GLUON_ROWS_CASES))
+def test_gluon_rows_cases(case, precision, chain, out_layout):
+    """gluon-rows forced on each case against the float64 reference, the output NaN-filled in
+    either layout; then with random alpha and beta over a prior output."""
+    n, c, h, w, k, r, s, pads, dil = GLUON_ROWS_CASES[case]
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((n, c, h, w), dtype, "NHWC")
+    conv = fp.ConvolutionDescriptor(pads, (1, 1), (dil, dil))
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-rows")
+    assert verdict.applicable, str(verdict)
+    run_and_check(plan, precision, x, out_layout, solver="gluon-rows")
+    rng = random.Random(case)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(
+            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
+        )
+    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
+    run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-rows")
+
+
 #: (n, c, h, w, k, stride) of 1x1 convolutions: rows that no tile divides, C not a multiple of the
 #: reduction step, K below a warpgroup's 64 rows and not a multiple of the channel block, 7x7
 #: images; strided: output rows of 14 and 7 pixels (16 and 8 slots), stride 3, an odd width.

@@ -296,6 +296,18 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 #: 12.5 -> 11.2 us, r50_19 11.7 -> 10.6), NCHW 1.023x; within 0.4 us slower on the 7x7 windows.
 GRID_DEPENDENCY = True
 
+#: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
+#: their 64 output channels in registers, for convolutions of few input channels (r50_02: C = K =
+#: 64, 3x3 on 56x56). GLUON_ROWS_FILTER_REGS: the most registers a computing thread spends on the
+#: filter (64 x C x R x S 16-bit elements over 128 threads; a 64-channel 3x3 filter takes 144);
+#: GLUON_ROWS_MIN_WIDTH: narrower output rows defer to the window kernels (not measured faster);
+#: GLUON_ROWS_RING_BYTES: shared memory of the ring of input rows (beside the epilogues' layout
+#: changes, 8 KB per computing warpgroup for 64-pixel rows).
+GLUON_ROWS = True
+GLUON_ROWS_FILTER_REGS = 160
+GLUON_ROWS_MIN_WIDTH = 32
+GLUON_ROWS_RING_BYTES = 192 * 1024
+
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024
