@@ -400,7 +400,8 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
 #: images; K not a multiple of 8 nor of the 64-channel block (17, 136: three blocks), C below the
 #: box's power of two (48, 8), a 5x5 filter of 16 channels, dilation 2, no padding, uneven padding,
 #: a 1x3 filter, rows narrower than 32 pixels (13: 16-pixel products), fewer rows than programs
-#: (one image of 5 rows) and runs that cross images (more rows than programs).
+#: (one image of 5 rows), runs that cross images (more rows than programs) and runs of about ten
+#: output rows and more that wrap around the ring and cross images (long-runs: 150 images of 9 rows).
 GLUON_ROWS_CASES = {
     "r50_02-like": (3, 64, 56, 56, 64, 3, 3, (1, 1), 1),
     "C16-K17": (5, 16, 13, 40, 17, 3, 3, (1, 1), 1),
@@ -414,6 +415,8 @@ GLUON_ROWS_CASES = {
     "1x3": (3, 64, 10, 50, 64, 1, 3, (0, 1), 1),
     "narrow": (6, 64, 9, 13, 64, 3, 3, (1, 1), 1),
     "one-image": (1, 64, 5, 40, 64, 3, 3, (1, 1), 1),
+    "long-runs": (150, 64, 9, 40, 64, 3, 3, (1, 1), 1),
+    "long-runs-5x5": (60, 16, 30, 50, 32, 5, 5, (2, 2), 1),
 }
 
 

@@ -20,8 +20,9 @@ image) and
 
 An input row is needed by R consecutive output rows; a slot is refilled once both computing
 warpgroups have released it (each releases every row before the oldest its next output row
-needs). Rows of one image follow each other; where a run crosses into the next image, the ring
-restarts there with that image's first rows. Output rows are PIX = OW rounded up to a power of
+needs, once that row has landed: a slot's barrier counts the releases of the row it holds).
+Rows of one image follow each other; where a run crosses into the next image, the ring restarts
+there with that image's first rows. Output rows are PIX = OW rounded up to a power of
 two pixels wide; the columns past OW are computed on zeros and not stored.
 
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
@@ -89,6 +90,16 @@ def _run_loads(u, start, end, OH, extra):
 
 
 @gluon.jit
+def _release(ready, empty, first, last, NUM_SLOTS: gl.constexpr):
+    # rows [first, last) of the ring are done with. A slot's "empty" phase counts the releases of
+    # the row it holds now, so a row is released once it has landed: a warpgroup may pass over
+    # rows it never reads (the first rows of the next image) before the loading warp brings them.
+    for j in range(first, last):
+        mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
+        mbarrier.arrive(empty.index(j % NUM_SLOTS))
+
+
+@gluon.jit
 def _load_partition(
     x_desc, x_bufs, ready, empty, start, end, OH, pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr,
@@ -136,8 +147,7 @@ def _rows_partition(
     extra = (R - 1) * dil_h
     # rows no output row of this warpgroup reads before its first: released at once
     freed = _run_loads(start + CONSUMER, start, end, OH, extra)
-    for j in range(0, freed):
-        mbarrier.arrive(empty.index(j % NUM_SLOTS))
+    _release(ready, empty, 0, freed, NUM_SLOTS)
     for u in range(start + CONSUMER, end, CONSUMERS):
         row0 = _run_loads(u, start, end, OH, extra)
         acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)
@@ -145,8 +155,7 @@ def _rows_partition(
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         # the rows before the oldest that this warpgroup's next output row reads are done with
         oldest = _run_loads(u + CONSUMERS, start, end, OH, extra)
-        for j in range(freed, oldest):
-            mbarrier.arrive(empty.index(j % NUM_SLOTS))
+        _release(ready, empty, freed, oldest, NUM_SLOTS)
         freed = oldest
         n_img = u // OH
         oh = u % OH
