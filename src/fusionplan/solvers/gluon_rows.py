@@ -18,12 +18,12 @@ image) and
   [64 channels, PIX pixels] accumulator; then the chain after the convolution and the store, while
   the other warpgroup's products run.
 
-An input row is needed by R consecutive output rows; a slot is refilled once both computing
-warpgroups have released it (each releases every row before the oldest its next output row
-needs, once that row has landed: a slot's barrier counts the releases of the row it holds).
-Rows of one image follow each other; where a run crosses into the next image, the ring restarts
-there with that image's first rows. Output rows are PIX = OW rounded up to a power of
-two pixels wide; the columns past OW are computed on zeros and not stored.
+An input row is read by up to R consecutive output rows; a slot is refilled once the last output
+row of each computing warpgroup that reads it has finished its products (a warpgroup that reads
+it in no row: the other releases it for both). Rows of one image follow each other; where a run
+crosses into the next image, the ring restarts there with that image's first rows. Output rows
+are PIX = OW rounded up to a power of two pixels wide; the columns past OW are computed on zeros
+and not stored.
 
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
@@ -90,13 +90,22 @@ def _run_loads(u, start, end, OH, extra):
 
 
 @gluon.jit
-def _release(ready, empty, first, last, NUM_SLOTS: gl.constexpr):
-    # rows [first, last) of the ring are done with. A slot's "empty" phase counts the releases of
-    # the row it holds now, so a row is released once it has landed: a warpgroup may pass over
-    # rows it never reads (the first rows of the next image) before the loading warp brings them.
-    for j in range(first, last):
-        mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
-        mbarrier.arrive(empty.index(j % NUM_SLOTS))
+def _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr, NUM_SLOTS: gl.constexpr):
+    # Output row u (this warpgroup's, its products done) read the ring's rows row0 .. row0 + extra;
+    # each is released by the last row of each warpgroup that reads it, twice where the other
+    # warpgroup reads it in no row: a slot's "empty" barrier takes two arrivals a row. Only rows
+    # already read are released: every warp of the warpgroup has passed its wait for them, so
+    # none can find the slot's "ready" phase gone on to the next row.
+    img = u // OH
+    s0 = gl.maximum(start, img * OH)  # the run's first and (one past) last output rows in u's image
+    s1 = gl.minimum(end, (img + 1) * OH)
+    b0 = _run_loads(s0, start, end, OH, extra)
+    for j in range(row0, row0 + extra + 1):
+        lo = gl.maximum(s0, s0 + (j - b0) - extra)  # the output rows that read ring row j
+        hi = gl.minimum(s1 - 1, s0 + (j - b0))
+        last = (u == hi) | ((u == hi - 1) & ((hi - start) % 2 != CONSUMER))
+        mbarrier.arrive(empty.index(j % NUM_SLOTS), pred=last)
+        mbarrier.arrive(empty.index(j % NUM_SLOTS), pred=last & (lo == hi))
 
 
 @gluon.jit
@@ -145,18 +154,12 @@ def _rows_partition(
     w_row = w_ptr + w_k[:, None] * (R * S * C) + w_c[None, :]
 {weight_loads}
     extra = (R - 1) * dil_h
-    # rows no output row of this warpgroup reads before its first: released at once
-    freed = _run_loads(start + CONSUMER, start, end, OH, extra)
-    _release(ready, empty, 0, freed, NUM_SLOTS)
     for u in range(start + CONSUMER, end, CONSUMERS):
         row0 = _run_loads(u, start, end, OH, extra)
         acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)
 {taps}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        # the rows before the oldest that this warpgroup's next output row reads are done with
-        oldest = _run_loads(u + CONSUMERS, start, end, OH, extra)
-        _release(ready, empty, freed, oldest, NUM_SLOTS)
-        freed = oldest
+        _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS)
         n_img = u // OH
         oh = u % OH
         if IDX64:  # offsets of outputs past 2^31 elements
