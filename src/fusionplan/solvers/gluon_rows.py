@@ -90,7 +90,9 @@ def _run_loads(u, start, end, OH, extra):
 
 
 @gluon.jit
-def _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr, NUM_SLOTS: gl.constexpr):
+def _release_rows(
+    empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr
+):
     # Output row u (this warpgroup's, its products done) read the ring's rows row0 .. row0 + extra;
     # each is released by the last row of each warpgroup that reads it, twice where the other
     # warpgroup reads it in no row: a slot's "empty" barrier takes two arrivals a row. Only rows
@@ -104,17 +106,26 @@ def _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr,
         lo = gl.maximum(s0, s0 + (j - b0) - extra)  # the output rows that read ring row j
         hi = gl.minimum(s1 - 1, s0 + (j - b0))
         last = (u == hi) | ((u == hi - 1) & ((hi - start) % 2 != CONSUMER))
-        mbarrier.arrive(empty.index(j % NUM_SLOTS), pred=last)
-        mbarrier.arrive(empty.index(j % NUM_SLOTS), pred=last & (lo == hi))
+        slot = (j + W_SLOTS) % NUM_SLOTS
+        mbarrier.arrive(empty.index(slot), pred=last)
+        mbarrier.arrive(empty.index(slot), pred=last & (lo == hi))
 
 
 @gluon.jit
 def _load_partition(
-    x_desc, x_bufs, ready, empty, start, end, OH, pad_h, pad_w, dil_h, dil_w,
-    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr,
+    x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
+    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr,
 ):
+    # first the filter, into the ring's first W_SLOTS slots (all on slot 0's barrier; the others'
+    # first phase passes at once), then the input rows from ring position W_SLOTS on
+    k0 = gl.program_id(1) * w_desc.block_type.shape[0]
+    mbarrier.expect(ready.index(0), R * S * w_desc.block_type.nbytes)
+    for t in gl.static_range(R * S):
+        {tma_load}(w_desc, [k0, t * C], ready.index(0), w_bufs.index(t))
+    for q in gl.static_range(1, W_SLOTS):
+        mbarrier.arrive(ready.index(q))
     extra = (R - 1) * dil_h
-    j = 0  # rows loaded so far: the ring's position
+    j = W_SLOTS  # the ring's position
     for n in range(start // OH, (end - 1) // OH + 1):
         first_oh = gl.maximum(start - n * OH, 0)
         last_oh = gl.minimum(end - n * OH, OH)  # one past
@@ -125,18 +136,18 @@ def _load_partition(
             mbarrier.expect(ready.index(slot), S * x_desc.block_type.nbytes)
             ih = first_oh - pad_h + i
             for s in gl.static_range(S):
-                {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, 0], ready.index(slot), x_bufs.index(s * NUM_SLOTS + slot))
+                {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, 0], ready.index(slot), x_bufs.index(slot * S + s))
             j += 1
 
 
 @gluon.jit
 def _rows_partition(
-    x_bufs, ready, empty, w_ptr, y_ptr, prior_ptr, start, end,
+    x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end,
     {stage_params}
     C, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
-    NUM_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -147,19 +158,21 @@ def _rows_partition(
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     k0 = gl.program_id(1) * BLOCK_N
-    # the filter of the program's output channels, a [BLOCK_N, BLOCK_C] operand per tap, for good
-    w_k = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, w_layout))
-    w_c = gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, w_layout))
-    w_mask = (w_k < K)[:, None] & (w_c < C)[None, :]
-    w_row = w_ptr + w_k[:, None] * (R * S * C) + w_c[None, :]
+    # the filter of the program's output channels, a [BLOCK_N, BLOCK_C] operand per tap, in
+    # registers for good; then its slots go back to the ring (every warp has read them first)
+    mbarrier.wait(ready.index(0), 0)
 {weight_loads}
+    {thread_barrier}()
+    fence_async_shared()
+    for q in gl.static_range(W_SLOTS):
+        mbarrier.arrive(empty.index(q))
     extra = (R - 1) * dil_h
     for u in range(start + CONSUMER, end, CONSUMERS):
         row0 = _run_loads(u, start, end, OH, extra)
         acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)
 {taps}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS)
+        _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS, W_SLOTS)
         n_img = u // OH
         oh = u % OH
         if IDX64:  # offsets of outputs past 2^31 elements
@@ -173,19 +186,22 @@ def _rows_partition(
 
 @gluon.jit
 def gluon_rows_kernel(
-    x_desc, w_ptr, y_ptr, prior_ptr,
+    x_desc, w_desc, y_ptr, prior_ptr,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
-    NUM_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
+    LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     {stage_flags}
 ):
-    # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels.
-    # slot i of filter column s: x_bufs[s * NUM_SLOTS + i]
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [S * NUM_SLOTS, 1, 1, PIX, BLOCK_C], x_desc.layout)
+    # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels; slot i
+    # of the ring, filter column s: x_bufs[i * S + s]. w_desc: the packed filter [K, R*S*C], boxes
+    # of a tap's BLOCK_N x BLOCK_C, first held where the ring's first W_SLOTS slots are.
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS * S, 1, 1, PIX, BLOCK_C], x_desc.layout)
+    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
+    w_bufs = x_bufs.{reinterpret}(x_desc.dtype, [R * S, BLOCK_N, BLOCK_C], flat)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_SLOTS):
@@ -207,23 +223,25 @@ def gluon_rows_kernel(
 #: The loading partition and its arguments.
 _LOADER = """(
             _load_partition,
-            (x_desc, x_bufs, ready, empty, start, end, OH, pad_h, pad_w, dil_h, dil_w, R, S, NUM_SLOTS),
+            (x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
+             R, S, NUM_SLOTS, W_SLOTS),
         )"""
 
 #: Computing warpgroup {consumer} of two and its arguments.
 _CONSUMER = """(
             _rows_partition,
-            (x_bufs, ready, empty, w_ptr, y_ptr, prior_ptr, start, end, {stage_args}
+            (x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
              C, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-             R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, 2, {flag_args}),
+             R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, 2,
+             {flag_args}),
         )"""
 
 #: One filter row's products: wait for its input row, then a wgmma per filter column.
-_TAP_ROW = """        j = row0 + {r} * dil_h
+_TAP_ROW = """        j = row0 + {r} * dil_h + W_SLOTS
         mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
 {products}"""
 
-_PRODUCT = """        box = x_bufs.index({s} * NUM_SLOTS + j % NUM_SLOTS)
+_PRODUCT = """        box = x_bufs.index((j % NUM_SLOTS) * S + {s})
         box = box.{reinterpret}(x_bufs.dtype, [PIX, BLOCK_C], flat)
         acc = warpgroup_mma(w{t}, box.permute((1, 0)), acc, is_async=True)"""
 
@@ -253,7 +271,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     r_taps, s_taps = conv.w_desc.dims[2:]
     names = gluon_names()
     epi = emit_stages(stages, spec.ops)
-    weight_loads = [f"    w{t} = gl.load(w_row + {t} * C, mask=w_mask, other=0.0)" for t in range(r_taps * s_taps)]
+    weight_loads = [f"    w{t} = w_bufs.index({t}).load(w_layout)" for t in range(r_taps * s_taps)]
     taps = [
         _TAP_ROW.format(
             r=r,
@@ -337,9 +355,13 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     ow = spec.output_desc.dims[3]
     if ow > 256:
         return f"output rows of {ow} pixels exceed a tensor box's 256"
-    slots, least = ring_slots(row_pixels(ow), channel_block(channels), s), least_slots(r, c.dilations[0])
-    if slots < least:
-        return f"a {r}x{s} filter of dilation {c.dilations[0]} needs {least} input rows in shared memory, {slots} fit"
+    pixels = row_pixels(ow)
+    slots, least = ring_slots(pixels, channel_block(channels), s), least_slots(r, c.dilations[0])
+    if slots < max(least, filter_slots(r, pixels)):
+        return (
+            f"a {r}x{s} filter of dilation {c.dilations[0]} on output rows of {ow} pixels needs "
+            f"{max(least, filter_slots(r, pixels))} slots of input rows in shared memory, {slots} fit"
+        )
     return None
 
 
@@ -354,8 +376,14 @@ def gluon_rows_defer_why(spec: PlanSpec) -> str | None:
 
 def ring_slots(pixels: int, block_c: int, s: int) -> int:
     """Slots of input rows that tuning.GLUON_ROWS_RING_BYTES holds (a slot: ``s`` boxes of
-    ``pixels`` x ``block_c`` 16-bit elements), at most 16."""
-    return min(16, tuning.GLUON_ROWS_RING_BYTES // (s * pixels * block_c * 2))
+    ``pixels`` x ``block_c`` 16-bit elements), at most 32."""
+    return min(32, tuning.GLUON_ROWS_RING_BYTES // (s * pixels * block_c * 2))
+
+
+def filter_slots(r: int, pixels: int) -> int:
+    """Ring slots the filter takes at the program's start: R x S tiles of BLOCK_N x C against
+    slots of S boxes of ``pixels`` x C."""
+    return triton_cdiv(r * BLOCK_N, pixels)
 
 
 def least_slots(r: int, dil_h: int) -> int:
@@ -375,7 +403,7 @@ class GluonRowsKernel(GluonWindowKernel):
         """NORMAL find's configurations: the heuristic's ring, the shallowest that cannot stall
         (least_slots) and one between."""
         cfg = self.heuristic(0, 0, self.geometry[1], self.spec.dtype.torch_dtype)
-        least = least_slots(*self._filter_rows())
+        least = max(least_slots(*self._filter_rows()), filter_slots(self._filter_rows()[0], cfg.block_m))
         depths = dict.fromkeys((cfg.num_stages, (cfg.num_stages + least) // 2, least))
         return [replace(cfg, num_stages=n) for n in depths]
 
@@ -402,9 +430,9 @@ class GluonRowsKernel(GluonWindowKernel):
         return min(n * oh, max(1, multiprocessors(self._handle) // blocks)), blocks, 1
 
     def narrower_config(self) -> tuning.ConvConfig | None:
-        """Two slots fewer, down to least_slots (a specialization reading a prior output needs more
-        shared memory)."""
-        least = least_slots(*self._filter_rows())
+        """Two slots fewer, down to least_slots and the filter's slots (a specialization reading a
+        prior output needs more shared memory)."""
+        least = max(least_slots(*self._filter_rows()), filter_slots(self._filter_rows()[0], self.config.block_m))
         if self.config.num_stages <= least:
             return None
         return replace(self.config, num_stages=max(least, self.config.num_stages - 2))
@@ -432,6 +460,8 @@ class GluonRowsKernel(GluonWindowKernel):
         box = [1, 1, cfg.block_m, cfg.block_k]
         x_desc = gluon_descriptor(x, [n, h, w, c], [h * w * c, w * c, c, 1], box, swizzle, bits)
         r, s = self.conv.w_desc.dims[2:]
+        depth = r * s * c
+        w_desc = gluon_descriptor(packed, [self.k, depth], [depth, 1], [BLOCK_N, cfg.block_k], swizzle, bits)
         consts = (
             r,
             s,
@@ -439,6 +469,7 @@ class GluonRowsKernel(GluonWindowKernel):
             BLOCK_N,
             cfg.block_k,
             cfg.num_stages,
+            filter_slots(r, cfg.block_m),
             swizzle,
             bits,
             LOAD_REGS,
@@ -447,7 +478,7 @@ class GluonRowsKernel(GluonWindowKernel):
             has_prior,
             *flags.values(),
         )
-        args = [x_desc, packed, out, p, *values, *self._shape_args(out, p, strides), *consts]
+        args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
         return self._grid(), cfg, args
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
