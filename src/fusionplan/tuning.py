@@ -307,9 +307,6 @@ GLUON_ROWS = True
 GLUON_ROWS_FILTER_REGS = 160
 GLUON_ROWS_MIN_WIDTH = 32
 GLUON_ROWS_RING_BYTES = 192 * 1024
-#: gluon-rows: each program loads the filter's taps starting at its own (all programs read the same
-#: filter at their start).
-GLUON_ROWS_ROTATE_FILTER = False
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

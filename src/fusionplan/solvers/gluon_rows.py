@@ -114,15 +114,13 @@ def _release_rows(
 @gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
-    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, ROTATE: gl.constexpr,
+    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr,
 ):
     # first the filter, into the ring's first W_SLOTS slots (all on slot 0's barrier; the others'
-    # first phase passes at once), then the input rows from ring position W_SLOTS on. ROTATE:
-    # each program asks for the taps starting at its own (every program reads the same filter).
+    # first phase passes at once), then the input rows from ring position W_SLOTS on
     k0 = gl.program_id(1) * w_desc.block_type.shape[0]
     mbarrier.expect(ready.index(0), R * S * w_desc.block_type.nbytes)
-    for tap in gl.static_range(R * S):
-        t = (tap + gl.program_id(0) * ROTATE) % (R * S)
+    for t in gl.static_range(R * S):
         {tma_load}(w_desc, [k0, t * C], ready.index(0), w_bufs.index(t))
     for q in gl.static_range(1, W_SLOTS):
         mbarrier.arrive(ready.index(q))
@@ -195,8 +193,7 @@ def gluon_rows_kernel(
     pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
-    LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROTATE: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr,
+    LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     {stage_flags}
 ):
     # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels; slot i
@@ -227,7 +224,7 @@ def gluon_rows_kernel(
 _LOADER = """(
             _load_partition,
             (x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
-             R, S, NUM_SLOTS, W_SLOTS, ROTATE),
+             R, S, NUM_SLOTS, W_SLOTS),
         )"""
 
 #: Computing warpgroup {consumer} of two and its arguments.
@@ -477,7 +474,6 @@ class GluonRowsKernel(GluonWindowKernel):
             bits,
             LOAD_REGS,
             CONSUMER_REGS,
-            tuning.GLUON_ROWS_ROTATE_FILTER,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             *flags.values(),
