@@ -1,0 +1,123 @@
+"""gluon-rows without a GPU: which plans it takes and why not, its ring's depth, and its generated
+kernels compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.shapes import resnet50_layer
+from fusionplan.solvers import solver_named
+from fusionplan.testing import add_chain, layer_plan
+
+from .util import compile_sm90, layer_build, plan_for
+
+pytest.importorskip("triton")
+gluon_rows = pytest.importorskip("fusionplan.solvers.gluon_rows")
+if gluon_rows.gluon_why_not():
+    pytest.skip(gluon_rows.gluon_why_not(), allow_module_level=True)
+
+
+def verdict(plan) -> fp.solvers.Verdict:
+    return next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "gluon-rows")
+
+
+def layer(name: str, dtype=torch.float16, layout: str = "NHWC"):
+    s = resnet50_layer(name)
+    x = torch.empty(32, s.c, s.h, s.w, dtype=dtype)
+    return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, "CBNA")
+
+
+def conv_plan(c=64, h=20, w=40, k=64, r=3, s=3, pads=(1, 1), strides=(1, 1), dil=1, dtype=torch.float16):
+    x = torch.empty(2, c, h, w, dtype=dtype).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
+    return add_chain(plan_for(x), "CBA", conv=conv, k=k, r=r, s=s, param_dtype="float")
+
+
+@pytest.mark.parametrize(
+    "plan, reason",
+    [
+        (lambda: layer("r50_02"), "needs a Hopper GPU"),  # the plan fits: only the device is missing
+        (lambda: layer("r50_02", torch.bfloat16), "needs a Hopper GPU"),
+        (lambda: layer("r50_01"), "needs a Hopper GPU"),  # 1x1 filters fit too (gluon-gemm comes first)
+        (lambda: layer("r50_02", torch.float32), "16-bit wgmma operands"),
+        (lambda: layer("r50_02", layout="NCHW"), "packed channels-last"),
+        (lambda: layer("r50_10"), "C=128 input channels"),
+        (lambda: layer("r50_06"), "stride 1 only"),
+        (lambda: conv_plan(c=20), "C a multiple of 8"),
+        (lambda: conv_plan(r=5, s=5, pads=(2, 2)), "takes 400 registers"),
+        (lambda: conv_plan(w=300), "exceed a tensor box's 256"),
+    ],
+)
+def test_why_not_names_what_is_missing(plan, reason):
+    assert reason in verdict(plan()).reason
+
+
+def test_grouped_convolutions_are_not_taken():
+    x = torch.empty(2, 64, 20, 40, dtype=torch.float16).to(memory_format=torch.channels_last)
+    plan = add_chain(plan_for(x), "C", conv=fp.ConvolutionDescriptor((1, 1), groups=2), k=64, r=3, s=3)
+    assert "grouped" in verdict(plan).reason
+
+
+def test_narrow_rows_defer_to_the_windows():
+    v = verdict(conv_plan(w=13))
+    assert v.reason.startswith("needs a Hopper GPU")  # applicable where the device is
+    assert "rows of 13 pixels" in gluon_rows.gluon_rows_defer_why(conv_plan(w=13).spec())
+    assert gluon_rows.gluon_rows_defer_why(layer("r50_02").spec()) is None
+
+
+@pytest.mark.parametrize(
+    "ow, pixels, c, block_c, r, dil, slots, least, filter_slots",
+    [
+        (56, 64, 64, 64, 3, 1, 8, 6, 3),  # r50_02: slots of 3 boxes of 8 KB
+        (40, 64, 16, 16, 5, 1, 19, 10, 5),
+        (13, 16, 64, 64, 3, 1, 32, 6, 12),
+        (7, 8, 48, 64, 3, 2, 32, 10, 24),
+        (100, 128, 8, 16, 1, 1, 32, 2, 1),
+    ],
+)
+def test_ring_depths(ow, pixels, c, block_c, r, dil, slots, least, filter_slots):
+    """Rows round up to a power of two of at least 8 pixels, channels to one of at least 16; the
+    ring holds what tuning.GLUON_ROWS_RING_BYTES allows (at most 32 slots), at least least_slots
+    (two warpgroups' rows where a run enters the next image) and the filter's slots."""
+    assert gluon_rows.row_pixels(ow) == pixels and gluon_rows.channel_block(c) == block_c
+    s = r
+    assert gluon_rows.ring_slots(pixels, block_c, s) == slots
+    assert gluon_rows.least_slots(r, dil) == least
+    assert gluon_rows.filter_slots(r, pixels) == filter_slots
+
+
+def test_find_candidates_never_stall():
+    """NORMAL find's rings are at least as deep as least_slots and the filter's slots, and so is a
+    narrower configuration."""
+    kernel = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu"))
+    depths = [cfg.num_stages for cfg in kernel.candidates]
+    assert depths[0] == kernel.config.num_stages == 8 and min(depths) == 6
+    assert kernel.narrower_config().num_stages == 6
+    wide = solver_named("gluon-rows").build(conv_plan(c=16, r=5, s=5, pads=(2, 2)).spec(), fp.Handle("cpu"))
+    assert min(c.num_stages for c in wide.candidates) == 10
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_r50_02_kernel_holds_the_filter_in_registers(dtype):
+    """Both computing warpgroups issue a wgmma per tap and 16-channel slice (2 x 9 x 4), their A
+    operand from registers read from shared memory by ldmatrix, 9 tensor loads of the filter and
+    3 per input row (one per filter column), no spills, within sm_90's shared memory."""
+    info = compile_sm90(layer_build("r50_02", dtype), "gluon-rows")
+    assert info["HGMMA"] == 72 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["LDSM (operand through registers)"] == 72
+    assert info["tensor loads (UTMALDG)"] == 12
+    assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
+    assert "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_a_5x5_filter_of_16_channels_compiles():
+    build = (
+        "x = torch.empty(2, 16, 20, 45, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
+        "conv = fp.ConvolutionDescriptor((2, 2))\n"
+        "plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), 'CNA', conv=conv, k=24, r=5, s=5,"
+        " param_dtype='float')"
+    )
+    info = compile_sm90(build, "gluon-rows")
+    assert info["HGMMA"] == 2 * 25 and "LOCAL:0" in info["resources"]  # k16 slices: one per tap
+    assert info["shared bytes (dynamic)"] <= 232448
