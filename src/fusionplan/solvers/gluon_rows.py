@@ -210,9 +210,10 @@ def gluon_rows_kernel(
     fence_async_shared()
 {grid_dependency}
     # the program's run of output rows: its share of the N * OH rows, in order
+    # (in 64 bits: the product of a program's index and the rows may pass 2^31)
     units = N * OH
-    start = (gl.program_id(0) * units) // gl.num_programs(0)
-    end = ((gl.program_id(0) + 1) * units) // gl.num_programs(0)
+    start = ((gl.program_id(0).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
+    end = (((gl.program_id(0) + 1).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
     gl.warp_specialize(
         [{consumer_0}, {consumer_1}, {loader}],
         [4, 1],
