@@ -18,6 +18,10 @@ image) and
   [64 channels, PIX pixels] accumulator; then the chain after the convolution and the store, while
   the other warpgroup's products run.
 
+The filter comes first, by TMA into the ring's first slots, and each computing warpgroup copies it
+into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
+4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
+
 An input row is read by up to R consecutive output rows; a slot is refilled once the last output
 row of each computing warpgroup that reads it has finished its products (a warpgroup that reads
 it in no row: the other releases it for both). Rows of one image follow each other; where a run
