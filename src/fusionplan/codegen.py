@@ -17,7 +17,7 @@ import os
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
@@ -61,21 +61,38 @@ class Epilogue:
     params: list[str]
     constexprs: list[str]
     body: list[str]
+    #: with hoisted channel parameters: the lines that load them (``{p}_v``, indexed by ``ch`` under
+    #: ``ch_mask``), to run once before a loop over tiles of the same channels
+    channel_loads: list[str] = field(default_factory=list)
 
 
-def emit_stages(stages: list[Stage], ops: tuple[FusionOp, ...], idx: TileIndex = TileIndex()) -> Epilogue:
-    """Code that transforms the fp32 tile ``h`` through ``stages``; ``p`` is the prior tile."""
+def emit_stages(
+    stages: list[Stage], ops: tuple[FusionOp, ...], idx: TileIndex = TileIndex(), hoist_channels: bool = False
+) -> Epilogue:
+    """Code that transforms the fp32 tile ``h`` through ``stages``; ``p`` is the prior tile.
+    ``hoist_channels``: per-channel parameters are read from ``{p}_v`` vectors that
+    Epilogue.channel_loads loads (a persistent kernel's tiles of one channel block share them)."""
     params: list[str] = []
     flags: list[str] = []
     body: list[str] = []
+    channel_loads: list[str] = []
     for i, stage in enumerate(stages):
         flags.append(f"HAS_Q{i}")
         if isinstance(stage, AffineStage):
             params += [f"sc{i}_ptr", f"sh{i}_ptr", f"q{i}_ptr"]
+            channel_load = "tl.load({p} + " + idx.ch + ", mask=" + idx.ch_mask + ", other=0.0)"
             if stage.per_element:
                 load = "tl.load({p} + " + idx.elem + ", mask=" + idx.mask + ", other=0.0)"
+            elif hoist_channels:
+                load = "{p}_v[None, :]"
+                channel_loads += [
+                    f"sc{i}_ptr_v = {channel_load.format(p=f'sc{i}_ptr')}",
+                    f"sh{i}_ptr_v = {channel_load.format(p=f'sh{i}_ptr')}",
+                    f"if HAS_Q{i}:",
+                    f"    q{i}_ptr_v = {channel_load.format(p=f'q{i}_ptr')}",
+                ]
             else:
-                load = "tl.load({p} + " + idx.ch + ", mask=" + idx.ch_mask + ", other=0.0)[None, :]"
+                load = channel_load + "[None, :]"
             body += [
                 f"# stage {i}: operators {list(stage.ops)} folded into scale and shift",
                 f"h = h * {load.format(p=f'sc{i}_ptr')} + {load.format(p=f'sh{i}_ptr')}",
@@ -95,7 +112,7 @@ def emit_stages(stages: list[Stage], ops: tuple[FusionOp, ...], idx: TileIndex =
                 f"if HAS_Q{i}:",
                 f"    h = h + be{i} * p",
             ]
-    return Epilogue(params, flags, body)
+    return Epilogue(params, flags, body, channel_loads)
 
 
 def indent(lines: list[str], spaces: int) -> str:

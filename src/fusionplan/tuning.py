@@ -307,6 +307,9 @@ GLUON_ROWS = True
 GLUON_ROWS_FILTER_REGS = 160
 GLUON_ROWS_MIN_WIDTH = 32
 GLUON_ROWS_RING_BYTES = 192 * 1024
+#: gluon-rows: the chain's per-channel parameters loaded once per program, before its rows (the
+#: generated chain otherwise loads them at every row).
+GLUON_ROWS_HOIST_CHANNELS = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

@@ -170,6 +170,11 @@ def _rows_partition(
     fence_async_shared()
     for q in gl.static_range(W_SLOTS):
         mbarrier.arrive(empty.index(q))
+    # the chain's per-channel parameters: constants of the program's channels, loaded once
+    ch_tile = gl.permute(gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout), (1, 0))
+    ch_v = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
+    ch_v_mask = ch_v < K
+{channel_loads}
     extra = (R - 1) * dil_h
     for u in range(start + CONSUMER, end, CONSUMERS):
         row0 = _run_loads(u, start, end, OH, extra)
@@ -275,7 +280,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     assert conv is not None
     r_taps, s_taps = conv.w_desc.dims[2:]
     names = gluon_names()
-    epi = emit_stages(stages, spec.ops)
+    epi = emit_stages(stages, spec.ops, hoist_channels=tuning.GLUON_ROWS_HOIST_CHANNELS)
     weight_loads = [f"    w{t} = w_bufs.index({t}).load(w_layout)" for t in range(r_taps * s_taps)]
     taps = [
         _TAP_ROW.format(
@@ -294,8 +299,12 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         "stage_args": "".join(p + ", " for p in epi.params),
         "flag_args": "".join(f + ", " for f in epi.constexprs),
     }
+    # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
+    channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
+    channel_loads = re.sub(r"\bch\b", "ch_v", re.sub(r"\bch_mask\b", "ch_v_mask", channel_loads))
     return _TEMPLATE.format(
         weight_loads="\n".join(weight_loads),
+        channel_loads=channel_loads,
         taps="\n".join(taps),
         coordinates_in_acc=indent(_COORDINATES.format(layout="acc.type.layout").split("\n"), 8),
         tail=indent(tail.split("\n"), 4),
