@@ -121,3 +121,39 @@ def test_a_5x5_filter_of_16_channels_compiles():
     info = compile_sm90(build, "gluon-rows")
     assert info["HGMMA"] == 2 * 25 and "LOCAL:0" in info["resources"]  # k16 slices: one per tap
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_channel_parameters_can_be_loaded_once_before_the_tiles():
+    """emit_stages' hoist_channels: per-channel scale, shift and prior weights read from ``{p}_v``
+    vectors that Epilogue.channel_loads loads (the prior weights under their flag); per-element
+    parameters (a per-activation batch-norm) are still loaded with each tile; without it, nothing
+    changes."""
+    from fusionplan.codegen import emit_stages
+    from fusionplan.folding import AffineStage
+
+    stages = [AffineStage((1, 2)), AffineStage((3,), per_element=True)]
+    plain = emit_stages(stages, ())
+    hoisted = emit_stages(stages, (), hoist_channels=True)
+    assert plain.channel_loads == [] and plain.params == hoisted.params
+    assert hoisted.channel_loads == [
+        "sc0_ptr_v = tl.load(sc0_ptr + ch, mask=ch_mask, other=0.0)",
+        "sh0_ptr_v = tl.load(sh0_ptr + ch, mask=ch_mask, other=0.0)",
+        "if HAS_Q0:",
+        "    q0_ptr_v = tl.load(q0_ptr + ch, mask=ch_mask, other=0.0)",
+    ]
+    body = "\n".join(hoisted.body)
+    assert "h = h * sc0_ptr_v[None, :] + sh0_ptr_v[None, :]" in body and "q0_ptr_v[None, :] * p" in body
+    assert "tl.load(sc1_ptr + elem, mask=mask, other=0.0)" in body  # per element: with the tile
+    assert "tl.load(sc0_ptr + ch" in "\n".join(plain.body)
+
+
+def test_gluon_rows_source_loads_channel_parameters_before_its_rows(monkeypatch):
+    from fusionplan import tuning
+
+    for hoist in (True, False):
+        monkeypatch.setattr(tuning, "GLUON_ROWS_HOIST_CHANNELS", hoist)
+        source = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu")).source()
+        loop = source.index("for u in range(start + CONSUMER, end, CONSUMERS):")
+        before, inside = source[:loop], source[loop:]
+        assert ("sc0_ptr_v = gl.load(sc0_ptr + ch_v, mask=ch_v_mask" in before) == hoist
+        assert ("gl.load(sc0_ptr + ch," in inside) == (not hoist)
