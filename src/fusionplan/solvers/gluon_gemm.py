@@ -48,11 +48,12 @@ from fusionplan.solvers.gluon_window import (
     epilogue_mode,
     gluon_descriptor,
     gluon_dtype_why_not,
+    gluon_header_fields,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, epilogue_tail, header_fields, triton_cdiv
+from fusionplan.solvers.triton_conv import conv_plan_why_not, epilogue_tail, triton_cdiv
 from fusionplan.solvers.triton_gemm import gemm_input_why_not
 
 Tensor = torch.Tensor
@@ -358,14 +359,9 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     for i in range(MAX_PARTS):
         load = _PART_LOAD.format(i=i, offset=offsets[i], **gluon_names()).split("\n")
         loads.append(indent(load, 12) if i == 0 else f"            if PARTS > {i}:\n" + indent(load, 16))
-    fields = header_fields(spec, stages, epi)
-    fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    args = {
-        "stage_args": "".join(p + ", " for p in epi.params),  # passed on to the computing partitions
-        "flag_args": "".join(f + ", " for f in epi.constexprs),
-    }
+    fields = gluon_header_fields(spec, stages, epi)
     consumers = {
-        f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **args) for n in (1, 2) for i in range(n)
+        f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **fields) for n in (1, 2) for i in range(n)
     }
     return _TEMPLATE.format(
         epilogue=epilogue, part_loads="\n".join(loads), loader=_LOADER, **consumers, **fields, **gluon_names()

@@ -51,6 +51,7 @@ from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
     gluon_descriptor,
+    gluon_header_fields,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
@@ -58,7 +59,6 @@ from fusionplan.solvers.gluon_window import (
 from fusionplan.solvers.triton_conv import (
     conv_plan_why_not,
     epilogue_tail,
-    header_fields,
     triton_cdiv,
 )
 
@@ -293,12 +293,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     ]
     store = _STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
-    fields = header_fields(spec, stages, epi)
-    fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    args = {
-        "stage_args": "".join(p + ", " for p in epi.params),
-        "flag_args": "".join(f + ", " for f in epi.constexprs),
-    }
+    fields = gluon_header_fields(spec, stages, epi)
     # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
     channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
     channel_loads = re.sub(r"\bch\b", "ch_v", re.sub(r"\bch_mask\b", "ch_v_mask", channel_loads))
@@ -309,8 +304,8 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         coordinates_in_acc=indent(_COORDINATES.format(layout="acc.type.layout").split("\n"), 8),
         tail=indent(tail.split("\n"), 4),
         loader=_LOADER,
-        consumer_0=_CONSUMER.format(consumer=0, **args),
-        consumer_1=_CONSUMER.format(consumer=1, **args),
+        consumer_0=_CONSUMER.format(consumer=0, **fields),
+        consumer_1=_CONSUMER.format(consumer=1, **fields),
         **fields,
         **names,
     )

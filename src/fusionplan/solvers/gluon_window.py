@@ -353,9 +353,17 @@ def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store:
         for where, layout in COORDINATE_LAYOUTS
     }
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"])))
+    return {"tail": tail, **coords, **gluon_header_fields(spec, stages, epi)}
+
+
+def gluon_header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict:
+    """header_fields in Gluon's names, and the stages' parameters and flags as arguments to pass on
+    to a warp-specialized kernel's partitions (``stage_args``, ``flag_args``)."""
     fields = header_fields(spec, stages, epi)
     fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    return {"tail": tail, **coords, **fields}
+    fields["stage_args"] = "".join(p + ", " for p in epi.params)
+    fields["flag_args"] = "".join(f + ", " for f in epi.constexprs)
+    return fields
 
 
 #: Where the epilogue's pixels and channels are laid out: the accumulator's layout, the stores'.
