@@ -40,7 +40,7 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent
+from fusionplan.codegen import TileIndex, emit_stages, indent
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
@@ -148,7 +148,7 @@ def _load_partition(
 def _rows_partition(
     x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end,
     {stage_params}
-    C, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
+    K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -241,7 +241,7 @@ _LOADER = """(
 _CONSUMER = """(
             _rows_partition,
             (x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
-             C, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
+             K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
              R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, 2,
              {flag_args}),
         )"""
@@ -280,7 +280,10 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     assert conv is not None
     r_taps, s_taps = conv.w_desc.dims[2:]
     names = gluon_names()
-    epi = emit_stages(stages, spec.ops, hoist_channels=tuning.GLUON_ROWS_HOIST_CHANNELS)
+    hoist = tuning.GLUON_ROWS_HOIST_CHANNELS
+    # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
+    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
+    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
     weight_loads = [f"    w{t} = w_bufs.index({t}).load(w_layout)" for t in range(r_taps * s_taps)]
     taps = [
         _TAP_ROW.format(
@@ -294,9 +297,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     store = _STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
     fields = gluon_header_fields(spec, stages, epi)
-    # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
     channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
-    channel_loads = re.sub(r"\bch\b", "ch_v", re.sub(r"\bch_mask\b", "ch_v_mask", channel_loads))
     return _TEMPLATE.format(
         weight_loads="\n".join(weight_loads),
         channel_loads=channel_loads,
@@ -365,11 +366,11 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     if ow > 256:
         return f"output rows of {ow} pixels exceed a tensor box's 256"
     pixels = row_pixels(ow)
-    slots, least = ring_slots(pixels, channel_block(channels), s), least_slots(r, c.dilations[0])
-    if slots < max(least, filter_slots(r, pixels)):
+    slots, fewest = ring_slots(pixels, channel_block(channels), s), fewest_slots(r, c.dilations[0], pixels)
+    if slots < fewest:
         return (
             f"a {r}x{s} filter of dilation {c.dilations[0]} on output rows of {ow} pixels needs "
-            f"{max(least, filter_slots(r, pixels))} slots of input rows in shared memory, {slots} fit"
+            f"{fewest} slots of input rows in shared memory, {slots} fit"
         )
     return None
 
@@ -402,6 +403,11 @@ def least_slots(r: int, dil_h: int) -> int:
     return 2 * (r - 1) * dil_h + 2
 
 
+def fewest_slots(r: int, dil_h: int, pixels: int) -> int:
+    """The shallowest ring a plan may take: one that cannot stall and that holds the filter."""
+    return max(least_slots(r, dil_h), filter_slots(r, pixels))
+
+
 class GluonRowsKernel(GluonWindowKernel):
     solver_name = "gluon-rows"
     stem = "gluon_rows"
@@ -412,7 +418,7 @@ class GluonRowsKernel(GluonWindowKernel):
         """NORMAL find's configurations: the heuristic's ring, the shallowest that cannot stall
         (least_slots) and one between."""
         cfg = self.heuristic(0, 0, self.geometry[1], self.spec.dtype.torch_dtype)
-        least = max(least_slots(*self._filter_rows()), filter_slots(self._filter_rows()[0], cfg.block_m))
+        least = self._fewest_slots(cfg.block_m)
         depths = dict.fromkeys((cfg.num_stages, (cfg.num_stages + least) // 2, least))
         return [replace(cfg, num_stages=n) for n in depths]
 
@@ -429,7 +435,8 @@ class GluonRowsKernel(GluonWindowKernel):
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Programs of the grid and the products per output row (one per tap)."""
         r, s = self.conv.w_desc.dims[2:]
-        return self._grid()[0] * self._grid()[1], r * s
+        programs, blocks, _ = self._grid()
+        return programs * blocks, r * s
 
     def _grid(self) -> tuple[int, int, int]:
         """Programs: the multiprocessors shared among the blocks of 64 output channels (each a run
@@ -441,14 +448,14 @@ class GluonRowsKernel(GluonWindowKernel):
     def narrower_config(self) -> tuning.ConvConfig | None:
         """Two slots fewer, down to least_slots and the filter's slots (a specialization reading a
         prior output needs more shared memory)."""
-        least = max(least_slots(*self._filter_rows()), filter_slots(self._filter_rows()[0], self.config.block_m))
+        least = self._fewest_slots(self.config.block_m)
         if self.config.num_stages <= least:
             return None
         return replace(self.config, num_stages=max(least, self.config.num_stages - 2))
 
-    def _filter_rows(self) -> tuple[int, int]:
-        """The filter's rows and their dilation."""
-        return self.conv.w_desc.dims[2], self.conv_args[4]
+    def _fewest_slots(self, pixels: int) -> int:
+        """fewest_slots for the plan's filter rows and their dilation."""
+        return fewest_slots(self.conv.w_desc.dims[2], self.conv_args[4], pixels)
 
     def _launch_args(
         self,
