@@ -41,7 +41,9 @@ def conv_plan(c=64, h=20, w=40, k=64, r=3, s=3, pads=(1, 1), strides=(1, 1), dil
         (lambda: layer("r50_01"), "needs a Hopper GPU"),  # 1x1 filters fit too (gluon-gemm comes first)
         (lambda: layer("r50_02", torch.float32), "16-bit wgmma operands"),
         (lambda: layer("r50_02", layout="NCHW"), "packed channels-last"),
-        (lambda: layer("r50_10"), "C=128 input channels"),
+        (lambda: layer("r50_10"), "needs a Hopper GPU"),  # 128 channels: two halves of the filter
+        (lambda: layer("r50_16"), "C=256 input channels"),
+        (lambda: conv_plan(c=128, r=5, s=5, pads=(2, 2)), "takes 400 registers"),
         (lambda: layer("r50_06"), "stride 1 only"),
         (lambda: conv_plan(c=20), "C a multiple of 8"),
         (lambda: conv_plan(r=5, s=5, pads=(2, 2)), "takes 400 registers"),
@@ -69,6 +71,8 @@ def test_narrow_rows_defer_to_the_windows():
     "ow, pixels, c, block_c, r, dil, slots, least, filter_slots",
     [
         (56, 64, 64, 64, 3, 1, 8, 6, 3),  # r50_02: slots of 3 boxes of 8 KB
+        (28, 32, 128, 64, 3, 1, 8, 6, 6),  # r50_10: slots of 3 x 2 boxes of 4 KB
+        (28, 32, 72, 64, 3, 1, 8, 6, 6),
         (40, 64, 16, 16, 5, 1, 19, 10, 5),
         (13, 16, 64, 64, 3, 1, 32, 6, 12),
         (7, 8, 48, 64, 3, 2, 32, 10, 24),
@@ -81,7 +85,7 @@ def test_ring_depths(ow, pixels, c, block_c, r, dil, slots, least, filter_slots)
     (two warpgroups' rows where a run enters the next image) and the filter's slots."""
     assert gluon_rows.row_pixels(ow) == pixels and gluon_rows.channel_block(c) == block_c
     s = r
-    assert gluon_rows.ring_slots(pixels, block_c, s) == slots
+    assert gluon_rows.ring_slots(pixels, block_c, s, gluon_rows.channel_splits(c)) == slots
     assert gluon_rows.least_slots(r, dil) == least
     assert gluon_rows.filter_slots(r, pixels) == filter_slots
 
@@ -109,6 +113,36 @@ def test_r50_02_kernel_holds_the_filter_in_registers(dtype):
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_r50_10_kernel_splits_the_channels_between_its_warpgroups(dtype):
+    """128 input channels: each computing warpgroup holds the filter of one half (9 x 4 wgmma
+    64x32x16 a row each, 28-pixel rows in 32), the input boxes come in two halves (6 tensor loads
+    a row), the partial sums meet in shared memory; no spills, within sm_90's shared memory."""
+    info = compile_sm90(layer_build("r50_10", dtype), "gluon-rows")
+    assert info["HGMMA"] == 72 and info["HGMMA shapes"] == ["64x32x16"]
+    assert info["LDSM (operand through registers)"] == 72
+    assert info["tensor loads (UTMALDG)"] == 24  # 18 of the filter, 6 of an input row
+    assert "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_halves_source_hands_partial_sums_over():
+    """With two channel halves every warpgroup computes every row and reads its own half of the
+    boxes and the filter; the row's owner takes the other's partial sum before the chain, and only
+    the owner stores."""
+    source = solver_named("gluon-rows").build(layer("r50_10").spec(), fp.Handle("cpu")).source()
+    loop = source[source.index("for u in range(start, end):") :]
+    assert "* CH + CONSUMER)" in loop and "w_bufs.index(8 * CH + CONSUMER)" in source
+    hand, take = loop.index("_hand_over(acc"), loop.index("acc = _take_over(acc")
+    assert hand < take < loop.index("gl.store(y_ptr")
+    plain = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu")).source()
+    assert (
+        "_hand_over(acc, xchg, full, free, u" not in plain
+        and "xchg = gl.allocate" not in plain
+        and "* CH + 0)" in plain
+    )
 
 
 def test_a_5x5_filter_of_16_channels_compiles():
@@ -153,7 +187,7 @@ def test_gluon_rows_source_loads_channel_parameters_before_its_rows(monkeypatch)
     for hoist in (True, False):
         monkeypatch.setattr(tuning, "GLUON_ROWS_HOIST_CHANNELS", hoist)
         source = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu")).source()
-        loop = source.index("for u in range(start + CONSUMER, end, CONSUMERS):")
+        loop = source.index("for u in range(start + CONSUMER, end, 2):")
         before, inside = source[:loop], source[loop:]
         assert ("sc0_ptr_v = gl.load(sc0_ptr + ch_v, mask=ch_v_mask" in before) == hoist
         assert ("gl.load(sc0_ptr + ch," in inside) == (not hoist)

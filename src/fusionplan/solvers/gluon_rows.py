@@ -95,13 +95,15 @@ def _run_loads(u, start, end, OH, extra):
 
 @gluon.jit
 def _release_rows(
-    empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr
+    empty, u, row0, start, end, OH, extra, CONSUMER: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr,
+    HALVES: gl.constexpr,
 ):
     # Output row u (this warpgroup's, its products done) read the ring's rows row0 .. row0 + extra;
     # each is released by the last row of each warpgroup that reads it, twice where the other
-    # warpgroup reads it in no row: a slot's "empty" barrier takes two arrivals a row. Only rows
-    # already read are released: every warp of the warpgroup has passed its wait for them, so
-    # none can find the slot's "ready" phase gone on to the next row.
+    # warpgroup reads it in no row: a slot's "empty" barrier takes two arrivals a row. (HALVES:
+    # both warpgroups read every row, each arrives once at the last.) Only rows already read are
+    # released: every warp of the warpgroup has passed its wait for them, so none can find the
+    # slot's "ready" phase gone on to the next row.
     img = u // OH
     s0 = gl.maximum(start, img * OH)  # the run's first and (one past) last output rows in u's image
     s1 = gl.minimum(end, (img + 1) * OH)
@@ -109,23 +111,48 @@ def _release_rows(
     for j in range(row0, row0 + extra + 1):
         lo = gl.maximum(s0, s0 + (j - b0) - extra)  # the output rows that read ring row j
         hi = gl.minimum(s1 - 1, s0 + (j - b0))
-        last = (u == hi) | ((u == hi - 1) & ((hi - start) % 2 != CONSUMER))
         slot = (j + W_SLOTS) % NUM_SLOTS
-        mbarrier.arrive(empty.index(slot), pred=last)
-        mbarrier.arrive(empty.index(slot), pred=last & (lo == hi))
+        if HALVES:
+            mbarrier.arrive(empty.index(slot), pred=u == hi)
+        else:
+            last = (u == hi) | ((u == hi - 1) & ((hi - start) % 2 != CONSUMER))
+            mbarrier.arrive(empty.index(slot), pred=last)
+            mbarrier.arrive(empty.index(slot), pred=last & (lo == hi))
+
+
+@gluon.jit
+def _hand_over(acc, xchg, full, free, i, CONSUMER: gl.constexpr):
+    # the partial sum of output row i (the run's i-th, the other warpgroup's) over this
+    # warpgroup's half of the channels, into its exchange buffer once the other has taken the last
+    mbarrier.wait(free.index(CONSUMER), ((i // 2) & 1) ^ 1)
+    xchg.index(CONSUMER).store(acc)
+    {thread_barrier}()  # every warp's part stored before the one arrival
+    mbarrier.arrive(full.index(CONSUMER))
+
+
+@gluon.jit
+def _take_over(acc, xchg, full, free, i, CONSUMER: gl.constexpr):
+    # output row i (this warpgroup's): the other half's partial sum added to this one's
+    mbarrier.wait(full.index(1 - CONSUMER), (i // 2) & 1)
+    acc = acc + xchg.index(1 - CONSUMER).load(acc.type.layout)
+    {thread_barrier}()  # every warp has read it before the buffer is handed back
+    mbarrier.arrive(free.index(1 - CONSUMER))
+    return acc
 
 
 @gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
-    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr,
+    R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr,
 ):
     # first the filter, into the ring's first W_SLOTS slots (all on slot 0's barrier; the others'
     # first phase passes at once), then the input rows from ring position W_SLOTS on
     k0 = gl.program_id(1) * w_desc.block_type.shape[0]
-    mbarrier.expect(ready.index(0), R * S * w_desc.block_type.nbytes)
+    BLOCK_C: gl.constexpr = w_desc.block_type.shape[1]
+    mbarrier.expect(ready.index(0), R * S * CH * w_desc.block_type.nbytes)
     for t in gl.static_range(R * S):
-        {tma_load}(w_desc, [k0, t * C], ready.index(0), w_bufs.index(t))
+        for h in gl.static_range(CH):
+            {tma_load}(w_desc, [k0, t * C + h * BLOCK_C], ready.index(0), w_bufs.index(t * CH + h))
     for q in gl.static_range(1, W_SLOTS):
         mbarrier.arrive(ready.index(q))
     extra = (R - 1) * dil_h
@@ -137,21 +164,23 @@ def _load_partition(
             slot = j % NUM_SLOTS
             # the first round finds every slot free (the phase before a new barrier's first counts as done)
             mbarrier.wait(empty.index(slot), ((j // NUM_SLOTS) & 1) ^ 1)
-            mbarrier.expect(ready.index(slot), S * x_desc.block_type.nbytes)
+            mbarrier.expect(ready.index(slot), S * CH * x_desc.block_type.nbytes)
             ih = first_oh - pad_h + i
             for s in gl.static_range(S):
-                {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, 0], ready.index(slot), x_bufs.index(slot * S + s))
+                for h in gl.static_range(CH):
+                    box = x_bufs.index((slot * S + s) * CH + h)
+                    {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, h * BLOCK_C], ready.index(slot), box)
             j += 1
 
 
 @gluon.jit
 def _rows_partition(
-    x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end,
+    x_bufs, w_bufs, ready, empty, {exchange_params}y_ptr, prior_ptr, start, end,
     {stage_params}
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CH: gl.constexpr,
     {stage_flags}
 ):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -176,21 +205,13 @@ def _rows_partition(
     ch_v_mask = ch_v < K
 {channel_loads}
     extra = (R - 1) * dil_h
-    for u in range(start + CONSUMER, end, CONSUMERS):
+    for u in range({rows}):
         row0 = _run_loads(u, start, end, OH, extra)
         acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)
 {taps}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS, W_SLOTS)
-        n_img = u // OH
-        oh = u % OH
-        if IDX64:  # offsets of outputs past 2^31 elements
-            n_img = n_img.to(gl.int64)
-        ohw = OH * OW
-        # the chain in the accumulator's own layout; only the output changes layout for the stores
-        acc = gl.permute(acc, (1, 0))
-{coordinates_in_acc}
-{tail}
+        _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS, W_SLOTS, CH == 2)
+{row_end}
 
 
 @gluon.jit
@@ -201,21 +222,24 @@ def gluon_rows_kernel(
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
-    NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
-    LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr, SWIZZLE: gl.constexpr,
+    ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr,
+    HAS_PRIOR: gl.constexpr,
     {stage_flags}
 ):
     # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels; slot i
-    # of the ring, filter column s: x_bufs[i * S + s]. w_desc: the packed filter [K, R*S*C], boxes
-    # of a tap's BLOCK_N x BLOCK_C, first held where the ring's first W_SLOTS slots are.
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS * S, 1, 1, PIX, BLOCK_C], x_desc.layout)
+    # of the ring, filter column s, channel block h of CH: x_bufs[(i * S + s) * CH + h]. w_desc: the
+    # packed filter [K, R*S*C], boxes of a tap's BLOCK_N x BLOCK_C (tap t, block h: w_bufs[t * CH +
+    # h]), first held where the ring's first W_SLOTS slots are.
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS * S * CH, 1, 1, PIX, BLOCK_C], x_desc.layout)
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
-    w_bufs = x_bufs.{reinterpret}(x_desc.dtype, [R * S, BLOCK_N, BLOCK_C], flat)
+    w_bufs = x_bufs.{reinterpret}(x_desc.dtype, [R * S * CH, BLOCK_N, BLOCK_C], flat)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_SLOTS):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)  # released by both computing warpgroups
+{exchange_alloc}
     fence_async_shared()
 {grid_dependency}
     # the program's run of output rows: its share of the N * OH rows, in order
@@ -234,15 +258,15 @@ def gluon_rows_kernel(
 _LOADER = """(
             _load_partition,
             (x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
-             R, S, NUM_SLOTS, W_SLOTS),
+             R, S, NUM_SLOTS, W_SLOTS, CH),
         )"""
 
 #: Computing warpgroup {consumer} of two and its arguments.
 _CONSUMER = """(
             _rows_partition,
-            (x_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
+            (x_bufs, w_bufs, ready, empty, {exchange_args}y_ptr, prior_ptr, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-             R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, 2,
+             R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CH,
              {flag_args}),
         )"""
 
@@ -251,7 +275,7 @@ _TAP_ROW = """        j = row0 + {r} * dil_h + W_SLOTS
         mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
 {products}"""
 
-_PRODUCT = """        box = x_bufs.index((j % NUM_SLOTS) * S + {s})
+_PRODUCT = """        box = x_bufs.index(((j % NUM_SLOTS) * S + {s}) * CH + {half})
         box = box.{reinterpret}(x_bufs.dtype, [PIX, BLOCK_C], flat)
         acc = warpgroup_mma(w{t}, box.permute((1, 0)), acc, is_async=True)"""
 
@@ -265,6 +289,35 @@ if IDX64:
     ch = ch.to(gl.int64)
 pix = oh * OW + ow"""
 
+#: An output row's end, its products done: the chain in the accumulator's own layout, then the
+#: store (only the output changes layout).
+_ROW_END = """n_img = u // OH
+oh = u % OH
+if IDX64:  # offsets of outputs past 2^31 elements
+    n_img = n_img.to(gl.int64)
+ohw = OH * OW"""
+
+#: The accumulator as [pixels, channels], the chain's orientation (in its own layout).
+_PERMUTE = "        acc = gl.permute(acc, (1, 0))"
+
+#: Halves: a computing warpgroup's rows alternate between handing its partial sum over and taking
+#: the other's (then the row's end).
+_HALVES_ROW_END = """{permute}
+        if (u - start) % 2 != CONSUMER:
+            _hand_over(acc, xchg, full, free, u - start, CONSUMER)
+        else:
+            acc = _take_over(acc, xchg, full, free, u - start, CONSUMER)
+{row_end}"""
+
+#: Halves: the exchange buffers of the partial sums (one per computing warpgroup) and their barriers.
+_EXCHANGE_ALLOC = """    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+    xchg = gl.allocate_shared_memory(gl.float32, [2, PIX, BLOCK_N], plain)
+    full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    free = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(free.index(i), count=1)"""
+
 #: The store, after the output's layout change (the chain ran in the accumulator's layout).
 _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {coordinates_in_out}
@@ -275,38 +328,50 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 
 def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source for the plan's filter (a register operand per tap, a product per tap)
-    with the epilogue of ``stages`` in Gluon's names."""
+    with the epilogue of ``stages`` in Gluon's names. Where the input channels are split in halves
+    (channel_splits), each computing warpgroup holds its half of the filter and reads its half of
+    the boxes, both compute every output row and the row's owner (they alternate) adds the other's
+    partial sum before the chain."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r_taps, s_taps = conv.w_desc.dims[2:]
+    halves = channel_splits(spec.input_desc.dims[1]) == 2
+    half = "CONSUMER" if halves else "0"
     names = gluon_names()
     hoist = tuning.GLUON_ROWS_HOIST_CHANNELS
     # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
     idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
     epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
-    weight_loads = [f"    w{t} = w_bufs.index({t}).load(w_layout)" for t in range(r_taps * s_taps)]
+    weight_loads = [f"    w{t} = w_bufs.index({t} * CH + {half}).load(w_layout)" for t in range(r_taps * s_taps)]
     taps = [
         _TAP_ROW.format(
             r=r,
             products="\n".join(
-                _PRODUCT.format(s=s, t=r * s_taps + s, reinterpret=names["reinterpret"]) for s in range(s_taps)
+                _PRODUCT.format(s=s, t=r * s_taps + s, half=half, reinterpret=names["reinterpret"])
+                for s in range(s_taps)
             ),
         )
         for r in range(r_taps)
     ]
     store = _STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
     tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
+    row_end = "\n".join([_ROW_END, _COORDINATES.format(layout="acc.type.layout")]).split("\n")
+    depth = 12 if halves else 8  # the row's end inside the owner's branch
+    row_end = indent(row_end, depth) + "\n" + indent(tail.split("\n"), depth - 4)
     fields = gluon_header_fields(spec, stages, epi)
+    exchange = "xchg, full, free, " if halves else ""
     channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
     return _TEMPLATE.format(
         weight_loads="\n".join(weight_loads),
         channel_loads=channel_loads,
         taps="\n".join(taps),
-        coordinates_in_acc=indent(_COORDINATES.format(layout="acc.type.layout").split("\n"), 8),
-        tail=indent(tail.split("\n"), 4),
+        rows="start, end" if halves else "start + CONSUMER, end, 2",
+        row_end=_HALVES_ROW_END.format(permute=_PERMUTE, row_end=row_end) if halves else _PERMUTE + "\n" + row_end,
+        exchange_alloc=_EXCHANGE_ALLOC if halves else "",
+        exchange_params=exchange,
         loader=_LOADER,
-        consumer_0=_CONSUMER.format(consumer=0, **fields),
-        consumer_1=_CONSUMER.format(consumer=1, **fields),
+        consumer_0=_CONSUMER.format(consumer=0, exchange_args=exchange, **fields),
+        consumer_1=_CONSUMER.format(consumer=1, exchange_args=exchange, **fields),
         **fields,
         **names,
     )
@@ -318,14 +383,20 @@ def row_pixels(ow: int) -> int:
     return max(8, 1 << (ow - 1).bit_length())
 
 
+def channel_splits(c: int) -> int:
+    """Blocks of the input channels, one per computing warpgroup where there are two: a box holds
+    at most 64 (128-byte rows), a warpgroup's registers at most one block's filter."""
+    return 1 if c <= 64 else 2
+
+
 def channel_block(c: int) -> int:
     """The boxes' and the filter's channels: C rounded up to a power of two, at least 16 (a 16-bit
-    wgmma's reduction slice); the channels past C are zeros."""
-    return max(16, 1 << (c - 1).bit_length())
+    wgmma's reduction slice), at most 64 (beyond: two blocks of 64); the channels past C are zeros."""
+    return min(64, max(16, 1 << (c - 1).bit_length()))
 
 
 def filter_registers(c: int, r: int, s: int) -> int:
-    """Registers a computing thread spends holding the filter of BLOCK_N output channels in
+    """Registers a computing thread spends holding its filter of BLOCK_N output channels in
     16-bit data: BLOCK_N x channel_block(C) x R x S elements over 128 threads, two a register."""
     return BLOCK_N * channel_block(c) * r * s // (128 * 2)
 
@@ -353,8 +424,11 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     channels = x.dims[1]
     if channels * 2 % 16:
         return f"C={channels}: a tensor box's pixels must be whole 16-byte units (C a multiple of 8)"
-    if channels > 64:
-        return f"C={channels} input channels: a row's box holds at most 64 (128-byte rows)"
+    if channels > 128:
+        return (
+            f"C={channels} input channels: a row's box holds at most 64 (128-byte rows), each of the two computing "
+            "warpgroups one box (at most 128)"
+        )
     r, s = conv.w_desc.dims[2:]
     regs = filter_registers(channels, r, s)
     if regs > tuning.GLUON_ROWS_FILTER_REGS:
@@ -366,7 +440,8 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     if ow > 256:
         return f"output rows of {ow} pixels exceed a tensor box's 256"
     pixels = row_pixels(ow)
-    slots, fewest = ring_slots(pixels, channel_block(channels), s), fewest_slots(r, c.dilations[0], pixels)
+    slots = ring_slots(pixels, channel_block(channels), s, channel_splits(channels))
+    fewest = fewest_slots(r, c.dilations[0], pixels)
     if slots < fewest:
         return (
             f"a {r}x{s} filter of dilation {c.dilations[0]} on output rows of {ow} pixels needs "
@@ -384,10 +459,10 @@ def gluon_rows_defer_why(spec: PlanSpec) -> str | None:
     return None
 
 
-def ring_slots(pixels: int, block_c: int, s: int) -> int:
-    """Slots of input rows that tuning.GLUON_ROWS_RING_BYTES holds (a slot: ``s`` boxes of
-    ``pixels`` x ``block_c`` 16-bit elements), at most 32."""
-    return min(32, tuning.GLUON_ROWS_RING_BYTES // (s * pixels * block_c * 2))
+def ring_slots(pixels: int, block_c: int, s: int, splits: int = 1) -> int:
+    """Slots of input rows that tuning.GLUON_ROWS_RING_BYTES holds (a slot: ``s`` x ``splits``
+    boxes of ``pixels`` x ``block_c`` 16-bit elements), at most 32."""
+    return min(32, tuning.GLUON_ROWS_RING_BYTES // (s * splits * pixels * block_c * 2))
 
 
 def filter_slots(r: int, pixels: int) -> int:
@@ -430,7 +505,8 @@ class GluonRowsKernel(GluonWindowKernel):
         """An output row's pixels, 64 output channels, the whole input channels, the deepest ring."""
         s = self.conv.w_desc.dims[3]
         pixels, block_c = row_pixels(self.out_hw[1]), channel_block(c_per_group)
-        return tuning.ConvConfig(pixels, BLOCK_N, block_c, 1, 4, ring_slots(pixels, block_c, s), 1, 2)
+        slots = ring_slots(pixels, block_c, s, channel_splits(c_per_group))
+        return tuning.ConvConfig(pixels, BLOCK_N, block_c, 1, 4, slots, 1, 2)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Programs of the grid and the products per output row (one per tap)."""
@@ -486,6 +562,7 @@ class GluonRowsKernel(GluonWindowKernel):
             cfg.block_k,
             cfg.num_stages,
             filter_slots(r, cfg.block_m),
+            channel_splits(c),
             swizzle,
             bits,
             LOAD_REGS,
