@@ -67,12 +67,22 @@ def test_narrow_rows_defer_to_the_windows():
     assert gluon_rows.gluon_rows_defer_why(layer("r50_02").spec()) is None
 
 
+def test_channel_halves_defer_to_the_windows(monkeypatch):
+    """Plans of 65-128 input channels (two halves) apply but defer unless GLUON_ROWS_HALVES_FIRST."""
+    from fusionplan import tuning
+
+    spec = conv_plan(c=128, w=40).spec()
+    assert "C=128 input channels in two halves" in gluon_rows.gluon_rows_defer_why(spec)
+    monkeypatch.setattr(tuning, "GLUON_ROWS_HALVES_FIRST", True)
+    assert gluon_rows.gluon_rows_defer_why(spec) is None
+
+
 @pytest.mark.parametrize(
     "ow, pixels, c, block_c, r, dil, slots, least, filter_slots",
     [
         (56, 64, 64, 64, 3, 1, 8, 6, 3),  # r50_02: slots of 3 boxes of 8 KB
-        (28, 32, 128, 64, 3, 1, 8, 6, 6),  # r50_10: slots of 3 x 2 boxes of 4 KB
-        (28, 32, 72, 64, 3, 1, 8, 6, 6),
+        (28, 32, 128, 64, 3, 1, 7, 6, 6),  # r50_10: slots of 3 x 2 boxes of 4 KB, 16 KB of exchange
+        (28, 32, 72, 64, 3, 1, 7, 6, 6),
         (40, 64, 16, 16, 5, 1, 19, 10, 5),
         (13, 16, 64, 64, 3, 1, 32, 6, 12),
         (7, 8, 48, 64, 3, 2, 32, 10, 24),

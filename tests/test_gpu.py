@@ -418,12 +418,12 @@ GLUON_ROWS_CASES = {
     "long-runs": (150, 64, 9, 40, 64, 3, 3, (1, 1), 1),
     "long-runs-5x5": (60, 16, 30, 50, 32, 5, 5, (2, 2), 1),
     # two channel halves (C > 64), one per computing warpgroup: ResNet's r50_10, C = 72 and 96
-    # (the second half's box partly past C), K = 17 and 136, dilation 2, 1x3 (64-pixel rows: R = 1
+    # (the second half's box partly past C), K = 17 and 136, dilation 2 (16-pixel rows), 1x3 (64-pixel rows: R = 1
     # needs 2 slots), rows of 13 and 32 pixels, long runs around the ring and across images
     "halves-r50_10-like": (3, 128, 28, 28, 128, 3, 3, (1, 1), 1),
-    "halves-C72-K17": (3, 72, 14, 40, 17, 3, 3, (1, 1), 1),
+    "halves-C72-K17": (3, 72, 14, 30, 17, 3, 3, (1, 1), 1),
     "halves-C96-K136": (2, 96, 20, 30, 136, 3, 3, (1, 1), 1),
-    "halves-dilated": (2, 128, 24, 30, 64, 3, 3, (2, 2), 2),
+    "halves-dilated": (2, 128, 24, 14, 64, 3, 3, (2, 2), 2),
     "halves-1x3": (3, 128, 10, 50, 64, 1, 3, (0, 1), 1),
     "halves-narrow": (6, 128, 9, 13, 64, 3, 3, (1, 1), 1),
     "halves-32": (2, 128, 12, 32, 64, 3, 3, (1, 1), 1),

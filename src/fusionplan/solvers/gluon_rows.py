@@ -22,6 +22,12 @@ The filter comes first, by TMA into the ring's first slots, and each computing w
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
 4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
 
+With 65 to 128 input channels the filter of 64 output channels does not fit one warpgroup's
+registers: each computing warpgroup holds one half of the channels (the boxes come in two halves
+of 64), both compute every output row over their half, and the row's owner (they alternate) adds
+the other's partial sum from shared memory before the chain. Measured slower than the window
+kernels on ResNet's r50_10 (tuning.GLUON_ROWS_HALVES_FIRST), such plans defer to them.
+
 An input row is read by up to R consecutive output rows; a slot is refilled once the last output
 row of each computing warpgroup that reads it has finished its products (a warpgroup that reads
 it in no row: the other releases it for both). Rows of one image follow each other; where a run
@@ -404,8 +410,8 @@ def filter_registers(c: int, r: int, s: int) -> int:
 def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     """Why the plan does not fit this kernel, or None: an ungrouped stride-1 convolution on
     packed channels-last fp16 or bf16 input with 16-byte pixels (any K: the output is stored by
-    pointer), at most 64 input channels
-    (a box's 128-byte rows), a filter that fits tuning.GLUON_ROWS_FILTER_REGS registers a thread,
+    pointer), at most 128 input channels (a box's 128-byte rows hold 64, two computing warpgroups
+    a box each), a filter that fits tuning.GLUON_ROWS_FILTER_REGS registers a thread,
     output rows of at most 256 pixels."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
@@ -452,17 +458,30 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
 
 def gluon_rows_defer_why(spec: PlanSpec) -> str | None:
     """Output rows narrower than tuning.GLUON_ROWS_MIN_WIDTH: products of so few pixels were not
-    measured faster than the window kernels'."""
+    measured faster than the window kernels'; input channels in two halves unless
+    tuning.GLUON_ROWS_HALVES_FIRST (measured slower on r50_10)."""
     ow = spec.output_desc.dims[3]
     if ow < tuning.GLUON_ROWS_MIN_WIDTH:
         return f"output rows of {ow} pixels (< {tuning.GLUON_ROWS_MIN_WIDTH}): not measured faster than the windows"
+    channels = spec.input_desc.dims[1]
+    if channel_splits(channels) == 2 and not tuning.GLUON_ROWS_HALVES_FIRST:
+        return f"C={channels} input channels in two halves: measured slower than the windows (GLUON_ROWS_HALVES_FIRST)"
     return None
 
 
 def ring_slots(pixels: int, block_c: int, s: int, splits: int = 1) -> int:
-    """Slots of input rows that tuning.GLUON_ROWS_RING_BYTES holds (a slot: ``s`` x ``splits``
-    boxes of ``pixels`` x ``block_c`` 16-bit elements), at most 32."""
-    return min(32, tuning.GLUON_ROWS_RING_BYTES // (s * splits * pixels * block_c * 2))
+    """Slots of input rows that tuning.GLUON_ROWS_RING_BYTES holds beside the exchange buffers of
+    channel halves (a slot: ``s`` x ``splits`` boxes of ``pixels`` x ``block_c`` 16-bit
+    elements), at most 32."""
+    return min(
+        32, (tuning.GLUON_ROWS_RING_BYTES - exchange_bytes(pixels, splits)) // (s * splits * pixels * block_c * 2)
+    )
+
+
+def exchange_bytes(pixels: int, splits: int) -> int:
+    """Shared memory of the partial sums handed between the computing warpgroups of channel
+    halves: one fp32 tile of BLOCK_N x ``pixels`` each."""
+    return 0 if splits == 1 else 2 * BLOCK_N * pixels * 4
 
 
 def filter_slots(r: int, pixels: int) -> int:
