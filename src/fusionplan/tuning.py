@@ -312,8 +312,8 @@ GLUON_ROWS_RING_BYTES = 192 * 1024
 GLUON_ROWS_HOIST_CHANNELS = True
 #: gluon-rows with 65-128 input channels in two halves, one per computing warpgroup (each holds its
 #: half of the filter, both compute every output row, partial sums meet in shared memory): r50_10
-#: (C = K = 128, 28x28, fp16, batch 32, H100) measured 24.4 us against gluon-window's 19.1 and
-#: cuDNN's 19.2 (bench/NOTES.md section 31), so such plans defer to the window kernels unless this
+#: (C = K = 128, 28x28, fp16, batch 32, H100) measured 25.1 us against gluon-window's 20.0 and
+#: cuDNN's 19.9 (bench/NOTES.md section 31), so such plans defer to the window kernels unless this
 #: is set; named, the solver runs them.
 GLUON_ROWS_HALVES_FIRST = False
 

@@ -217,6 +217,7 @@ def _rows_partition(
 {taps}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS, W_SLOTS, CH == 2)
+        acc = gl.permute(acc, (1, 0))  # [pixels, channels]: the chain's orientation, in its own layout
 {row_end}
 
 
@@ -303,13 +304,9 @@ if IDX64:  # offsets of outputs past 2^31 elements
     n_img = n_img.to(gl.int64)
 ohw = OH * OW"""
 
-#: The accumulator as [pixels, channels], the chain's orientation (in its own layout).
-_PERMUTE = "        acc = gl.permute(acc, (1, 0))"
-
 #: Halves: a computing warpgroup's rows alternate between handing its partial sum over and taking
 #: the other's (then the row's end).
-_HALVES_ROW_END = """{permute}
-        if (u - start) % 2 != CONSUMER:
+_HALVES_ROW_END = """        if (u - start) % 2 != CONSUMER:
             _hand_over(acc, xchg, full, free, u - start, CONSUMER)
         else:
             acc = _take_over(acc, xchg, full, free, u - start, CONSUMER)
@@ -372,7 +369,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         channel_loads=channel_loads,
         taps="\n".join(taps),
         rows="start, end" if halves else "start + CONSUMER, end, 2",
-        row_end=_HALVES_ROW_END.format(permute=_PERMUTE, row_end=row_end) if halves else _PERMUTE + "\n" + row_end,
+        row_end=_HALVES_ROW_END.format(row_end=row_end) if halves else row_end,
         exchange_alloc=_EXCHANGE_ALLOC if halves else "",
         exchange_params=exchange,
         loader=_LOADER,
