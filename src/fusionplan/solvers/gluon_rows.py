@@ -398,6 +398,12 @@ def channel_block(c: int) -> int:
     return min(64, max(16, 1 << (c - 1).bit_length()))
 
 
+def filter_holder(c: int) -> str:
+    """Whose filter filter_registers counts, for messages: the plan's, or where the channels are
+    split a computing warpgroup's half."""
+    return "the" if channel_splits(c) == 1 else "a computing warpgroup's half of the"
+
+
 def filter_registers(c: int, r: int, s: int) -> int:
     """Registers a computing thread spends holding its filter of BLOCK_N output channels in
     16-bit data: BLOCK_N x channel_block(C) x R x S elements over 128 threads, two a register."""
@@ -436,14 +442,15 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     regs = filter_registers(channels, r, s)
     if regs > tuning.GLUON_ROWS_FILTER_REGS:
         return (
-            f"the filter of {BLOCK_N} output channels ({channel_block(channels)} channels x {r}x{s}) takes {regs} "
+            f"{filter_holder(channels)} filter of {BLOCK_N} output channels ({channel_block(channels)} channels x "
+            f"{r}x{s}) takes {regs} "
             f"registers a thread (> {tuning.GLUON_ROWS_FILTER_REGS})"
         )
     ow = spec.output_desc.dims[3]
     if ow > 256:
         return f"output rows of {ow} pixels exceed a tensor box's 256"
     pixels = row_pixels(ow)
-    slots = ring_slots(pixels, channel_block(channels), s, channel_splits(channels))
+    slots = channel_ring_slots(pixels, channels, s)
     fewest = fewest_slots(r, c.dilations[0], pixels)
     if slots < fewest:
         return (
@@ -473,6 +480,11 @@ def ring_slots(pixels: int, block_c: int, s: int, splits: int = 1) -> int:
     return min(
         32, (tuning.GLUON_ROWS_RING_BYTES - exchange_bytes(pixels, splits)) // (s * splits * pixels * block_c * 2)
     )
+
+
+def channel_ring_slots(pixels: int, c: int, s: int) -> int:
+    """ring_slots for ``c`` input channels: their channel block and splits."""
+    return ring_slots(pixels, channel_block(c), s, channel_splits(c))
 
 
 def exchange_bytes(pixels: int, splits: int) -> int:
@@ -520,9 +532,9 @@ class GluonRowsKernel(GluonWindowKernel):
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         """An output row's pixels, 64 output channels, the whole input channels, the deepest ring."""
         s = self.conv.w_desc.dims[3]
-        pixels, block_c = row_pixels(self.out_hw[1]), channel_block(c_per_group)
-        slots = ring_slots(pixels, block_c, s, channel_splits(c_per_group))
-        return tuning.ConvConfig(pixels, BLOCK_N, block_c, 1, 4, slots, 1, 2)
+        pixels = row_pixels(self.out_hw[1])
+        slots = channel_ring_slots(pixels, c_per_group, s)
+        return tuning.ConvConfig(pixels, BLOCK_N, channel_block(c_per_group), 1, 4, slots, 1, 2)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Programs of the grid and the products per output row (one per tap)."""
