@@ -455,6 +455,50 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
     run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-rows")
 
 
+#: (n, c, h, w, k, r, s, pads, strides, dilation) for gluon-stem: ResNet-50's stem on few images;
+#: K not a multiple of 8 nor of the 64-channel block (17, 136: three blocks), C = 4 and 8, a 3x3
+#: stride-1 filter (runs of more pixels), dilation 2, uneven padding, a 1x7 filter, stride 3, rows
+#: of a single run, fewer output rows than programs (one image of 5 rows) and runs of output rows
+#: that cross images and wrap around the ring (long-runs: 90 images of 4 rows; 12 images of 56).
+GLUON_STEM_CASES = {
+    "r50_00-like": (3, 3, 224, 224, 64, 7, 7, (3, 3), (2, 2), 1),
+    "C3-K17": (2, 3, 40, 52, 17, 7, 7, (3, 3), (2, 2), 1),
+    "C4-K136": (2, 4, 21, 36, 136, 3, 3, (1, 1), (1, 1), 1),
+    "C8-dilated": (3, 8, 30, 40, 32, 3, 3, (2, 2), (1, 1), 2),
+    "pads-3-1": (2, 3, 25, 64, 64, 7, 7, (3, 1), (2, 2), 1),
+    "1x7": (2, 3, 12, 64, 40, 1, 7, (0, 3), (1, 2), 1),
+    "stride-3": (2, 4, 30, 48, 64, 5, 5, (2, 2), (3, 3), 1),
+    "one-run": (4, 3, 16, 4, 64, 3, 3, (1, 1), (2, 2), 1),
+    "one-image": (1, 3, 9, 64, 64, 7, 7, (3, 3), (2, 2), 1),
+    "long-runs": (90, 3, 8, 64, 64, 7, 7, (3, 3), (2, 2), 1),
+    "long-runs-112": (12, 3, 112, 112, 64, 7, 7, (3, 3), (2, 2), 1),
+}
+
+
+@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("bf16", "CNAAB"), ("fp16", "CA")])
+@pytest.mark.parametrize("case", list(GLUON_STEM_CASES))
+def test_gluon_stem_cases(case, precision, chain, out_layout):
+    """gluon-stem forced on each case against the float64 reference, the output NaN-filled in
+    either layout; then with random alpha and beta over a prior output."""
+    n, c, h, w, k, r, s, pads, strides, dil = GLUON_STEM_CASES[case]
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor((n, c, h, w), dtype, "NHWC")
+    conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-stem")
+    assert verdict.applicable, str(verdict)
+    run_and_check(plan, precision, x, out_layout, solver="gluon-stem")
+    rng = random.Random(case)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(
+            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
+        )
+    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
+    run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-stem")
+
+
 #: (n, c, h, w, k, stride) of 1x1 convolutions: rows that no tile divides, C not a multiple of the
 #: reduction step, K below a warpgroup's 64 rows and not a multiple of the channel block, 7x7
 #: images; strided: output rows of 14 and 7 pixels (16 and 8 slots), stride 3, an odd width.

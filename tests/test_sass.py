@@ -271,6 +271,7 @@ def test_triton_kernels_wait_for_the_kernel_before_them(name, solver, layout):
         ("r50_22", "gluon-window", "NHWC"),
         ("r50_22", "gluon-nchw", "NCHW"),
         ("r50_10", "gluon-nchw-regs", "NCHW"),
+        ("r50_00", "gluon-stem", "NHWC"),
     ],
 )
 def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):

@@ -317,6 +317,19 @@ GLUON_ROWS_HOIST_CHANNELS = True
 #: is set; named, the solver runs them.
 GLUON_ROWS_HALVES_FIRST = False
 
+#: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
+#: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two
+#: computing warpgroups taking output rows in turn (Hopper, fp16/bf16). GLUON_STEM_SLOTS: the ring
+#: of input-row tiles (4 KB each for the ResNet stem); GLUON_STEM_SMEM_BYTES: the filter's blocks
+#: and the ring at most (the epilogues' layout changes and the barriers take the rest).
+GLUON_STEM = True
+GLUON_STEM_SLOTS = 16
+GLUON_STEM_SMEM_BYTES = 192 * 1024
+#: gluon-stem: the filter's blocks requested before the wait for the kernel before it (their
+#: load overlaps that kernel's end under programmatic dependent launch), else by the loading
+#: partition.
+GLUON_STEM_FILTER_FIRST = True
+
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024

@@ -17,6 +17,7 @@ from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
 from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
 from fusionplan.solvers.gluon_rows import GluonRowsSolver
+from fusionplan.solvers.gluon_stem import GluonStemSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
@@ -44,6 +45,7 @@ REGISTRY: list[Solver] = [
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonRowsSolver(),  # Hopper: few input channels, the filter in registers, persistent over output rows
+    GluonStemSolver(),  # Hopper: few input channels (the stem), warp-specialized over output rows
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
     TritonWindowSolver(),
     TritonStemSolver(),  # few input channels (the stem)

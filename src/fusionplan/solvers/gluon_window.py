@@ -202,17 +202,22 @@ LOAD_REGS = 40
 
 
 def gluon_names() -> dict[str, str]:
-    """Names that differ between Triton versions, for the generated source: the TMA load (Triton
-    3.6: ``async_copy_global_to_shared``; later: ``async_load``) and the shared-memory view change
+    """Names that differ between Triton versions, for the generated source: the TMA load and the
+    pointer-based asynchronous copy (Triton 3.6: ``async_copy_global_to_shared``; later:
+    ``async_load``) and the shared-memory view change
     (3.6: ``_reinterpret``; later: ``reinterpret``) and the barrier of a partition's warps (3.6:
     ``gl.thread_barrier``; later: ``gl.barrier``); and triton_conv's GRID_DEPENDENCY in Gluon's names,
     which every Gluon template holds (after its barriers are set up)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language import _core
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
     from triton.experimental.gluon.language.nvidia.hopper import tma
 
     return {
         "tma_load": "tma.async_load" if hasattr(tma, "async_load") else "tma.async_copy_global_to_shared",
+        "async_copy": (
+            "async_copy.async_load" if hasattr(async_copy, "async_load") else "async_copy.async_copy_global_to_shared"
+        ),
         "reinterpret": "reinterpret" if hasattr(_core.shared_memory_descriptor, "reinterpret") else "_reinterpret",
         "thread_barrier": "gl.barrier" if hasattr(gl, "barrier") else "gl.thread_barrier",
         "grid_dependency": GRID_DEPENDENCY.format(lang="gl"),
