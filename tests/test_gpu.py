@@ -39,6 +39,17 @@ def triton_only(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
 
 
+def seeded_alpha_beta_args(plan, seed) -> fp.OperatorArgs:
+    """Random arguments of every operator with alpha in [0.5, 2) and beta in [-1, 1), from ``seed``."""
+    rng = random.Random(seed)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(
+            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
+        )
+    return args
+
+
 def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None, solver=None):
     dtype, tf32, tol, eps = PRECISIONS[precision]
     handle = fp.Handle("cuda", allow_tf32=tf32)
@@ -387,11 +398,7 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
     verdict = next(v for v in plan.explain(fp.Handle("cuda", allow_tf32=True)) if v.solver == "gluon-window")
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, "NHWC", solver="gluon-window")
-    rng = random.Random(case)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        beta = rng.uniform(-1, 1)
-        args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
+    args = seeded_alpha_beta_args(plan, case)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype).to(memory_format=torch.channels_last)
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
 
@@ -445,12 +452,7 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
     verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-rows")
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, out_layout, solver="gluon-rows")
-    rng = random.Random(case)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(
-            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
-        )
+    args = seeded_alpha_beta_args(plan, case)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-rows")
 
@@ -489,12 +491,7 @@ def test_gluon_stem_cases(case, precision, chain, out_layout):
     verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-stem")
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, out_layout, solver="gluon-stem")
-    rng = random.Random(case)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(
-            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
-        )
+    args = seeded_alpha_beta_args(plan, case)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-stem")
 

@@ -380,6 +380,13 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     )
 
 
+def row_run_grid(handle, rows: int, k: int) -> tuple[int, int, int]:
+    """The grid of a kernel whose programs take runs of ``rows`` output rows: the multiprocessors
+    shared among the blocks of BLOCK_N output channels, at most one program per output row."""
+    blocks = triton_cdiv(k, BLOCK_N)
+    return min(rows, max(1, multiprocessors(handle) // blocks)), blocks, 1
+
+
 def row_pixels(ow: int) -> int:
     """An output row's pixels in the product: OW rounded up to a power of two, at least 8 (a
     wgmma's pixels come in multiples of 8; a box's side is a power of two in Gluon)."""
@@ -543,11 +550,7 @@ class GluonRowsKernel(GluonWindowKernel):
         return programs * blocks, r * s
 
     def _grid(self) -> tuple[int, int, int]:
-        """Programs: the multiprocessors shared among the blocks of 64 output channels (each a run
-        of output rows), at most one per output row."""
-        n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
-        blocks = triton_cdiv(self.k, BLOCK_N)
-        return min(n * oh, max(1, multiprocessors(self._handle) // blocks)), blocks, 1
+        return row_run_grid(self._handle, self.spec.input_desc.dims[0] * self.out_hw[0], self.k)
 
     def narrower_config(self) -> tuning.ConvConfig | None:
         """Two slots fewer, down to least_slots and the filter's slots (a specialization reading a

@@ -40,7 +40,8 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.gluon_gemm import CONSUMER_REGS, multiprocessors
+from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
+from fusionplan.solvers.gluon_rows import BLOCK_N, row_run_grid
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     gluon_descriptor,
@@ -65,8 +66,6 @@ from fusionplan.solvers.triton_stem import (
 
 Tensor = torch.Tensor
 
-#: Output channels of a program: a wgmma's columns.
-BLOCK_N = 64
 #: Runs of an output row in a product: one warpgroup's wgmma rows (a row of at most 64 runs).
 RUNS = 64
 #: Computing warpgroups taking output rows in turn: three (160 registers each) measured 41.7-42.3 us
@@ -451,11 +450,7 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         return programs * blocks, self.conv.w_desc.dims[2] * self.runs.pixels
 
     def _grid(self) -> tuple[int, int, int]:
-        """Programs: the multiprocessors shared among the blocks of 64 output channels (each a run
-        of output rows), at most one per output row."""
-        n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
-        blocks = triton_cdiv(self.k, BLOCK_N)
-        return min(n * oh, max(1, multiprocessors(self._handle) // blocks)), blocks, 1
+        return row_run_grid(self._handle, self.spec.input_desc.dims[0] * self.out_hw[0], self.k)
 
     def narrower_config(self) -> tuning.ConvConfig | None:
         """The shallowest ring that cannot stall (a specialization reading a prior output needs more
@@ -520,10 +515,6 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         geometry = (n, self.k, h, oh, ow, kp, w * c // vector, sxn // vector, sxh // vector)
         args = [x, w_desc, out, p, *values, *geometry, *strides[4:], pad_h, dil_h, *consts]
         return self._grid(), cfg, args
-
-    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
-        """The input, the output, the prior."""
-        return (0, 2, 3)
 
 
 class GluonStemSolver(Solver):
