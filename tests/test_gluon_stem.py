@@ -46,6 +46,7 @@ def conv_plan(c=3, h=20, w=40, k=64, r=7, s=7, pads=(3, 3), strides=(2, 2), dil=
         (lambda: conv_plan(c=3, w=11, r=3, s=3, pads=(1, 1)), "4-byte units"),  # rows of 33 elements
         (lambda: conv_plan(c=15, r=7, s=7, strides=(1, 1)), "longer than a tile's 64"),
         (lambda: conv_plan(c=3, w=12, r=3, s=3, pads=(1, 1)), "needs a Hopper GPU"),
+        (lambda: conv_plan(c=1, w=40, r=1, s=1, pads=(0, 0), strides=(1, 1)), "runs of 8 pixels"),
     ],
 )
 def test_why_not_names_what_is_missing(plan, reason):
@@ -116,3 +117,23 @@ def test_odd_stem_compiles():
     info = compile_sm90(build, "gluon-stem")
     assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+@pytest.mark.parametrize(
+    "c, r, stride, pixels",
+    [(2, 7, 2, 1), (1, 3, 2, 4)],
+)
+@pytest.mark.parametrize("split", [False, True])
+def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels, split):
+    """An accumulator per pixel of a run, one wait for all their products or (split epilogue) one
+    per pixel, no spills."""
+    build = (
+        f"import fusionplan.tuning as t\nt.GLUON_STEM_SPLIT_EPILOGUE = {split}\n"
+        f"x = torch.empty(2, {c}, 20, 64, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
+        f"conv = fp.ConvolutionDescriptor((0, 0), ({stride}, {stride}))\n"
+        f"plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), 'CBA', conv=conv, k=32, r={r}, s={r},"
+        " param_dtype='float')"
+    )
+    info = compile_sm90(build, "gluon-stem")
+    assert f"acc{pixels - 1} = gl.zeros" in info["source"] and f"acc{pixels} = gl.zeros" not in info["source"]
+    assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"]

@@ -68,6 +68,8 @@ Tensor = torch.Tensor
 
 #: Runs of an output row in a product: one warpgroup's wgmma rows (a row of at most 64 runs).
 RUNS = 64
+#: Pixels of a run at most: each its [RUNS, BLOCK_N] fp32 accumulator, 32 registers a thread.
+MAX_PIXELS = 4
 #: Computing warpgroups taking output rows in turn: three (160 registers each) measured 41.7-42.3 us
 #: on the ResNet stem against two's 37.1-37.4 (H100, fp16).
 CONSUMERS = 2
@@ -192,9 +194,6 @@ def _rows_partition(
         row0 = _ring_row(u, start, end, OH, STR_H, SPAN)
 {zeros}
 {taps}
-        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])
-        # the rows before the first that this warpgroup's next output row reads
-        handed = _hand_back(ready, empty, handed, _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN), NUM_SLOTS)
         n_img = u // OH
         oh = u % OH
         if IDX64:  # offsets of outputs past 2^31 elements
@@ -278,6 +277,17 @@ _TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_S
 
 _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
 
+#: A product of pixel-major order (tuning.GLUON_STEM_SPLIT_EPILOGUE): its filter row's tile named in it.
+_PIXEL_PRODUCT = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS)
+        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
+
+#: The products of the row done (all, or with tuning.GLUON_STEM_SPLIT_EPILOGUE those of the
+#: pixels whose epilogue comes next); after the last, the ring's rows before the first that this
+#: warpgroup's next output row reads go back to the loader.
+_WAIT = """        {results} = warpgroup_mma_wait(num_outstanding={outstanding}, deps=[{accs}])"""
+_HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN)
+        handed = _hand_back(ready, empty, handed, following, NUM_SLOTS)"""
+
 #: Pixel {p} of each run of the output row, in ``{layout}``: its column, the channels.
 _COORDINATES = """q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))
 ow = q * PX + {p}
@@ -310,9 +320,21 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     products = ["\n".join(_PRODUCT.format(p=p, block=r * px + p) for p in range(px)) for r in range(r_taps)]
     fence = "        fence_async_shared()"
     taps = [_TAP_WAIT.format(r=r) for r in range(r_taps)] + [fence]
-    taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
+    split = tuning.GLUON_STEM_SPLIT_EPILOGUE
+    if split:  # pixel p's products together, so that its epilogue can start while the next pixel's run
+        taps += [_PIXEL_PRODUCT.format(r=r, p=p, block=r * px + p) for p in range(px) for r in range(r_taps)]
+    else:
+        taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
     pixels = []
     for p in range(px):
+        if split or p == 0:
+            accs = [f"acc{p}"] if split else [f"acc{q}" for q in range(px)]
+            outstanding = (px - 1 - p) * r_taps if split else 0
+            # (the wait gives back its one dependency itself, several as a tuple)
+            waits = [_WAIT.format(results=", ".join(accs), accs=", ".join(accs), outstanding=outstanding)]
+            if outstanding == 0:
+                waits.append(_HAND_BACK)
+            pixels.append("\n".join(waits))
         store = _STORE.format(coordinates=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4))
         tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
         head = [f"# pixel {p} of each run", f"acc = acc{p}", *_COORDINATES.format(layout="acc_layout", p=p).split("\n")]
@@ -324,7 +346,6 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
         channel_loads=channel_loads,
         zeros="\n".join(zeros),
         taps="\n".join(taps),
-        accs=", ".join(f"acc{p}" for p in range(px)) + ("," if px == 1 else ""),
         pixels="\n".join(pixels),
         loader=_LOADER,
         consumers=", ".join(_CONSUMER.format(consumer=c, **fields) for c in range(consumers)),
@@ -392,6 +413,11 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
         return (
             f"stretches {runs.step} elements apart in rows of {x.dims[3] * c} (strides {x.strides[0]}, "
             f"{x.strides[2]}): asynchronous copies need 4-byte units"
+        )
+    if runs.pixels > MAX_PIXELS:
+        return (
+            f"runs of {runs.pixels} pixels: an accumulator of {RUNS} x {BLOCK_N} each, more than {MAX_PIXELS} "
+            "do not fit a computing warpgroup's registers"
         )
     ow = spec.output_desc.dims[3]
     if triton_cdiv(ow, runs.pixels) > RUNS:
