@@ -123,12 +123,9 @@ def test_odd_stem_compiles():
     "c, r, stride, pixels",
     [(2, 7, 2, 1), (1, 3, 2, 4)],
 )
-@pytest.mark.parametrize("split", [False, True])
-def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels, split):
-    """An accumulator per pixel of a run, one wait for all their products or (split epilogue) one
-    per pixel, no spills."""
+def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels):
+    """An accumulator per pixel of a run, one wait for all their products, no spills."""
     build = (
-        f"import fusionplan.tuning as t\nt.GLUON_STEM_SPLIT_EPILOGUE = {split}\n"
         f"x = torch.empty(2, {c}, 20, 64, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
         f"conv = fp.ConvolutionDescriptor((0, 0), ({stride}, {stride}))\n"
         f"plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), 'CBA', conv=conv, k=32, r={r}, s={r},"

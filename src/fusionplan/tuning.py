@@ -329,9 +329,6 @@ GLUON_STEM_SMEM_BYTES = 192 * 1024
 #: load overlaps that kernel's end under programmatic dependent launch), else by the loading
 #: partition.
 GLUON_STEM_FILTER_FIRST = True
-#: gluon-stem: a row's products pixel by pixel of a run, each pixel's epilogue as soon as its
-#: products are done (under the next pixel's products), else every product before the epilogues.
-GLUON_STEM_SPLIT_EPILOGUE = False
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

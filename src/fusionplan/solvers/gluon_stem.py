@@ -277,14 +277,10 @@ _TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_S
 
 _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
 
-#: A product of pixel-major order (tuning.GLUON_STEM_SPLIT_EPILOGUE): its filter row's tile named in it.
-_PIXEL_PRODUCT = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS)
-        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
-
-#: The products of the row done (all, or with tuning.GLUON_STEM_SPLIT_EPILOGUE those of the
-#: pixels whose epilogue comes next); after the last, the ring's rows before the first that this
-#: warpgroup's next output row reads go back to the loader.
-_WAIT = """        {results} = warpgroup_mma_wait(num_outstanding={outstanding}, deps=[{accs}])"""
+#: The row's products done, then the ring's rows before the first that this warpgroup's next
+#: output row reads go back to the loader. (Each pixel's epilogue as soon as its own products were
+#: done, under the next pixel's, measured 41.6 us on the ResNet stem against 35.6: H100, fp16.)
+_WAIT = """        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])"""
 _HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN)
         handed = _hand_back(ready, empty, handed, following, NUM_SLOTS)"""
 
@@ -320,21 +316,10 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     products = ["\n".join(_PRODUCT.format(p=p, block=r * px + p) for p in range(px)) for r in range(r_taps)]
     fence = "        fence_async_shared()"
     taps = [_TAP_WAIT.format(r=r) for r in range(r_taps)] + [fence]
-    split = tuning.GLUON_STEM_SPLIT_EPILOGUE
-    if split:  # pixel p's products together, so that its epilogue can start while the next pixel's run
-        taps += [_PIXEL_PRODUCT.format(r=r, p=p, block=r * px + p) for p in range(px) for r in range(r_taps)]
-    else:
-        taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
-    pixels = []
+    taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
+    accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
+    pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
     for p in range(px):
-        if split or p == 0:
-            accs = [f"acc{p}"] if split else [f"acc{q}" for q in range(px)]
-            outstanding = (px - 1 - p) * r_taps if split else 0
-            # (the wait gives back its one dependency itself, several as a tuple)
-            waits = [_WAIT.format(results=", ".join(accs), accs=", ".join(accs), outstanding=outstanding)]
-            if outstanding == 0:
-                waits.append(_HAND_BACK)
-            pixels.append("\n".join(waits))
         store = _STORE.format(coordinates=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4))
         tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
         head = [f"# pixel {p} of each run", f"acc = acc{p}", *_COORDINATES.format(layout="acc_layout", p=p).split("\n")]
