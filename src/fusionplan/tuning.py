@@ -329,9 +329,6 @@ GLUON_STEM_SMEM_BYTES = 192 * 1024
 #: load overlaps that kernel's end under programmatic dependent launch), else by the loading
 #: partition.
 GLUON_STEM_FILTER_FIRST = True
-#: gluon-stem: a computing warpgroup waits only for the input rows it has not waited for before
-#: (its previous output row read the first ones), else for each filter row's.
-GLUON_STEM_SKIP_SEEN = False
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

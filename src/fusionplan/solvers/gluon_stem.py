@@ -176,7 +176,7 @@ def _rows_partition(
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
     R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, SKIP_SEEN: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     # [runs, channels] accumulators, one per pixel of a run
@@ -192,18 +192,16 @@ def _rows_partition(
 {channel_loads}
     mbarrier.wait(w_ready, 0)
     handed = 0  # the ring's rows this warpgroup has handed back
-    seen = 0  # the ring's rows before this one: waited for by this warpgroup (SKIP_SEEN)
+    seen = 0  # the ring's rows before this one: waited for by this warpgroup
     for u in range(start + CONSUMER, end, CONSUMERS):
         row0 = _ring_row(u, start, end, OH, STR_H, SPAN)
 {zeros}
-        if SKIP_SEEN:
-            # the rows of the row's window that this warpgroup has not waited for yet (its previous
-            # row read the first ones)
-            for j in range(gl.maximum(row0, seen), row0 + SPAN):
-                mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
-            seen = gl.maximum(seen, row0 + SPAN)
-        else:
-            seen = handed
+        # the input rows of the output row's window that this warpgroup has not waited for yet (its
+        # previous row read the first ones: a wait for each filter row's measured 35.5 us on the
+        # ResNet stem against 33.7, H100, fp16)
+        for j in range(gl.maximum(row0, seen), row0 + SPAN):
+            mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
+        seen = gl.maximum(seen, row0 + SPAN)
 {taps}
         n_img = u // OH
         oh = u % OH
@@ -226,7 +224,7 @@ def gluon_stem_kernel(
     RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr,
-    FILTER_FIRST: gl.constexpr, SKIP_SEEN: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    FILTER_FIRST: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     {stage_flags}
 ):
     # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E]; w_bufs: the Toeplitz blocks [BLOCK_N,
@@ -274,16 +272,12 @@ _CONSUMER = """(
             (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
              R, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
-             SKIP_SEEN,
              {flag_args}),
         )"""
 
-#: Every filter row's input row waited for, then one proxy fence (the copies wrote through the
-#: generic proxy; wgmma reads through the async one) before all the products: a fence per filter
-#: row (each a MEMBAR.ALL.CTA) measured 38.4 us on the ResNet stem against 37.0 (H100, fp16).
-_TAP_WAIT = """            j = row0 + {r} * dil_h
-            mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)"""
-
+#: One filter row's products (every input row of the window waited for, then one proxy fence: the
+#: copies wrote through the generic proxy, wgmma reads through the async one; a fence per filter
+#: row, each a MEMBAR.ALL.CTA, measured 38.4 us on the ResNet stem against 37.0: H100, fp16).
 _TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS)
 {products}"""
 
@@ -295,8 +289,7 @@ _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).pe
 _WAIT = """        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])"""
 _HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN)
         handed = _hand_back(ready, empty, handed, following, seen, NUM_SLOTS)
-        if SKIP_SEEN:
-            seen = gl.maximum(seen, following)"""
+        seen = gl.maximum(seen, following)"""
 
 #: Pixel {p} of each run of the output row, in ``{layout}``: its column, the channels.
 _COORDINATES = """q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))
@@ -328,8 +321,7 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     names = gluon_names()
     epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
     products = ["\n".join(_PRODUCT.format(p=p, block=r * px + p) for p in range(px)) for r in range(r_taps)]
-    fence = "        fence_async_shared()"
-    taps = [_TAP_WAIT.format(r=r) for r in range(r_taps)] + [fence]
+    taps = ["        fence_async_shared()"]
     taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
     pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
@@ -533,7 +525,6 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
             consumer_registers(CONSUMERS, LOAD_WARPS),
             CONSUMERS,
             tuning.GLUON_STEM_FILTER_FIRST,
-            tuning.GLUON_STEM_SKIP_SEEN,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             *flags.values(),
