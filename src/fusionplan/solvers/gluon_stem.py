@@ -70,8 +70,8 @@ Tensor = torch.Tensor
 RUNS = 64
 #: Pixels of a run at most: each its [RUNS, BLOCK_N] fp32 accumulator, 32 registers a thread.
 MAX_PIXELS = 4
-#: Computing warpgroups taking output rows in turn: three (160 registers each) measured 41.7-42.3 us
-#: on the ResNet stem against two's 37.1-37.4 (H100, fp16).
+#: Computing warpgroups taking output rows in turn (CONSUMER_REGS registers each): three (160
+#: registers each) measured 41.7-42.3 us on the ResNet stem against two's 37.1-37.4 (H100, fp16).
 CONSUMERS = 2
 #: Warps of the loading partition: four 8-byte copies a thread for a [64, 32] tile of 16-bit data
 #: (one warp, sixteen a thread: 37.4 us against 37.1 on the ResNet stem).
@@ -108,7 +108,9 @@ def _ring_row(u, start, end, OH, STR_H: gl.constexpr, SPAN: gl.constexpr):
 def _hand_back(ready, empty, lo, hi, seen, NUM_SLOTS: gl.constexpr):
     # The ring's rows lo .. hi - 1 go back to the loader. Those from ``seen`` on (not yet waited
     # for by this warpgroup) are waited for first: a row that this warpgroup never read may not
-    # have landed yet, and an arrival must count for its own load.
+    # have landed yet, and an arrival must count for its own load. (Below ``seen``, only the
+    # second warpgroup's first hand-back meets rows it never waited for: those before its first
+    # row, in the ring's first round, whose barriers have no earlier phase to confuse.)
     for j in range(lo, hi):
         if j >= seen:
             mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
@@ -266,7 +268,7 @@ _LOADER = """(
              FILTER_FIRST),
         )"""
 
-#: Computing warpgroup {consumer} of two and its arguments.
+#: Computing warpgroup {consumer} of CONSUMERS and its arguments.
 _CONSUMER = """(
             _rows_partition,
             (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
@@ -310,10 +312,10 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 """
 
 
-def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches, consumers: int = CONSUMERS) -> str:
+def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches) -> str:
     """The kernel's source for the plan's filter rows and ``runs`` (a product per filter row and
     pixel of a run, an epilogue per pixel of a run) with the epilogue of ``stages`` in Gluon's names,
-    ``consumers`` computing warpgroups taking output rows in turn."""
+    CONSUMERS computing warpgroups taking output rows in turn."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r_taps = conv.w_desc.dims[2]
@@ -339,9 +341,9 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
         taps="\n".join(taps),
         pixels="\n".join(pixels),
         loader=_LOADER,
-        consumers=", ".join(_CONSUMER.format(consumer=c, **fields) for c in range(consumers)),
-        worker_warps="4, " * (consumers - 1),
-        worker_regs="CONSUMER_REGS, " * (consumers - 1),
+        consumers=", ".join(_CONSUMER.format(consumer=c, **fields) for c in range(CONSUMERS)),
+        worker_warps="4, " * (CONSUMERS - 1),
+        worker_regs="CONSUMER_REGS, " * (CONSUMERS - 1),
         **fields,
         **names,
     )
@@ -357,12 +359,6 @@ def copy_vector(runs: Stretches, itemsize: int, row: int, *strides: int) -> int:
         if n:
             vector = min(vector, n & -n)
     return vector
-
-
-def consumer_registers(consumers: int, load_warps: int) -> int:
-    """Registers of each computing warpgroup: what the loading warps' LOAD_REGS leave of the
-    multiprocessor's 64K, shared by ``consumers`` warpgroups (a multiple of 8, at most 232)."""
-    return min(CONSUMER_REGS, (65536 - load_warps * 32 * LOAD_REGS) // (consumers * 128) // 8 * 8)
 
 
 def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int) -> int:
@@ -522,7 +518,7 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
             bits,
             LOAD_WARPS,
             LOAD_REGS,
-            consumer_registers(CONSUMERS, LOAD_WARPS),
+            CONSUMER_REGS,
             CONSUMERS,
             tuning.GLUON_STEM_FILTER_FIRST,
             needs_int64(x, out, p) if idx64 is None else idx64,
