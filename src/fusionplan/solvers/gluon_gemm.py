@@ -31,7 +31,6 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
@@ -48,12 +47,13 @@ from fusionplan.solvers.gluon_window import (
     epilogue_mode,
     gluon_descriptor,
     gluon_dtype_why_not,
+    gluon_epilogue_tail,
     gluon_header_fields,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, epilogue_tail, triton_cdiv
+from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.triton_gemm import gemm_input_why_not
 
 Tensor = torch.Tensor
@@ -343,7 +343,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
         store = _PART_STORE.format(
             channels_in_out=_indented(channels["in_out"], 8), pixels_in_out=_indented(pixels["in_out"], 8)
         )
-        tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
+        tail = gluon_epilogue_tail(epi, store).rstrip("\n")
         tail = "\n".join(line[4:] for line in tail.split("\n"))  # _PART's own indentation
         part = _PART.format(
             acc=f"acc{i}",

@@ -40,7 +40,6 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
@@ -56,7 +55,9 @@ from fusionplan.solvers.gluon_gemm import CONSUMER_REGS, multiprocessors
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
+    gluon_channel_loads,
     gluon_descriptor,
+    gluon_epilogue_tail,
     gluon_header_fields,
     gluon_names,
     gluon_why_not,
@@ -64,7 +65,6 @@ from fusionplan.solvers.gluon_window import (
 )
 from fusionplan.solvers.triton_conv import (
     conv_plan_why_not,
-    epilogue_tail,
     triton_cdiv,
 )
 
@@ -298,7 +298,7 @@ pix = oh * OW + ow"""
 
 #: An output row's end, its products done: the chain in the accumulator's own layout, then the
 #: store (only the output changes layout).
-_ROW_END = """n_img = u // OH
+ROW_END = """n_img = u // OH
 oh = u % OH
 if IDX64:  # offsets of outputs past 2^31 elements
     n_img = n_img.to(gl.int64)
@@ -322,7 +322,7 @@ _EXCHANGE_ALLOC = """    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, 
         mbarrier.init(free.index(i), count=1)"""
 
 #: The store, after the output's layout change (the chain ran in the accumulator's layout).
-_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+ROW_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {coordinates_in_out}
     mask = m_mask[:, None] & n_mask[None, :]
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
@@ -356,14 +356,14 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         )
         for r in range(r_taps)
     ]
-    store = _STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
-    row_end = "\n".join([_ROW_END, _COORDINATES.format(layout="acc.type.layout")]).split("\n")
+    store = ROW_STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
+    tail = gluon_epilogue_tail(epi, store).rstrip("\n")
+    row_end = "\n".join([ROW_END, _COORDINATES.format(layout="acc.type.layout")]).split("\n")
     depth = 12 if halves else 8  # the row's end inside the owner's branch
     row_end = indent(row_end, depth) + "\n" + indent(tail.split("\n"), depth - 4)
     fields = gluon_header_fields(spec, stages, epi)
     exchange = "xchg, full, free, " if halves else ""
-    channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
+    channel_loads = gluon_channel_loads(epi)
     return _TEMPLATE.format(
         weight_loads="\n".join(weight_loads),
         channel_loads=channel_loads,

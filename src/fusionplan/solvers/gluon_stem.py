@@ -29,7 +29,6 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
@@ -41,10 +40,12 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
-from fusionplan.solvers.gluon_rows import BLOCK_N, row_run_grid
+from fusionplan.solvers.gluon_rows import BLOCK_N, ROW_END, ROW_STORE, row_run_grid
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
+    gluon_channel_loads,
     gluon_descriptor,
+    gluon_epilogue_tail,
     gluon_header_fields,
     gluon_names,
     gluon_why_not,
@@ -53,7 +54,6 @@ from fusionplan.solvers.gluon_window import (
 from fusionplan.solvers.triton_conv import (
     DescriptorConvKernel,
     conv_plan_why_not,
-    epilogue_tail,
     triton_cdiv,
 )
 from fusionplan.solvers.triton_stem import (
@@ -205,11 +205,7 @@ def _rows_partition(
             mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)
         seen = gl.maximum(seen, row0 + SPAN)
 {taps}
-        n_img = u // OH
-        oh = u % OH
-        if IDX64:  # offsets of outputs past 2^31 elements
-            n_img = n_img.to(gl.int64)
-        ohw = OH * OW
+{row_end}
 {pixels}
     # a warpgroup with no row left (or none at all) hands back the rest
     _hand_back(ready, empty, handed, _ring_row(end, start, end, OH, STR_H, SPAN), seen, NUM_SLOTS)
@@ -304,13 +300,6 @@ if IDX64:
     ch = ch.to(gl.int64)
 pix = oh * OW + ow"""
 
-#: The store, after the output's layout change (the chain ran in the accumulator's layout).
-_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
-{coordinates}
-    mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
-"""
-
 
 def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches) -> str:
     """The kernel's source for the plan's filter rows and ``runs`` (a product per filter row and
@@ -328,17 +317,20 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
     pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
     for p in range(px):
-        store = _STORE.format(coordinates=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4))
-        tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store)).rstrip("\n")
+        store = ROW_STORE.format(
+            coordinates_in_out=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4)
+        )
+        tail = gluon_epilogue_tail(epi, store).rstrip("\n")
         head = [f"# pixel {p} of each run", f"acc = acc{p}", *_COORDINATES.format(layout="acc_layout", p=p).split("\n")]
         pixels.append(indent(head, 8) + "\n" + indent(tail.split("\n"), 4))
     zeros = [f"        acc{p} = gl.zeros((RUNS, BLOCK_N), gl.float32, acc_layout)" for p in range(px)]
-    channel_loads = re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
+    channel_loads = gluon_channel_loads(epi)
     fields = gluon_header_fields(spec, stages, epi)
     return _TEMPLATE.format(
         channel_loads=channel_loads,
         zeros="\n".join(zeros),
         taps="\n".join(taps),
+        row_end=indent(ROW_END.split("\n"), 8),
         pixels="\n".join(pixels),
         loader=_LOADER,
         consumers=", ".join(_CONSUMER.format(consumer=c, **fields) for c in range(CONSUMERS)),

@@ -357,8 +357,19 @@ def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store:
         f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
         for where, layout in COORDINATE_LAYOUTS
     }
-    tail = re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"])))
+    tail = gluon_epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"]))
     return {"tail": tail, **coords, **gluon_header_fields(spec, stages, epi)}
+
+
+def gluon_epilogue_tail(epi, store: str) -> str:
+    """triton_conv's epilogue_tail of ``epi`` and ``store`` in Gluon's names."""
+    return re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
+
+
+def gluon_channel_loads(epi) -> str:
+    """The chain's per-channel loads before the tiles (emit_stages' hoist_channels) in Gluon's
+    names, at a partition's depth; ``pass`` where there are none."""
+    return re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
 
 
 def gluon_header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict:
