@@ -72,6 +72,8 @@ def test_ring_and_config():
     assert [c.num_stages for c in kernel.candidates] == [16, 14]
     assert kernel.narrower_config().num_stages == 14
     assert gluon_stem.stem_smem_bytes(7, runs, 16, 2) == (14 * 64 + 16 * 64) * 32 * 2
+    tiles = 2 * 2 * 64 * 64 * 2  # the output tiles of TMA stores: a warpgroup's, a pixel's
+    assert gluon_stem.stem_smem_bytes(7, runs, 16, 2, tma_store=True) == (14 * 64 + 16 * 64) * 32 * 2 + tiles
     assert gluon_stem.least_slots(7, 1) == 14 and gluon_stem.least_slots(3, 2) == 10
 
 
@@ -93,11 +95,14 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     """Both computing warpgroups issue a wgmma per filter row, pixel of a run and 16-element slice of
     the stretch (2 x 7 x 2 x 2), both operands from shared memory; the loading warpgroup gathers an
     input row's tile with four 8-byte asynchronous copies a thread and one arrival on the row's
-    barrier; 14 tensor loads of the filter; no spills, within sm_90's shared memory."""
+    barrier; 14 tensor loads of the filter; the output tiles stored by TMA; no spills, within
+    sm_90's shared memory."""
     info = compile_sm90(layer_build("r50_00", dtype), "gluon-stem")
     assert info["HGMMA"] == 56 and info["HGMMA shapes"] == ["64x64x16"]
     assert info["async copies by bytes"].get("8") == 4
     assert info["tensor loads (UTMALDG)"] == 14
+    # the output tiles by TMA: a store per warpgroup and pixel of a run, no pointer stores
+    assert info["tensor stores (UTMASTG)"] == 4 and not info["global stores by bytes"]
     assert "mbarrier_arrive(ready.index(slot), increment_count=False)" in info["source"]
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert "LOCAL:0" in info["resources"]
@@ -133,3 +138,34 @@ def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels):
     info = compile_sm90(build, "gluon-stem")
     assert f"acc{pixels - 1} = gl.zeros" in info["source"] and f"acc{pixels} = gl.zeros" not in info["source"]
     assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"]
+
+
+@pytest.mark.parametrize(
+    "strides, ow, pixels, fits",
+    [
+        ((112 * 112 * 64, 1, 112 * 64, 64), 112, 2, True),  # NHWC, 64 channels
+        ((112 * 112 * 64, 112 * 112, 112, 1), 112, 2, False),  # NCHW: the channels not contiguous
+        ((26 * 26 * 17, 1, 26 * 17, 17), 26, 2, False),  # 17 channels: pixels 34 bytes apart
+        ((30 * 31 * 64, 1, 31 * 64, 64), 31, 2, False),  # a row of 31 pixels: half a run at its end
+        ((32 * 32 * 72 + 8, 1, 32 * 72, 72), 32, 4, True),  # images 16 bytes apart beyond their extent
+        ((32 * 32 * 72 + 4, 1, 32 * 72, 72), 32, 4, False),  # ... 8 bytes: not a TMA stride
+    ],
+)
+def test_tma_store_strides(strides, ow, pixels, fits):
+    assert gluon_stem.tma_store_strides_fit(strides, ow, pixels, 2) is fits
+
+
+def test_tma_store_by_plan(monkeypatch):
+    """The stem's channels-last output takes TMA stores unless switched off; 17 output channels
+    (34-byte pixels) and outputs that the tiles' shared memory would not fit store by pointer."""
+    from fusionplan import tuning
+
+    kernel = solver_named("gluon-stem").build(stem().spec(), fp.Handle("cpu"))
+    assert gluon_stem.plan_tma_store(stem().spec(), kernel.runs)
+    assert not gluon_stem.plan_tma_store(conv_plan(k=17).spec(), kernel.runs)
+    monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 140 * 1024)  # 16 slots fit, 14 and the tiles do not
+    assert not gluon_stem.plan_tma_store(stem().spec(), kernel.runs)
+    assert solver_named("gluon-stem").build(stem().spec(), fp.Handle("cpu")).config.num_stages == 16
+    monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 192 * 1024)
+    monkeypatch.setattr(tuning, "GLUON_STEM_TMA_STORE", False)
+    assert not gluon_stem.plan_tma_store(stem().spec(), kernel.runs)

@@ -462,7 +462,8 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
 #: stride-1 filter (runs of more pixels), dilation 2, uneven padding, a 1x7 filter, stride 3, rows
 #: of a single run, fewer output rows than programs (one image of 5 rows) and runs of output rows
 #: that cross images and wrap around the ring (long-runs: 90 images of 4 rows; 12 images of 56),
-#: runs of one pixel (C = 2) and of four (C = 1, 16-byte copies).
+#: runs of one pixel (C = 2) and of four (C = 1, 16-byte copies; C = 2 with TMA stores of the
+#: channels-last output, like every case whose rows are whole runs of 16-byte aligned pixels).
 GLUON_STEM_CASES = {
     "r50_00-like": (3, 3, 224, 224, 64, 7, 7, (3, 3), (2, 2), 1),
     "C3-K17": (2, 3, 40, 52, 17, 7, 7, (3, 3), (2, 2), 1),
@@ -477,6 +478,7 @@ GLUON_STEM_CASES = {
     "long-runs-112": (12, 3, 112, 112, 64, 7, 7, (3, 3), (2, 2), 1),
     "C2-one-pixel-runs": (2, 2, 20, 40, 24, 7, 7, (0, 0), (2, 2), 1),
     "C1-four-pixel-runs": (2, 1, 20, 64, 32, 3, 3, (0, 0), (2, 2), 1),
+    "C2-four-pixel-runs": (2, 2, 20, 32, 64, 3, 3, (1, 1), (1, 1), 1),
 }
 
 

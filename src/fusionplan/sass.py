@@ -122,6 +122,7 @@ def summarize(compiled) -> dict:
         "wgmma waits (outstanding groups allowed)": waits,
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
+        "tensor stores (UTMASTG)": sass.count("UTMASTG"),
         "async copies (LDGSTS)": sass.count("LDGSTS"),
         "async copies by bytes": access_widths(sass, "LDGSTS"),
         "global stores by bytes": access_widths(sass, "STG"),

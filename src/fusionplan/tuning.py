@@ -329,6 +329,9 @@ GLUON_STEM_SMEM_BYTES = 192 * 1024
 #: load overlaps that kernel's end under programmatic dependent launch), else by the loading
 #: partition.
 GLUON_STEM_FILTER_FIRST = True
+#: gluon-stem: each pixel's output tile stored by TMA from shared memory (channels-last output of
+#: 16-byte aligned strides, rows of whole runs) instead of by pointer after a layout change.
+GLUON_STEM_TMA_STORE = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

@@ -17,7 +17,10 @@ program takes a run of output rows (its share of N x OH, image by image) and
 - two computing warpgroups take the run's output rows in turn: output row oh is, for each pixel
   p of a run, the sum over the filter rows r of the tile of input row oh * stride + r * dil_h -
   pad_h times Toeplitz block (r, p): a [RUNS, BLOCK_N] accumulator per p, pixel q * PX + p of the
-  row in its row q. Then the chain and the stores, while the other warpgroup's products run.
+  row in its row q. Then the chain and the stores, while the other warpgroup's products run:
+  each pixel's [runs, channels] tile written to shared memory and stored by TMA where the output
+  is channels-last with 16-byte aligned strides and rows of whole runs (the ResNet stem, fp16:
+  33.3 us against 34.1 by pointer after a layout change, which other outputs take).
 
 A ring slot goes back to the loader once each computing warpgroup has passed the last of its
 output rows that read it (a warpgroup hands back, after each of its rows, every slot before the
@@ -71,7 +74,8 @@ RUNS = 64
 #: Pixels of a run at most: each its [RUNS, BLOCK_N] fp32 accumulator, 32 registers a thread.
 MAX_PIXELS = 4
 #: Computing warpgroups taking output rows in turn (CONSUMER_REGS registers each): three (160
-#: registers each) measured 41.7-42.3 us on the ResNet stem against two's 37.1-37.4 (H100, fp16).
+#: registers each) measured 41.7-42.3 us on the ResNet stem against two's 37.1-37.4 (H100, fp16);
+#: two partitions of 8 warps (each warpgroup half the channels: 64x32 products) 41.5 against 33.2.
 CONSUMERS = 2
 #: Warps of the loading partition: four 8-byte copies a thread for a [64, 32] tile of 16-bit data
 #: (one warp, sixteen a thread: 37.4 us against 37.1 on the ResNet stem).
@@ -173,12 +177,12 @@ def _load_partition(
 
 @gluon.jit
 def _rows_partition(
-    x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, start, end,
+    x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end,
     {stage_params}
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
     R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, TMA_STORE: gl.constexpr,
     {stage_flags}
 ):
     # [runs, channels] accumulators, one per pixel of a run
@@ -187,6 +191,8 @@ def _rows_partition(
     )
     # the stores' layout: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    # TMA stores: a pixel's [runs, channels] tile as the product reads a tile of shared memory
+    y_flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
     k0 = gl.program_id(1) * BLOCK_N
     # the chain's per-channel parameters: constants of the program's channels, loaded once
     ch_v = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
@@ -209,11 +215,13 @@ def _rows_partition(
 {pixels}
     # a warpgroup with no row left (or none at all) hands back the rest
     _hand_back(ready, empty, handed, _ring_row(end, start, end, OH, STR_H, SPAN), seen, NUM_SLOTS)
+    if TMA_STORE:
+        tma.store_wait(0)  # the buffers stay allocated until the last stores have read them
 
 
 @gluon.jit
 def gluon_stem_kernel(
-    x_ptr, w_desc, y_ptr, prior_ptr,
+    x_ptr, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
     N, K, H, OH, OW, KP, ROW_VECS, sxn_vecs, sxh_vecs,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -222,7 +230,7 @@ def gluon_stem_kernel(
     RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr,
-    FILTER_FIRST: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    FILTER_FIRST: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, TMA_STORE: gl.constexpr,
     {stage_flags}
 ):
     # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E]; w_bufs: the Toeplitz blocks [BLOCK_N,
@@ -231,6 +239,12 @@ def gluon_stem_kernel(
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_SLOTS, RUNS, BLOCK_E], tile)
     w_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [R * PX, BLOCK_N, BLOCK_E], tile)
+    # TMA stores: a tile per computing warpgroup and pixel of a run, y_desc's boxes [1, 1, RUNS, 1,
+    # BLOCK_N] of the output seen as [N, OH, OW / PX, PX, K] (a token tile where stores are by pointer)
+    y_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=5)
+    y_tiles: gl.constexpr = CONSUMERS * PX if TMA_STORE else 1
+    y_rows: gl.constexpr = RUNS if TMA_STORE else 8
+    y_bufs = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [y_tiles, 1, 1, y_rows, 1, BLOCK_N], y_box)
     w_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
@@ -267,10 +281,10 @@ _LOADER = """(
 #: Computing warpgroup {consumer} of CONSUMERS and its arguments.
 _CONSUMER = """(
             _rows_partition,
-            (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, start, end, {stage_args}
+            (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
              R, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
-             {flag_args}),
+             TMA_STORE, {flag_args}),
         )"""
 
 #: One filter row's products (every input row of the window waited for, then one proxy fence: the
@@ -288,6 +302,21 @@ _WAIT = """        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])
 _HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN)
         handed = _hand_back(ready, empty, handed, following, seen, NUM_SLOTS)
         seen = gl.maximum(seen, following)"""
+
+#: Pixel {p}'s tile by TMA: written to shared memory (the warpgroup's previous row's stores have
+#: read the buffers first), the row's last pixel's then fences every thread's writes for the async
+#: proxy once and stores the row's tiles (``copies``); else by pointer (``pointer_store``).
+_STORE = """    if TMA_STORE:
+{wait}        y_tile = y_bufs.index(CONSUMER * PX + {p})
+        y_tile.{reinterpret}(y_ptr.dtype.element_ty, [RUNS, BLOCK_N], y_flat).store(h.to(y_ptr.dtype.element_ty))
+{copies}    else:
+{pointer_store}"""
+_STORE_WAIT = """        tma.store_wait(0)
+"""
+_STORE_FENCE = """        fence_async_shared()
+"""
+_STORE_COPY = """        {tma_store}(y_desc, [u // OH, oh, 0, {p}, k0], y_bufs.index(CONSUMER * PX + {p}))
+"""
 
 #: Pixel {p} of each run of the output row, in ``{layout}``: its column, the channels.
 _COORDINATES = """q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))
@@ -317,8 +346,16 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
     pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
     for p in range(px):
-        store = ROW_STORE.format(
+        pointer_store = ROW_STORE.format(
             coordinates_in_out=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4)
+        ).rstrip("\n")
+        copies = [_STORE_COPY.format(p=i, tma_store=names["tma_store"]) for i in range(px)]
+        store = _STORE.format(
+            p=p,
+            wait=_STORE_WAIT if p == 0 else "",
+            copies="".join([_STORE_FENCE, *copies]) if p == px - 1 else "",
+            pointer_store=indent(pointer_store.split("\n"), 4),
+            reinterpret=names["reinterpret"],
         )
         tail = gluon_epilogue_tail(epi, store).rstrip("\n")
         head = [f"# pixel {p} of each run", f"acc = acc{p}", *_COORDINATES.format(layout="acc_layout", p=p).split("\n")]
@@ -353,9 +390,34 @@ def copy_vector(runs: Stretches, itemsize: int, row: int, *strides: int) -> int:
     return vector
 
 
-def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int) -> int:
-    """Shared memory of the filter's Toeplitz blocks and of ``slots`` input-row tiles."""
-    return (r * runs.pixels * BLOCK_N + slots * RUNS) * runs.block_e * itemsize
+def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_store: bool = False) -> int:
+    """Shared memory of the filter's Toeplitz blocks and of ``slots`` input-row tiles (and, with
+    ``tma_store``, of the output tiles: one per computing warpgroup and pixel of a run)."""
+    tiles = CONSUMERS * runs.pixels * RUNS * BLOCK_N if tma_store else 0
+    return (r * runs.pixels * BLOCK_N + slots * RUNS) * runs.block_e * itemsize + tiles * itemsize
+
+
+def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsize: int) -> bool:
+    """Whether output strides (syn, syc, syh, syw) let TMA store the tiles: the output seen as [N,
+    OH, OW / PX, PX, K] needs contiguous channels, strides of whole 16-byte units, whole runs."""
+    syn, syc, syh, syw = strides
+    return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
+
+
+def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
+    """Whether the plan's output takes TMA stores (tuning.GLUON_STEM_TMA_STORE, its strides, the
+    output tiles beside the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    out = spec.output_desc
+    itemsize = spec.dtype.torch_dtype.itemsize
+    if not tuning.GLUON_STEM_TMA_STORE or out.dtype != spec.dtype:
+        return False
+    if not tma_store_strides_fit(out.strides, out.dims[3], runs.pixels, itemsize):
+        return False
+    r = conv.w_desc.dims[2]
+    least = least_slots(r, conv.conv.dilations[0])
+    return stem_smem_bytes(r, runs, least, itemsize, True) <= tuning.GLUON_STEM_SMEM_BYTES
 
 
 def least_slots(r: int, dil_h: int) -> int:
@@ -429,12 +491,14 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         """Runs of an output row, 64 output channels, the stretch, the ring that
         tuning.GLUON_STEM_SLOTS asks for (at least the shallowest that cannot stall, at most what
-        the shared memory holds)."""
+        the shared memory holds beside the filter and, where stores are by TMA, the output tiles)."""
         r = self.conv.w_desc.dims[2]
         itemsize = self.spec.dtype.torch_dtype.itemsize
         slots = max(tuning.GLUON_STEM_SLOTS, self._least_slots())
         least = self._least_slots()
-        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize) > tuning.GLUON_STEM_SMEM_BYTES:
+        tma_store = plan_tma_store(self.spec, self.runs)
+        limit = tuning.GLUON_STEM_SMEM_BYTES
+        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize, tma_store) > limit:
             slots -= 1
         return tuning.ConvConfig(RUNS, BLOCK_N, self.runs.block_e, 1, 4, slots, 1, 2)
 
@@ -493,6 +557,12 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         w_desc = gluon_descriptor(packed, [depth, runs.block_e], [runs.block_e, 1], box, swizzle, bits)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         sxn, _, sxh, _ = strides[:4]
+        tma_store = (
+            plan_tma_store(self.spec, runs)
+            and tma_store_strides_fit(strides[4:8], ow, runs.pixels, itemsize)
+            and out.data_ptr() % 16 == 0
+        )
+        y_desc = self._output_descriptor(out, strides[4:8], bits) if tma_store else w_desc  # a token where unused
         vector = copy_vector(runs, itemsize, w * c, sxn, sxh)
         consts = (
             r,
@@ -515,11 +585,25 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
             tuning.GLUON_STEM_FILTER_FIRST,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
+            tma_store,
             *flags.values(),
         )
         geometry = (n, self.k, h, oh, ow, kp, w * c // vector, sxn // vector, sxh // vector)
-        args = [x, w_desc, out, p, *values, *geometry, *strides[4:], pad_h, dil_h, *consts]
+        args = [x, w_desc, out, p, y_desc, *values, *geometry, *strides[4:], pad_h, dil_h, *consts]
         return self._grid(), cfg, args
+
+    def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], bits: int):
+        """The output seen as [N, OH, OW / PX, PX, K] (pixel p of run q at [n, oh, q, p]), boxes of
+        one pixel of every run of a row and BLOCK_N channels."""
+        syn, _, syh, syw = strides
+        oh, ow = self.out_hw
+        px = self.runs.pixels
+        shape = [self.spec.input_desc.dims[0], oh, ow // px, px, self.k]
+        return gluon_descriptor(out, shape, [syn, syh, px * syw, syw, 1], [1, 1, RUNS, 1, BLOCK_N], 128, bits)
+
+    def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
+        """The input, the output's pointer and, where tiles are stored by TMA, its descriptor, the prior."""
+        return (0, (2, 4) if args[4].base is args[2] else 2, 3)
 
 
 class GluonStemSolver(Solver):

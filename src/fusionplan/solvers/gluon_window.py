@@ -202,12 +202,13 @@ LOAD_REGS = 40
 
 
 def gluon_names() -> dict[str, str]:
-    """Names that differ between Triton versions, for the generated source: the TMA load and the
-    pointer-based asynchronous copy (Triton 3.6: ``async_copy_global_to_shared``; later:
-    ``async_load``) and the shared-memory view change
-    (3.6: ``_reinterpret``; later: ``reinterpret``) and the barrier of a partition's warps (3.6:
-    ``gl.thread_barrier``; later: ``gl.barrier``); and triton_conv's GRID_DEPENDENCY in Gluon's names,
-    which every Gluon template holds (after its barriers are set up)."""
+    """Names that differ between Triton versions, for the generated source: the TMA load and store
+    (3.6: ``async_copy_global_to_shared``, ``async_copy_shared_to_global``; later: ``async_load``,
+    ``async_store``), the pointer-based asynchronous copy (3.6: ``async_copy_global_to_shared``;
+    later: ``async_load``), the shared-memory view change (3.6: ``_reinterpret``; later:
+    ``reinterpret``) and the barrier of a partition's warps (3.6: ``gl.thread_barrier``; later:
+    ``gl.barrier``); and triton_conv's GRID_DEPENDENCY in Gluon's names, which every Gluon
+    template holds (after its barriers are set up)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language import _core
     from triton.experimental.gluon.language.nvidia.ampere import async_copy
@@ -215,6 +216,7 @@ def gluon_names() -> dict[str, str]:
 
     return {
         "tma_load": "tma.async_load" if hasattr(tma, "async_load") else "tma.async_copy_global_to_shared",
+        "tma_store": "tma.async_store" if hasattr(tma, "async_store") else "tma.async_copy_shared_to_global",
         "async_copy": (
             "async_copy.async_load" if hasattr(async_copy, "async_load") else "async_copy.async_copy_global_to_shared"
         ),
