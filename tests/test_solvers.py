@@ -216,3 +216,29 @@ def test_descriptor_kernels_find_among_steps_a_tensor_box_can_read(solver, monke
         kernel = solver_named(solver).build(plan.spec(), fp.Handle("cpu"))
         found = kernel.find_candidates()
         assert found and max(c.block_k for c in found) == most
+
+
+@pytest.mark.parametrize("alpha, unit", [(1.0, True), (1, True), (0.5, False), (-1.0, False)])
+def test_unit_activation_alpha_is_a_specialization(alpha, unit, monkeypatch):
+    """An activation whose output scale alpha is 1 compiles without the multiply (UNIT_AL, a
+    constexpr flag beside HAS_Q that never counts as reading the prior); other alphas, or the
+    switch off, multiply. The result either way: test_alpha_beta_blend_prior_output."""
+    from fusionplan import tuning
+    from fusionplan.solvers import solver_named
+    from fusionplan.solvers.triton_conv import reads_prior, stage_arguments
+    from fusionplan.testing import random_record
+
+    x = make_input((2, 4, 6, 5), torch.float32, "NCHW")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1), k=4, r=3, s=3)
+    kernel = solver_named("triton-conv").build(plan.spec(), fp.Handle("cpu"))
+    assert "if not UNIT_AL1:" in kernel.source() and "UNIT_AL1: tl.constexpr" in kernel.source()
+    records = [random_record(op) for op in plan.ops]
+    records[-1] = random_record(plan.ops[-1], alpha=alpha)
+    _, flags = stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))
+    assert list(flags) == ["HAS_Q0", "HAS_Q1", "UNIT_AL1"] and flags["UNIT_AL1"] is unit
+    assert not reads_prior(flags)
+    monkeypatch.setattr(tuning, "EPILOGUE_UNIT_ALPHA", False)
+    _, flags = stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))
+    assert flags["UNIT_AL1"] is False
+    records[-1] = random_record(plan.ops[-1], alpha=alpha, beta=0.5)
+    assert reads_prior(stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))[1])

@@ -104,11 +104,13 @@ def emit_stages(
             op = ops[stage.op]
             assert isinstance(op, ActivationForwardOp)
             params += [f"a{i}", f"b{i}", f"g{i}", f"al{i}", f"be{i}"]
+            flags.append(f"UNIT_AL{i}")
             expr = ACTIVATION_CODE[op.mode].format(x="h", a=f"a{i}", b=f"b{i}", g=f"g{i}")
             body += [
                 f"# stage {i}: operator {stage.op}, activation {op.mode.name}",
                 f"h = {expr}",
-                f"h = h * al{i}",
+                f"if not UNIT_AL{i}:  # the output's scale alpha, 1 in most plans (a multiply per element less)",
+                f"    h = h * al{i}",
                 f"if HAS_Q{i}:",
                 f"    h = h + be{i} * p",
             ]

@@ -296,6 +296,12 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 #: 12.5 -> 11.2 us, r50_19 11.7 -> 10.6), NCHW 1.023x; within 0.4 us slower on the 7x7 windows.
 GRID_DEPENDENCY = True
 
+#: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
+#: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test); off,
+#: every kernel multiplies by it. Measured first on the ResNet stem, whose epilogue is latency-bound
+#: (gluon-stem, fp16, the multiply removed from the source: 32.15 -> 31.05 us, H100).
+EPILOGUE_UNIT_ALPHA = True
+
 #: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
 #: their 64 output channels in registers, for convolutions of few input channels (r50_02: C = K =
 #: 64, 3x3 on 56x56). GLUON_ROWS_FILTER_REGS: the most registers a computing thread spends on the

@@ -323,7 +323,9 @@ def shares_memory(a: Tensor, b: Tensor) -> bool:
 def stage_arguments(
     stages: Sequence[Stage], records: Sequence[OpArgs], channels: int, spatial: tuple[int, int], device: torch.device
 ) -> tuple[list, dict[str, bool]]:
-    """Kernel arguments of the epilogue stages for one argument set (fp32 coefficient vectors)."""
+    """Kernel arguments of the epilogue stages for one argument set (fp32 coefficient vectors), and
+    the constexpr flags of emit_stages in its order: per stage whether it reads the prior output
+    (``HAS_Q``), per activation whether its output scale alpha is 1 (``UNIT_AL``)."""
     values: list = []
     flags: dict[str, bool] = {}
     for i, stage in enumerate(stages):
@@ -333,15 +335,21 @@ def stage_arguments(
             scale, shift = _vector(a.scale, shape, device), _vector(a.shift, shape, device)
             has_q = not (isinstance(a.prior_coef, float) and a.prior_coef == 0.0)
             values += [scale, shift, _vector(a.prior_coef, shape, device) if has_q else scale]
+            flags[f"HAS_Q{i}"] = has_q
         else:
             assert isinstance(stage, ActStage)
             rec = records[stage.op]
             assert isinstance(rec, ActivationArgs)
-            scalars = (rec.activ_alpha, rec.activ_beta, rec.activ_gamma, rec.alpha, rec.beta)
-            values += [float(v) for v in scalars]  # one compiled kernel whatever numeric types were given
-            has_q = rec.beta != 0
-        flags[f"HAS_Q{i}"] = has_q
+            scalars = [float(v) for v in (rec.activ_alpha, rec.activ_beta, rec.activ_gamma, rec.alpha, rec.beta)]
+            values += scalars  # one compiled kernel whatever numeric types were given
+            flags[f"HAS_Q{i}"] = scalars[4] != 0
+            flags[f"UNIT_AL{i}"] = tuning.EPILOGUE_UNIT_ALPHA and scalars[3] == 1.0
     return values, flags
+
+
+def reads_prior(flags: dict[str, bool]) -> bool:
+    """Whether a stage with these flags (stage_arguments') reads the prior output."""
+    return any(on for name, on in flags.items() if name.startswith("HAS_Q"))
 
 
 def stand_in_stage_arguments(
@@ -356,9 +364,11 @@ def stand_in_stage_arguments(
             n = channels * (spatial[0] * spatial[1] if stage.per_element else 1)
             vector = torch.empty(n, dtype=torch.float32, device=device)
             values += [vector, vector, vector]
+            flags[f"HAS_Q{i}"] = False
         else:
             values += [1.0, 0.0, 1.0, 1.0, 0.0]
-        flags[f"HAS_Q{i}"] = False
+            flags[f"HAS_Q{i}"] = False
+            flags[f"UNIT_AL{i}"] = tuning.EPILOGUE_UNIT_ALPHA
     return values, flags
 
 
@@ -536,7 +546,7 @@ class TritonConvKernel(Repeating, Kernel):
         """``run`` with the configuration ``cfg``; a Repeat of the launch is kept."""
         packed, values, flags = self._derived.get(records, lambda recs: self._derive(recs, x.device))
         out = torch.empty_like(y) if shares_memory(x, y) else y  # a convolution cannot run in place
-        has_prior = prior is not None and any(flags.values())
+        has_prior = prior is not None and reads_prior(flags)
         p = prior if has_prior else out
         grid, key, args = self._launch_args(cfg, x, packed, out, p, values, flags, has_prior)
         kernel = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
@@ -617,7 +627,7 @@ class TritonConvKernel(Repeating, Kernel):
         with beta in every operator, reading a prior output), on stand-in tensors, so that the
         first execute finds it compiled."""
         values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device)
-        flags = dict.fromkeys(flags, with_prior)
+        flags = {name: with_prior if name.startswith("HAS_Q") else on for name, on in flags.items()}
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         strides = (*in_desc.strides, *out_desc.strides, *out_desc.strides)

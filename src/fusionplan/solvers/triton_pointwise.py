@@ -19,7 +19,7 @@ from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
 from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import device_why_not, shares_memory, stage_arguments, triton_cdiv
+from fusionplan.solvers.triton_conv import device_why_not, reads_prior, shares_memory, stage_arguments, triton_cdiv
 
 Tensor = torch.Tensor
 
@@ -112,7 +112,7 @@ class TritonPointwiseKernel(Repeating, Kernel):
         # In place is safe when x and y are the same elements (each is read, then written, by one program).
         aliased = shares_memory(x, y) and (x.data_ptr() != y.data_ptr() or x.stride() != y.stride())
         out = torch.empty_like(y) if aliased else y
-        has_prior = prior is not None and any(flags.values())
+        has_prior = prior is not None and reads_prior(flags)
         p = prior if has_prior else out
         cfg = self.config
         num_pb = triton_cdiv(h * w, cfg.block_p)
