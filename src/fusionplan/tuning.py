@@ -297,9 +297,11 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 GRID_DEPENDENCY = True
 
 #: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
-#: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test); off,
-#: every kernel multiplies by it. Measured first on the ResNet stem, whose epilogue is latency-bound
-#: (gluon-stem, fp16, the multiply removed from the source: 32.15 -> 31.05 us, H100).
+#: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
+#: ahead builds the unit one, another alpha compiles at its first execute); off, every kernel
+#: multiplies by it. H100, fp16 NHWC CBNA, batch 32, every layer (`--tuning EPILOGUE_UNIT_ALPHA=0,1`,
+#: bench/results/2026-11-23-h100-stem-tma-30/): 1.1199 -> 1.1245x cuDNN, the stem (whose epilogue
+#: is latency-bound) 32.13 -> 31.13 us, r50_22 19.68 -> 19.47; the other layers within 1 %.
 EPILOGUE_UNIT_ALPHA = True
 
 #: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
