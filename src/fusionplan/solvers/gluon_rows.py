@@ -249,11 +249,7 @@ def gluon_rows_kernel(
 {exchange_alloc}
     fence_async_shared()
 {grid_dependency}
-    # the program's run of output rows: its share of the N * OH rows, in order
-    # (in 64 bits: the product of a program's index and the rows may pass 2^31)
-    units = N * OH
-    start = ((gl.program_id(0).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
-    end = (((gl.program_id(0) + 1).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
+{row_run}
     gl.warp_specialize(
         [{consumer_0}, {consumer_1}, {loader}],
         [4, 1],
@@ -286,15 +282,26 @@ _PRODUCT = """        box = x_bufs.index(((j % NUM_SLOTS) * S + {s}) * CH + {hal
         box = box.{reinterpret}(x_bufs.dtype, [PIX, BLOCK_C], flat)
         acc = warpgroup_mma(w{t}, box.permute((1, 0)), acc, is_async=True)"""
 
-#: The output row's pixels and channels in ``{layout}`` (n_img and oh: the row's image and row).
-_COORDINATES = """ow = gl.arange(0, PIX, layout=gl.SliceLayout(1, {layout}))
-offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
+#: The program's run of output rows (row_run_grid's programs), in a Gluon template's kernel body
+#: after its barriers: its share of the N * OH rows, image by image.
+ROW_RUN = """    # the program's run of output rows: its share of the N * OH rows, in order
+    # (in 64 bits: the product of a program's index and the rows may pass 2^31)
+    units = N * OH
+    start = ((gl.program_id(0).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
+    end = (((gl.program_id(0) + 1).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)"""
+
+#: An output row's channels, their masks and its pixels' index in their image, in ``{layout}``
+#: (after ``ow``, the pixels' columns; n_img and oh: the row's image and row).
+ROW_CHANNELS = """offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
 m_mask = ow < OW
 n_mask = offs_n < K
 ch = offs_n
 if IDX64:
     ch = ch.to(gl.int64)
 pix = oh * OW + ow"""
+
+#: The output row's pixels and channels in ``{layout}``.
+_COORDINATES = "ow = gl.arange(0, PIX, layout=gl.SliceLayout(1, {layout}))\n" + ROW_CHANNELS
 
 #: An output row's end, its products done: the chain in the accumulator's own layout, then the
 #: store (only the output changes layout).
@@ -371,6 +378,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         rows="start, end" if halves else "start + CONSUMER, end, 2",
         row_end=_HALVES_ROW_END.format(row_end=row_end) if halves else row_end,
         exchange_alloc=_EXCHANGE_ALLOC if halves else "",
+        row_run=ROW_RUN,
         exchange_params=exchange,
         loader=_LOADER,
         consumer_0=_CONSUMER.format(consumer=0, exchange_args=exchange, **fields),

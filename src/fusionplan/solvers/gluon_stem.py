@@ -43,7 +43,7 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
-from fusionplan.solvers.gluon_rows import BLOCK_N, ROW_END, ROW_STORE, row_run_grid
+from fusionplan.solvers.gluon_rows import BLOCK_N, ROW_CHANNELS, ROW_END, ROW_RUN, ROW_STORE, row_run_grid
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     gluon_channel_loads,
@@ -258,11 +258,7 @@ def gluon_stem_kernel(
         # still run writes them (the packed weights are written by plain stream-ordered copies)
         _load_filter(w_desc, w_bufs, w_ready, KP, R * PX)
 {grid_dependency}
-    # the program's run of output rows: its share of the N * OH rows, in order
-    # (in 64 bits: the product of a program's index and the rows may pass 2^31)
-    units = N * OH
-    start = ((gl.program_id(0).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
-    end = (((gl.program_id(0) + 1).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
+{row_run}
     gl.warp_specialize(
         [{consumers}, {loader}],
         [{worker_warps}LOAD_WARPS],
@@ -319,15 +315,7 @@ _STORE_COPY = """        {tma_store}(y_desc, [u // OH, oh, 0, {p}, k0], y_bufs.i
 """
 
 #: Pixel {p} of each run of the output row, in ``{layout}``: its column, the channels.
-_COORDINATES = """q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))
-ow = q * PX + {p}
-offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
-m_mask = ow < OW
-n_mask = offs_n < K
-ch = offs_n
-if IDX64:
-    ch = ch.to(gl.int64)
-pix = oh * OW + ow"""
+_COORDINATES = "q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))\now = q * PX + {p}\n" + ROW_CHANNELS
 
 
 def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches) -> str:
@@ -373,6 +361,7 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
         consumers=", ".join(_CONSUMER.format(consumer=c, **fields) for c in range(CONSUMERS)),
         worker_warps="4, " * (CONSUMERS - 1),
         worker_regs="CONSUMER_REGS, " * (CONSUMERS - 1),
+        row_run=ROW_RUN,
         **fields,
         **names,
     )
