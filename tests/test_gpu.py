@@ -50,6 +50,21 @@ def seeded_alpha_beta_args(plan, seed) -> fp.OperatorArgs:
     return args
 
 
+def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out_layout):
+    """``solver`` forced on a convolution of ``dims`` input (NHWC) and ``chain`` (ELU activation)
+    against the float64 reference, the output NaN-filled in ``out_layout``; then with random alpha
+    and beta (seeded by ``case``) over a prior output."""
+    dtype = PRECISIONS[precision][0]
+    x = input_tensor(dims, dtype, "NHWC")
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
+    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == solver)
+    assert verdict.applicable, str(verdict)
+    run_and_check(plan, precision, x, out_layout, solver=solver)
+    args = seeded_alpha_beta_args(plan, case)
+    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
+    run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver=solver)
+
+
 def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None, solver=None):
     dtype, tf32, tol, eps = PRECISIONS[precision]
     handle = fp.Handle("cuda", allow_tf32=tf32)
@@ -445,16 +460,8 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
     """gluon-rows forced on each case against the float64 reference, the output NaN-filled in
     either layout; then with random alpha and beta over a prior output."""
     n, c, h, w, k, r, s, pads, dil = GLUON_ROWS_CASES[case]
-    dtype = PRECISIONS[precision][0]
-    x = input_tensor((n, c, h, w), dtype, "NHWC")
     conv = fp.ConvolutionDescriptor(pads, (1, 1), (dil, dil))
-    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
-    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-rows")
-    assert verdict.applicable, str(verdict)
-    run_and_check(plan, precision, x, out_layout, solver="gluon-rows")
-    args = seeded_alpha_beta_args(plan, case)
-    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
-    run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-rows")
+    check_forced_solver("gluon-rows", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout)
 
 
 #: (n, c, h, w, k, r, s, pads, strides, dilation) for gluon-stem: ResNet-50's stem on few images;
@@ -489,16 +496,8 @@ def test_gluon_stem_cases(case, precision, chain, out_layout):
     """gluon-stem forced on each case against the float64 reference, the output NaN-filled in
     either layout; then with random alpha and beta over a prior output."""
     n, c, h, w, k, r, s, pads, strides, dil = GLUON_STEM_CASES[case]
-    dtype = PRECISIONS[precision][0]
-    x = input_tensor((n, c, h, w), dtype, "NHWC")
     conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
-    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
-    verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == "gluon-stem")
-    assert verdict.applicable, str(verdict)
-    run_and_check(plan, precision, x, out_layout, solver="gluon-stem")
-    args = seeded_alpha_beta_args(plan, case)
-    prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
-    run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver="gluon-stem")
+    check_forced_solver("gluon-stem", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout)
 
 
 #: (n, c, h, w, k, stride) of 1x1 convolutions: rows that no tile divides, C not a multiple of the

@@ -353,10 +353,11 @@ def reads_prior(flags: dict[str, bool]) -> bool:
 
 
 def stand_in_stage_arguments(
-    stages: Sequence[Stage], channels: int, spatial: tuple[int, int], device: torch.device
+    stages: Sequence[Stage], channels: int, spatial: tuple[int, int], device: torch.device, with_prior: bool = False
 ) -> tuple[list, dict[str, bool]]:
-    """Arguments shaped like ``stage_arguments``' for arguments without beta, with no values
-    computed: compiling ahead needs their types and alignment only."""
+    """Arguments shaped like ``stage_arguments``' for arguments with alpha 1 and, unless
+    ``with_prior``, without beta, with no values computed: compiling ahead needs their types,
+    alignment and flags only."""
     values: list = []
     flags: dict[str, bool] = {}
     for i, stage in enumerate(stages):
@@ -364,10 +365,10 @@ def stand_in_stage_arguments(
             n = channels * (spatial[0] * spatial[1] if stage.per_element else 1)
             vector = torch.empty(n, dtype=torch.float32, device=device)
             values += [vector, vector, vector]
-            flags[f"HAS_Q{i}"] = False
+            flags[f"HAS_Q{i}"] = with_prior
         else:
             values += [1.0, 0.0, 1.0, 1.0, 0.0]
-            flags[f"HAS_Q{i}"] = False
+            flags[f"HAS_Q{i}"] = with_prior
             flags[f"UNIT_AL{i}"] = tuning.EPILOGUE_UNIT_ALPHA
     return values, flags
 
@@ -626,8 +627,7 @@ class TritonConvKernel(Repeating, Kernel):
         """Compile the kernel now for the plan's strides and arguments without beta (``with_prior``:
         with beta in every operator, reading a prior output), on stand-in tensors, so that the
         first execute finds it compiled."""
-        values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device)
-        flags = {name: with_prior if name.startswith("HAS_Q") else on for name, on in flags.items()}
+        values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device, with_prior)
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         strides = (*in_desc.strides, *out_desc.strides, *out_desc.strides)
