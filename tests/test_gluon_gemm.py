@@ -398,3 +398,41 @@ def test_find_candidates_suit_the_kernels_dtype_and_rows(name, dtype):
         ring = c.num_stages * (c.block_m + c.block_n) * c.block_k * size
         assert ring <= 224 * 1024, c
         assert gluon_gemm.pixel_parts(c.block_m)[-1] >= kernel.pixel_slots, c
+
+
+@pytest.mark.parametrize(
+    "strides, slots, fits",
+    [
+        ((7 * 7 * 2048, 1, 7 * 2048, 2048), 0, True),  # packed NHWC
+        ((7 * 7 * 2048, 49, 7, 1), 0, False),  # NCHW: the channels not contiguous
+        ((7 * 7 * 2056, 1, 7 * 2056, 2048), 0, False),  # pixels 2048 apart in rows of 2056: no flat rows
+        ((7 * 7 * 2056, 1, 7 * 2056, 2048), 8, True),  # strided: rows by themselves ...
+        ((8 * 8 * 2048, 1, 8 * 2048, 2048), 8, False),  # ... but images follow their rows
+        ((7 * 7 * 20, 1, 7 * 20, 20), 0, False),  # 40-byte pixels
+    ],
+)
+def test_tma_store_strides(strides, slots, fits):
+    assert gluon_gemm.gemm_tma_store_fits(strides, 7, 7, slots) is fits
+
+
+def test_tma_store_by_plan(monkeypatch):
+    """16-bit channels-last output goes out by TMA unless switched off; fp32 output by pointer."""
+    assert gluon_gemm.gemm_tma_store(layer("r50_19").spec(), 0)
+    assert gluon_gemm.gemm_tma_store(layer("r50_20", torch.bfloat16).spec(), 8)
+    assert not gluon_gemm.gemm_tma_store(layer("r50_19", torch.float32).spec(), 0)
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", False)
+    assert not gluon_gemm.gemm_tma_store(layer("r50_19").spec(), 0)
+
+
+@pytest.mark.parametrize(
+    "name, dtype, copies",
+    [("r50_19", "float16", 6), ("r50_20", "bfloat16", 2), ("r50_15", "float16", 4), ("r50_13", "float16", 0)],
+)
+def test_one_wave_tiles_store_by_tma(name, dtype, copies):
+    """A program per tile stores each part's 64-channel boxes by TMA (r50_19: parts of 128, 64 and
+    16 pixels; r50_20: strided, whole output rows) and nothing by pointer, within the ring's shared
+    memory; persistent programs (r50_13, two warpgroups in turn) store by pointer."""
+    info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
+    assert info["tensor stores (UTMASTG)"] == copies
+    assert (info["global stores by bytes"] == {}) is (copies > 0)
+    assert info["shared bytes (dynamic)"] <= 232448 and "LOCAL:0" in info["resources"]

@@ -140,21 +140,6 @@ def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels):
     assert info["HGMMA"] > 0 and "LOCAL:0" in info["resources"]
 
 
-@pytest.mark.parametrize(
-    "strides, ow, pixels, fits",
-    [
-        ((112 * 112 * 64, 1, 112 * 64, 64), 112, 2, True),  # NHWC, 64 channels
-        ((112 * 112 * 64, 112 * 112, 112, 1), 112, 2, False),  # NCHW: the channels not contiguous
-        ((26 * 26 * 17, 1, 26 * 17, 17), 26, 2, False),  # 17 channels: pixels 34 bytes apart
-        ((30 * 31 * 64, 1, 31 * 64, 64), 31, 2, False),  # a row of 31 pixels: half a run at its end
-        ((32 * 32 * 72 + 8, 1, 32 * 72, 72), 32, 4, True),  # images 16 bytes apart beyond their extent
-        ((32 * 32 * 72 + 4, 1, 32 * 72, 72), 32, 4, False),  # ... 8 bytes: not a TMA stride
-    ],
-)
-def test_tma_store_strides(strides, ow, pixels, fits):
-    assert gluon_stem.tma_store_strides_fit(strides, ow, pixels, 2) is fits
-
-
 def test_tma_store_by_plan(monkeypatch):
     """The stem's channels-last output takes TMA stores unless switched off; 17 output channels
     (34-byte pixels) and outputs that the tiles' shared memory would not fit store by pointer."""

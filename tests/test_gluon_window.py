@@ -169,3 +169,45 @@ def test_every_epilogue_operator_compiles_in_gluon():
 def test_tf32_choices_follow_the_measurements(name, deferred):
     why = gluon_window.GluonWindowSolver().defer_why(layer(name, torch.float32).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
+
+
+@pytest.mark.parametrize(
+    "strides, ow, pixels, fits",
+    [
+        ((112 * 112 * 64, 1, 112 * 64, 64), 112, 2, True),  # NHWC, 64 channels
+        ((112 * 112 * 64, 112 * 112, 112, 1), 112, 2, False),  # NCHW: the channels not contiguous
+        ((26 * 26 * 17, 1, 26 * 17, 17), 26, 2, False),  # 17 channels: pixels 34 bytes apart
+        ((30 * 31 * 64, 1, 31 * 64, 64), 31, 2, False),  # a row of 31 pixels: half a run at its end
+        ((32 * 32 * 72 + 8, 1, 32 * 72, 72), 32, 4, True),  # images 16 bytes apart beyond their extent
+        ((32 * 32 * 72 + 4, 1, 32 * 72, 72), 32, 4, False),  # ... 8 bytes: not a TMA stride
+        ((7 * 7 * 512, 1, 7 * 512, 512), 7, 1, True),  # a window's pixels: any row
+        ((7 * 7 * 24, 1, 7 * 24, 24), 7, 1, True),
+    ],
+)
+def test_tma_store_strides(strides, ow, pixels, fits):
+    """Strides that let TMA store the stem's runs of pixels (``pixels`` > 1) and windows (1)."""
+    assert gluon_window.tma_store_strides_fit(strides, ow, pixels, 2) is fits
+
+
+def test_window_tma_store_by_plan(monkeypatch):
+    """16-bit channels-last windows go out by TMA unless switched off; fp32 output and 17 output
+    channels (34-byte pixels) store by pointer (and so does an output of other strides at launch:
+    tests/test_gpu.py)."""
+    assert gluon_window.window_tma_store(layer("r50_22").spec())
+    assert gluon_window.window_tma_store(layer("r50_18", torch.bfloat16).spec())
+    assert not gluon_window.window_tma_store(layer("r50_22", torch.float32).spec())
+    x = torch.empty(4, 128, 13, 11, dtype=torch.float16).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((1, 1))
+    assert gluon_window.window_tma_store(add_chain(plan_for(x), "CBNA", conv=conv, k=24, r=3, s=3).spec())
+    assert not gluon_window.window_tma_store(add_chain(plan_for(x), "CBNA", conv=conv, k=17, r=3, s=3).spec())
+    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_TMA_STORE", False)
+    assert not gluon_window.window_tma_store(layer("r50_22").spec())
+
+
+@pytest.mark.parametrize("name, dtype, copies", [("r50_22", "float16", 2), ("r50_16", "bfloat16", 4)])
+def test_windows_store_by_tma(name, dtype, copies):
+    """A tensor store per 64 channels of the window (r50_16: 256), no pointer stores, and no more
+    shared memory than the ring's (the output's tile takes the ring's memory after its last use)."""
+    info = compile_sm90(layer_build(name, dtype), "gluon-window")
+    assert info["tensor stores (UTMASTG)"] == copies and info["global stores by bytes"] == {}
+    assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES and "LOCAL:0" in info["resources"]

@@ -387,24 +387,31 @@ GLUON_CASES = {
 }
 
 
-#: (case, precision, chain, the epilogue in the accumulator's layout): every case in every precision
-#: and chain with the accumulator's layout changed first, and in two chains with the chain run in
-#: it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its stores, fp32 output
-#: stored from the accumulator's layout).
+#: (case, precision, chain, the epilogue in the accumulator's layout, TMA stores): every case in
+#: every precision and chain with the accumulator's layout changed first, and in two chains with
+#: the chain run in it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its
+#: stores, fp32 output stored from the accumulator's layout), 16-bit windows stored by TMA
+#: (tuning.GLUON_WINDOW_TMA_STORE; an NCHW output at launch by pointer) and, in one chain, by
+#: pointer.
 GLUON_WINDOW_RUNS = [
-    (case, precision, chain, mma_epilogue)
-    for mma_epilogue, chains in ((False, ("CBNA", "CA", "CNAAB")), (True, ("CBNA", "CNAAB")))
+    (case, precision, chain, mma_epilogue, tma_store)
+    for mma_epilogue, tma_store, chains, precisions in (
+        (False, True, ("CBNA", "CA", "CNAAB"), ("fp16", "bf16", "tf32")),
+        (True, True, ("CBNA", "CNAAB"), ("fp16", "bf16", "tf32")),
+        (True, False, ("CBNA",), ("fp16", "bf16")),
+    )
     for case in GLUON_CASES
-    for precision in ("fp16", "bf16", "tf32")
+    for precision in precisions
     for chain in chains
 ]
 
 
-@pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_WINDOW_RUNS)
-def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
+@pytest.mark.parametrize("case, precision, chain, mma_epilogue, tma_store", GLUON_WINDOW_RUNS)
+def test_gluon_window_cases(case, precision, chain, mma_epilogue, tma_store, monkeypatch):
     from fusionplan import tuning
 
     monkeypatch.setattr(tuning, "GLUON_WINDOW_MMA_EPILOGUE", mma_epilogue)
+    monkeypatch.setattr(tuning, "GLUON_WINDOW_TMA_STORE", tma_store)
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
     dtype = PRECISIONS[precision][0]
     x = input_tensor((n, c, h, w), dtype, "NHWC")
@@ -416,6 +423,8 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, monkeypatch):
     args = seeded_alpha_beta_args(plan, case)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype).to(memory_format=torch.channels_last)
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
+    if tma_store:  # an NCHW output at launch: stored by pointer
+        run_and_check(plan, precision, x, "NCHW", solver="gluon-window")
 
 
 #: (n, c, h, w, k, r, s, pads, dilation) for gluon-rows: ResNet-50's 64-channel 3x3 layer on few
@@ -541,7 +550,8 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
     channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
     output, and with programs walking several tiles (grids of 3 and 2 persistent programs: uneven
-    shares of the tiles)."""
+    shares of the tiles); 16-bit tiles of a program each stored by TMA, and by pointer to an NCHW
+    output."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
@@ -572,6 +582,10 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
             kernel._repeats._by_records.clear()
             monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
             check_random_records(plan, handle, x, precision, rng, with_prior, "NHWC", (kernel.config, programs))
+            if programs is None and not with_prior and precision != "tf32":
+                # 16-bit one-wave tiles go out by TMA (tuning.GLUON_GEMM_TMA_STORE), by pointer to
+                # an NCHW output given at launch
+                check_random_records(plan, handle, x, precision, rng, False, "NCHW", (kernel.config, "NCHW"))
 
 
 #: (n, c, h, w, k, r, s, pad, stride, dilation): NCHW planes of 49, 196 and odd sizes, 1x1 and

@@ -268,6 +268,11 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: r50_15 18.6 -> 16.8, r50_21 17.0 -> 16.2; even on the 56x56 layers (r50_04 51.9 / 51.3, r50_05
 #: 62.9 / 63.6), which go to triton-gemm (TF32_GEMM_MIN_PIXELS).
 GLUON_GEMM_FP32_ACC_STORES = True
+#: gluon-gemm, a program per tile (one wave): each part of the tile stored by TMA from shared memory
+#: (16-bit output of packed channels-last rows; the buffer is allocated after the ring's last use and
+#: may take its memory) instead of by pointer after a layout change. Persistent programs store by
+#: pointer (their ring holds the next tile's stages).
+GLUON_GEMM_TMA_STORE = True
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores
@@ -340,6 +345,11 @@ GLUON_STEM_FILTER_FIRST = True
 #: gluon-stem: each pixel's output tile stored by TMA from shared memory (channels-last output of
 #: 16-byte aligned strides, rows of whole runs) instead of by pointer after a layout change.
 GLUON_STEM_TMA_STORE = True
+
+#: gluon-window: each output window stored by TMA from shared memory (16-bit channels-last output
+#: of 16-byte aligned strides; the buffer is allocated after the ring's last use and may take its
+#: memory) instead of by pointer after a layout change.
+GLUON_WINDOW_TMA_STORE = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

@@ -52,6 +52,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    tma_store_strides_fit,
 )
 from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.triton_gemm import gemm_input_why_not
@@ -149,14 +150,14 @@ def _mma_partition(
 
 @gluon.jit
 def _persistent_partition(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
     {stage_params}
     M, C, K, OHW, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
-    CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    TMA_STORE: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     # Each program walks tiles the grid's size apart, and runs each one's epilogue itself while
@@ -181,7 +182,7 @@ def _persistent_partition(
 
 @gluon.jit
 def gluon_gemm_kernel(
-    a0_desc, a1_desc, a2_desc, w_desc, y_ptr, prior_ptr,
+    a0_desc, a1_desc, a2_desc, w_desc, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
     {stage_params}
     M, C, K, OHW, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -189,11 +190,13 @@ def gluon_gemm_kernel(
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
+    TMA_STORE: gl.constexpr,
     {stage_flags}
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels (strided, ROW_SLOTS > 0: as
     # [N*OH, OW, C], boxes of whole output rows, each ROW_SLOTS >= OW pixels wide, zero-filled past
-    # OW: M counts those slots); w_desc: the weights as [K, C].
+    # OW: M counts those slots); w_desc: the weights as [K, C]; y{{i}}_desc (TMA_STORE, a program per
+    # tile): the output as [M, K] (strided: [N*OH, OW, K]), boxes of part i's pixels and 64 channels.
     # Tiles in order of their channel blocks first, so that programs running side by side share
     # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several.
     PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
@@ -243,10 +246,11 @@ _LOADER = """(
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
 _CONSUMER = """(
                     _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, {stage_args}
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
+                     y0_desc, y1_desc, y2_desc, {stage_args}
                      M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
-                     ROW_SLOTS, MMA_EPILOGUE, {consumer}, {consumers}, {flag_args}),
+                     ROW_SLOTS, MMA_EPILOGUE, False, {consumer}, {consumers}, {flag_args}),
                 )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
@@ -300,14 +304,37 @@ else:
 {tail}"""
 
 #: The store of a part: in MMA_EPILOGUE 1, after the output's layout change, with the channels and
-#: pixels in the stores' layout.
-_PART_STORE = """    if MMA_EPILOGUE == 1:
+#: pixels in the stores' layout; with TMA_STORE (gemm_tma_store; a program per tile) from shared
+#: memory by TMA, in the layout the output is in (the persistent partitions pass False).
+_PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
         h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {channels_in_out}
 {pixels_in_out}
         mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
-             h.to(y_ptr.dtype.element_ty), mask=mask)
+    if TMA_STORE:
+        # allocated after the ring's last use (a program per tile), so that it may take the ring's
+        # memory; written whole, then a copy per 64 channels (TMA clips what falls past the output)
+        y_tiles = gl.allocate_shared_memory(
+            y_ptr.dtype.element_ty, [BLOCK_N // 64, P{i}, 64],
+            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2),
+        )
+        y_part = y_tiles.{reinterpret}(y_ptr.dtype.element_ty, [P{i}, BLOCK_N], y_tiles.layout)
+        y_part.store(h.to(y_ptr.dtype.element_ty))
+        fence_async_shared()
+        for j in gl.static_range(BLOCK_N // 64):
+            if ROW_SLOTS > 0:
+                {tma_store}(
+                    y{i}_desc, [(m0 + {offset}) // ROW_SLOTS, 0, k0 + j * 64],
+                    y_tiles.index(j).{reinterpret}(
+                        y_ptr.dtype.element_ty, [P{i} // ROW_SLOTS, ROW_SLOTS, 64], y{i}_desc.layout
+                    ),
+                )
+            else:
+                {tma_store}(y{i}_desc, [m0 + {offset}, k0 + j * 64], y_tiles.index(j))
+        tma.store_wait(0)  # the tiles stay allocated until the copies have read them
+    else:
+        gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
+                 h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
@@ -341,7 +368,11 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     for i in range(MAX_PARTS):
         pixels = {where: _PIXELS.format(offset=offsets[i], pixels=f"P{i}", layout=layout) for where, layout in _LAYOUTS}
         store = _PART_STORE.format(
-            channels_in_out=_indented(channels["in_out"], 8), pixels_in_out=_indented(pixels["in_out"], 8)
+            channels_in_out=_indented(channels["in_out"], 8),
+            pixels_in_out=_indented(pixels["in_out"], 8),
+            i=i,
+            offset=offsets[i],
+            **gluon_names(),
         )
         tail = gluon_epilogue_tail(epi, store).rstrip("\n")
         tail = "\n".join(line[4:] for line in tail.split("\n"))  # _PART's own indentation
@@ -571,6 +602,28 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     )
 
 
+def gemm_tma_store_fits(strides: tuple[int, ...], oh: int, ow: int, slots: int) -> bool:
+    """Whether output strides (syn, syc, syh, syw) let TMA store a part's tiles: the output seen as
+    [N*OH*OW, K] (strided, ``slots`` > 0: [N*OH, OW, K]) needs contiguous channels, images and (flat)
+    rows that follow one another, strides of whole 16-byte units (16-bit data)."""
+    syn, syc, syh, syw = strides
+    rows_follow = slots > 0 or syh == ow * syw
+    return syc == 1 and syn == oh * syh and rows_follow and tma_store_strides_fit(strides, 1, 1, 2)
+
+
+def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
+    """Whether gluon-gemm stores a program's tiles by TMA (tuning.GLUON_GEMM_TMA_STORE): 16-bit output
+    of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots)."""
+    out = spec.output_desc
+    oh, ow = out.dims[2:]
+    return (
+        tuning.GLUON_GEMM_TMA_STORE
+        and spec.dtype.torch_dtype.itemsize == 2
+        and out.dtype == spec.dtype
+        and gemm_tma_store_fits(out.strides, oh, ow, slots)
+    )
+
+
 def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvConfig) -> str | None:
     """Strided 1x1: boxes of whole output rows, against triton-conv and the window solvers (H100,
     batch 32, CBNA): 16-bit always faster (fp16 r50_08 24.5 us against 30.0 for triton-conv, r50_14
@@ -661,6 +714,11 @@ class GluonGemmKernel(GluonWindowKernel):
         a_descs = [self._input_descriptor(x, size, cfg.block_k, swizzle, bits) for size in sizes]
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
+        one_wave = tiles <= grid[0]
+        y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
+        fits = gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
+        if one_wave and self.tma_store and fits:
+            y_descs = [self._output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
         consts = (
             cfg.block_n,
             cfg.block_k,
@@ -672,14 +730,15 @@ class GluonGemmKernel(GluonWindowKernel):
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
-            tiles > grid[0],  # persistent
+            not one_wave,  # persistent
             cfg.consumers,
             CONSUMER_REGS,
             slots,
             gemm_epilogue_mode(x.element_size()),
+            y_descs[0] is not w_desc,  # TMA stores
             *flags.values(),
         )
-        args = [*a_descs, w_desc, out, p, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
+        args = [*a_descs, w_desc, out, p, *y_descs, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
         return grid, cfg, args
 
     def _input_descriptor(self, x: Tensor, size: int, block_k: int, swizzle: int, bits: int):
@@ -696,8 +755,26 @@ class GluonGemmKernel(GluonWindowKernel):
         return gluon_descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
-        """The input's three descriptors, the output, the prior."""
-        return ((0, 1, 2), 4, 5)
+        """The input's three descriptors, the output's pointer and, where tiles are stored by TMA, its
+        three descriptors, the prior."""
+        return ((0, 1, 2), (4, 6, 7, 8) if args[6].base is args[4] else 4, 5)
+
+    @property
+    def tma_store(self) -> bool:
+        """Whether the plan's output may take TMA stores (gemm_tma_store); each launch checks its
+        output's strides and address, and that it runs a program per tile."""
+        return gemm_tma_store(self.spec, self.pixel_slots)
+
+    def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int):
+        """A part's descriptor of the output: [N*OH*OW, K], boxes of ``size`` pixels and 64 channels;
+        strided, [N*OH, OW, K], boxes of ``size`` / row_slots whole rows (TMA clips the slots past OW)."""
+        n = self.spec.input_desc.dims[0]
+        oh, ow = self.out_hw
+        _, _, syh, syw = strides
+        slots = self.pixel_slots
+        if not slots:
+            return gluon_descriptor(out, [n * oh * ow, self.k], [syw, 1], [size, 64], 128, bits)
+        return gluon_descriptor(out, [n * oh, ow, self.k], [syh, syw, 1], [size // slots, slots, 64], 128, bits)
 
 
 class GluonGemmSolver(Solver):

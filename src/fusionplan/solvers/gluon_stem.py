@@ -53,6 +53,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    tma_store_strides_fit,
 )
 from fusionplan.solvers.triton_conv import (
     DescriptorConvKernel,
@@ -384,13 +385,6 @@ def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_stor
     ``tma_store``, of the output tiles: one per computing warpgroup and pixel of a run)."""
     tiles = CONSUMERS * runs.pixels * RUNS * BLOCK_N if tma_store else 0
     return (r * runs.pixels * BLOCK_N + slots * RUNS) * runs.block_e * itemsize + tiles * itemsize
-
-
-def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsize: int) -> bool:
-    """Whether output strides (syn, syc, syh, syw) let TMA store the tiles: the output seen as [N,
-    OH, OW / PX, PX, K] needs contiguous channels, strides of whole 16-byte units, whole runs."""
-    syn, syc, syh, syw = strides
-    return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
 
 
 def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:

@@ -120,7 +120,7 @@ def _mma_partition(
 
 @gluon.jit
 def gluon_window_kernel(
-    x_desc, w_desc, y_ptr, prior_ptr,
+    x_desc, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -128,9 +128,11 @@ def gluon_window_kernel(
     R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr, TMA_STORE: gl.constexpr,
     {stage_flags}
 ):
+    # y_desc (TMA_STORE): the output as [N, OH, OW, K], boxes of a window and 64 channels (a token
+    # where stores are by pointer)
     PIXELS: gl.constexpr = TILE_N * TILE_H * TILE_W
     pid = gl.program_id(0)
     pid_n = gl.program_id(1)
@@ -188,13 +190,27 @@ _COORDINATES = WINDOW_COORDINATES.format(
 #: the fp32 tile's shared memory for 16-bit data), its coordinates then in the stores' layout; in
 #: 2 (fp32 output) it is stored from the accumulator's layout, each thread's element of eight
 #: neighbouring channels' threads writing 32 contiguous bytes; in 0 the accumulator changed layout
-#: before the chain.
-_STORE = """    if MMA_EPILOGUE == 1:
+#: before the chain. With TMA_STORE (window_tma_store) the output goes to shared memory from the
+#: layout it is in, and from there by TMA: no layout change, no per-element addresses or masks.
+_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
         h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {coordinates_in_out}
         mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
-             h.to(y_ptr.dtype.element_ty), mask=mask)
+    if TMA_STORE:
+        # allocated after the ring's last use, so that it may take the ring's memory; written
+        # whole, then a copy per 64 channels of the window (TMA clips what falls past the output)
+        y_tiles = gl.allocate_shared_memory(
+            y_ptr.dtype.element_ty, [BLOCK_N // 64, TILE_N, TILE_H, TILE_W, 64], y_desc.layout
+        )
+        y_flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
+        y_tiles.{reinterpret}(y_ptr.dtype.element_ty, [PIXELS, BLOCK_N], y_flat).store(h.to(y_ptr.dtype.element_ty))
+        fence_async_shared()
+        for j in gl.static_range(BLOCK_N // 64):
+            {tma_store}(y_desc, [n0, oh0, ow0, k0 + j * 64], y_tiles.index(j))
+        tma.store_wait(0)  # the tiles stay allocated until the copies have read them
+    else:
+        gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
+                 h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
 #: Registers of the loading warp: it computes coordinates only; the computing warpgroups get the rest.
@@ -278,6 +294,27 @@ def gluon_dtype_why_not(spec: PlanSpec, tf32: bool, exact: str) -> str | None:
     return None
 
 
+def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsize: int) -> bool:
+    """Whether output strides (syn, syc, syh, syw) let TMA store tiles of the output seen as [N, OH,
+    OW / pixels, pixels, K] (windows: ``pixels`` 1): contiguous channels, strides of whole 16-byte
+    units, whole runs of ``pixels``."""
+    syn, syc, syh, syw = strides
+    return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
+
+
+def window_tma_store(spec: PlanSpec) -> bool:
+    """Whether gluon-window stores the plan's output windows by TMA (tuning.GLUON_WINDOW_TMA_STORE):
+    16-bit output of the plan's dtype whose strides fit (tma_store_strides_fit)."""
+    out = spec.output_desc
+    itemsize = spec.dtype.torch_dtype.itemsize
+    return (
+        tuning.GLUON_WINDOW_TMA_STORE
+        and itemsize == 2
+        and out.dtype == spec.dtype
+        and tma_store_strides_fit(out.strides, out.dims[3], 1, itemsize)
+    )
+
+
 def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
     """Why the plan does not fit this kernel beyond triton-window's conditions, or None (``tf32``:
     whether the handle allows TF32 products of fp32 data)."""
@@ -359,7 +396,7 @@ def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store:
         f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
         for where, layout in COORDINATE_LAYOUTS
     }
-    tail = gluon_epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"]))
+    tail = gluon_epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"], **gluon_names()))
     return {"tail": tail, **coords, **gluon_header_fields(spec, stages, epi)}
 
 
@@ -432,6 +469,10 @@ class GluonWindowKernel(TritonWindowKernel):
         window, windows = self._windows(cfg)
         grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
         x_desc, w_desc = self._gluon_descriptors(cfg, window, x, packed)
+        shape_args = self._shape_args(out, p, strides)
+        out_strides = tuple(shape_args[7:11])  # syn, syc, syh, syw
+        tma_store = self.tma_store and tma_store_strides_fit(out_strides, 1, 1, 2) and out.data_ptr() % 16 == 0
+        y_desc = self._output_descriptor(out, out_strides, window) if tma_store else w_desc  # a token where unused
         consts = (
             *self.conv.w_desc.dims[2:],
             *self.conv_args[2:4],  # the convolution's strides
@@ -444,9 +485,10 @@ class GluonWindowKernel(TritonWindowKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
+            tma_store,
             *flags.values(),
         )
-        args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
+        args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
         return grid, cfg, args
 
     def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
@@ -455,8 +497,22 @@ class GluonWindowKernel(TritonWindowKernel):
         return min(128, cfg.block_k * bits // 8), bits
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
-        """The input's descriptor, the output, the prior."""
-        return (0, 2, 3)
+        """The input's descriptor, the output's pointer and, where windows are stored by TMA, its
+        descriptor, the prior."""
+        return (0, (2, 4) if args[4].base is args[2] else 2, 3)
+
+    @property
+    def tma_store(self) -> bool:
+        """Whether the plan's output may take TMA stores (window_tma_store); each launch checks its
+        output's strides and address too."""
+        return window_tma_store(self.spec)
+
+    def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], window: tuple[int, int, int]):
+        """The output seen as [N, OH, OW, K], boxes of a window and 64 channels."""
+        syn, _, syh, syw = strides
+        shape = [self.spec.input_desc.dims[0], *self.out_hw, self.k]
+        bits = self.spec.dtype.torch_dtype.itemsize * 8
+        return gluon_descriptor(out, shape, [syn, syh, syw, 1], [*window, 64], 128, bits)
 
     def _gluon_descriptors(self, cfg: tuning.ConvConfig, window: tuple[int, int, int], x: Tensor, packed: Tensor):
         """Gluon's host descriptors of the input's one view of every stride class (the only view this
