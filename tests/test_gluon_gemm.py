@@ -426,12 +426,20 @@ def test_tma_store_by_plan(monkeypatch):
 
 @pytest.mark.parametrize(
     "name, dtype, copies",
-    [("r50_19", "float16", 6), ("r50_20", "bfloat16", 2), ("r50_15", "float16", 4), ("r50_13", "float16", 0)],
+    [
+        ("r50_19", "float16", 6),
+        ("r50_20", "bfloat16", 2),
+        ("r50_17", "float16", 4),
+        ("r50_15", "float16", 0),
+        ("r50_13", "float16", 0),
+    ],
 )
 def test_one_wave_tiles_store_by_tma(name, dtype, copies):
-    """A program per tile stores each part's 64-channel boxes by TMA (r50_19: parts of 128, 64 and
-    16 pixels; r50_20: strided, whole output rows) and nothing by pointer, within the ring's shared
-    memory; persistent programs (r50_13, two warpgroups in turn) store by pointer."""
+    """A program per tile whose first part has 128 pixels or more stores each part's 64-channel
+    boxes by TMA (r50_19: parts of 128, 64 and 16 pixels; r50_20: strided, whole output rows) and
+    nothing by pointer, within the ring's shared memory; smaller tiles (r50_15: 64 + 32 pixels,
+    tuning.TMA_STORE_MIN_PIXELS) and persistent programs (r50_13, two warpgroups in turn) store by
+    pointer."""
     info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
     assert info["tensor stores (UTMASTG)"] == copies
     assert (info["global stores by bytes"] == {}) is (copies > 0)

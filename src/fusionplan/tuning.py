@@ -273,6 +273,15 @@ GLUON_GEMM_FP32_ACC_STORES = True
 #: may take its memory) instead of by pointer after a layout change. Persistent programs store by
 #: pointer (their ring holds the next tile's stages).
 GLUON_GEMM_TMA_STORE = True
+#: Tiles of fewer pixels than this (gluon-gemm: the first part; gluon-window: the window) store by
+#: pointer even where TMA could: the A/B of H100, batch 32, CBNA, 5 rounds
+#: (`--tuning GLUON_GEMM_TMA_STORE=0,1`, `GLUON_WINDOW_TMA_STORE=0,1`) had TMA stores faster from
+#: 128 pixels (fp16 / bf16: r50_19, 208 pixels, 11.29 -> 10.87 / 10.80 -> 10.45 us; r50_20, 256:
+#: 16.65 -> 16.36 / 16.26 -> 16.08; r50_09 and r50_17, 192: 1.0-1.5 %; r50_10, 256-pixel windows,
+#: and r50_12, 128: 0.3-1.8 %) and slower below (r50_21, 64 pixels: 9.89 -> 10.12 / 10.27 -> 10.44;
+#: r50_15, 96: 10.61 -> 10.74; r50_16's 64 x 256 windows 0.7-0.9 %; r50_18 and r50_22 within 0.5 %):
+#: the store's wait for its tile's read delays a small tile's end more than the layout change it saves.
+TMA_STORE_MIN_PIXELS = 128
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

@@ -717,7 +717,7 @@ class GluonGemmKernel(GluonWindowKernel):
         one_wave = tiles <= grid[0]
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
         fits = gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
-        if one_wave and self.tma_store and fits:
+        if one_wave and parts[0] >= tuning.TMA_STORE_MIN_PIXELS and self.tma_store and fits:
             y_descs = [self._output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
         consts = (
             cfg.block_n,
@@ -762,7 +762,8 @@ class GluonGemmKernel(GluonWindowKernel):
     @property
     def tma_store(self) -> bool:
         """Whether the plan's output may take TMA stores (gemm_tma_store); each launch checks its
-        output's strides and address, and that it runs a program per tile."""
+        output's strides and address, that it runs a program per tile and that the tile's first
+        part has tuning.TMA_STORE_MIN_PIXELS or more."""
         return gemm_tma_store(self.spec, self.pixel_slots)
 
     def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int):

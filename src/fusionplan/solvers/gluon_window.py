@@ -471,7 +471,8 @@ class GluonWindowKernel(TritonWindowKernel):
         x_desc, w_desc = self._gluon_descriptors(cfg, window, x, packed)
         shape_args = self._shape_args(out, p, strides)
         out_strides = tuple(shape_args[7:11])  # syn, syc, syh, syw
-        tma_store = self.tma_store and tma_store_strides_fit(out_strides, 1, 1, 2) and out.data_ptr() % 16 == 0
+        fits = tma_store_strides_fit(out_strides, 1, 1, 2) and out.data_ptr() % 16 == 0
+        tma_store = self.tma_store and cfg.block_m >= tuning.TMA_STORE_MIN_PIXELS and fits
         y_desc = self._output_descriptor(out, out_strides, window) if tma_store else w_desc  # a token where unused
         consts = (
             *self.conv.w_desc.dims[2:],
@@ -504,7 +505,7 @@ class GluonWindowKernel(TritonWindowKernel):
     @property
     def tma_store(self) -> bool:
         """Whether the plan's output may take TMA stores (window_tma_store); each launch checks its
-        output's strides and address too."""
+        output's strides and address, and that its windows have tuning.TMA_STORE_MIN_PIXELS or more."""
         return window_tma_store(self.spec)
 
     def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], window: tuple[int, int, int]):
