@@ -2,6 +2,7 @@
 its generated kernels, compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -283,6 +284,7 @@ def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
 
 PINGPONG = """
 import json
+from dataclasses import replace
 from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.solvers.gluon_gemm import gemm_stages
@@ -330,9 +332,11 @@ def test_strided_kernels_load_whole_rows(name, dtype):
 
 MMA_EPILOGUE = """
 import json
+from dataclasses import replace
 from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 rows = []
+tuning.GLUON_GEMM_TMA_STORE = False  # the pointer stores' layout change
 for on in (False, True):
     tuning.GLUON_GEMM_MMA_EPILOGUE = on
     for name in ("r50_15", "r50_07"):
@@ -349,8 +353,8 @@ print("MMA" + json.dumps(rows))
 
 
 def test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory():
-    """GLUON_GEMM_MMA_EPILOGUE (on, and off): the chain runs in the accumulator's layout and only the
-    16-bit output changes layout: no spills, and a persistent program (r50_07) needs less shared
+    """GLUON_GEMM_MMA_EPILOGUE (on, and off; pointer stores): the chain runs in the accumulator's
+    layout and only the 16-bit output changes layout: no spills, and a persistent program (r50_07) needs less shared
     memory beside its ring (what gemm_stages reckons with: its ring takes a fourth stage); a
     program per tile (r50_15) reuses the ring either way."""
     from .util import COMPILE, compiling_process
@@ -431,16 +435,34 @@ def test_tma_store_by_plan(monkeypatch):
         ("r50_20", "bfloat16", 2),
         ("r50_17", "float16", 4),
         ("r50_15", "float16", 0),
-        ("r50_13", "float16", 0),
+        ("r50_13", "float16", 2),
+        ("r50_14", "bfloat16", 2),
     ],
 )
-def test_one_wave_tiles_store_by_tma(name, dtype, copies):
-    """A program per tile whose first part has 128 pixels or more stores each part's 64-channel
-    boxes by TMA (r50_19: parts of 128, 64 and 16 pixels; r50_20: strided, whole output rows) and
-    nothing by pointer, within the ring's shared memory; smaller tiles (r50_15: 64 + 32 pixels,
-    tuning.TMA_STORE_MIN_PIXELS) and persistent programs (r50_13, two warpgroups in turn) store by
-    pointer."""
+def test_tiles_store_by_tma(name, dtype, copies):
+    """Tiles whose first part has 128 pixels or more store each part's 64-channel boxes by TMA
+    (r50_19: parts of 128, 64 and 16 pixels; r50_20: strided, whole output rows; persistent r50_13
+    and r50_14: each of two warpgroups taking tiles in turn from its own buffer) and nothing by
+    pointer, within sm_90's shared memory; smaller tiles (r50_15: 64 + 32 pixels,
+    tuning.TMA_STORE_MIN_PIXELS) store by pointer."""
     info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
-    assert info["tensor stores (UTMASTG)"] == copies
+    assert info["tensor stores (UTMASTG)"] == copies * (2 if name in ("r50_13", "r50_14") else 1)
     assert (info["global stores by bytes"] == {}) is (copies > 0)
     assert info["shared bytes (dynamic)"] <= 232448 and "LOCAL:0" in info["resources"]
+
+
+def test_persistent_tiles_make_room_for_their_stores():
+    """Persistent tiles of one part store from a buffer per computing warpgroup beside the ring
+    (gemm_store_mode 2), which takes a stage where the output may take TMA stores (r50_13: 128 x 128
+    in turn, 6 stages by pointer, 5 with 64 KB of tiles); a ring that leaves no room stores by
+    pointer; a program per tile reuses its ring (1); tiles under 128 pixels by pointer (0)."""
+    m, k, c = 32 * 14 * 14, 1024, 256
+    by_pointer = gluon_gemm.gluon_gemm_config(m, k, c, torch.float16, H100_SMS)
+    by_tma = gluon_gemm.gluon_gemm_config(m, k, c, torch.float16, H100_SMS, tma_store=True)
+    assert (by_pointer.consumers, by_pointer.num_stages, by_tma.num_stages) == (2, 6, 5)
+    assert gluon_gemm.gemm_store_mode(by_tma, 2, one_wave=False) == 2
+    ring = by_tma.num_stages * (by_tma.block_m + by_tma.block_n) * by_tma.block_k * 2
+    assert ring + gluon_gemm.tma_store_bytes(by_tma, 2) <= gluon_gemm.GEMM_SHARED_BYTES
+    assert gluon_gemm.gemm_store_mode(by_pointer, 2, one_wave=False) == 0
+    assert gluon_gemm.gemm_store_mode(by_pointer, 2, one_wave=True) == 1
+    assert gluon_gemm.gemm_store_mode(replace(by_tma, block_m=96), 2, one_wave=True) == 0

@@ -550,8 +550,8 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
     channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
     output, and with programs walking several tiles (grids of 3 and 2 persistent programs: uneven
-    shares of the tiles); 16-bit tiles of a program each stored by TMA, and by pointer to an NCHW
-    output."""
+    shares of the tiles); 16-bit tiles of 128 pixels and more stored by TMA (persistent ones from a
+    buffer per warpgroup), and by pointer to an NCHW output."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
@@ -582,9 +582,9 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
             kernel._repeats._by_records.clear()
             monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
             check_random_records(plan, handle, x, precision, rng, with_prior, "NHWC", (kernel.config, programs))
-            if programs is None and not with_prior and precision != "tf32":
-                # 16-bit one-wave tiles go out by TMA (tuning.GLUON_GEMM_TMA_STORE), by pointer to
-                # an NCHW output given at launch
+            if not with_prior and precision != "tf32":
+                # 16-bit tiles of 128 pixels and more go out by TMA (tuning.GLUON_GEMM_TMA_STORE), by
+                # pointer to an NCHW output given at launch
                 check_random_records(plan, handle, x, precision, rng, False, "NCHW", (kernel.config, "NCHW"))
 
 

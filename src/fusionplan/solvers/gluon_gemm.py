@@ -150,7 +150,7 @@ def _mma_partition(
 
 @gluon.jit
 def _persistent_partition(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc, y_bufs,
     {stage_params}
     M, C, K, OHW, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -179,6 +179,8 @@ def _persistent_partition(
             mbarrier.arrive(turn.index(1 - CONSUMER))
         tile = pid + i * nprog
 {epilogue}
+    if TMA_STORE == 2:
+        tma.store_wait(0)  # the buffer stays allocated until the last tile's copies have read it
 
 @gluon.jit
 def gluon_gemm_kernel(
@@ -214,6 +216,14 @@ def gluon_gemm_kernel(
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # CONSUMERS = 2
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
+    # persistent TMA stores (TMA_STORE 2): a buffer per computing warpgroup for its tile's output,
+    # beside the ring (tokens of one 64-channel block of 8 rows otherwise)
+    y0_blocks: gl.constexpr = BLOCK_N // 64 if TMA_STORE == 2 else 1
+    y0_rows: gl.constexpr = P0 if TMA_STORE == 2 else 8
+    y1_blocks: gl.constexpr = y0_blocks if CONSUMERS > 1 else 1
+    y1_rows: gl.constexpr = y0_rows if CONSUMERS > 1 else 8
+    y_buf0 = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [y0_blocks, y0_rows, 64], flat)
+    y_buf1 = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [y1_blocks, y1_rows, 64], flat)
     fence_async_shared()
 {grid_dependency}    if PERSISTENT and CONSUMERS > 1:
         gl.warp_specialize([{consumer_0_of_2}, {consumer_1_of_2}, {loader}], [4, 1], [CONSUMER_REGS, LOAD_REGS])
@@ -247,10 +257,10 @@ _LOADER = """(
 _CONSUMER = """(
                     _persistent_partition,
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
-                     y0_desc, y1_desc, y2_desc, {stage_args}
+                     y0_desc, y1_desc, y2_desc, y_buf{consumer}, {stage_args}
                      M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
-                     ROW_SLOTS, MMA_EPILOGUE, False, {consumer}, {consumers}, {flag_args}),
+                     ROW_SLOTS, MMA_EPILOGUE, TMA_STORE, {consumer}, {consumers}, {flag_args}),
                 )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
@@ -304,20 +314,27 @@ else:
 {tail}"""
 
 #: The store of a part: in MMA_EPILOGUE 1, after the output's layout change, with the channels and
-#: pixels in the stores' layout; with TMA_STORE (gemm_tma_store; a program per tile) from shared
-#: memory by TMA, in the layout the output is in (the persistent partitions pass False).
+#: pixels in the stores' layout; with TMA_STORE (gemm_store_mode) from shared memory by TMA, in the
+#: layout the output is in: 1, a program per tile, from a buffer that takes the ring's memory; 2,
+#: persistent (tiles of one part), from the computing warpgroup's own buffer, the copies running on
+#: under its next tile's products.
 _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
         h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {channels_in_out}
 {pixels_in_out}
         mask = m_mask[:, None] & n_mask[None, :]
-    if TMA_STORE:
-        # allocated after the ring's last use (a program per tile), so that it may take the ring's
-        # memory; written whole, then a copy per 64 channels (TMA clips what falls past the output)
+    if TMA_STORE == 2:
+        # persistent: the warpgroup's own buffer, free again once its last tile's copies have read it
+        tma.store_wait(0)
+        y_tiles = y_bufs
+    elif TMA_STORE == 1:
+        # allocated after the ring's last use (a program per tile), so that it may take the ring's memory
         y_tiles = gl.allocate_shared_memory(
             y_ptr.dtype.element_ty, [BLOCK_N // 64, P{i}, 64],
             gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2),
         )
+    if TMA_STORE:
+        # written whole, then a copy per 64 channels (TMA clips what falls past the output)
         y_part = y_tiles.{reinterpret}(y_ptr.dtype.element_ty, [P{i}, BLOCK_N], y_tiles.layout)
         y_part.store(h.to(y_ptr.dtype.element_ty))
         fence_async_shared()
@@ -331,7 +348,8 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
                 )
             else:
                 {tma_store}(y{i}_desc, [m0 + {offset}, k0 + j * 64], y_tiles.index(j))
-        tma.store_wait(0)  # the tiles stay allocated until the copies have read them
+        if TMA_STORE == 1:
+            tma.store_wait(0)  # the tiles stay allocated until the copies have read them
     else:
         gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
                  h.to(y_ptr.dtype.element_ty), mask=mask)
@@ -442,14 +460,16 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
 
 
 def gluon_gemm_config(
-    m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int, row_slots: int = 0
+    m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int, row_slots: int = 0, tma_store: bool = False
 ) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
     pixels in at most MAX_PARTS parts, with as many stages as shared memory holds (gemm_stages).
     Beyond one wave, with pingpong_min_steps reduction steps or more, two warpgroups take 128 x 128
     tiles in turn. ``m``: rows (pixels, or strided, slots of
-    whole output rows of ``row_slots`` each: every part a multiple of them)."""
+    whole output rows of ``row_slots`` each: every part a multiple of them); ``tma_store``: the
+    output may take TMA stores (gemm_tma_store), whose persistent tiles take shared memory beside
+    the ring (gemm_store_mode)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -472,9 +492,16 @@ def gluon_gemm_config(
     if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
-        return tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
-    stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
+        cfg = tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
+    else:
+        stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
+        cfg = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
+    if not (tma_store and persistent and gemm_store_mode(replace(cfg, num_stages=2), size, False)):
+        return cfg
+    # the output tiles beside the ring take the place of the layout change's scratch
+    ring = GEMM_SHARED_BYTES - tma_store_bytes(cfg, size)
+    stages = min(GEMM_MAX_STAGES, ring // ((cfg.block_m + cfg.block_n) * block_k * size))
+    return replace(cfg, num_stages=stages)
 
 
 def pingpong_min_steps(size: int, k: int) -> int:
@@ -611,6 +638,26 @@ def gemm_tma_store_fits(strides: tuple[int, ...], oh: int, ow: int, slots: int) 
     return syc == 1 and syn == oh * syh and rows_follow and tma_store_strides_fit(strides, 1, 1, 2)
 
 
+def gemm_store_mode(cfg: tuning.ConvConfig, size: int, one_wave: bool) -> int:
+    """The kernel's TMA_STORE for a tile of ``cfg`` whose output may take TMA stores (gemm_tma_store
+    and the launch's strides): 1, a program per tile; 2, persistent programs of one-part tiles with
+    each computing warpgroup's output tile beside the ring; 0 (pointer stores) for tiles of fewer
+    than tuning.TMA_STORE_MIN_PIXELS pixels in the first part, and persistent tiles of several parts
+    or whose buffers do not fit beside the ring."""
+    parts = pixel_parts(cfg.block_m)
+    if parts[0] < tuning.TMA_STORE_MIN_PIXELS:
+        return 0
+    if one_wave:
+        return 1
+    ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * size
+    return 2 if len(parts) == 1 and ring + tma_store_bytes(cfg, size) <= GEMM_SHARED_BYTES else 0
+
+
+def tma_store_bytes(cfg: tuning.ConvConfig, size: int) -> int:
+    """Shared memory of persistent programs' TMA stores: an output tile per computing warpgroup."""
+    return cfg.consumers * cfg.block_m * cfg.block_n * size
+
+
 def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     """Whether gluon-gemm stores a program's tiles by TMA (tuning.GLUON_GEMM_TMA_STORE): 16-bit output
     of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots)."""
@@ -674,7 +721,7 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
-        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots)
+        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of the product's rows (not triton-window's windows) and reduction steps."""
@@ -715,9 +762,10 @@ class GluonGemmKernel(GluonWindowKernel):
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         one_wave = tiles <= grid[0]
+        fits = self.tma_store and gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
+        store_mode = gemm_store_mode(cfg, bits // 8, one_wave) if fits else 0
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
-        fits = gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
-        if one_wave and parts[0] >= tuning.TMA_STORE_MIN_PIXELS and self.tma_store and fits:
+        if store_mode:
             y_descs = [self._output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
         consts = (
             cfg.block_n,
@@ -735,7 +783,7 @@ class GluonGemmKernel(GluonWindowKernel):
             CONSUMER_REGS,
             slots,
             gemm_epilogue_mode(x.element_size()),
-            y_descs[0] is not w_desc,  # TMA stores
+            store_mode,
             *flags.values(),
         )
         args = [*a_descs, w_desc, out, p, *y_descs, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
