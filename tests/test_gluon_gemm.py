@@ -436,33 +436,40 @@ def test_tma_store_by_plan(monkeypatch):
         ("r50_17", "float16", 4),
         ("r50_15", "float16", 0),
         ("r50_13", "float16", 2),
-        ("r50_14", "bfloat16", 2),
+        ("r50_14", "bfloat16", 0),
+        ("r50_11", "float16", 0),
     ],
 )
 def test_tiles_store_by_tma(name, dtype, copies):
     """Tiles whose first part has 128 pixels or more store each part's 64-channel boxes by TMA
-    (r50_19: parts of 128, 64 and 16 pixels; r50_20: strided, whole output rows; persistent r50_13
-    and r50_14: each of two warpgroups taking tiles in turn from its own buffer) and nothing by
+    (r50_19: parts of 128, 64 and 16 pixels; r50_20: strided, whole output rows; persistent r50_13:
+    each of two warpgroups taking tiles of 4 steps in turn from its own buffer) and nothing by
     pointer, within sm_90's shared memory; smaller tiles (r50_15: 64 + 32 pixels,
-    tuning.TMA_STORE_MIN_PIXELS) store by pointer."""
+    tuning.TMA_STORE_MIN_PIXELS) and persistent ones of longer reductions or strided rows (r50_11,
+    r50_14: tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS) store by pointer."""
     info = compile_sm90(layer_build(name, dtype), "gluon-gemm")
-    assert info["tensor stores (UTMASTG)"] == copies * (2 if name in ("r50_13", "r50_14") else 1)
+    assert info["tensor stores (UTMASTG)"] == copies * (2 if name == "r50_13" else 1)
     assert (info["global stores by bytes"] == {}) is (copies > 0)
     assert info["shared bytes (dynamic)"] <= 232448 and "LOCAL:0" in info["resources"]
 
 
 def test_persistent_tiles_make_room_for_their_stores():
-    """Persistent tiles of one part store from a buffer per computing warpgroup beside the ring
-    (gemm_store_mode 2), which takes a stage where the output may take TMA stores (r50_13: 128 x 128
-    in turn, 6 stages by pointer, 5 with 64 KB of tiles); a ring that leaves no room stores by
-    pointer; a program per tile reuses its ring (1); tiles under 128 pixels by pointer (0)."""
+    """Persistent tiles of one part, flat rows and at most 4 reduction steps store from a buffer per
+    computing warpgroup beside the ring (gemm_store_mode 2), which takes a stage where the output
+    may take TMA stores (r50_13: 128 x 128 in turn, 6 stages by pointer, 5 with 64 KB of tiles); a
+    ring that leaves no room, longer reductions and strided rows store by pointer; a program per
+    tile reuses its ring (1); tiles under 128 pixels by pointer (0)."""
     m, k, c = 32 * 14 * 14, 1024, 256
     by_pointer = gluon_gemm.gluon_gemm_config(m, k, c, torch.float16, H100_SMS)
     by_tma = gluon_gemm.gluon_gemm_config(m, k, c, torch.float16, H100_SMS, tma_store=True)
     assert (by_pointer.consumers, by_pointer.num_stages, by_tma.num_stages) == (2, 6, 5)
-    assert gluon_gemm.gemm_store_mode(by_tma, 2, one_wave=False) == 2
+    assert gluon_gemm.gemm_store_mode(by_tma, 2, False, 4, False) == 2
     ring = by_tma.num_stages * (by_tma.block_m + by_tma.block_n) * by_tma.block_k * 2
     assert ring + gluon_gemm.tma_store_bytes(by_tma, 2) <= gluon_gemm.GEMM_SHARED_BYTES
-    assert gluon_gemm.gemm_store_mode(by_pointer, 2, one_wave=False) == 0
-    assert gluon_gemm.gemm_store_mode(by_pointer, 2, one_wave=True) == 1
-    assert gluon_gemm.gemm_store_mode(replace(by_tma, block_m=96), 2, one_wave=True) == 0
+    assert gluon_gemm.gemm_store_mode(by_pointer, 2, False, 4, False) == 0  # no room beside 6 stages
+    assert gluon_gemm.gemm_store_mode(by_tma, 2, False, 8, False) == 0  # r50_11's 8 steps
+    assert gluon_gemm.gemm_store_mode(by_tma, 2, False, 4, True) == 0  # r50_08's rows of slots
+    assert gluon_gemm.gemm_store_mode(by_pointer, 2, True, 8, True) == 1
+    assert gluon_gemm.gemm_store_mode(replace(by_tma, block_m=96), 2, True, 4, False) == 0
+    r50_11 = gluon_gemm.gluon_gemm_config(32 * 28 * 28, 256, 512, torch.float16, H100_SMS, tma_store=True)
+    assert (r50_11.consumers, r50_11.num_stages) == (2, 6)  # stores by pointer: no stage given up

@@ -282,6 +282,14 @@ GLUON_GEMM_TMA_STORE = True
 #: r50_15, 96: 10.61 -> 10.74; r50_16's 64 x 256 windows 0.7-0.9 %; r50_18 and r50_22 within 0.5 %):
 #: the store's wait for its tile's read delays a small tile's end more than the layout change it saves.
 TMA_STORE_MIN_PIXELS = 128
+#: gluon-gemm's persistent programs store by TMA (each computing warpgroup's output tile in a buffer
+#: of its own beside the ring, which gives up a stage for them) only for tiles of flat rows with at
+#: most this many reduction steps, where a warpgroup's epilogue outlasts the other's products: the
+#: A/B (H100, batch 32, CBNA, 5 rounds, `--tuning GLUON_GEMM_TMA_STORE=0,1`) had r50_13 (4 steps of
+#: 128 x 128 in turn) 11.51 -> 10.06 us fp16, 11.58 -> 10.28 bf16, and the longer or strided ones
+#: slower (r50_11, 8 steps: 18.04 -> 18.28; r50_14, strided, 8: 17.11 -> 17.53 bf16; r50_08,
+#: strided, 4: 20.10 -> 20.62).
+GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS = 4
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

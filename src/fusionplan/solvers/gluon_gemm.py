@@ -496,7 +496,9 @@ def gluon_gemm_config(
     else:
         stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
         cfg = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
-    if not (tma_store and persistent and gemm_store_mode(replace(cfg, num_stages=2), size, False)):
+    if not (
+        tma_store and persistent and gemm_store_mode(replace(cfg, num_stages=2), size, False, steps, row_slots > 0)
+    ):
         return cfg
     # the output tiles beside the ring take the place of the layout change's scratch
     ring = GEMM_SHARED_BYTES - tma_store_bytes(cfg, size)
@@ -638,19 +640,22 @@ def gemm_tma_store_fits(strides: tuple[int, ...], oh: int, ow: int, slots: int) 
     return syc == 1 and syn == oh * syh and rows_follow and tma_store_strides_fit(strides, 1, 1, 2)
 
 
-def gemm_store_mode(cfg: tuning.ConvConfig, size: int, one_wave: bool) -> int:
-    """The kernel's TMA_STORE for a tile of ``cfg`` whose output may take TMA stores (gemm_tma_store
-    and the launch's strides): 1, a program per tile; 2, persistent programs of one-part tiles with
-    each computing warpgroup's output tile beside the ring; 0 (pointer stores) for tiles of fewer
-    than tuning.TMA_STORE_MIN_PIXELS pixels in the first part, and persistent tiles of several parts
-    or whose buffers do not fit beside the ring."""
+def gemm_store_mode(cfg: tuning.ConvConfig, size: int, one_wave: bool, steps: int, strided: bool) -> int:
+    """The kernel's TMA_STORE for a tile of ``cfg`` (``steps`` reduction steps; ``strided``: rows of
+    slots) whose output may take TMA stores (gemm_tma_store and the launch's strides): 1, a program
+    per tile; 2, persistent programs of one-part tiles of flat rows and at most
+    tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS steps, each computing warpgroup's output tile beside
+    the ring; 0 (pointer stores) for tiles of fewer than tuning.TMA_STORE_MIN_PIXELS pixels in the
+    first part, and other persistent tiles (or buffers that do not fit beside the ring)."""
     parts = pixel_parts(cfg.block_m)
     if parts[0] < tuning.TMA_STORE_MIN_PIXELS:
         return 0
     if one_wave:
         return 1
+    if len(parts) > 1 or strided or steps > tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS:
+        return 0
     ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * cfg.block_k * size
-    return 2 if len(parts) == 1 and ring + tma_store_bytes(cfg, size) <= GEMM_SHARED_BYTES else 0
+    return 2 if ring + tma_store_bytes(cfg, size) <= GEMM_SHARED_BYTES else 0
 
 
 def tma_store_bytes(cfg: tuning.ConvConfig, size: int) -> int:
@@ -763,7 +768,7 @@ class GluonGemmKernel(GluonWindowKernel):
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         one_wave = tiles <= grid[0]
         fits = self.tma_store and gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
-        store_mode = gemm_store_mode(cfg, bits // 8, one_wave) if fits else 0
+        store_mode = gemm_store_mode(cfg, bits // 8, one_wave, triton_cdiv(c, cfg.block_k), slots > 0) if fits else 0
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
         if store_mode:
             y_descs = [self._output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
