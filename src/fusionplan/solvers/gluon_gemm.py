@@ -197,8 +197,8 @@ def gluon_gemm_kernel(
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels (strided, ROW_SLOTS > 0: as
     # [N*OH, OW, C], boxes of whole output rows, each ROW_SLOTS >= OW pixels wide, zero-filled past
-    # OW: M counts those slots); w_desc: the weights as [K, C]; y{{i}}_desc (TMA_STORE, a program per
-    # tile): the output as [M, K] (strided: [N*OH, OW, K]), boxes of part i's pixels and 64 channels.
+    # OW: M counts those slots); w_desc: the weights as [K, C]; y{{i}}_desc (TMA_STORE): the output as
+    # [N*OH*OW, K] (strided: [N*OH, OW, K]), boxes of part i's pixels and 64 channels.
     # Tiles in order of their channel blocks first, so that programs running side by side share
     # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several.
     PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
@@ -771,7 +771,7 @@ class GluonGemmKernel(GluonWindowKernel):
         store_mode = gemm_store_mode(cfg, bits // 8, one_wave, triton_cdiv(c, cfg.block_k), slots > 0) if fits else 0
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
         if store_mode:
-            y_descs = [self._output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
+            y_descs = [self._part_output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
         consts = (
             cfg.block_n,
             cfg.block_k,
@@ -815,11 +815,10 @@ class GluonGemmKernel(GluonWindowKernel):
     @property
     def tma_store(self) -> bool:
         """Whether the plan's output may take TMA stores (gemm_tma_store); each launch checks its
-        output's strides and address, that it runs a program per tile and that the tile's first
-        part has tuning.TMA_STORE_MIN_PIXELS or more."""
+        output's strides and address, and its tile (gemm_store_mode)."""
         return gemm_tma_store(self.spec, self.pixel_slots)
 
-    def _output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int):
+    def _part_output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int):
         """A part's descriptor of the output: [N*OH*OW, K], boxes of ``size`` pixels and 64 channels;
         strided, [N*OH, OW, K], boxes of ``size`` / row_slots whole rows (TMA clips the slots past OW)."""
         n = self.spec.input_desc.dims[0]
