@@ -172,13 +172,26 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch, mma_epilogue, mon
         ("r50_21", None),
         ("r50_09", None),
         ("r50_13", None),  # 4 steps, 1024 output channels: ping-pong
-        ("r50_07", "programs"),
-        ("r50_05", "4 reduction steps (< 8)"),  # 128 output channels: not measured with ping-pong
+        ("r50_07", None),  # 2 steps, one warpgroup: its stores by TMA under the next tile's products
+        ("r50_05", None),
+        ("r50_01", None),
     ],
 )
 def test_defers_beyond_one_wave(name, deferred):
     why = gluon_gemm.GluonGemmSolver().defer_why(layer(name).spec(), fp.Handle("cpu"))
     assert why == deferred if deferred is None else deferred in why
+
+
+def test_defers_beyond_one_wave_where_tiles_store_by_pointer(monkeypatch):
+    """Persistent tiles of one warpgroup whose stores cannot run by TMA (switched off, or reductions
+    of more than GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS steps) defer to triton-gemm's persistent
+    programs."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", False)
+    assert "programs" in gluon_gemm.GluonGemmSolver().defer_why(layer("r50_07").spec(), fp.Handle("cpu"))
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", True)
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS", 1)
+    why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_05").spec(), fp.Handle("cpu"))
+    assert "4 reduction steps (< 8)" in why
 
 
 @pytest.mark.parametrize(

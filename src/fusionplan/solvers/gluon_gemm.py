@@ -591,13 +591,19 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     ping-pong: pingpong_min_steps) the persistent kernel runs each tile's products and epilogue in
     turn (only the loads run ahead), where triton-gemm measured faster on 16-bit data (fp16, H200,
     batch 32: r50_13 12.1 us against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and
-    triton-conv on fp32 data. Strided, where triton-gemm does not apply: strided_defer_why."""
+    triton-conv on fp32 data; unless its tiles' stores run by TMA under the next tile's products
+    (gemm_store_mode 2; H100, fp16 / bf16, batch 32, the suites' solver columns,
+    bench/results/2026-11-23-h100-tma-stores-31/: r50_07 14.26 / 14.23 us against 15.24 / 15.16 for
+    triton-gemm, r50_05 29.71 / 29.52 against 31.12 / 30.81, r50_03 25.02 / 24.49 against 26.33 /
+    25.95, r50_01 10.95 / 10.70 against 11.06 / 11.02; r50_04 24.92 / 25.01 against 24.68 / 24.71).
+    Strided, where triton-gemm does not apply: strided_defer_why."""
     n, c, _, _ = spec.input_desc.dims
     oh, ow = spec.output_desc.dims[2:]
     k = spec.output_desc.dims[1]
     slots = row_slots(spec)
     rows = n * oh * (slots or ow)
-    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots)
+    tma_store = gemm_tma_store(spec, slots)
+    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store)
     programs = triton_cdiv(rows, cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
         return (
@@ -621,6 +627,9 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         return None
     if cfg.consumers > 1:
         return None
+    size = spec.dtype.torch_dtype.itemsize
+    if tma_store and gemm_store_mode(cfg, size, False, triton_cdiv(c, cfg.block_k), False) == 2:
+        return None  # each tile's stores run on under the next tile's products
     least = pingpong_min_steps(spec.dtype.torch_dtype.itemsize, k)
     steps = f"{triton_cdiv(c, cfg.block_k)} reduction steps (< {least})"
     if fp32:
