@@ -390,8 +390,9 @@ GLUON_CASES = {
 #: (case, precision, chain, the epilogue in the accumulator's layout, TMA stores): every case in
 #: every precision and chain with the accumulator's layout changed first, and in two chains with
 #: the chain run in it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its
-#: stores, fp32 output stored from the accumulator's layout), 16-bit windows stored by TMA
-#: (tuning.GLUON_WINDOW_TMA_STORE; an NCHW output at launch by pointer) and, in one chain, by
+#: stores, fp32 output stored from the accumulator's layout), 16-bit windows stored by TMA where
+#: they have tuning.TMA_STORE_MIN_PIXELS or more (tuning.GLUON_WINDOW_TMA_STORE; an NCHW output at
+#: launch by pointer; test_window_shapes forces 128- and 256-pixel windows) and, in one chain, by
 #: pointer.
 GLUON_WINDOW_RUNS = [
     (case, precision, chain, mma_epilogue, tma_store)
