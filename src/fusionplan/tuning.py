@@ -268,10 +268,10 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: r50_15 18.6 -> 16.8, r50_21 17.0 -> 16.2; even on the 56x56 layers (r50_04 51.9 / 51.3, r50_05
 #: 62.9 / 63.6), which go to triton-gemm (TF32_GEMM_MIN_PIXELS).
 GLUON_GEMM_FP32_ACC_STORES = True
-#: gluon-gemm, a program per tile (one wave): each part of the tile stored by TMA from shared memory
-#: (16-bit output of packed channels-last rows; the buffer is allocated after the ring's last use and
-#: may take its memory) instead of by pointer after a layout change. Persistent programs store by
-#: pointer (their ring holds the next tile's stages).
+#: gluon-gemm: each part of the tile stored by TMA from shared memory (16-bit output of packed
+#: channels-last rows) instead of by pointer after a layout change; a program per tile (one wave)
+#: allocates the buffer after the ring's last use, so that it may take its memory, persistent
+#: programs keep a buffer per computing warpgroup beside the ring (GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS).
 GLUON_GEMM_TMA_STORE = True
 #: Tiles of fewer pixels than this (gluon-gemm: the first part; gluon-window: the window) store by
 #: pointer even where TMA could: the A/B of H100, batch 32, CBNA, 5 rounds

@@ -52,6 +52,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    sixteen_bit_output,
     tma_store_strides_fit,
 )
 from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
@@ -501,9 +502,8 @@ def gluon_gemm_config(
     ):
         return cfg
     # the output tiles beside the ring take the place of the layout change's scratch
-    ring = GEMM_SHARED_BYTES - tma_store_bytes(cfg, size)
-    stages = min(GEMM_MAX_STAGES, ring // ((cfg.block_m + cfg.block_n) * block_k * size))
-    return replace(cfg, num_stages=stages)
+    tiles = tma_store_bytes(cfg, size)
+    return replace(cfg, num_stages=gemm_stages(cfg.block_m, cfg.block_n, block_k, size, True, tma_tiles=tiles))
 
 
 def pingpong_min_steps(size: int, k: int) -> int:
@@ -514,12 +514,20 @@ def pingpong_min_steps(size: int, k: int) -> int:
 
 
 def gemm_stages(
-    pixels: int, block_n: int, block_k: int, size: int, persistent: bool, warps: int = 8, consumers: int = 1
+    pixels: int,
+    block_n: int,
+    block_k: int,
+    size: int,
+    persistent: bool,
+    warps: int = 8,
+    consumers: int = 1,
+    tma_tiles: int = 0,
 ) -> int:
     """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
-    epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), which runs
+    epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), or beside
+    ``tma_tiles`` bytes of output tiles for TMA stores (tma_store_bytes), which the epilogues use
     while the ring holds the next tile's stages (a program per tile reuses the ring's memory)."""
-    scratch = consumers * epilogue_scratch_bytes(pixel_parts(pixels)[0] * block_n, size, warps)
+    scratch = tma_tiles or consumers * epilogue_scratch_bytes(pixel_parts(pixels)[0] * block_n, size, warps)
     ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
@@ -668,7 +676,8 @@ def gemm_store_mode(cfg: tuning.ConvConfig, size: int, one_wave: bool, steps: in
 
 
 def tma_store_bytes(cfg: tuning.ConvConfig, size: int) -> int:
-    """Shared memory of persistent programs' TMA stores: an output tile per computing warpgroup."""
+    """Shared memory of persistent programs' TMA stores: an output tile per computing warpgroup
+    (one part: block_m pixels)."""
     return cfg.consumers * cfg.block_m * cfg.block_n * size
 
 
@@ -676,13 +685,8 @@ def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     """Whether gluon-gemm stores a program's tiles by TMA (tuning.GLUON_GEMM_TMA_STORE): 16-bit output
     of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots)."""
     out = spec.output_desc
-    oh, ow = out.dims[2:]
-    return (
-        tuning.GLUON_GEMM_TMA_STORE
-        and spec.dtype.torch_dtype.itemsize == 2
-        and out.dtype == spec.dtype
-        and gemm_tma_store_fits(out.strides, oh, ow, slots)
-    )
+    fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
+    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits
 
 
 def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvConfig) -> str | None:

@@ -53,6 +53,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    sixteen_bit_output,
     tma_store_strides_fit,
 )
 from fusionplan.solvers.triton_conv import (
@@ -394,7 +395,7 @@ def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
     assert conv is not None
     out = spec.output_desc
     itemsize = spec.dtype.torch_dtype.itemsize
-    if not tuning.GLUON_STEM_TMA_STORE or out.dtype != spec.dtype:
+    if not tuning.GLUON_STEM_TMA_STORE or not sixteen_bit_output(spec):
         return False
     if not tma_store_strides_fit(out.strides, out.dims[3], runs.pixels, itemsize):
         return False

@@ -302,17 +302,17 @@ def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsi
     return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
 
 
+def sixteen_bit_output(spec: PlanSpec) -> bool:
+    """Whether the plan's output is 16-bit data of the plan's dtype (what the TMA stores' tiles hold)."""
+    return spec.dtype.torch_dtype.itemsize == 2 and spec.output_desc.dtype == spec.dtype
+
+
 def window_tma_store(spec: PlanSpec) -> bool:
     """Whether gluon-window stores the plan's output windows by TMA (tuning.GLUON_WINDOW_TMA_STORE):
     16-bit output of the plan's dtype whose strides fit (tma_store_strides_fit)."""
     out = spec.output_desc
-    itemsize = spec.dtype.torch_dtype.itemsize
-    return (
-        tuning.GLUON_WINDOW_TMA_STORE
-        and itemsize == 2
-        and out.dtype == spec.dtype
-        and tma_store_strides_fit(out.strides, out.dims[3], 1, itemsize)
-    )
+    fits = tma_store_strides_fit(out.strides, out.dims[3], 1, 2)
+    return tuning.GLUON_WINDOW_TMA_STORE and sixteen_bit_output(spec) and fits
 
 
 def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
