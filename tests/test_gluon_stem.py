@@ -7,12 +7,14 @@ import torch
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
+from fusionplan.solvers.triton_stem import TritonStemKernel
 from fusionplan.testing import add_chain, layer_plan
 
 from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_stem = pytest.importorskip("fusionplan.solvers.gluon_stem")
+triton_stem = pytest.importorskip("fusionplan.solvers.triton_stem")
 if gluon_stem.gluon_why_not():
     pytest.skip(gluon_stem.gluon_why_not(), allow_module_level=True)
 
@@ -27,8 +29,16 @@ def stem(dtype=torch.float16, layout: str = "NHWC", n: int = 32):
     return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, "CBNA")
 
 
-def conv_plan(c=3, h=20, w=40, k=64, r=7, s=7, pads=(3, 3), strides=(2, 2), dil=1, dtype=torch.float16, groups=1):
-    x = torch.empty(2, c, h, w, dtype=dtype).to(memory_format=torch.channels_last)
+def conv_plan(
+    c=3, h=20, w=40, k=64, r=7, s=7, pads=(3, 3), strides=(2, 2), dil=1, dtype=torch.float16, groups=1, layout="NHWC"
+):
+    """A convolution and bias-activation chain on ``layout`` input (NWHC: columns innermost-but-one,
+    neither rows of channels nor channel planes)."""
+    x = torch.empty(2, c, h, w, dtype=dtype)
+    if layout == "NHWC":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "NWHC":
+        x = torch.empty(2, w, h, c, dtype=dtype).permute(0, 3, 2, 1)
     conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil), groups=groups)
     return add_chain(plan_for(x), "CBA", conv=conv, k=k, r=r, s=s, param_dtype="float")
 
@@ -39,14 +49,16 @@ def conv_plan(c=3, h=20, w=40, k=64, r=7, s=7, pads=(3, 3), strides=(2, 2), dil=
         (lambda: stem(), "needs a Hopper GPU"),  # the plan fits: only the device is missing
         (lambda: stem(torch.bfloat16), "needs a Hopper GPU"),
         (lambda: stem(torch.float32), "16-bit wgmma"),
-        (lambda: stem(layout="NCHW"), "must be channels-last"),
+        (lambda: stem(layout="NCHW"), "needs a Hopper GPU"),  # channel planes: a stretch per channel
+        (lambda: conv_plan(layout="NWHC"), "channels-last (NHWC) or channel planes (NCHW)"),
+        (lambda: conv_plan(c=8, r=3, s=3, pads=(2, 2), strides=(1, 1), dil=2, layout="NCHW"), "shared memory"),
         (lambda: conv_plan(c=16, r=3, s=3, pads=(1, 1)), "C=16 > 15"),
         (lambda: conv_plan(c=4, groups=2, k=8), "grouped"),
-        (lambda: conv_plan(w=300), "more than 64 runs"),
+        (lambda: conv_plan(w=600), "more than 64 runs"),
         (lambda: conv_plan(c=3, w=11, r=3, s=3, pads=(1, 1)), "4-byte units"),  # rows of 33 elements
         (lambda: conv_plan(c=15, r=7, s=7, strides=(1, 1)), "longer than a tile's 64"),
         (lambda: conv_plan(c=3, w=12, r=3, s=3, pads=(1, 1)), "needs a Hopper GPU"),
-        (lambda: conv_plan(c=1, w=40, r=1, s=1, pads=(0, 0), strides=(1, 1)), "runs of 8 pixels"),
+        (lambda: conv_plan(c=1, w=600, r=1, s=1, pads=(0, 0), strides=(1, 1)), "runs of 8 pixels"),
     ],
 )
 def test_why_not_names_what_is_missing(plan, reason):
@@ -77,17 +89,49 @@ def test_ring_and_config():
     assert gluon_stem.least_slots(7, 1) == 14 and gluon_stem.least_slots(3, 2) == 10
 
 
-def test_packed_filter_is_triton_stems_blocks_padded_to_whole_channel_blocks():
-    """[R * PX * KP, BLOCK_E]: block (r, p) of K output channels, then zero rows up to KP."""
-    plan = conv_plan(k=17)
+def test_ring_and_config_on_channel_planes():
+    """The ResNet stem on NCHW input: a stretch per channel plane, runs of 2 pixels (two products
+    a plane and filter row: runs of 4 would take four for 28 of the 64 rows), 16 elements from 4
+    before the run's first column, 8-byte copies; a slot holds the three planes' tiles (6 KB), the
+    filter 7 x 3 x 2 blocks (84 KB)."""
+    kernel = solver_named("gluon-stem").build(stem(layout="NCHW").spec(), fp.Handle("cpu"))
+    runs = kernel.runs
+    assert (runs.pixels, runs.step, runs.lead, runs.block_e, runs.interleaved) == (2, 4, 4, 16, 1)
+    assert triton_stem.plan_stretches(stem(layout="NCHW").spec()).pixels == 4  # triton-stem's own choice
+    assert gluon_stem.channel_planes(stem(layout="NCHW").spec()) == 3
+    strides = stem(layout="NCHW").spec().input_desc.strides
+    row = gluon_stem.copied_row(stem(layout="NCHW").spec(), strides)
+    assert row == (224, 3 * 224 * 224, 224, 224 * 224) and gluon_stem.copy_vector(runs, 2, *row) == 4
+    assert gluon_stem.stem_smem_bytes(7, runs, 16, 2, planes=3) == (14 * 64 + 16 * 64) * 3 * 16 * 2
+    assert kernel.config.num_stages == 16 and kernel.programs_and_steps(kernel.config)[1] == 7 * 3 * 2
+
+
+@pytest.mark.parametrize(
+    "c, w, stride, pixels",
+    [(1, 64, 2, 1), (2, 160, 1, 4), (2, 64, 1, 2)],
+)
+def test_runs_of_fewest_products(c, w, stride, pixels):
+    """Runs as short as 64 runs a row allow (the [64, BLOCK_E] tile is gathered whatever their
+    length, each pixel of a run its own products), and long enough that copies are 4 bytes: C = 1
+    stride 2 on 64 columns one pixel (triton-stem: four), 160 columns four, stride 1 on channel
+    planes two (one pixel would step 2 bytes)."""
+    plan = conv_plan(c=c, w=w, r=3, s=3, pads=(1, 1), strides=(stride, stride), layout="NCHW")
+    assert solver_named("gluon-stem").build(plan.spec(), fp.Handle("cpu")).runs.pixels == pixels
+
+
+@pytest.mark.parametrize("layout, planes", [("NHWC", 1), ("NCHW", 3)])
+def test_packed_filter_is_triton_stems_blocks_padded_to_whole_channel_blocks(layout, planes):
+    """[R * CH * PX * KP, BLOCK_E]: block (r, ch, p) of K output channels (CH: one for
+    channels-last rows, a block per channel plane), then zero rows up to KP."""
+    plan = conv_plan(k=17, layout=layout)
     kernel = solver_named("gluon-stem").build(plan.spec(), fp.Handle("cpu"))
     weight = torch.randn(17, 3, 7, 7, dtype=torch.float16)
     packed = kernel.pack(weight)
-    toeplitz = solver_named("triton-stem").build(plan.spec(), fp.Handle("cpu")).pack(weight)  # [R, 1, PX, K, E]
-    r, _, px, k, e = toeplitz.shape
-    assert packed.shape == (r * px * 64, e)
-    blocks = packed.reshape(r, px, 64, e)
-    assert torch.equal(blocks[:, :, :17], toeplitz[:, 0]) and not blocks[:, :, 17:].any()
+    toeplitz = TritonStemKernel.pack(kernel, weight)  # triton-stem's blocks of these runs: [R, CH, PX, K, E]
+    r, ch, px, k, e = toeplitz.shape
+    assert ch == planes and packed.shape == (r * ch * px * 64, e)
+    blocks = packed.reshape(r, ch, px, 64, e)
+    assert torch.equal(blocks[:, :, :, :17], toeplitz) and not blocks[:, :, :, 17:].any()
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -109,6 +153,20 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
+def test_stem_on_channel_planes_gathers_each_plane_row_once():
+    """NCHW input: a wgmma per filter row, channel plane and pixel of a run (2 x 7 x 3 x 2, one
+    16-element slice each), two 8-byte copies a thread for each plane's tile of a slot, the filter's
+    42 blocks by tensor loads; the NCHW output's rows joined and stored 16 bytes at a time (8 per
+    thread and warpgroup); no spills, within sm_90's shared memory."""
+    info = compile_sm90(layer_build("r50_00", "float16", layout="NCHW"), "gluon-stem")
+    assert info["HGMMA"] == 84 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["global stores by bytes"] == {"16": 16}
+    assert info["async copies by bytes"].get("8") == 6
+    assert info["tensor loads (UTMALDG)"] == 42
+    assert "LOCAL:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
+
+
 def test_odd_stem_compiles():
     """C = 4 and 136 output channels (three blocks), a 3x3 stride-1 filter of dilation 2 (runs of
     more pixels: an accumulator each)."""
@@ -124,13 +182,14 @@ def test_odd_stem_compiles():
 
 
 @pytest.mark.parametrize(
-    "c, r, stride, pixels",
-    [(2, 7, 2, 1), (1, 3, 2, 4)],
+    "c, r, stride, w, pixels",
+    [(2, 7, 2, 64, 1), (1, 3, 2, 400, 4)],
 )
-def test_runs_of_one_and_four_pixels_compile(c, r, stride, pixels):
-    """An accumulator per pixel of a run, one wait for all their products, no spills."""
+def test_runs_of_one_and_four_pixels_compile(c, r, stride, w, pixels):
+    """An accumulator per pixel of a run (four where rows of 199 pixels need them: at most 64
+    runs), one wait for all their products, no spills."""
     build = (
-        f"x = torch.empty(2, {c}, 20, 64, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
+        f"x = torch.empty(2, {c}, 20, {w}, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
         f"conv = fp.ConvolutionDescriptor((0, 0), ({stride}, {stride}))\n"
         f"plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), 'CBA', conv=conv, k=32, r={r}, s={r},"
         " param_dtype='float')"
@@ -154,3 +213,32 @@ def test_tma_store_by_plan(monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 192 * 1024)
     monkeypatch.setattr(tuning, "GLUON_STEM_TMA_STORE", False)
     assert not gluon_stem.plan_tma_store(stem().spec(), kernel.runs)
+
+
+def test_joined_rows_put_each_runs_pixels_in_order():
+    """The row's tile from its pixels' tiles: pixel p of run q at row q * PX + p (the pixels' bits
+    moved before the channels, the highest first), a single pixel's tile as it is."""
+    assert gluon_stem.joined_row(1) == "h0"
+    assert gluon_stem.joined_row(2) == "gl.reshape(gl.permute(gl.join(h0, h1), (0, 2, 1)), [RUNS * PX, BLOCK_N])"
+    four = gluon_stem.joined_row(4)
+    assert "gl.join(gl.join(h0, h2), gl.join(h1, h3))" in four and "(0, 2, 3, 1)" in four
+    q, p = torch.meshgrid(torch.arange(5), torch.arange(4), indexing="ij")
+    tiles = [q[:, i, None].expand(5, 3) * 4 + i for i in range(4)]  # [runs, channels]: the pixel's column
+    joined = torch.stack([torch.stack([tiles[0], tiles[2]], -1), torch.stack([tiles[1], tiles[3]], -1)], -1)
+    rows = joined.permute(0, 2, 3, 1).reshape(20, 3)  # gl.join(a, b) stacks along a new last axis
+    assert torch.equal(rows[:, 0], torch.arange(20))
+
+
+def test_joined_plane_vector(monkeypatch):
+    """16-byte stores where NCHW output planes are aligned (8 elements), single elements where only
+    the pixels are contiguous (13-pixel rows), none for channels-last output or when switched off."""
+    from fusionplan import tuning
+
+    planes = torch.empty(2, 64, 56, 56, dtype=torch.float16)
+    assert gluon_stem.joined_plane_vector(planes.stride(), planes) == 8
+    odd = torch.empty(2, 64, 11, 13, dtype=torch.float16)
+    assert gluon_stem.joined_plane_vector(odd.stride(), odd) == 1
+    last = planes.to(memory_format=torch.channels_last)
+    assert gluon_stem.joined_plane_vector(last.stride(), last) == 0
+    monkeypatch.setattr(tuning, "GLUON_STEM_JOINED_PLANES", False)
+    assert gluon_stem.joined_plane_vector(planes.stride(), planes) == 0

@@ -50,12 +50,12 @@ def seeded_alpha_beta_args(plan, seed) -> fp.OperatorArgs:
     return args
 
 
-def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out_layout):
-    """``solver`` forced on a convolution of ``dims`` input (NHWC) and ``chain`` (ELU activation)
-    against the float64 reference, the output NaN-filled in ``out_layout``; then with random alpha
-    and beta (seeded by ``case``) over a prior output."""
+def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out_layout, in_layout="NHWC"):
+    """``solver`` forced on a convolution of ``dims`` input (``in_layout``) and ``chain`` (ELU
+    activation) against the float64 reference, the output NaN-filled in ``out_layout``; then with
+    random alpha and beta (seeded by ``case``) over a prior output."""
     dtype = PRECISIONS[precision][0]
-    x = input_tensor(dims, dtype, "NHWC")
+    x = input_tensor(dims, dtype, in_layout)
     plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=ActivationMode.ELU, param_dtype="float")
     verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == solver)
     assert verdict.applicable, str(verdict)
@@ -476,11 +476,12 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
 
 #: (n, c, h, w, k, r, s, pads, strides, dilation) for gluon-stem: ResNet-50's stem on few images;
 #: K not a multiple of 8 nor of the 64-channel block (17, 136: three blocks), C = 4 and 8, a 3x3
-#: stride-1 filter (runs of more pixels), dilation 2, uneven padding, a 1x7 filter, stride 3, rows
-#: of a single run, fewer output rows than programs (one image of 5 rows) and runs of output rows
-#: that cross images and wrap around the ring (long-runs: 90 images of 4 rows; 12 images of 56),
-#: runs of one pixel (C = 2) and of four (C = 1, 16-byte copies; C = 2 with TMA stores of the
-#: channels-last output, like every case whose rows are whole runs of 16-byte aligned pixels).
+#: stride-1 filter (on channel planes: runs of two pixels, 4-byte copies), dilation 2, uneven
+#: padding, a 1x7 filter, stride 3, rows of a single run, fewer output rows than programs (one
+#: image of 5 rows) and runs of output rows that cross images and wrap around the ring (long-runs:
+#: 90 images of 4 rows; 12 images of 56), runs of one pixel (C = 2) and of four (rows of 199 and
+#: 160 pixels: C = 1, 16-byte copies; C = 2 with TMA stores of the channels-last output, like every
+#: case whose rows are whole runs of 16-byte aligned pixels).
 GLUON_STEM_CASES = {
     "r50_00-like": (3, 3, 224, 224, 64, 7, 7, (3, 3), (2, 2), 1),
     "C3-K17": (2, 3, 40, 52, 17, 7, 7, (3, 3), (2, 2), 1),
@@ -494,20 +495,27 @@ GLUON_STEM_CASES = {
     "long-runs": (90, 3, 8, 64, 64, 7, 7, (3, 3), (2, 2), 1),
     "long-runs-112": (12, 3, 112, 112, 64, 7, 7, (3, 3), (2, 2), 1),
     "C2-one-pixel-runs": (2, 2, 20, 40, 24, 7, 7, (0, 0), (2, 2), 1),
-    "C1-four-pixel-runs": (2, 1, 20, 64, 32, 3, 3, (0, 0), (2, 2), 1),
-    "C2-four-pixel-runs": (2, 2, 20, 32, 64, 3, 3, (1, 1), (1, 1), 1),
+    "C1-four-pixel-runs": (2, 1, 20, 400, 32, 3, 3, (0, 0), (2, 2), 1),
+    "C2-four-pixel-runs": (2, 2, 20, 160, 64, 3, 3, (1, 1), (1, 1), 1),
 }
+#: Cases gluon-stem takes on channels-last input only, and why not on channel planes.
+GLUON_STEM_NHWC_ONLY = {"C8-dilated": "8 channel planes: the filter's blocks and the ring pass shared memory"}
 
 
-@pytest.mark.parametrize("out_layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize(
+    "in_layout, out_layout", [("NHWC", "NHWC"), ("NHWC", "NCHW"), ("NCHW", "NCHW"), ("NCHW", "NHWC")]
+)
 @pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("bf16", "CNAAB"), ("fp16", "CA")])
 @pytest.mark.parametrize("case", list(GLUON_STEM_CASES))
-def test_gluon_stem_cases(case, precision, chain, out_layout):
-    """gluon-stem forced on each case against the float64 reference, the output NaN-filled in
-    either layout; then with random alpha and beta over a prior output."""
+def test_gluon_stem_cases(case, precision, chain, in_layout, out_layout):
+    """gluon-stem forced on each case, channels-last or channel-plane input (a stretch per channel
+    plane), against the float64 reference, the output NaN-filled in either layout; then with random
+    alpha and beta over a prior output."""
+    if in_layout == "NCHW" and case in GLUON_STEM_NHWC_ONLY:
+        pytest.skip(GLUON_STEM_NHWC_ONLY[case])
     n, c, h, w, k, r, s, pads, strides, dil = GLUON_STEM_CASES[case]
     conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
-    check_forced_solver("gluon-stem", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout)
+    check_forced_solver("gluon-stem", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout, in_layout)
 
 
 #: (n, c, h, w, k, stride) of 1x1 convolutions: rows that no tile divides, C not a multiple of the

@@ -362,6 +362,9 @@ GLUON_STEM_FILTER_FIRST = True
 #: gluon-stem: each pixel's output tile stored by TMA from shared memory (channels-last output of
 #: 16-byte aligned strides, rows of whole runs) instead of by pointer after a layout change.
 GLUON_STEM_TMA_STORE = True
+#: gluon-stem: NCHW output rows stored with the pixels of a row's runs joined in order, several
+#: contiguous pixels a thread, instead of pixel by pixel (lanes along the channels).
+GLUON_STEM_JOINED_PLANES = True
 
 #: gluon-window: each output window stored by TMA from shared memory (16-bit channels-last output
 #: of 16-byte aligned strides; the buffer is allocated after the ring's last use and may take its

@@ -1,6 +1,6 @@
 """Gluon stem solver: triton-stem's convolution over stretches of input rows (few input channels
-on channels-last 16-bit input: ResNet's stem, C = 3, 7x7, stride 2), as a warp-specialized
-persistent kernel over output rows (Hopper only).
+on 16-bit input, channels-last or channel planes: ResNet's stem, C = 3, 7x7, stride 2), as a
+warp-specialized persistent kernel over output rows (Hopper only).
 
 Why: triton-stem issues about 45 warp instructions per output pixel (each tile gathers its own
 stretches, eight 8-byte copies and their addresses and masks a step, then two per-pixel
@@ -20,7 +20,14 @@ program takes a run of output rows (its share of N x OH, image by image) and
   row in its row q. Then the chain and the stores, while the other warpgroup's products run:
   each pixel's [runs, channels] tile written to shared memory and stored by TMA where the output
   is channels-last with 16-byte aligned strides and rows of whole runs (the ResNet stem, fp16:
-  33.3 us against 34.1 by pointer after a layout change, which other outputs take).
+  33.3 us against 34.1 by pointer after a layout change, which other outputs take). NCHW output
+  rows are stored with their runs' pixels joined in order, 16 bytes a thread where the planes
+  are aligned (the NCHW stem: 45.7 us against 130 pixel by pixel).
+
+Channel-plane (NCHW) input: a ring slot holds the input row of each plane, a stretch each, and
+each filter row's products run over the planes (the Toeplitz blocks per filter row, plane and
+pixel of a run). Runs are as short as 64 runs a row allow (gluon_stretches: the fewest products
+per output row): the NCHW stem in runs of 2 pixels, 44.6-45.7 us against triton-stem's 68.6.
 
 A ring slot goes back to the loader once each computing warpgroup has passed the last of its
 output rows that read it (a warpgroup hands back, after each of its rows, every slot before the
@@ -66,7 +73,10 @@ from fusionplan.solvers.triton_stem import (
     Stretches,
     TritonStemKernel,
     channels_interleaved,
+    joined_pixels,
     plan_stretches,
+    stretch_candidates,
+    stretches,
 )
 
 Tensor = torch.Tensor
@@ -135,9 +145,10 @@ def _load_filter(w_desc, w_bufs, w_ready, KP, TAPS: gl.constexpr):
 
 @gluon.jit
 def _load_partition(
-    x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs, sxh_vecs, pad_h,
+    x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs, sxh_vecs,
+    sxc_vecs, pad_h,
     STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr, RUNS: gl.constexpr, BLOCK_E: gl.constexpr,
-    TAPS: gl.constexpr, NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr,
+    TAPS: gl.constexpr, CH: gl.constexpr, NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr,
     LOAD_WARPS: gl.constexpr, IDX64: gl.constexpr, FILTER_FIRST: gl.constexpr,
 ):
     if not FILTER_FIRST:
@@ -154,6 +165,7 @@ def _load_partition(
     # the strides in whole copies, so that every copy's address is seen aligned
     sxn = sxn_vecs * VEC
     sxh = sxh_vecs * VEC
+    sxc = sxc_vecs * VEC
     j = 0  # the ring's position
     for n in range(start // OH, (end - 1) // OH + 1):
         first_oh = gl.maximum(start - n * OH, 0)
@@ -171,7 +183,10 @@ def _load_partition(
             if IDX64:
                 ih = ih.to(gl.int64)
             ok = col_ok & (ih >= 0) & (ih < H)  # rows above and below the image: zeros
-            {async_copy}(x_bufs.index(slot), x_img + ih * sxh + col, mask=ok)
+            # a slot holds the row of each of the CH channel planes (channels-last rows: one, all
+            # channels side by side)
+            for ch in gl.static_range(CH):
+                {async_copy}(x_bufs.index(slot * CH + ch), x_img + ch * sxc + ih * sxh + col, mask=ok)
             # each loading thread's arrival, when its copies have landed
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             j += 1
@@ -182,9 +197,10 @@ def _rows_partition(
     x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end,
     {stage_params}
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-    R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
-    STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
+    R: gl.constexpr, CH: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, TMA_STORE: gl.constexpr,
+    PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
 ):
     # [runs, channels] accumulators, one per pixel of a run
@@ -193,6 +209,10 @@ def _rows_partition(
     )
     # the stores' layout: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    # NCHW output: the row's joined pixels, PLANE_VEC contiguous a thread, lanes along the row
+    plane_layout: gl.constexpr = gl.BlockedLayout(
+        [PLANE_VEC if PLANE_VEC else 1, 1], [PLANE_LANES, 32 // PLANE_LANES], [1, 4], [0, 1]
+    )
     # TMA stores: a pixel's [runs, channels] tile as the product reads a tile of shared memory
     y_flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
     k0 = gl.program_id(1) * BLOCK_N
@@ -225,22 +245,25 @@ def _rows_partition(
 def gluon_stem_kernel(
     x_ptr, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
-    N, K, H, OH, OW, KP, ROW_VECS, sxn_vecs, sxh_vecs,
+    N, K, H, OH, OW, KP, ROW_VECS, sxn_vecs, sxh_vecs, sxc_vecs,
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, dil_h,
-    R: gl.constexpr, PX: gl.constexpr, STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr,
+    R: gl.constexpr, CH: gl.constexpr, PX: gl.constexpr, STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr,
     RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr,
     FILTER_FIRST: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, TMA_STORE: gl.constexpr,
+    PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
 ):
-    # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E]; w_bufs: the Toeplitz blocks [BLOCK_N,
-    # BLOCK_E], block r * PX + p for filter row r and pixel p of a run (w_desc: the packed filter
-    # [R * PX * KP, BLOCK_E], KP the output channels rounded up to BLOCK_N)
+    # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E], CH a slot (an input row of each channel
+    # plane; one of all channels where rows are channels-last); w_bufs: the Toeplitz blocks
+    # [BLOCK_N, BLOCK_E], block (r * CH + ch) * PX + p for filter row r, plane ch and pixel p of a
+    # run (w_desc: the packed filter [R * CH * PX * KP, BLOCK_E], KP the output channels rounded up
+    # to BLOCK_N)
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
-    x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_SLOTS, RUNS, BLOCK_E], tile)
-    w_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [R * PX, BLOCK_N, BLOCK_E], tile)
+    x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_SLOTS * CH, RUNS, BLOCK_E], tile)
+    w_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [R * CH * PX, BLOCK_N, BLOCK_E], tile)
     # TMA stores: a tile per computing warpgroup and pixel of a run, y_desc's boxes [1, 1, RUNS, 1,
     # BLOCK_N] of the output seen as [N, OH, OW / PX, PX, K] (a token tile where stores are by pointer)
     y_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=5)
@@ -258,7 +281,7 @@ def gluon_stem_kernel(
     if FILTER_FIRST:
         # The filter's blocks before the wait for the kernel before this one: no kernel that may
         # still run writes them (the packed weights are written by plain stream-ordered copies)
-        _load_filter(w_desc, w_bufs, w_ready, KP, R * PX)
+        _load_filter(w_desc, w_bufs, w_ready, KP, R * CH * PX)
 {grid_dependency}
 {row_run}
     gl.warp_specialize(
@@ -272,8 +295,8 @@ def gluon_stem_kernel(
 _LOADER = """(
             _load_partition,
             (x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs,
-             sxh_vecs, pad_h, STEP, LEAD, VEC, RUNS, BLOCK_E, R * PX, NUM_SLOTS, STR_H, SPAN, LOAD_WARPS, IDX64,
-             FILTER_FIRST),
+             sxh_vecs, sxc_vecs, pad_h, STEP, LEAD, VEC, RUNS, BLOCK_E, R * CH * PX, CH, NUM_SLOTS, STR_H, SPAN,
+             LOAD_WARPS, IDX64, FILTER_FIRST),
         )"""
 
 #: Computing warpgroup {consumer} of CONSUMERS and its arguments.
@@ -281,14 +304,14 @@ _CONSUMER = """(
             _rows_partition,
             (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-             R, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
-             TMA_STORE, {flag_args}),
+             R, CH, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
+             TMA_STORE, PLANE_VEC, PLANE_LANES, {flag_args}),
         )"""
 
 #: One filter row's products (every input row of the window waited for, then one proxy fence: the
 #: copies wrote through the generic proxy, wgmma reads through the async one; a fence per filter
 #: row, each a MEMBAR.ALL.CTA, measured 38.4 us on the ResNet stem against 37.0: H100, fp16).
-_TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS)
+_TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS * CH + {ch})
 {products}"""
 
 _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
@@ -307,8 +330,25 @@ _HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR
 _STORE = """    if TMA_STORE:
 {wait}        y_tile = y_bufs.index(CONSUMER * PX + {p})
         y_tile.{reinterpret}(y_ptr.dtype.element_ty, [RUNS, BLOCK_N], y_flat).store(h.to(y_ptr.dtype.element_ty))
-{copies}    else:
+{copies}    elif PLANE_VEC:
+        h{p} = h.to(y_ptr.dtype.element_ty)
+{joined}    else:
 {pointer_store}"""
+
+#: Channel planes (NCHW output): the row's pixels joined after the last one's chain, in order (pixel
+#: p of run q at q * PX + p), then stored with lanes along the plane's pixels, PLANE_VEC of them a
+#: thread (16-byte stores where the planes' strides are multiples of 8 elements).
+_JOINED_STORE = """        h = {joined}
+        h = gl.convert_layout(h, plane_layout)
+        ow = gl.arange(0, RUNS * PX, layout=gl.SliceLayout(1, plane_layout))
+        offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, plane_layout))
+        ch = offs_n
+        if IDX64:
+            ch = ch.to(gl.int64)
+        plane = gl.multiple_of(n_img * syn + oh * syh + ch * syc, PLANE_VEC)
+        mask = (ow < OW)[:, None] & (offs_n < K)[None, :]
+        gl.store(y_ptr + plane[None, :] + ow[:, None], h, mask=mask)
+"""
 _STORE_WAIT = """        tma.store_wait(0)
 """
 _STORE_FENCE = """        fence_async_shared()
@@ -318,6 +358,17 @@ _STORE_COPY = """        {tma_store}(y_desc, [u // OH, oh, 0, {p}, k0], y_bufs.i
 
 #: Pixel {p} of each run of the output row, in ``{layout}``: its column, the channels.
 _COORDINATES = "q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, {layout}))\now = q * PX + {p}\n" + ROW_CHANNELS
+
+
+def joined_row(px: int) -> str:
+    """The expression of an output row's [RUNS * PX, BLOCK_N] tile from its pixels' tiles h0 ..
+    h{PX-1} ([RUNS, BLOCK_N] each): joined, the pixels' bits moved before the channels."""
+    if px == 1:
+        return "h0"
+    bits = px.bit_length() - 1
+    order = (0, *range(2, 2 + bits), 1)
+    joined = joined_pixels([f"h{p}" for p in range(px)]).replace("tl.join", "gl.join")
+    return f"gl.reshape(gl.permute({joined}, {order}), [RUNS * PX, BLOCK_N])"
 
 
 def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches) -> str:
@@ -330,9 +381,13 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     px = runs.pixels
     names = gluon_names()
     epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
-    products = ["\n".join(_PRODUCT.format(p=p, block=r * px + p) for p in range(px)) for r in range(r_taps)]
+    planes = channel_planes(spec)
     taps = ["        fence_async_shared()"]
-    taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
+    for r in range(r_taps):
+        for ch in range(planes):
+            block = (r * planes + ch) * px
+            products = "\n".join(_PRODUCT.format(p=p, block=block + p) for p in range(px))
+            taps.append(_TAP_PRODUCTS.format(r=r, ch=ch, products=products))
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
     pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
     for p in range(px):
@@ -344,6 +399,7 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
             p=p,
             wait=_STORE_WAIT if p == 0 else "",
             copies="".join([_STORE_FENCE, *copies]) if p == px - 1 else "",
+            joined=_JOINED_STORE.format(joined=joined_row(px)) if p == px - 1 else "",
             pointer_store=indent(pointer_store.split("\n"), 4),
             reinterpret=names["reinterpret"],
         )
@@ -369,6 +425,33 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     )
 
 
+def gluon_stretches(
+    interleaved: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
+) -> Stretches:
+    """The runs with the fewest products per output row (PX x BLOCK_E: a [RUNS, BLOCK_E] tile per
+    input row whatever the run's length, its products one per pixel of a run) among those of at
+    most MAX_PIXELS pixels and RUNS runs a row whose stretches are copied at least 4 bytes at a
+    time; among equals the shorter stretch (fewer gathered elements), then the widest vector. Where
+    none fits, triton-stem's (gluon_stem_why_not says why)."""
+    geometry = (interleaved, filter_w, stride_w, pad_w, dil_w, out_w, itemsize)
+    fits = [
+        (runs, vector)
+        for runs, vector in stretch_candidates(*geometry)
+        if runs.pixels <= MAX_PIXELS and triton_cdiv(out_w, runs.pixels) <= RUNS and vector * itemsize >= 4
+    ]
+    if not fits:
+        return stretches(*geometry)
+    return min(fits, key=lambda item: (item[0].pixels * item[0].block_e, item[0].block_e, -item[1]))[0]
+
+
+def channel_planes(spec: PlanSpec) -> int:
+    """Input-row tiles a slot holds: 1 where rows are channels-last (all channels in one stretch),
+    C where they are channel planes (NCHW: a stretch per channel)."""
+    interleaved = channels_interleaved(spec)
+    assert interleaved is not None
+    return spec.input_desc.dims[1] // interleaved
+
+
 def copy_vector(runs: Stretches, itemsize: int, row: int, *strides: int) -> int:
     """Elements of one asynchronous copy: the widest power of two (at most 16 bytes) that divides
     the runs' step, their lead, the input row (no copy straddles a row's end) and the input's
@@ -381,11 +464,25 @@ def copy_vector(runs: Stretches, itemsize: int, row: int, *strides: int) -> int:
     return vector
 
 
-def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_store: bool = False) -> int:
-    """Shared memory of the filter's Toeplitz blocks and of ``slots`` input-row tiles (and, with
-    ``tma_store``, of the output tiles: one per computing warpgroup and pixel of a run)."""
+def stem_smem_bytes(
+    r: int, runs: Stretches, slots: int, itemsize: int, tma_store: bool = False, planes: int = 1
+) -> int:
+    """Shared memory of the filter's Toeplitz blocks and of ``slots`` slots of ``planes`` input-row
+    tiles each (and, with ``tma_store``, of the output tiles: one per computing warpgroup and pixel
+    of a run)."""
     tiles = CONSUMERS * runs.pixels * RUNS * BLOCK_N if tma_store else 0
-    return (r * runs.pixels * BLOCK_N + slots * RUNS) * runs.block_e * itemsize + tiles * itemsize
+    return (r * runs.pixels * BLOCK_N + slots * RUNS) * planes * runs.block_e * itemsize + tiles * itemsize
+
+
+def joined_plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
+    """Output pixels a thread stores together where rows are stored joined (0: not joined): 8
+    (16 bytes) where the output's pixels are contiguous (channel planes), its image, channel and
+    row strides multiples of 8 and its data 16-byte aligned; 1 where only the pixels are contiguous."""
+    syn, syc, syh, syw = strides
+    if not tuning.GLUON_STEM_JOINED_PLANES or syw != 1 or syc == 1:
+        return 0
+    aligned = all(s % 8 == 0 for s in (syn, syc, syh)) and out.data_ptr() % 16 == 0
+    return 8 if aligned and out.element_size() == 2 else 1
 
 
 def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
@@ -401,7 +498,18 @@ def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
         return False
     r = conv.w_desc.dims[2]
     least = least_slots(r, conv.conv.dilations[0])
-    return stem_smem_bytes(r, runs, least, itemsize, True) <= tuning.GLUON_STEM_SMEM_BYTES
+    return stem_smem_bytes(r, runs, least, itemsize, True, channel_planes(spec)) <= tuning.GLUON_STEM_SMEM_BYTES
+
+
+def copied_row(spec: PlanSpec, strides: tuple[int, ...]) -> tuple[int, ...]:
+    """What a copy must divide besides the runs' step and lead (copy_vector's ``row`` and
+    ``strides``): an input row's elements, the image and row strides and, for channel planes, the
+    plane stride (``strides``: the input's, N C H W order)."""
+    interleaved = channels_interleaved(spec)
+    assert interleaved is not None
+    sxn, sxc, sxh, _ = strides[:4]
+    planes = (sxc,) if channel_planes(spec) > 1 else ()
+    return (spec.input_desc.dims[3] * interleaved, sxn, sxh, *planes)
 
 
 def least_slots(r: int, dil_h: int) -> int:
@@ -412,9 +520,9 @@ def least_slots(r: int, dil_h: int) -> int:
 
 def gluon_stem_why_not(spec: PlanSpec) -> str | None:
     """Why the plan does not fit this kernel, or None: an ungrouped convolution of at most
-    STEM_MAX_CHANNELS input channels on channels-last fp16 or bf16 input, stretches of at most 64
-    elements copied at least 4 bytes at a time, output rows of at most 64 runs, the filter's
-    blocks and the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES."""
+    STEM_MAX_CHANNELS input channels on fp16 or bf16 input of channels-last rows or channel planes,
+    stretches of at most 64 elements copied at least 4 bytes at a time, output rows of at most 64
+    runs, the filter's blocks and the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     if not tuning.GLUON_STEM:
@@ -427,17 +535,20 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
     c = x.dims[1]
     if c > STEM_MAX_CHANNELS:
         return f"C={c} > {STEM_MAX_CHANNELS}: channel blocks fill reduction steps (the window kernels)"
-    if channels_interleaved(spec) != c:
-        return f"the input must be channels-last (NHWC) to be read in stretches of rows; it is {x.layout_name}"
-    runs = plan_stretches(spec)
+    if channels_interleaved(spec) is None:
+        return (
+            "the input must be channels-last (NHWC) or channel planes (NCHW) to be read in stretches of rows; "
+            f"its strides are {x.strides}"
+        )
+    runs = plan_stretches(spec, gluon_stretches)
     if runs.block_e > 64:
         return f"a stretch of {runs.used} input elements per filter row is longer than a tile's 64"
     itemsize = spec.dtype.torch_dtype.itemsize
-    vector = copy_vector(runs, itemsize, x.dims[3] * c, x.strides[0], x.strides[2])
-    if vector * itemsize < 4:
+    row, *strides = copied_row(spec, x.strides)
+    if copy_vector(runs, itemsize, row, *strides) * itemsize < 4:
         return (
-            f"stretches {runs.step} elements apart in rows of {x.dims[3] * c} (strides {x.strides[0]}, "
-            f"{x.strides[2]}): asynchronous copies need 4-byte units"
+            f"stretches {runs.step} elements apart in rows of {row} (strides {tuple(strides)}): "
+            "asynchronous copies need 4-byte units"
         )
     if runs.pixels > MAX_PIXELS:
         return (
@@ -449,11 +560,12 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
         return f"output rows of {ow} pixels: more than {RUNS} runs of {runs.pixels}"
     r = conv.w_desc.dims[2]
     least = least_slots(r, conv.conv.dilations[0])
-    need = stem_smem_bytes(r, runs, least, itemsize)
+    planes = channel_planes(spec)
+    need = stem_smem_bytes(r, runs, least, itemsize, planes=planes)
     if need > tuning.GLUON_STEM_SMEM_BYTES:
         return (
-            f"the filter's {r * runs.pixels} Toeplitz blocks and {least} input-row tiles take {need} bytes "
-            f"of shared memory (> {tuning.GLUON_STEM_SMEM_BYTES})"
+            f"the filter's {r * planes * runs.pixels} Toeplitz blocks and {least * planes} input-row tiles take "
+            f"{need} bytes of shared memory (> {tuning.GLUON_STEM_SMEM_BYTES})"
         )
     return None
 
@@ -462,6 +574,8 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
     solver_name = "gluon-stem"
     stem = "gluon_stem"
     splits_reduction = False
+
+    choose_stretches = staticmethod(gluon_stretches)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -482,25 +596,27 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         least = self._least_slots()
         tma_store = plan_tma_store(self.spec, self.runs)
         limit = tuning.GLUON_STEM_SMEM_BYTES
-        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize, tma_store) > limit:
+        planes = channel_planes(self.spec)
+        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize, tma_store, planes) > limit:
             slots -= 1
         return tuning.ConvConfig(RUNS, BLOCK_N, self.runs.block_e, 1, 4, slots, 1, 2)
 
     def pack(self, weight: Tensor) -> Tensor:
-        """triton-stem's Toeplitz blocks [R, 1, PX, K, BLOCK_E] as [R * PX * KP, BLOCK_E], the
-        output channels padded with zeros to KP, a multiple of BLOCK_N (a tensor box of a block's
-        channels never reaches into the next block)."""
+        """triton-stem's Toeplitz blocks [R, CH, PX, K, BLOCK_E] (CH: 1 for channels-last rows, C for
+        channel planes) as [R * CH * PX * KP, BLOCK_E], the output channels padded with zeros to KP,
+        a multiple of BLOCK_N (a tensor box of a block's channels never reaches into the next block)."""
         blocks = super().pack(weight)
-        r, _, px, k, e = blocks.shape
+        r, planes, px, k, e = blocks.shape
         kp = triton_cdiv(k, BLOCK_N) * BLOCK_N
-        padded = blocks.new_zeros((r, px, kp, e))
-        padded[:, :, :k] = blocks[:, 0]
-        return padded.reshape(r * px * kp, e)
+        padded = blocks.new_zeros((r, planes, px, kp, e))
+        padded[:, :, :, :k] = blocks
+        return padded.reshape(r * planes * px * kp, e)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        """Programs of the grid and the products per output row (one per filter row and pixel of a run)."""
+        """Programs of the grid and the products per output row (one per filter row, channel plane
+        and pixel of a run)."""
         programs, blocks, _ = self._grid()
-        return programs * blocks, self.conv.w_desc.dims[2] * self.runs.pixels
+        return programs * blocks, self.conv.w_desc.dims[2] * channel_planes(self.spec) * self.runs.pixels
 
     def _grid(self) -> tuple[int, int, int]:
         return row_run_grid(self._handle, self.spec.input_desc.dims[0] * self.out_hw[0], self.k)
@@ -536,20 +652,25 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         bits = itemsize * 8
         swizzle = min(128, runs.block_e * itemsize)
         kp = triton_cdiv(self.k, BLOCK_N) * BLOCK_N
-        depth = r * runs.pixels * kp
+        planes = channel_planes(self.spec)
+        depth = r * planes * runs.pixels * kp
         box = [BLOCK_N, runs.block_e]
         w_desc = gluon_descriptor(packed, [depth, runs.block_e], [runs.block_e, 1], box, swizzle, bits)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
-        sxn, _, sxh, _ = strides[:4]
+        sxn, sxc, sxh, _ = strides[:4]
         tma_store = (
             plan_tma_store(self.spec, runs)
             and tma_store_strides_fit(strides[4:8], ow, runs.pixels, itemsize)
             and out.data_ptr() % 16 == 0
         )
         y_desc = self._output_descriptor(out, strides[4:8], bits) if tma_store else w_desc  # a token where unused
-        vector = copy_vector(runs, itemsize, w * c, sxn, sxh)
+        plane_vec = 0 if tma_store else joined_plane_vector(strides[4:8], out)
+        plane_lanes = min(32, RUNS * runs.pixels // max(plane_vec, 1))
+        row = copied_row(self.spec, strides)
+        vector = copy_vector(runs, itemsize, *row)
         consts = (
             r,
+            planes,
             runs.pixels,
             runs.step,
             runs.lead,
@@ -570,9 +691,12 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             tma_store,
+            plane_vec,
+            plane_lanes,
             *flags.values(),
         )
-        geometry = (n, self.k, h, oh, ow, kp, w * c // vector, sxn // vector, sxh // vector)
+        # the input's row and strides in whole copies (a plane's stride unused for channels-last rows)
+        geometry = (n, self.k, h, oh, ow, kp, row[0] // vector, sxn // vector, sxh // vector, sxc // vector)
         args = [x, w_desc, out, p, y_desc, *values, *geometry, *strides[4:], pad_h, dil_h, *consts]
         return self._grid(), cfg, args
 

@@ -149,12 +149,11 @@ class Stretches:
         return self.lead + (p * stride_w + s * dil_w - pad_w) * self.interleaved
 
 
-def stretches(
+def stretch_candidates(
     interleaved: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
-) -> Stretches:
-    """The run length and vector width with the shortest stretch per pixel of tensor-core work
-    (BLOCK_E, a power of two of at least 16); among equals the longest run (fewer gathered
-    elements per pixel), then the widest vector loads (aligned when step and lead are multiples)."""
+) -> list[tuple[Stretches, int]]:
+    """Every run length (1, 2, 4, 8 pixels, at most the row's) with every vector width that aligns
+    its stretches (step and lead multiples of it): (stretches, vector elements) pairs."""
     found = []
     for pixels in (1, 2, 4, 8):
         if pixels > 1 and pixels > out_w:
@@ -165,9 +164,19 @@ def stretches(
             lead = -(-pad_w * interleaved // vector) * vector
             used = lead + ((pixels - 1) * stride_w + (filter_w - 1) * dil_w + 1 - pad_w) * interleaved
             block_e = max(16, 1 << (used - 1).bit_length())
-            found.append(((block_e, -pixels, -vector), Stretches(pixels, step, lead, block_e, used, interleaved)))
+            found.append((Stretches(pixels, step, lead, block_e, used, interleaved), vector))
             vector //= 2
-    return min(found, key=lambda item: item[0])[1]
+    return found
+
+
+def stretches(
+    interleaved: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
+) -> Stretches:
+    """The run length and vector width with the shortest stretch per pixel of tensor-core work
+    (BLOCK_E, a power of two of at least 16); among equals the longest run (fewer gathered
+    elements per pixel), then the widest vector loads (aligned when step and lead are multiples)."""
+    found = stretch_candidates(interleaved, filter_w, stride_w, pad_w, dil_w, out_w, itemsize)
+    return min(found, key=lambda item: (item[0].block_e, -item[0].pixels, -item[1]))[0]
 
 
 def joined_pixels(accs: list[str]) -> str:
@@ -199,12 +208,13 @@ def channels_interleaved(spec: PlanSpec) -> int | None:
     return None
 
 
-def plan_stretches(spec: PlanSpec) -> Stretches:
+def plan_stretches(spec: PlanSpec, choose=stretches) -> Stretches:
+    """The plan's runs and stretches as ``choose`` picks them from its filter's width and geometry."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     interleaved = channels_interleaved(spec)
     assert interleaved is not None
-    return stretches(
+    return choose(
         interleaved,
         conv.w_desc.dims[3],
         conv.conv.strides[1],
@@ -243,8 +253,11 @@ class TritonStemKernel(TritonConvKernel):
         """What NORMAL find benchmarks: the stem tiles, with this plan's stretch as the step."""
         return [replace(cfg, block_k=self.runs.block_e) for cfg in tuning.STEM_CANDIDATES]
 
+    #: How this kernel picks its runs and stretches (plan_stretches' ``choose``).
+    choose_stretches = staticmethod(stretches)
+
     def __init__(self, spec: PlanSpec, handle) -> None:
-        self.runs = plan_stretches(spec)
+        self.runs = plan_stretches(spec, self.choose_stretches)
         super().__init__(spec, handle)
 
     def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
