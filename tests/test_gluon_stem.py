@@ -7,7 +7,6 @@ import torch
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.solvers.triton_stem import TritonStemKernel
 from fusionplan.testing import add_chain, layer_plan
 
 from .util import compile_sm90, layer_build, plan_for
@@ -51,7 +50,7 @@ def conv_plan(
         (lambda: stem(torch.float32), "16-bit wgmma"),
         (lambda: stem(layout="NCHW"), "needs a Hopper GPU"),  # channel planes: a stretch per channel
         (lambda: conv_plan(layout="NWHC"), "channels-last (NHWC) or channel planes (NCHW)"),
-        (lambda: conv_plan(c=8, r=3, s=3, pads=(2, 2), strides=(1, 1), dil=2, layout="NCHW"), "shared memory"),
+        (lambda: conv_plan(c=9, layout="NCHW"), "(9 channel planes side by side) is longer than a tile's 64"),
         (lambda: conv_plan(c=16, r=3, s=3, pads=(1, 1)), "C=16 > 15"),
         (lambda: conv_plan(c=4, groups=2, k=8), "grouped"),
         (lambda: conv_plan(w=600), "more than 64 runs"),
@@ -79,7 +78,7 @@ def test_ring_and_config():
     kernel = solver_named("gluon-stem").build(stem().spec(), fp.Handle("cpu"))
     runs = kernel.runs
     assert (runs.pixels, runs.step, runs.lead, runs.block_e) == (2, 12, 12, 32)
-    assert gluon_stem.copy_vector(runs, 2, 224 * 3, 224 * 224 * 3, 224 * 3) == 4
+    assert gluon_stem.copy_vector(kernel.arrangement, 2, 224 * 3, 224 * 224 * 3, 224 * 3) == 4
     assert kernel.config.num_stages == 16 and kernel.config.block_k == 32
     assert [c.num_stages for c in kernel.candidates] == [16, 14]
     assert kernel.narrower_config().num_stages == 14
@@ -90,20 +89,20 @@ def test_ring_and_config():
 
 
 def test_ring_and_config_on_channel_planes():
-    """The ResNet stem on NCHW input: a stretch per channel plane, runs of 2 pixels (two products
-    a plane and filter row: runs of 4 would take four for 28 of the 64 rows), 16 elements from 4
-    before the run's first column, 8-byte copies; a slot holds the three planes' tiles (6 KB), the
-    filter 7 x 3 x 2 blocks (84 KB)."""
-    kernel = solver_named("gluon-stem").build(stem(layout="NCHW").spec(), fp.Handle("cpu"))
+    """The ResNet stem on NCHW input: the three planes' stretches side by side in a 32-element row
+    (10 elements each, from 4 before the run's first column: copies of 4 bytes never straddle two
+    planes), runs of 2 pixels: as many products per output row as channels-last input (a
+    16-element tile per plane would take 3 x 2 per filter row; triton-stem's runs of 4, 4)."""
+    spec = stem(layout="NCHW").spec()
+    kernel = solver_named("gluon-stem").build(spec, fp.Handle("cpu"))
+    arrangement = kernel.arrangement
     runs = kernel.runs
-    assert (runs.pixels, runs.step, runs.lead, runs.block_e, runs.interleaved) == (2, 4, 4, 16, 1)
-    assert triton_stem.plan_stretches(stem(layout="NCHW").spec()).pixels == 4  # triton-stem's own choice
-    assert gluon_stem.channel_planes(stem(layout="NCHW").spec()) == 3
-    strides = stem(layout="NCHW").spec().input_desc.strides
-    row = gluon_stem.copied_row(stem(layout="NCHW").spec(), strides)
-    assert row == (224, 3 * 224 * 224, 224, 224 * 224) and gluon_stem.copy_vector(runs, 2, *row) == 4
-    assert gluon_stem.stem_smem_bytes(7, runs, 16, 2, planes=3) == (14 * 64 + 16 * 64) * 3 * 16 * 2
-    assert kernel.config.num_stages == 16 and kernel.programs_and_steps(kernel.config)[1] == 7 * 3 * 2
+    assert (runs.pixels, runs.step, runs.lead, runs.block_e, runs.used) == (2, 4, 4, 32, 30)
+    assert (arrangement.side, arrangement.pitch, arrangement.products) == (3, 10, 4)
+    assert triton_stem.plan_stretches(spec).pixels == 4  # triton-stem's own choice
+    row = gluon_stem.copied_row(spec, spec.input_desc.strides)
+    assert row == (224, 3 * 224 * 224, 224, 224 * 224) and gluon_stem.copy_vector(arrangement, 2, *row) == 2
+    assert kernel.config.num_stages == 16 and kernel.programs_and_steps(kernel.config)[1] == 7 * 2
 
 
 @pytest.mark.parametrize(
@@ -119,19 +118,55 @@ def test_runs_of_fewest_products(c, w, stride, pixels):
     assert solver_named("gluon-stem").build(plan.spec(), fp.Handle("cpu")).runs.pixels == pixels
 
 
-@pytest.mark.parametrize("layout, planes", [("NHWC", 1), ("NCHW", 3)])
-def test_packed_filter_is_triton_stems_blocks_padded_to_whole_channel_blocks(layout, planes):
-    """[R * CH * PX * KP, BLOCK_E]: block (r, ch, p) of K output channels (CH: one for
-    channels-last rows, a block per channel plane), then zero rows up to KP."""
-    plan = conv_plan(k=17, layout=layout)
+#: (c, w, k, r, s, pads, strides, dilation) whose packed blocks the emulation checks in both layouts.
+EMULATED = {
+    "stem": (3, 40, 17, 7, 7, (3, 3), (2, 2), 1),
+    "C4-3x3": (4, 36, 24, 3, 3, (1, 1), (1, 1), 1),
+    "C8-dilated": (8, 40, 8, 3, 3, (2, 2), (1, 1), 2),
+    "stride-3": (4, 48, 8, 5, 5, (2, 2), (3, 3), 1),
+    "1x7": (3, 64, 8, 1, 7, (0, 3), (1, 2), 1),
+    "four-pixel-runs": (2, 160, 8, 3, 3, (1, 1), (1, 1), 1),
+}
+
+
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("case", list(EMULATED))
+def test_packed_blocks_times_gathered_tiles_is_the_convolution(case, layout):
+    """What the kernel computes, in torch: each input row's [RUNS, BLOCK_E] tile gathered as the
+    loader does (run q's stretch from q * step - lead; channel planes side by side, plane c's from
+    c * pitch), times the packed Toeplitz blocks of each filter row, summed over the filter rows,
+    is the convolution's output row (pixel p of run q at column q * PX + p); K padded to 64."""
+    c, w, k, r, s, pads, strides, dil = EMULATED[case]
+    h = 9
+    plan = conv_plan(c=c, h=h, w=w, k=k, r=r, s=s, pads=pads, strides=strides, dil=dil, layout=layout)
     kernel = solver_named("gluon-stem").build(plan.spec(), fp.Handle("cpu"))
-    weight = torch.randn(17, 3, 7, 7, dtype=torch.float16)
-    packed = kernel.pack(weight)
-    toeplitz = TritonStemKernel.pack(kernel, weight)  # triton-stem's blocks of these runs: [R, CH, PX, K, E]
-    r, ch, px, k, e = toeplitz.shape
-    assert ch == planes and packed.shape == (r * ch * px * 64, e)
-    blocks = packed.reshape(r, ch, px, 64, e)
-    assert torch.equal(blocks[:, :, :, :17], toeplitz) and not blocks[:, :, :, 17:].any()
+    arrangement, runs = kernel.arrangement, kernel.runs
+    assert (arrangement.side > 1) == (layout == "NCHW")
+    x = torch.randn(2, c, h, w, dtype=torch.float64)
+    weight = torch.randn(k, c, r, s, dtype=torch.float64)
+    blocks = kernel.pack(weight).reshape(r, runs.pixels, -1, runs.block_e)[:, :, :k]  # [R, PX, K, E]
+    expected = torch.nn.functional.conv2d(x, weight, padding=pads, stride=strides, dilation=dil)
+    oh, ow = expected.shape[2:]
+    q = torch.arange(-(-ow // runs.pixels))
+    e = torch.arange(runs.block_e)
+    if arrangement.side > 1:  # plane e // pitch, its element e % pitch
+        col = (q * runs.step - runs.lead)[:, None] + (e % arrangement.pitch)[None, :]
+        chans = (e // arrangement.pitch)[None, :].expand_as(col)
+        ok = (col >= 0) & (col < w) & (chans < c)
+        cols = col
+    else:  # channels-last: element i of the row is column i // C, channel i % C
+        col = (q * runs.step - runs.lead)[:, None] + e[None, :]
+        ok = (col >= 0) & (col < w * c)
+        cols, chans = col // c, col % c
+    for n in range(2):
+        for row in range(oh):
+            acc = torch.zeros(len(q), runs.pixels, k, dtype=torch.float64)
+            for fr in range(r):
+                ih = row * strides[0] + fr * dil - pads[0]
+                if 0 <= ih < h:
+                    tile = torch.where(ok, x[n, chans.clamp(0, c - 1), ih, cols.clamp(0, w - 1)], 0.0)
+                    acc += torch.einsum("qe,pke->qpk", tile, blocks[fr])
+            torch.testing.assert_close(acc.reshape(-1, k)[:ow], expected[n, :, row].T)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -153,16 +188,16 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
-def test_stem_on_channel_planes_gathers_each_plane_row_once():
-    """NCHW input: a wgmma per filter row, channel plane and pixel of a run (2 x 7 x 3 x 2, one
-    16-element slice each), two 8-byte copies a thread for each plane's tile of a slot, the filter's
-    42 blocks by tensor loads; the NCHW output's rows joined and stored 16 bytes at a time (8 per
-    thread and warpgroup); no spills, within sm_90's shared memory."""
+def test_stem_on_channel_planes_gathers_each_input_row_once():
+    """NCHW input: as many wgmma as channels-last input (2 x 7 x 2 x 2: the planes side by side in
+    one 32-element row), eight 4-byte copies a thread for a row's tile, the filter's 14 blocks by
+    tensor loads; the NCHW output's rows joined and stored 16 bytes at a time (8 per thread and
+    warpgroup); no spills, within sm_90's shared memory."""
     info = compile_sm90(layer_build("r50_00", "float16", layout="NCHW"), "gluon-stem")
-    assert info["HGMMA"] == 84 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["HGMMA"] == 56 and info["HGMMA shapes"] == ["64x64x16"]
     assert info["global stores by bytes"] == {"16": 16}
-    assert info["async copies by bytes"].get("8") == 6
-    assert info["tensor loads (UTMALDG)"] == 42
+    assert info["async copies by bytes"].get("4") == 8 + 1  # and the filter-first path's one
+    assert info["tensor loads (UTMALDG)"] == 14
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
 

@@ -476,12 +476,13 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
 
 #: (n, c, h, w, k, r, s, pads, strides, dilation) for gluon-stem: ResNet-50's stem on few images;
 #: K not a multiple of 8 nor of the 64-channel block (17, 136: three blocks), C = 4 and 8, a 3x3
-#: stride-1 filter (on channel planes: runs of two pixels, 4-byte copies), dilation 2, uneven
-#: padding, a 1x7 filter, stride 3, rows of a single run, fewer output rows than programs (one
-#: image of 5 rows) and runs of output rows that cross images and wrap around the ring (long-runs:
-#: 90 images of 4 rows; 12 images of 56), runs of one pixel (C = 2) and of four (rows of 199 and
-#: 160 pixels: C = 1, 16-byte copies; C = 2 with TMA stores of the channels-last output, like every
-#: case whose rows are whole runs of 16-byte aligned pixels).
+#: stride-1 filter (on channel planes: runs of two pixels, 4-byte copies), dilation 2 (on channel
+#: planes: 8 planes side by side in a 64-element row), uneven padding, a 1x7 filter, stride 3, rows
+#: of a single run, fewer output rows than programs (one image of 5 rows) and runs of output rows
+#: that cross images and wrap around the ring (long-runs: 90 images of 4 rows; 12 images of 56),
+#: runs of one pixel (C = 2) and of four (rows of 199 and 160 pixels: C = 1, 16-byte copies; C = 2
+#: with TMA stores of the channels-last output, like every case whose rows are whole runs of
+#: 16-byte aligned pixels).
 GLUON_STEM_CASES = {
     "r50_00-like": (3, 3, 224, 224, 64, 7, 7, (3, 3), (2, 2), 1),
     "C3-K17": (2, 3, 40, 52, 17, 7, 7, (3, 3), (2, 2), 1),
@@ -498,8 +499,6 @@ GLUON_STEM_CASES = {
     "C1-four-pixel-runs": (2, 1, 20, 400, 32, 3, 3, (0, 0), (2, 2), 1),
     "C2-four-pixel-runs": (2, 2, 20, 160, 64, 3, 3, (1, 1), (1, 1), 1),
 }
-#: Cases gluon-stem takes on channels-last input only, and why not on channel planes.
-GLUON_STEM_NHWC_ONLY = {"C8-dilated": "8 channel planes: the filter's blocks and the ring pass shared memory"}
 
 
 @pytest.mark.parametrize(
@@ -511,8 +510,6 @@ def test_gluon_stem_cases(case, precision, chain, in_layout, out_layout):
     """gluon-stem forced on each case, channels-last or channel-plane input (a stretch per channel
     plane), against the float64 reference, the output NaN-filled in either layout; then with random
     alpha and beta over a prior output."""
-    if in_layout == "NCHW" and case in GLUON_STEM_NHWC_ONLY:
-        pytest.skip(GLUON_STEM_NHWC_ONLY[case])
     n, c, h, w, k, r, s, pads, strides, dil = GLUON_STEM_CASES[case]
     conv = fp.ConvolutionDescriptor(pads, strides, (dil, dil))
     check_forced_solver("gluon-stem", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout, in_layout)

@@ -24,10 +24,12 @@ program takes a run of output rows (its share of N x OH, image by image) and
   rows are stored with their runs' pixels joined in order, 16 bytes a thread where the planes
   are aligned (the NCHW stem: 45.7 us against 130 pixel by pixel).
 
-Channel-plane (NCHW) input: a ring slot holds the input row of each plane, a stretch each, and
-each filter row's products run over the planes (the Toeplitz blocks per filter row, plane and
-pixel of a run). Runs are as short as 64 runs a row allow (gluon_stretches: the fewest products
-per output row): the NCHW stem in runs of 2 pixels, 44.6-45.7 us against triton-stem's 68.6.
+Channel-plane (NCHW) input: the planes' stretches lie side by side in a tile's row (each at a
+multiple of the copies' width, so that no copy straddles two planes), and the Toeplitz blocks hold
+each plane's taps at its place: as many products as channels-last input (the NCHW stem: three
+10-element stretches in a 32-element row, 38.5 us against 45.7 with a 16-element tile per plane
+and triton-stem's 68.6). Runs are as short as 64 runs a row allow (stem_arrangement: the fewest
+products per output row).
 
 A ring slot goes back to the loader once each computing warpgroup has passed the last of its
 output rows that read it (a warpgroup hands back, after each of its rows, every slot before the
@@ -39,7 +41,7 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -74,7 +76,6 @@ from fusionplan.solvers.triton_stem import (
     TritonStemKernel,
     channels_interleaved,
     joined_pixels,
-    plan_stretches,
     stretch_candidates,
     stretches,
 )
@@ -148,8 +149,9 @@ def _load_partition(
     x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs, sxh_vecs,
     sxc_vecs, pad_h,
     STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr, RUNS: gl.constexpr, BLOCK_E: gl.constexpr,
-    TAPS: gl.constexpr, CH: gl.constexpr, NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr,
-    LOAD_WARPS: gl.constexpr, IDX64: gl.constexpr, FILTER_FIRST: gl.constexpr,
+    TAPS: gl.constexpr, SIDE: gl.constexpr, PITCH: gl.constexpr, NUM_SLOTS: gl.constexpr,
+    STR_H: gl.constexpr, SPAN: gl.constexpr, LOAD_WARPS: gl.constexpr, IDX64: gl.constexpr,
+    FILTER_FIRST: gl.constexpr,
 ):
     if not FILTER_FIRST:
         _load_filter(w_desc, w_bufs, w_ready, KP, TAPS)
@@ -157,15 +159,21 @@ def _load_partition(
     gather: gl.constexpr = gl.BlockedLayout(
         [1, VEC], [32 // (BLOCK_E // VEC), BLOCK_E // VEC], [LOAD_WARPS, 1], [1, 0]
     )
-    q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, gather))
-    e = gl.arange(0, BLOCK_E, layout=gl.SliceLayout(0, gather))
-    col = (q * STEP - LEAD)[:, None] + e[None, :]
-    col = gl.max_contiguous(gl.multiple_of(col, [1, VEC]), [1, VEC])
-    col_ok = (col >= 0) & (col < ROW_VECS * VEC)
     # the strides in whole copies, so that every copy's address is seen aligned
     sxn = sxn_vecs * VEC
     sxh = sxh_vecs * VEC
     sxc = sxc_vecs * VEC
+    q = gl.arange(0, RUNS, layout=gl.SliceLayout(1, gather))
+    e = gl.arange(0, BLOCK_E, layout=gl.SliceLayout(0, gather))
+    if SIDE > 1:  # SIDE channel planes' stretches side by side, PITCH elements apart
+        plane = e // PITCH
+        e = e % PITCH
+    col = (q * STEP - LEAD)[:, None] + e[None, :]
+    col_ok = (col >= 0) & (col < ROW_VECS * VEC)
+    if SIDE > 1:
+        col_ok = col_ok & (plane < SIDE)[None, :]
+        col = col + (plane * sxc)[None, :]
+    col = gl.max_contiguous(gl.multiple_of(col, [1, VEC]), [1, VEC])
     j = 0  # the ring's position
     for n in range(start // OH, (end - 1) // OH + 1):
         first_oh = gl.maximum(start - n * OH, 0)
@@ -183,10 +191,7 @@ def _load_partition(
             if IDX64:
                 ih = ih.to(gl.int64)
             ok = col_ok & (ih >= 0) & (ih < H)  # rows above and below the image: zeros
-            # a slot holds the row of each of the CH channel planes (channels-last rows: one, all
-            # channels side by side)
-            for ch in gl.static_range(CH):
-                {async_copy}(x_bufs.index(slot * CH + ch), x_img + ch * sxc + ih * sxh + col, mask=ok)
+            {async_copy}(x_bufs.index(slot), x_img + ih * sxh + col, mask=ok)
             # each loading thread's arrival, when its copies have landed
             async_copy.mbarrier_arrive(ready.index(slot), increment_count=False)
             j += 1
@@ -197,8 +202,8 @@ def _rows_partition(
     x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end,
     {stage_params}
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-    R: gl.constexpr, CH: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr,
-    NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
+    R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
+    STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, TMA_STORE: gl.constexpr,
     PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
@@ -248,7 +253,8 @@ def gluon_stem_kernel(
     N, K, H, OH, OW, KP, ROW_VECS, sxn_vecs, sxh_vecs, sxc_vecs,
     syn, syc, syh, syw, spn, spc, sph, spw,
     pad_h, dil_h,
-    R: gl.constexpr, CH: gl.constexpr, PX: gl.constexpr, STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr,
+    R: gl.constexpr, SIDE: gl.constexpr, PITCH: gl.constexpr, PX: gl.constexpr, STEP: gl.constexpr,
+    LEAD: gl.constexpr, VEC: gl.constexpr,
     RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -256,14 +262,13 @@ def gluon_stem_kernel(
     PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
 ):
-    # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E], CH a slot (an input row of each channel
-    # plane; one of all channels where rows are channels-last); w_bufs: the Toeplitz blocks
-    # [BLOCK_N, BLOCK_E], block (r * CH + ch) * PX + p for filter row r, plane ch and pixel p of a
-    # run (w_desc: the packed filter [R * CH * PX * KP, BLOCK_E], KP the output channels rounded up
-    # to BLOCK_N)
+    # x_bufs: the ring of input-row tiles [RUNS, BLOCK_E] (channel planes: SIDE planes' stretches side
+    # by side in a row); w_bufs: the Toeplitz blocks [BLOCK_N, BLOCK_E], block r * PX + p for filter
+    # row r and pixel p of a run (w_desc: the packed filter [R * PX * KP, BLOCK_E], KP the output
+    # channels rounded up to BLOCK_N)
     tile: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
-    x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_SLOTS * CH, RUNS, BLOCK_E], tile)
-    w_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [R * CH * PX, BLOCK_N, BLOCK_E], tile)
+    x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_SLOTS, RUNS, BLOCK_E], tile)
+    w_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [R * PX, BLOCK_N, BLOCK_E], tile)
     # TMA stores: a tile per computing warpgroup and pixel of a run, y_desc's boxes [1, 1, RUNS, 1,
     # BLOCK_N] of the output seen as [N, OH, OW / PX, PX, K] (a token tile where stores are by pointer)
     y_box: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=5)
@@ -281,7 +286,7 @@ def gluon_stem_kernel(
     if FILTER_FIRST:
         # The filter's blocks before the wait for the kernel before this one: no kernel that may
         # still run writes them (the packed weights are written by plain stream-ordered copies)
-        _load_filter(w_desc, w_bufs, w_ready, KP, R * CH * PX)
+        _load_filter(w_desc, w_bufs, w_ready, KP, R * PX)
 {grid_dependency}
 {row_run}
     gl.warp_specialize(
@@ -295,8 +300,8 @@ def gluon_stem_kernel(
 _LOADER = """(
             _load_partition,
             (x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs,
-             sxh_vecs, sxc_vecs, pad_h, STEP, LEAD, VEC, RUNS, BLOCK_E, R * CH * PX, CH, NUM_SLOTS, STR_H, SPAN,
-             LOAD_WARPS, IDX64, FILTER_FIRST),
+             sxh_vecs, sxc_vecs, pad_h, STEP, LEAD, VEC, RUNS, BLOCK_E, R * PX, SIDE, PITCH, NUM_SLOTS, STR_H,
+             SPAN, LOAD_WARPS, IDX64, FILTER_FIRST),
         )"""
 
 #: Computing warpgroup {consumer} of CONSUMERS and its arguments.
@@ -304,14 +309,14 @@ _CONSUMER = """(
             _rows_partition,
             (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-             R, CH, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
+             R, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
              TMA_STORE, PLANE_VEC, PLANE_LANES, {flag_args}),
         )"""
 
 #: One filter row's products (every input row of the window waited for, then one proxy fence: the
 #: copies wrote through the generic proxy, wgmma reads through the async one; a fence per filter
 #: row, each a MEMBAR.ALL.CTA, measured 38.4 us on the ResNet stem against 37.0: H100, fp16).
-_TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS * CH + {ch})
+_TAP_PRODUCTS = """        stretches = x_bufs.index((row0 + {r} * dil_h) % NUM_SLOTS)
 {products}"""
 
 _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).permute((1, 0)), acc{p}, is_async=True)"""
@@ -371,23 +376,19 @@ def joined_row(px: int) -> str:
     return f"gl.reshape(gl.permute({joined}, {order}), [RUNS * PX, BLOCK_N])"
 
 
-def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretches) -> str:
-    """The kernel's source for the plan's filter rows and ``runs`` (a product per filter row and
-    pixel of a run, an epilogue per pixel of a run) with the epilogue of ``stages`` in Gluon's names,
-    CONSUMERS computing warpgroups taking output rows in turn."""
+def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], arrangement: Arrangement) -> str:
+    """The kernel's source for the plan's filter rows and ``arrangement`` (a product per filter row
+    and pixel of a run, an epilogue per pixel of a run) with the epilogue of ``stages`` in Gluon's
+    names, CONSUMERS computing warpgroups taking output rows in turn."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r_taps = conv.w_desc.dims[2]
-    px = runs.pixels
+    px = arrangement.runs.pixels
     names = gluon_names()
     epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
-    planes = channel_planes(spec)
+    products = ["\n".join(_PRODUCT.format(p=p, block=r * px + p) for p in range(px)) for r in range(r_taps)]
     taps = ["        fence_async_shared()"]
-    for r in range(r_taps):
-        for ch in range(planes):
-            block = (r * planes + ch) * px
-            products = "\n".join(_PRODUCT.format(p=p, block=block + p) for p in range(px))
-            taps.append(_TAP_PRODUCTS.format(r=r, ch=ch, products=products))
+    taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
     pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
     for p in range(px):
@@ -425,53 +426,73 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], runs: Stretche
     )
 
 
-def gluon_stretches(
-    interleaved: int, filter_w: int, stride_w: int, pad_w: int, dil_w: int, out_w: int, itemsize: int
-) -> Stretches:
-    """The runs with the fewest products per output row (PX x BLOCK_E: a [RUNS, BLOCK_E] tile per
-    input row whatever the run's length, its products one per pixel of a run) among those of at
-    most MAX_PIXELS pixels and RUNS runs a row whose stretches are copied at least 4 bytes at a
-    time; among equals the shorter stretch (fewer gathered elements), then the widest vector. Where
-    none fits, triton-stem's (gluon_stem_why_not says why)."""
-    geometry = (interleaved, filter_w, stride_w, pad_w, dil_w, out_w, itemsize)
+@dataclass(frozen=True)
+class Arrangement:
+    """How a tile holds an input row: ``runs`` (their block_e: a tile row's elements) and, for
+    channel planes, ``side`` planes' stretches side by side in a row, ``pitch`` elements apart (1
+    and 0 where rows are channels-last: all channels in one stretch)."""
+
+    runs: Stretches
+    side: int = 1
+    pitch: int = 0
+
+    @property
+    def products(self) -> int:
+        """16-element products per filter row and output row: a [RUNS, BLOCK_E] tile per input row
+        whatever the runs' length, a product per pixel of a run."""
+        return self.runs.pixels * self.runs.block_e // 16
+
+
+def side_by_side(runs: Stretches, vector: int, planes: int) -> Arrangement:
+    """``planes`` channel planes' stretches of ``runs`` side by side in a tile's row, each at a
+    multiple of ``vector`` (no copy straddles two planes)."""
+    pitch = -(-runs.used // vector) * vector
+    block_e = max(16, 1 << (planes * pitch - 1).bit_length())
+    return Arrangement(replace(runs, block_e=block_e, used=(planes - 1) * pitch + runs.used), planes, pitch)
+
+
+def stem_arrangement(spec: PlanSpec) -> Arrangement:
+    """The runs with the fewest products per output row among those of at most MAX_PIXELS pixels
+    and RUNS runs a row whose stretches are copied at least 4 bytes at a time (channel planes: all
+    planes' stretches side by side); among equals the shorter tiles (fewer gathered elements), then
+    the widest copies. Where none fits, triton-stem's runs (gluon_stem_why_not says why)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    interleaved = channels_interleaved(spec)
+    assert interleaved is not None
+    planes = spec.input_desc.dims[1] // interleaved
+    itemsize = spec.dtype.torch_dtype.itemsize
+    out_w = conv.output_desc.dims[3]
+    geometry = (interleaved, conv.w_desc.dims[3], conv.conv.strides[1], conv.conv.pads[1], conv.conv.dilations[1])
     fits = [
-        (runs, vector)
-        for runs, vector in stretch_candidates(*geometry)
+        (side_by_side(runs, vector, planes) if planes > 1 else Arrangement(runs), vector)
+        for runs, vector in stretch_candidates(*geometry, out_w, itemsize)
         if runs.pixels <= MAX_PIXELS and triton_cdiv(out_w, runs.pixels) <= RUNS and vector * itemsize >= 4
     ]
     if not fits:
-        return stretches(*geometry)
-    return min(fits, key=lambda item: (item[0].pixels * item[0].block_e, item[0].block_e, -item[1]))[0]
+        runs = stretches(*geometry, out_w, itemsize)
+        return side_by_side(runs, 1, planes) if planes > 1 else Arrangement(runs)
+    return min(fits, key=lambda item: (item[0].products, item[0].runs.block_e, -item[1]))[0]
 
 
-def channel_planes(spec: PlanSpec) -> int:
-    """Input-row tiles a slot holds: 1 where rows are channels-last (all channels in one stretch),
-    C where they are channel planes (NCHW: a stretch per channel)."""
-    interleaved = channels_interleaved(spec)
-    assert interleaved is not None
-    return spec.input_desc.dims[1] // interleaved
-
-
-def copy_vector(runs: Stretches, itemsize: int, row: int, *strides: int) -> int:
+def copy_vector(arrangement: Arrangement, itemsize: int, row: int, *strides: int) -> int:
     """Elements of one asynchronous copy: the widest power of two (at most 16 bytes) that divides
-    the runs' step, their lead, the input row (no copy straddles a row's end) and the input's
-    image and row ``strides`` (which the kernel takes in copies, so that the compiler sees every
-    copy aligned)."""
+    the runs' step, their lead, the planes' pitch, the input row (no copy straddles a row's end)
+    and the input's image, row and plane ``strides`` (which the kernel takes in copies, so that the
+    compiler sees every copy aligned)."""
     vector = 16 // itemsize
-    for n in (runs.step, runs.lead, row, *strides):
+    runs = arrangement.runs
+    for n in (runs.step, runs.lead, arrangement.pitch, row, *strides):
         if n:
             vector = min(vector, n & -n)
     return vector
 
 
-def stem_smem_bytes(
-    r: int, runs: Stretches, slots: int, itemsize: int, tma_store: bool = False, planes: int = 1
-) -> int:
-    """Shared memory of the filter's Toeplitz blocks and of ``slots`` slots of ``planes`` input-row
-    tiles each (and, with ``tma_store``, of the output tiles: one per computing warpgroup and pixel
-    of a run)."""
+def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_store: bool = False) -> int:
+    """Shared memory of the filter's Toeplitz blocks and of ``slots`` input-row tiles (and, with
+    ``tma_store``, of the output tiles: one per computing warpgroup and pixel of a run)."""
     tiles = CONSUMERS * runs.pixels * RUNS * BLOCK_N if tma_store else 0
-    return (r * runs.pixels * BLOCK_N + slots * RUNS) * planes * runs.block_e * itemsize + tiles * itemsize
+    return (r * runs.pixels * BLOCK_N + slots * RUNS) * runs.block_e * itemsize + tiles * itemsize
 
 
 def joined_plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
@@ -498,7 +519,7 @@ def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
         return False
     r = conv.w_desc.dims[2]
     least = least_slots(r, conv.conv.dilations[0])
-    return stem_smem_bytes(r, runs, least, itemsize, True, channel_planes(spec)) <= tuning.GLUON_STEM_SMEM_BYTES
+    return stem_smem_bytes(r, runs, least, itemsize, True) <= tuning.GLUON_STEM_SMEM_BYTES
 
 
 def copied_row(spec: PlanSpec, strides: tuple[int, ...]) -> tuple[int, ...]:
@@ -508,7 +529,7 @@ def copied_row(spec: PlanSpec, strides: tuple[int, ...]) -> tuple[int, ...]:
     interleaved = channels_interleaved(spec)
     assert interleaved is not None
     sxn, sxc, sxh, _ = strides[:4]
-    planes = (sxc,) if channel_planes(spec) > 1 else ()
+    planes = (sxc,) if spec.input_desc.dims[1] > interleaved else ()
     return (spec.input_desc.dims[3] * interleaved, sxn, sxh, *planes)
 
 
@@ -540,12 +561,14 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
             "the input must be channels-last (NHWC) or channel planes (NCHW) to be read in stretches of rows; "
             f"its strides are {x.strides}"
         )
-    runs = plan_stretches(spec, gluon_stretches)
+    arrangement = stem_arrangement(spec)
+    runs = arrangement.runs
     if runs.block_e > 64:
-        return f"a stretch of {runs.used} input elements per filter row is longer than a tile's 64"
+        planes = f" ({arrangement.side} channel planes side by side)" if arrangement.side > 1 else ""
+        return f"a stretch of {runs.used} input elements per filter row{planes} is longer than a tile's 64"
     itemsize = spec.dtype.torch_dtype.itemsize
     row, *strides = copied_row(spec, x.strides)
-    if copy_vector(runs, itemsize, row, *strides) * itemsize < 4:
+    if copy_vector(arrangement, itemsize, row, *strides) * itemsize < 4:
         return (
             f"stretches {runs.step} elements apart in rows of {row} (strides {tuple(strides)}): "
             "asynchronous copies need 4-byte units"
@@ -560,12 +583,11 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
         return f"output rows of {ow} pixels: more than {RUNS} runs of {runs.pixels}"
     r = conv.w_desc.dims[2]
     least = least_slots(r, conv.conv.dilations[0])
-    planes = channel_planes(spec)
-    need = stem_smem_bytes(r, runs, least, itemsize, planes=planes)
+    need = stem_smem_bytes(r, runs, least, itemsize)
     if need > tuning.GLUON_STEM_SMEM_BYTES:
         return (
-            f"the filter's {r * planes * runs.pixels} Toeplitz blocks and {least * planes} input-row tiles take "
-            f"{need} bytes of shared memory (> {tuning.GLUON_STEM_SMEM_BYTES})"
+            f"the filter's {r * runs.pixels} Toeplitz blocks and {least} input-row tiles take {need} bytes "
+            f"of shared memory (> {tuning.GLUON_STEM_SMEM_BYTES})"
         )
     return None
 
@@ -575,7 +597,9 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
     stem = "gluon_stem"
     splits_reduction = False
 
-    choose_stretches = staticmethod(gluon_stretches)
+    def plan_runs(self, spec: PlanSpec) -> Stretches:
+        self.arrangement = stem_arrangement(spec)
+        return self.arrangement.runs
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -584,7 +608,7 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         return [cfg, replace(cfg, num_stages=self._least_slots())]
 
     def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_gluon_stem_source(spec, stages, self.runs)
+        return render_gluon_stem_source(spec, stages, self.arrangement)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         """Runs of an output row, 64 output channels, the stretch, the ring that
@@ -596,27 +620,39 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         least = self._least_slots()
         tma_store = plan_tma_store(self.spec, self.runs)
         limit = tuning.GLUON_STEM_SMEM_BYTES
-        planes = channel_planes(self.spec)
-        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize, tma_store, planes) > limit:
+        while slots > least and stem_smem_bytes(r, self.runs, slots, itemsize, tma_store) > limit:
             slots -= 1
         return tuning.ConvConfig(RUNS, BLOCK_N, self.runs.block_e, 1, 4, slots, 1, 2)
 
     def pack(self, weight: Tensor) -> Tensor:
-        """triton-stem's Toeplitz blocks [R, CH, PX, K, BLOCK_E] (CH: 1 for channels-last rows, C for
-        channel planes) as [R * CH * PX * KP, BLOCK_E], the output channels padded with zeros to KP,
-        a multiple of BLOCK_N (a tensor box of a block's channels never reaches into the next block)."""
-        blocks = super().pack(weight)
-        r, planes, px, k, e = blocks.shape
+        """The Toeplitz blocks [R, 1, PX, K, BLOCK_E] (triton-stem's for channels-last rows,
+        side_by_side_blocks for channel planes) as [R * PX * KP, BLOCK_E], the output channels
+        padded with zeros to KP, a multiple of BLOCK_N (a tensor box of a block's channels never
+        reaches into the next block)."""
+        blocks = self.side_by_side_blocks(weight) if self.arrangement.side > 1 else super().pack(weight)
+        r, _, px, k, e = blocks.shape
         kp = triton_cdiv(k, BLOCK_N) * BLOCK_N
-        padded = blocks.new_zeros((r, planes, px, kp, e))
-        padded[:, :, :, :k] = blocks
-        return padded.reshape(r * planes * px * kp, e)
+        padded = blocks.new_zeros((r, px, kp, e))
+        padded[:, :, :k] = blocks[:, 0]
+        return padded.reshape(r * px * kp, e)
+
+    def side_by_side_blocks(self, weight: Tensor) -> Tensor:
+        """[K, C, R, S] -> [R, 1, PX, K, BLOCK_E]: block p of filter row r holds tap s of channel c at
+        pixel p's position in plane c's stretch (c * pitch on in the tile's row), zeros elsewhere."""
+        k, c, r, s = weight.shape
+        runs, pitch = self.runs, self.arrangement.pitch
+        pad_w, stride_w, dil_w = self.conv_args[1], self.conv_args[3], self.conv_args[5]
+        blocks = weight.new_zeros((r, 1, runs.pixels, k, runs.block_e))
+        for p in range(runs.pixels):
+            for tap in range(s):
+                at = runs.position(p, tap, stride_w, pad_w, dil_w)
+                blocks[:, 0, p, :, at : at + c * pitch : pitch] = weight[:, :, :, tap].permute(2, 0, 1)
+        return blocks
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        """Programs of the grid and the products per output row (one per filter row, channel plane
-        and pixel of a run)."""
+        """Programs of the grid and the products per output row (one per filter row and pixel of a run)."""
         programs, blocks, _ = self._grid()
-        return programs * blocks, self.conv.w_desc.dims[2] * channel_planes(self.spec) * self.runs.pixels
+        return programs * blocks, self.conv.w_desc.dims[2] * self.runs.pixels
 
     def _grid(self) -> tuple[int, int, int]:
         return row_run_grid(self._handle, self.spec.input_desc.dims[0] * self.out_hw[0], self.k)
@@ -652,8 +688,8 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         bits = itemsize * 8
         swizzle = min(128, runs.block_e * itemsize)
         kp = triton_cdiv(self.k, BLOCK_N) * BLOCK_N
-        planes = channel_planes(self.spec)
-        depth = r * planes * runs.pixels * kp
+        arrangement = self.arrangement
+        depth = r * runs.pixels * kp
         box = [BLOCK_N, runs.block_e]
         w_desc = gluon_descriptor(packed, [depth, runs.block_e], [runs.block_e, 1], box, swizzle, bits)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
@@ -667,10 +703,11 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
         plane_vec = 0 if tma_store else joined_plane_vector(strides[4:8], out)
         plane_lanes = min(32, RUNS * runs.pixels // max(plane_vec, 1))
         row = copied_row(self.spec, strides)
-        vector = copy_vector(runs, itemsize, *row)
+        vector = copy_vector(arrangement, itemsize, *row)
         consts = (
             r,
-            planes,
+            arrangement.side,
+            arrangement.pitch,
             runs.pixels,
             runs.step,
             runs.lead,

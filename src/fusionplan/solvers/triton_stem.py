@@ -208,13 +208,12 @@ def channels_interleaved(spec: PlanSpec) -> int | None:
     return None
 
 
-def plan_stretches(spec: PlanSpec, choose=stretches) -> Stretches:
-    """The plan's runs and stretches as ``choose`` picks them from its filter's width and geometry."""
+def plan_stretches(spec: PlanSpec) -> Stretches:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     interleaved = channels_interleaved(spec)
     assert interleaved is not None
-    return choose(
+    return stretches(
         interleaved,
         conv.w_desc.dims[3],
         conv.conv.strides[1],
@@ -253,12 +252,13 @@ class TritonStemKernel(TritonConvKernel):
         """What NORMAL find benchmarks: the stem tiles, with this plan's stretch as the step."""
         return [replace(cfg, block_k=self.runs.block_e) for cfg in tuning.STEM_CANDIDATES]
 
-    #: How this kernel picks its runs and stretches (plan_stretches' ``choose``).
-    choose_stretches = staticmethod(stretches)
-
     def __init__(self, spec: PlanSpec, handle) -> None:
-        self.runs = plan_stretches(spec, self.choose_stretches)
+        self.runs = self.plan_runs(spec)
         super().__init__(spec, handle)
+
+    def plan_runs(self, spec: PlanSpec) -> Stretches:
+        """How this kernel's runs read input rows (set before the kernel is built)."""
+        return plan_stretches(spec)
 
     def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
         px = self.runs.pixels
