@@ -28,6 +28,13 @@ def stem(dtype=torch.float16, layout: str = "NHWC", n: int = 32):
     return layer_plan(s, x.to(memory_format=torch.channels_last) if layout == "NHWC" else x, "CBNA")
 
 
+def huge_planes():
+    """The stem on one NCHW image of 3 planes of 2^30 elements (descriptors only, no data)."""
+    x = fp.TensorDescriptor.packed("half", (1, 3, 32768, 32768))
+    conv = fp.ConvolutionDescriptor((3, 3), (2, 2))
+    return add_chain(fp.FusionPlan(x), "CBA", conv=conv, k=64, r=7, s=7, param_dtype="float")
+
+
 def conv_plan(
     c=3, h=20, w=40, k=64, r=7, s=7, pads=(3, 3), strides=(2, 2), dil=1, dtype=torch.float16, groups=1, layout="NHWC"
 ):
@@ -51,6 +58,7 @@ def conv_plan(
         (lambda: stem(layout="NCHW"), "needs a Hopper GPU"),  # channel planes: a stretch per channel
         (lambda: conv_plan(layout="NWHC"), "channels-last (NHWC) or channel planes (NCHW)"),
         (lambda: conv_plan(c=9, layout="NCHW"), "(9 channel planes side by side) is longer than a tile's 64"),
+        (lambda: huge_planes(), "their offsets in an image pass 2^31"),
         (lambda: conv_plan(c=16, r=3, s=3, pads=(1, 1)), "C=16 > 15"),
         (lambda: conv_plan(c=4, groups=2, k=8), "grouped"),
         (lambda: conv_plan(w=600), "more than 64 runs"),

@@ -563,6 +563,9 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
         )
     arrangement = stem_arrangement(spec)
     runs = arrangement.runs
+    if arrangement.side > 1 and x.strides[1] * c >= 2**31:
+        # the loader adds a plane's offset to its row's in 32 bits (64-bit offsets are the images')
+        return f"channel planes of {x.strides[1]} elements: their offsets in an image pass 2^31"
     if runs.block_e > 64:
         planes = f" ({arrangement.side} channel planes side by side)" if arrangement.side > 1 else ""
         return f"a stretch of {runs.used} input elements per filter row{planes} is longer than a tile's 64"
