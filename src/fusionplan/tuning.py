@@ -346,6 +346,10 @@ GLUON_ROWS_HOIST_CHANNELS = True
 #: cuDNN's 19.9 (bench/NOTES.md section 31), so such plans defer to the window kernels unless this
 #: is set; named, the solver runs them.
 GLUON_ROWS_HALVES_FIRST = False
+#: gluon-rows on packed channel-plane (NCHW) input of at most 64 channels: each input row's box
+#: from column 0, the filter's columns as shifts of the product (warp shuffles), the filter in
+#: shared memory. Off until measured on a GPU (bench/NOTES.md section 36).
+GLUON_ROWS_PLANES = False
 
 #: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
 #: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two

@@ -22,6 +22,13 @@ The filter comes first, by TMA into the ring's first slots, and each computing w
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
 4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
 
+Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES, off until measured on a GPU): a row's
+shifted boxes would start inside a 16-byte unit, which TMA cannot read, so each input row comes
+once, as a box of its channel planes from column 0, and the filter's columns become shifts of the
+product: for each filter column s the products over the filter rows are summed, then moved by s *
+dil_w - pad_w columns (gl.gather along the accumulator's rows: warp shuffles) and added into the
+row; the filter stays in shared memory (wgmma's A operand from there) beside the ring.
+
 With 65 to 128 input channels the filter of 64 output channels does not fit one warpgroup's
 registers: each computing warpgroup holds one half of the channels (the boxes come in two halves
 of 64), both compute every output row over their half, and the row's owner (they alternate) adds
@@ -147,20 +154,37 @@ def _take_over(acc, xchg, full, free, i, CONSUMER: gl.constexpr):
 
 
 @gluon.jit
+def _shifted(acc, d, PIX: gl.constexpr):
+    # acc's columns moved by d (column ow takes column ow + d; zeros where that falls outside the
+    # row's PIX columns): warp shuffles along the accumulator's rows
+    cols = gl.arange(0, PIX, layout=gl.SliceLayout(0, acc.type.layout)) + d
+    index = gl.minimum(gl.maximum(cols, 0), PIX - 1)[None, :] + gl.zeros(acc.shape, gl.int32, acc.type.layout)
+    inside = ((cols >= 0) & (cols < PIX))[None, :]
+    return gl.where(inside, gl.gather(acc, index, 1), 0.0)
+
+
+@gluon.jit
 def _load_partition(
-    x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
+    x_desc, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr,
+    PLANES: gl.constexpr,
 ):
-    # first the filter, into the ring's first W_SLOTS slots (all on slot 0's barrier; the others'
-    # first phase passes at once), then the input rows from ring position W_SLOTS on
+    # first the filter (PLANES: into its own buffers, on w_ready; else into the ring's first
+    # W_SLOTS slots, all on slot 0's barrier, the others' first phase passing at once), then the
+    # input rows from ring position W_SLOTS on
     k0 = gl.program_id(1) * w_desc.block_type.shape[0]
     BLOCK_C: gl.constexpr = w_desc.block_type.shape[1]
-    mbarrier.expect(ready.index(0), R * S * CH * w_desc.block_type.nbytes)
-    for t in gl.static_range(R * S):
-        for h in gl.static_range(CH):
-            {tma_load}(w_desc, [k0, t * C + h * BLOCK_C], ready.index(0), w_bufs.index(t * CH + h))
-    for q in gl.static_range(1, W_SLOTS):
-        mbarrier.arrive(ready.index(q))
+    if PLANES:
+        mbarrier.expect(w_ready, R * S * w_desc.block_type.nbytes)
+        for t in gl.static_range(R * S):
+            {tma_load}(w_desc, [k0, t * C], w_ready, w_bufs.index(t))
+    else:
+        mbarrier.expect(ready.index(0), R * S * CH * w_desc.block_type.nbytes)
+        for t in gl.static_range(R * S):
+            for h in gl.static_range(CH):
+                {tma_load}(w_desc, [k0, t * C + h * BLOCK_C], ready.index(0), w_bufs.index(t * CH + h))
+        for q in gl.static_range(1, W_SLOTS):
+            mbarrier.arrive(ready.index(q))
     extra = (R - 1) * dil_h
     j = W_SLOTS  # the ring's position
     for n in range(start // OH, (end - 1) // OH + 1):
@@ -170,23 +194,28 @@ def _load_partition(
             slot = j % NUM_SLOTS
             # the first round finds every slot free (the phase before a new barrier's first counts as done)
             mbarrier.wait(empty.index(slot), ((j // NUM_SLOTS) & 1) ^ 1)
-            mbarrier.expect(ready.index(slot), S * CH * x_desc.block_type.nbytes)
             ih = first_oh - pad_h + i
-            for s in gl.static_range(S):
-                for h in gl.static_range(CH):
-                    box = x_bufs.index((slot * S + s) * CH + h)
-                    {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, h * BLOCK_C], ready.index(slot), box)
+            if PLANES:  # the row of every channel plane from column 0 (the filter's columns: shifts of the product)
+                mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes)
+                {tma_load}(x_desc, [n, 0, ih, 0], ready.index(slot), x_bufs.index(slot))
+            else:
+                mbarrier.expect(ready.index(slot), S * CH * x_desc.block_type.nbytes)
+                for s in gl.static_range(S):
+                    for h in gl.static_range(CH):
+                        box = x_bufs.index((slot * S + s) * CH + h)
+                        {tma_load}(x_desc, [n, ih, s * dil_w - pad_w, h * BLOCK_C], ready.index(slot), box)
             j += 1
 
 
 @gluon.jit
 def _rows_partition(
-    x_bufs, w_bufs, ready, empty, {exchange_params}y_ptr, prior_ptr, start, end,
+    x_bufs, w_bufs, w_ready, ready, empty, {exchange_params}y_ptr, prior_ptr, start, end,
     {stage_params}
-    K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
+    K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h, pad_w, dil_w,
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CH: gl.constexpr,
+    PLANES: gl.constexpr, PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -195,16 +224,22 @@ def _rows_partition(
     w_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=32 // ELEM_BITS)
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    if PIXEL_MAJOR:  # NCHW output: lanes along a plane's pixels
+        out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+    else:
+        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     k0 = gl.program_id(1) * BLOCK_N
-    # the filter of the program's output channels, a [BLOCK_N, BLOCK_C] operand per tap, in
-    # registers for good; then its slots go back to the ring (every warp has read them first)
-    mbarrier.wait(ready.index(0), 0)
+    if PLANES:  # the filter stays in shared memory: wgmma's A operand from there
+        mbarrier.wait(w_ready, 0)
+    else:
+        # the filter of the program's output channels, a [BLOCK_N, BLOCK_C] operand per tap, in
+        # registers for good; then its slots go back to the ring (every warp has read them first)
+        mbarrier.wait(ready.index(0), 0)
 {weight_loads}
-    {thread_barrier}()
-    fence_async_shared()
-    for q in gl.static_range(W_SLOTS):
-        mbarrier.arrive(empty.index(q))
+        {thread_barrier}()
+        fence_async_shared()
+        for q in gl.static_range(W_SLOTS):
+            mbarrier.arrive(empty.index(q))
     # the chain's per-channel parameters: constants of the program's channels, loaded once
     ch_tile = gl.permute(gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout), (1, 0))
     ch_v = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
@@ -215,7 +250,6 @@ def _rows_partition(
         row0 = _run_loads(u, start, end, OH, extra)
         acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)
 {taps}
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         _release_rows(empty, u, row0, start, end, OH, extra, CONSUMER, NUM_SLOTS, W_SLOTS, CH == 2)
         acc = gl.permute(acc, (1, 0))  # [pixels, channels]: the chain's orientation, in its own layout
 {row_end}
@@ -231,16 +265,24 @@ def gluon_rows_kernel(
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr, SWIZZLE: gl.constexpr,
     ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, PLANES: gl.constexpr, PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels; slot i
     # of the ring, filter column s, channel block h of CH: x_bufs[(i * S + s) * CH + h]. w_desc: the
     # packed filter [K, R*S*C], boxes of a tap's BLOCK_N x BLOCK_C (tap t, block h: w_bufs[t * CH +
     # h]), first held where the ring's first W_SLOTS slots are.
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS * S * CH, 1, 1, PIX, BLOCK_C], x_desc.layout)
-    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
-    w_bufs = x_bufs.{reinterpret}(x_desc.dtype, [R * S * CH, BLOCK_N, BLOCK_C], flat)
+    # PLANES: x_desc is the input as [N, C, H, W], boxes of a row's PIX pixels of BLOCK_C channel
+    # planes from column 0 (slot i: x_bufs[i]), and the filter's taps have buffers of their own.
+    if PLANES:
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS, 1, BLOCK_C, 1, PIX], x_desc.layout)
+        w_bufs = gl.allocate_shared_memory(w_desc.dtype, [R * S, BLOCK_N, BLOCK_C], w_desc.layout)
+    else:
+        x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_SLOTS * S * CH, 1, 1, PIX, BLOCK_C], x_desc.layout)
+        flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
+        w_bufs = x_bufs.{reinterpret}(x_desc.dtype, [R * S * CH, BLOCK_N, BLOCK_C], flat)
+    w_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(w_ready, count=1)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_SLOTS):
@@ -260,17 +302,17 @@ def gluon_rows_kernel(
 #: The loading partition and its arguments.
 _LOADER = """(
             _load_partition,
-            (x_desc, w_desc, x_bufs, w_bufs, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
-             R, S, NUM_SLOTS, W_SLOTS, CH),
+            (x_desc, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
+             R, S, NUM_SLOTS, W_SLOTS, CH, PLANES),
         )"""
 
 #: Computing warpgroup {consumer} of two and its arguments.
 _CONSUMER = """(
             _rows_partition,
-            (x_bufs, w_bufs, ready, empty, {exchange_args}y_ptr, prior_ptr, start, end, {stage_args}
-             K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
+            (x_bufs, w_bufs, w_ready, ready, empty, {exchange_args}y_ptr, prior_ptr, start, end, {stage_args}
+             K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h, pad_w, dil_w,
              R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CH,
-             {flag_args}),
+             PLANES, PIXEL_MAJOR, {flag_args}),
         )"""
 
 #: One filter row's products: wait for its input row, then a wgmma per filter column.
@@ -281,6 +323,37 @@ _TAP_ROW = """        j = row0 + {r} * dil_h + W_SLOTS
 _PRODUCT = """        box = x_bufs.index(((j % NUM_SLOTS) * S + {s}) * CH + {half})
         box = box.{reinterpret}(x_bufs.dtype, [PIX, BLOCK_C], flat)
         acc = warpgroup_mma(w{t}, box.permute((1, 0)), acc, is_async=True)"""
+
+_ROW_DONE = """        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])"""
+
+#: Channel planes: filter column {s}'s products over the filter rows (each row's box from column
+#: 0, [BLOCK_C, PIX], wgmma's B operand as TMA left it; the filter's tap from shared memory), then
+#: the column's sum moved by its offset into the row's (warp shuffles).
+_PLANE_COLUMN = """{zero}{products}
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        {row} = {previous}_shifted(acc, {s} * dil_w - pad_w, PIX)"""
+
+_PLANE_WAIT = """        j = row0 + {r} * dil_h + W_SLOTS
+        mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)"""
+
+_PLANE_PRODUCT = """        j = row0 + {r} * dil_h + W_SLOTS
+        box = x_bufs.index(j % NUM_SLOTS).{reinterpret}(x_bufs.dtype, [BLOCK_C, PIX], flat)
+        acc = warpgroup_mma(w_bufs.index({t}), box, acc, is_async=True)"""
+
+
+def plane_taps(r_taps: int, s_taps: int, reinterpret: str) -> list[str]:
+    """The row's products on channel planes: the filter columns in turn, each summed over the
+    filter rows into ``acc`` and added, shifted, into ``row`` (the first column's waits for the
+    row's input rows), then ``acc`` is the row."""
+    columns = []
+    for s in range(s_taps):
+        lines = [_PLANE_WAIT.format(r=r) for r in range(r_taps)] if s == 0 else []
+        lines += [_PLANE_PRODUCT.format(r=r, t=r * s_taps + s, reinterpret=reinterpret) for r in range(r_taps)]
+        zero = "" if s == 0 else "        acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)\n"
+        previous = "" if s == 0 else "row + "
+        columns.append(_PLANE_COLUMN.format(zero=zero, products="\n".join(lines), row="row", previous=previous, s=s))
+    return [*columns, "        acc = row"]
+
 
 #: The program's run of output rows (row_run_grid's programs), in a Gluon template's kernel body
 #: after its barriers: its share of the N * OH rows, image by image.
@@ -352,17 +425,26 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
     idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
     epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
-    weight_loads = [f"    w{t} = w_bufs.index({t} * CH + {half}).load(w_layout)" for t in range(r_taps * s_taps)]
-    taps = [
-        _TAP_ROW.format(
-            r=r,
-            products="\n".join(
-                _PRODUCT.format(s=s, t=r * s_taps + s, half=half, reinterpret=names["reinterpret"])
-                for s in range(s_taps)
-            ),
-        )
-        for r in range(r_taps)
-    ]
+    planes = plane_rows(spec)
+    weight_loads = (
+        []
+        if planes
+        else [f"        w{t} = w_bufs.index({t} * CH + {half}).load(w_layout)" for t in range(r_taps * s_taps)]
+    )
+    if planes:
+        taps = plane_taps(r_taps, s_taps, names["reinterpret"])
+    else:
+        taps = [
+            _TAP_ROW.format(
+                r=r,
+                products="\n".join(
+                    _PRODUCT.format(s=s, t=r * s_taps + s, half=half, reinterpret=names["reinterpret"])
+                    for s in range(s_taps)
+                ),
+            )
+            for r in range(r_taps)
+        ]
+        taps.append(_ROW_DONE)
     store = ROW_STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
     tail = gluon_epilogue_tail(epi, store).rstrip("\n")
     row_end = "\n".join([ROW_END, _COORDINATES.format(layout="acc.type.layout")]).split("\n")
@@ -372,7 +454,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     exchange = "xchg, full, free, " if halves else ""
     channel_loads = gluon_channel_loads(epi)
     return _TEMPLATE.format(
-        weight_loads="\n".join(weight_loads),
+        weight_loads="\n".join(weight_loads) or "        pass",
         channel_loads=channel_loads,
         taps="\n".join(taps),
         rows="start, end" if halves else "start + CONSUMER, end, 2",
@@ -386,6 +468,13 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         **fields,
         **names,
     )
+
+
+def plane_rows(spec: PlanSpec) -> bool:
+    """Whether the kernel reads the plan's input as rows of packed channel planes (NCHW; boxes
+    from column 0, the filter's columns as shifts of the product) rather than channels-last rows."""
+    x = spec.input_desc
+    return x.dims[1] > 1 and x.same_strides(layout_strides(x.dims, Layout.NCHW))
 
 
 def row_run_grid(handle, rows: int, k: int) -> tuple[int, int, int]:
@@ -443,8 +532,13 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     if c.strides != (1, 1):
         return f"stride {c.strides}: output rows read consecutive input rows (stride 1 only)"
     x = spec.input_desc
+    if plane_rows(spec):
+        return plane_rows_why_not(spec)
     if not x.same_strides(layout_strides(x.dims, Layout.NHWC)):
-        return f"the input must be packed channels-last (NHWC) to be read in boxes of rows; it is {x.layout_name}"
+        return (
+            "the input must be packed channels-last (NHWC) or channel planes (NCHW) to be read in boxes of rows; "
+            f"it is {x.layout_name}"
+        )
     channels = x.dims[1]
     if channels * 2 % 16:
         return f"C={channels}: a tensor box's pixels must be whole 16-byte units (C a multiple of 8)"
@@ -473,6 +567,38 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
             f"{fewest} slots of input rows in shared memory, {slots} fit"
         )
     return None
+
+
+def plane_rows_why_not(spec: PlanSpec) -> str | None:
+    """Why gluon-rows does not take the plan's channel planes, or None (tuning.GLUON_ROWS_PLANES,
+    at most 64 channels, rows of whole 16-byte units that an output row's box holds from column 0,
+    the filter and the shallowest ring within tuning.GLUON_ROWS_RING_BYTES)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    if not tuning.GLUON_ROWS_PLANES:
+        return "channel planes (NCHW): tuning.GLUON_ROWS_PLANES is off (not measured on a GPU)"
+    n, c, h, w = spec.input_desc.dims
+    if c > 64:
+        return f"C={c} channel planes: a box holds at most 64"
+    if w * 2 % 16:
+        return f"rows of {w} pixels: a tensor box's rows must be whole 16-byte units (W a multiple of 8)"
+    pixels = row_pixels(spec.output_desc.dims[3])
+    if w > pixels or pixels > 256:
+        return f"input rows of {w} pixels do not fit an output row's box of {pixels}"
+    r, s = conv.w_desc.dims[2:]
+    slots = plane_ring_slots(pixels, c, r, s)
+    fewest = least_slots(r, conv.conv.dilations[0])
+    if slots < fewest:
+        return f"a {r}x{s} filter in shared memory leaves {slots} slots of input rows, {fewest} needed"
+    return None
+
+
+def plane_ring_slots(pixels: int, c: int, r: int, s: int) -> int:
+    """Slots of channel-plane rows (a box of channel_block(C) x ``pixels``) that
+    tuning.GLUON_ROWS_RING_BYTES holds beside the filter (R x S tiles of BLOCK_N x
+    channel_block(C)), at most 32."""
+    block_c = channel_block(c)
+    return max(0, min(32, (tuning.GLUON_ROWS_RING_BYTES - r * s * BLOCK_N * block_c * 2) // (pixels * block_c * 2)))
 
 
 def gluon_rows_defer_why(spec: PlanSpec) -> str | None:
@@ -546,9 +672,12 @@ class GluonRowsKernel(GluonWindowKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         """An output row's pixels, 64 output channels, the whole input channels, the deepest ring."""
-        s = self.conv.w_desc.dims[3]
+        r, s = self.conv.w_desc.dims[2:]
         pixels = row_pixels(self.out_hw[1])
-        slots = channel_ring_slots(pixels, c_per_group, s)
+        if plane_rows(self.spec):
+            slots = plane_ring_slots(pixels, c_per_group, r, s)
+        else:
+            slots = channel_ring_slots(pixels, c_per_group, s)
         return tuning.ConvConfig(pixels, BLOCK_N, channel_block(c_per_group), 1, 4, slots, 1, 2)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
@@ -569,8 +698,10 @@ class GluonRowsKernel(GluonWindowKernel):
         return replace(self.config, num_stages=max(least, self.config.num_stages - 2))
 
     def _fewest_slots(self, pixels: int) -> int:
-        """fewest_slots for the plan's filter rows and their dilation."""
-        return fewest_slots(self.conv.w_desc.dims[2], self.conv_args[4], pixels)
+        """fewest_slots for the plan's filter rows and their dilation (channel planes: the filter
+        has buffers of its own, least_slots)."""
+        r, dil_h = self.conv.w_desc.dims[2], self.conv_args[4]
+        return least_slots(r, dil_h) if plane_rows(self.spec) else fewest_slots(r, dil_h, pixels)
 
     def _launch_args(
         self,
@@ -587,12 +718,21 @@ class GluonRowsKernel(GluonWindowKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         n, c, h, w = self.spec.input_desc.dims
         bits = x.element_size() * 8
-        swizzle = min(128, cfg.block_k * bits // 8)
-        box = [1, 1, cfg.block_m, cfg.block_k]
-        x_desc = gluon_descriptor(x, [n, h, w, c], [h * w * c, w * c, c, 1], box, swizzle, bits)
+        planes = plane_rows(self.spec)
+        w_swizzle = min(128, cfg.block_k * bits // 8)
+        if planes:  # boxes [BLOCK_C planes, 1 row, PIX pixels] from column 0, swizzled along the pixels
+            swizzle = min(128, cfg.block_m * bits // 8)
+            box = [1, cfg.block_k, 1, cfg.block_m]
+            x_desc = gluon_descriptor(x, [n, c, h, w], [c * h * w, h * w, w, 1], box, swizzle, bits)
+        else:
+            swizzle = w_swizzle
+            box = [1, 1, cfg.block_m, cfg.block_k]
+            x_desc = gluon_descriptor(x, [n, h, w, c], [h * w * c, w * c, c, 1], box, swizzle, bits)
         r, s = self.conv.w_desc.dims[2:]
         depth = r * s * c
-        w_desc = gluon_descriptor(packed, [self.k, depth], [depth, 1], [BLOCK_N, cfg.block_k], swizzle, bits)
+        w_desc = gluon_descriptor(packed, [self.k, depth], [depth, 1], [BLOCK_N, cfg.block_k], w_swizzle, bits)
+        shape_args = self._shape_args(out, p, strides)
+        syc, syw = shape_args[8], shape_args[10]
         consts = (
             r,
             s,
@@ -600,7 +740,7 @@ class GluonRowsKernel(GluonWindowKernel):
             BLOCK_N,
             cfg.block_k,
             cfg.num_stages,
-            filter_slots(r, cfg.block_m),
+            0 if planes else filter_slots(r, cfg.block_m),
             channel_splits(c),
             swizzle,
             bits,
@@ -608,9 +748,11 @@ class GluonRowsKernel(GluonWindowKernel):
             CONSUMER_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
+            planes,
+            syw == 1 and syc != 1,  # NCHW output: stores along the pixels
             *flags.values(),
         )
-        args = [x_desc, w_desc, out, p, *values, *self._shape_args(out, p, strides), *consts]
+        args = [x_desc, w_desc, out, p, *values, *shape_args, *consts]
         return self._grid(), cfg, args
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
