@@ -154,16 +154,6 @@ def _take_over(acc, xchg, full, free, i, CONSUMER: gl.constexpr):
 
 
 @gluon.jit
-def _shifted(acc, d, PIX: gl.constexpr):
-    # acc's columns moved by d (column ow takes column ow + d; zeros where that falls outside the
-    # row's PIX columns): warp shuffles along the accumulator's rows
-    cols = gl.arange(0, PIX, layout=gl.SliceLayout(0, acc.type.layout)) + d
-    index = gl.minimum(gl.maximum(cols, 0), PIX - 1)[None, :] + gl.zeros(acc.shape, gl.int32, acc.type.layout)
-    inside = ((cols >= 0) & (cols < PIX))[None, :]
-    return gl.where(inside, gl.gather(acc, index, 1), 0.0)
-
-
-@gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, C, OH, pad_h, pad_w, dil_h, dil_w,
     R: gl.constexpr, S: gl.constexpr, NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr,
@@ -331,7 +321,10 @@ _ROW_DONE = """        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])""
 #: the column's sum moved by its offset into the row's (warp shuffles).
 _PLANE_COLUMN = """{zero}{products}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        {row} = {previous}_shifted(acc, {s} * dil_w - pad_w, PIX)"""
+        # column ow takes the column's sum at ow + s * dil_w - pad_w (zeros outside the row's PIX)
+        cols = gl.arange(0, PIX, layout=gl.SliceLayout(0, acc_layout)) + ({s} * dil_w - pad_w)
+        index = gl.minimum(gl.maximum(cols, 0), PIX - 1)[None, :] + gl.zeros((BLOCK_N, PIX), gl.int32, acc_layout)
+        {row} = {previous}gl.where(((cols >= 0) & (cols < PIX))[None, :], gl.gather(acc, index, 1), 0.0)"""
 
 _PLANE_WAIT = """        j = row0 + {r} * dil_h + W_SLOTS
         mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)"""
