@@ -512,7 +512,7 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     packed channels-last fp16 or bf16 input with 16-byte pixels (any K: the output is stored by
     pointer), at most 128 input channels (a box's 128-byte rows hold 64, two computing warpgroups
     a box each), a filter that fits tuning.GLUON_ROWS_FILTER_REGS registers a thread,
-    output rows of at most 256 pixels."""
+    output rows of at most 256 pixels; or packed channel planes as plane_rows_why_not says."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     c = conv.conv
@@ -742,7 +742,7 @@ class GluonRowsKernel(GluonWindowKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             planes,
-            syw == 1 and syc != 1,  # NCHW output: stores along the pixels
+            planes and syw == 1 and syc != 1,  # NCHW output of NCHW input: stores along the pixels
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, *values, *shape_args, *consts]
