@@ -77,6 +77,7 @@ from fusionplan.solvers.triton_stem import (
     channels_interleaved,
     joined_pixels,
     stretch_candidates,
+    stretch_geometry,
     stretches,
 )
 
@@ -456,21 +457,16 @@ def stem_arrangement(spec: PlanSpec) -> Arrangement:
     and RUNS runs a row whose stretches are copied at least 4 bytes at a time (channel planes: all
     planes' stretches side by side); among equals the shorter tiles (fewer gathered elements), then
     the widest copies. Where none fits, triton-stem's runs (gluon_stem_why_not says why)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    interleaved = channels_interleaved(spec)
-    assert interleaved is not None
+    geometry = stretch_geometry(spec)
+    interleaved, *_, out_w, itemsize = geometry
     planes = spec.input_desc.dims[1] // interleaved
-    itemsize = spec.dtype.torch_dtype.itemsize
-    out_w = conv.output_desc.dims[3]
-    geometry = (interleaved, conv.w_desc.dims[3], conv.conv.strides[1], conv.conv.pads[1], conv.conv.dilations[1])
     fits = [
         (side_by_side(runs, vector, planes) if planes > 1 else Arrangement(runs), vector)
-        for runs, vector in stretch_candidates(*geometry, out_w, itemsize)
+        for runs, vector in stretch_candidates(*geometry)
         if runs.pixels <= MAX_PIXELS and triton_cdiv(out_w, runs.pixels) <= RUNS and vector * itemsize >= 4
     ]
     if not fits:
-        runs = stretches(*geometry, out_w, itemsize)
+        runs = stretches(*geometry)
         return side_by_side(runs, 1, planes) if planes > 1 else Arrangement(runs)
     return min(fits, key=lambda item: (item[0].products, item[0].runs.block_e, -item[1]))[0]
 

@@ -208,20 +208,21 @@ def channels_interleaved(spec: PlanSpec) -> int | None:
     return None
 
 
-def plan_stretches(spec: PlanSpec) -> Stretches:
+def stretch_geometry(spec: PlanSpec) -> tuple[int, int, int, int, int, int, int]:
+    """What runs and stretches depend on (stretches' arguments, in order): the input rows'
+    interleaved channels, the filter's width, the stride, padding and dilation along the rows, the
+    output's width and the data's bytes."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     interleaved = channels_interleaved(spec)
     assert interleaved is not None
-    return stretches(
-        interleaved,
-        conv.w_desc.dims[3],
-        conv.conv.strides[1],
-        conv.conv.pads[1],
-        conv.conv.dilations[1],
-        conv.output_desc.dims[3],
-        spec.dtype.torch_dtype.itemsize,
-    )
+    c = conv.conv
+    out_w, itemsize = conv.output_desc.dims[3], spec.dtype.torch_dtype.itemsize
+    return interleaved, conv.w_desc.dims[3], c.strides[1], c.pads[1], c.dilations[1], out_w, itemsize
+
+
+def plan_stretches(spec: PlanSpec) -> Stretches:
+    return stretches(*stretch_geometry(spec))
 
 
 def stem_why_not(spec: PlanSpec) -> str | None:
