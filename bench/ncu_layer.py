@@ -16,7 +16,9 @@ import argparse
 import torch
 
 import fusionplan as fp
+from fusionplan import tuning
 from fusionplan.benchmark.cases import cudnn_fused
+from fusionplan.benchmark.cli import tuning_override
 from fusionplan.shapes import resnet50_layer
 from fusionplan.testing import layer_plan, random_args
 
@@ -27,7 +29,20 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--solver", default=None, help="force one solver (default: the first applicable)")
     p.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC")
+    p.add_argument(
+        "--tuning",
+        action="append",
+        default=[],
+        type=tuning_override,
+        help="NAME=VALUE: a constant of fusionplan.tuning set for the run (repeatable)",
+    )
     a = p.parse_args()
+    with tuning.overridden(dict(a.tuning)):
+        profile(a)
+
+
+def profile(a: argparse.Namespace) -> None:
+    """Compile, warm up, then one fusionplan execute and one cuDNN call inside the profiler range."""
     s = resnet50_layer(a.layer)
     fmt = torch.channels_last if a.layout == "NHWC" else torch.contiguous_format
     x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=fmt)

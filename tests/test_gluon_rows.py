@@ -41,7 +41,7 @@ def conv_plan(c=64, h=20, w=40, k=64, r=3, s=3, pads=(1, 1), strides=(1, 1), dil
         (lambda: layer("r50_02", torch.bfloat16), "needs a Hopper GPU"),
         (lambda: layer("r50_01"), "needs a Hopper GPU"),  # 1x1 filters fit too (gluon-gemm comes first)
         (lambda: layer("r50_02", torch.float32), "16-bit wgmma operands"),
-        (lambda: layer("r50_02", layout="NCHW"), "tuning.GLUON_ROWS_PLANES is off"),
+        (lambda: layer("r50_02", layout="NCHW"), "needs a Hopper GPU"),  # channel planes: the device is missing
         (lambda: layer("r50_10"), "needs a Hopper GPU"),  # 128 channels: two halves of the filter
         (lambda: layer("r50_16"), "C=256 input channels"),
         (lambda: conv_plan(c=128, r=5, s=5, pads=(2, 2)), "takes 400 registers"),
@@ -214,26 +214,31 @@ def test_gluon_rows_source_loads_channel_parameters_before_its_rows(monkeypatch)
         (lambda: conv_plan(r=7, s=7, pads=(3, 3), layout="NCHW"), "leaves 0 slots of input rows, 14 needed"),
     ],
 )
-def test_channel_planes_why_not(plan, reason, monkeypatch):
-    """With tuning.GLUON_ROWS_PLANES: at most 64 channel planes, 16-byte rows that an output row's
-    box holds from column 0 (72 columns into 64 output pixels do not), a ring beside the filter
-    (a 7x7 filter of 64 x 64 channels alone passes the ring's shared memory)."""
+def test_channel_planes_why_not(plan, reason):
+    """At most 64 channel planes, 16-byte rows that an output row's box holds from column 0 (72
+    columns into 64 output pixels do not), a ring beside the filter (a 7x7 filter of 64 x 64
+    channels alone passes the ring's shared memory)."""
+    assert reason in verdict(plan()).reason
+
+
+def test_channel_planes_switched_off(monkeypatch):
     from fusionplan import tuning
 
-    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANES", True)
-    assert reason in verdict(plan()).reason
+    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANES", False)
+    assert "tuning.GLUON_ROWS_PLANES is off" in verdict(layer("r50_02", layout="NCHW")).reason
+    assert verdict(layer("r50_02")).reason.startswith("needs a Hopper GPU")  # channels-last rows unchanged
 
 
 def test_channel_planes_kernel_shifts_the_filter_columns():
     """r50_02 on NCHW input: per output row and computing warpgroup a wgmma per tap and 16-channel
-    slice (2 x 9 x 4), a wait per filter column (its sum then shifted by warp shuffles), the filter's
-    9 taps and one box per input row by TMA, the filter read from shared memory (no ldmatrix), the
-    NCHW output along the pixels; no spills."""
-    switch = "import fusionplan.tuning as t\nt.GLUON_ROWS_PLANES = True\n"
-    build = switch + layer_build("r50_02", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-rows")
+    slice (2 x 9 x 4), a wait per filter column (the sums of columns 0 and 2 then shifted by -1 and
+    +1 pixels by warp shuffles, column 1's added as it is), the filter's 9 taps and one box per
+    input row by TMA, the filter read from shared memory (no ldmatrix), the NCHW output along the
+    pixels; no spills."""
+    info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
     assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 6
     assert info["tensor loads (UTMALDG)"] == 10 and info["LDSM (operand through registers)"] == 0
-    assert "gl.gather(acc, index, 1)" in info["source"] and info["global stores by bytes"] == {"2": 64}
+    assert info["source"].count("gl.gather(acc, index, 1)") == 2 and "row = row + acc" in info["source"]
+    assert "+ -1\n" in info["source"] and "+ 1\n" in info["source"] and info["global stores by bytes"] == {"2": 64}
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448

@@ -892,7 +892,7 @@ def test_kernels_load_from_their_launch_records(tmp_path, monkeypatch):
     kernel = plan._entry(handle).kernel
     (key,) = kernel.launcher._compiled
     assert list((tmp_path / "launch").glob("*.json"))
-    fresh = Launcher(kernel.launcher.fn)
+    fresh = Launcher(kernel.launcher.fn, kernel.launcher.grid_dependency)  # launched as the plan's kernel is
     cfg = kernel.config
     loaded = fresh._load_recorded(key, fresh._record_path(key, cfg.num_warps, cfg.num_stages))
     assert loaded is not None and loaded is not kernel.launcher._compiled[key]

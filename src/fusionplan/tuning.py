@@ -348,8 +348,9 @@ GLUON_ROWS_HOIST_CHANNELS = True
 GLUON_ROWS_HALVES_FIRST = False
 #: gluon-rows on packed channel-plane (NCHW) input of at most 64 channels: each input row's box
 #: from column 0, the filter's columns as shifts of the product (warp shuffles), the filter in
-#: shared memory. Off until measured on a GPU (bench/NOTES.md section 36).
-GLUON_ROWS_PLANES = False
+#: shared memory. r50_02 on NCHW input, H100: 44.0 us on triton-conv -> 31.4 (fp16; bench/NOTES.md
+#: section 37).
+GLUON_ROWS_PLANES = True
 
 #: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
 #: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two

@@ -22,7 +22,7 @@ The filter comes first, by TMA into the ring's first slots, and each computing w
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
 4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
 
-Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES, off until measured on a GPU): a row's
+Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES; r50_02: 44.0 us on triton-conv -> 31.4): a row's
 shifted boxes would start inside a 16-byte unit, which TMA cannot read, so each input row comes
 once, as a box of its channel planes from column 0, and the filter's columns become shifts of the
 product: for each filter column s the products over the filter rows are summed, then moved by s *
@@ -316,15 +316,20 @@ _PRODUCT = """        box = x_bufs.index(((j % NUM_SLOTS) * S + {s}) * CH + {hal
 
 _ROW_DONE = """        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])"""
 
-#: Channel planes: filter column {s}'s products over the filter rows (each row's box from column
+#: Channel planes: a filter column's products over the filter rows (each row's box from column
 #: 0, [BLOCK_C, PIX], wgmma's B operand as TMA left it; the filter's tap from shared memory), then
-#: the column's sum moved by its offset into the row's (warp shuffles).
+#: the column's sum moved by its offset ({shift}: s * dil_w - pad_w, fixed with the plan) into the
+#: row's (warp shuffles); a column of offset 0 is added as it is.
 _PLANE_COLUMN = """{zero}{products}
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        # column ow takes the column's sum at ow + s * dil_w - pad_w (zeros outside the row's PIX)
-        cols = gl.arange(0, PIX, layout=gl.SliceLayout(0, acc_layout)) + ({s} * dil_w - pad_w)
+{move}"""
+
+_PLANE_SHIFT = """        # column ow takes the column's sum at ow + {shift} (zeros outside the row's PIX)
+        cols = gl.arange(0, PIX, layout=gl.SliceLayout(0, acc_layout)) + {shift}
         index = gl.minimum(gl.maximum(cols, 0), PIX - 1)[None, :] + gl.zeros((BLOCK_N, PIX), gl.int32, acc_layout)
-        {row} = {previous}gl.where(((cols >= 0) & (cols < PIX))[None, :], gl.gather(acc, index, 1), 0.0)"""
+        row = {previous}gl.where(((cols >= 0) & (cols < PIX))[None, :], gl.gather(acc, index, 1), 0.0)"""
+
+_PLANE_UNSHIFTED = """        row = {previous}acc"""
 
 _PLANE_WAIT = """        j = row0 + {r} * dil_h + W_SLOTS
         mbarrier.wait(ready.index(j % NUM_SLOTS), (j // NUM_SLOTS) & 1)"""
@@ -334,17 +339,20 @@ _PLANE_PRODUCT = """        j = row0 + {r} * dil_h + W_SLOTS
         acc = warpgroup_mma(w_bufs.index({t}), box, acc, is_async=True)"""
 
 
-def plane_taps(r_taps: int, s_taps: int, reinterpret: str) -> list[str]:
-    """The row's products on channel planes: the filter columns in turn, each summed over the
-    filter rows into ``acc`` and added, shifted, into ``row`` (the first column's waits for the
-    row's input rows), then ``acc`` is the row."""
+def plane_taps(r_taps: int, shifts: list[int], reinterpret: str) -> list[str]:
+    """The row's products on channel planes: the filter columns in turn (column s's offset:
+    ``shifts[s]``), each summed over the filter rows into ``acc`` and added, shifted, into ``row``
+    (the first column's waits for the row's input rows), then ``acc`` is the row."""
     columns = []
-    for s in range(s_taps):
+    for s, shift in enumerate(shifts):
         lines = [_PLANE_WAIT.format(r=r) for r in range(r_taps)] if s == 0 else []
-        lines += [_PLANE_PRODUCT.format(r=r, t=r * s_taps + s, reinterpret=reinterpret) for r in range(r_taps)]
+        lines += [
+            _PLANE_PRODUCT.format(r=r, t=r * len(shifts) + s, reinterpret=reinterpret) for r in range(r_taps)
+        ]
         zero = "" if s == 0 else "        acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)\n"
         previous = "" if s == 0 else "row + "
-        columns.append(_PLANE_COLUMN.format(zero=zero, products="\n".join(lines), row="row", previous=previous, s=s))
+        move = (_PLANE_SHIFT if shift else _PLANE_UNSHIFTED).format(shift=shift, previous=previous)
+        columns.append(_PLANE_COLUMN.format(zero=zero, products="\n".join(lines), move=move))
     return [*columns, "        acc = row"]
 
 
@@ -425,7 +433,8 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         else [f"        w{t} = w_bufs.index({t} * CH + {half}).load(w_layout)" for t in range(r_taps * s_taps)]
     )
     if planes:
-        taps = plane_taps(r_taps, s_taps, names["reinterpret"])
+        shifts = [s * conv.conv.dilations[1] - conv.conv.pads[1] for s in range(s_taps)]
+        taps = plane_taps(r_taps, shifts, names["reinterpret"])
     else:
         taps = [
             _TAP_ROW.format(
@@ -569,7 +578,7 @@ def plane_rows_why_not(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     if not tuning.GLUON_ROWS_PLANES:
-        return "channel planes (NCHW): tuning.GLUON_ROWS_PLANES is off (not measured on a GPU)"
+        return "channel planes (NCHW): tuning.GLUON_ROWS_PLANES is off"
     n, c, h, w = spec.input_desc.dims
     if c > 64:
         return f"C={c} channel planes: a box holds at most 64"
