@@ -233,12 +233,37 @@ def test_channel_planes_kernel_shifts_the_filter_columns():
     """r50_02 on NCHW input: per output row and computing warpgroup a wgmma per tap and 16-channel
     slice (2 x 9 x 4), a wait per filter column (the sums of columns 0 and 2 then shifted by -1 and
     +1 pixels by warp shuffles, column 1's added as it is), the filter's 9 taps and one box per
-    input row by TMA, the filter read from shared memory (no ldmatrix), the NCHW output along the
-    pixels; no spills."""
+    input row by TMA, the filter read from shared memory, the NCHW output along the pixels, 8 a
+    thread (16-byte stores); no spills."""
     info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
     assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 6
-    assert info["tensor loads (UTMALDG)"] == 10 and info["LDSM (operand through registers)"] == 0
+    assert info["tensor loads (UTMALDG)"] == 10
     assert info["source"].count("gl.gather(acc, index, 1)") == 2 and "row = row + acc" in info["source"]
-    assert "+ -1\n" in info["source"] and "+ 1\n" in info["source"] and info["global stores by bytes"] == {"2": 64}
+    assert "+ -1\n" in info["source"] and "+ 1\n" in info["source"] and info["global stores by bytes"] == {"16": 8}
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte_units(monkeypatch):
+    """PLANE_VEC: 8 pixels a thread for NCHW output whose strides, OW and data are 16-byte units;
+    one where the data is not 16-byte aligned, OW is not a multiple of 8 (38), rows have under 16
+    pixels, or tuning.GLUON_ROWS_PLANE_VECTOR_STORES is off; 0 (along the channels) for
+    channels-last output."""
+    from fusionplan import tuning
+
+    def rows_kernel(plan):
+        return solver_named("gluon-rows").build(plan.spec(), fp.Handle("cpu"))
+
+    kernel = rows_kernel(layer("r50_02", layout="NCHW"))
+    out = torch.empty(32, 64, 56, 56, dtype=torch.float16)
+    unaligned = torch.empty(out.numel() + 1, dtype=torch.float16)[1:].view(out.shape)
+    channels_last = out.to(memory_format=torch.channels_last)
+    assert kernel._plane_vector(out, list(out.stride()), 64) == 8
+    assert kernel._plane_vector(unaligned, list(unaligned.stride()), 64) == 1
+    assert kernel._plane_vector(out, list(out.stride()), 8) == 1
+    assert kernel._plane_vector(channels_last, list(channels_last.stride()), 64) == 0
+    narrow = rows_kernel(conv_plan(w=40, pads=(0, 0), layout="NCHW"))  # OW = 38
+    out38 = torch.empty(2, 64, 18, 38, dtype=torch.float16)
+    assert narrow._plane_vector(out38, list(out38.stride()), 64) == 1
+    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANE_VECTOR_STORES", False)
+    assert kernel._plane_vector(out, list(out.stride()), 64) == 1

@@ -352,6 +352,10 @@ GLUON_ROWS_HALVES_FIRST = False
 #: section 37).
 GLUON_ROWS_PLANES = True
 
+#: gluon-rows' channel planes to NCHW output: 8 pixels a thread (16-byte stores) where the output's
+#: strides, OW and data allow, instead of one pixel a thread (lanes along a plane's row).
+GLUON_ROWS_PLANE_VECTOR_STORES = True
+
 #: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
 #: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two
 #: computing warpgroups taking output rows in turn (Hopper, fp16/bf16). GLUON_STEM_SLOTS: the ring

@@ -69,6 +69,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    plane_vector,
 )
 from fusionplan.solvers.triton_conv import (
     conv_plan_why_not,
@@ -205,7 +206,7 @@ def _rows_partition(
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CH: gl.constexpr,
-    PLANES: gl.constexpr, PIXEL_MAJOR: gl.constexpr,
+    PLANES: gl.constexpr, PLANE_VEC: gl.constexpr,
     {stage_flags}
 ):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -213,8 +214,13 @@ def _rows_partition(
     )
     w_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=32 // ELEM_BITS)
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
-    # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
-    if PIXEL_MAJOR:  # NCHW output: lanes along a plane's pixels
+    # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores;
+    # NCHW output of channel planes: lanes along a plane's pixels, PLANE_VEC of them a thread
+    if PLANE_VEC > 1:
+        out_layout: gl.constexpr = gl.BlockedLayout(
+            [PLANE_VEC, 1], [PIX // PLANE_VEC, 32 * PLANE_VEC // PIX], [1, gl.num_warps()], [0, 1]
+        )
+    elif PLANE_VEC == 1:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
     else:
         out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -255,7 +261,7 @@ def gluon_rows_kernel(
     R: gl.constexpr, S: gl.constexpr, PIX: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_C: gl.constexpr,
     NUM_SLOTS: gl.constexpr, W_SLOTS: gl.constexpr, CH: gl.constexpr, SWIZZLE: gl.constexpr,
     ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, PLANES: gl.constexpr, PIXEL_MAJOR: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, PLANES: gl.constexpr, PLANE_VEC: gl.constexpr,
     {stage_flags}
 ):
     # x_desc: the input as [N, H, W, C], boxes of one row's PIX pixels and BLOCK_C channels; slot i
@@ -302,7 +308,7 @@ _CONSUMER = """(
             (x_bufs, w_bufs, w_ready, ready, empty, {exchange_args}y_ptr, prior_ptr, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h, pad_w, dil_w,
              R, S, PIX, BLOCK_N, BLOCK_C, NUM_SLOTS, W_SLOTS, SWIZZLE, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CH,
-             PLANES, PIXEL_MAJOR, {flag_args}),
+             PLANES, PLANE_VEC, {flag_args}),
         )"""
 
 #: One filter row's products: wait for its input row, then a wgmma per filter column.
@@ -346,9 +352,7 @@ def plane_taps(r_taps: int, shifts: list[int], reinterpret: str) -> list[str]:
     columns = []
     for s, shift in enumerate(shifts):
         lines = [_PLANE_WAIT.format(r=r) for r in range(r_taps)] if s == 0 else []
-        lines += [
-            _PLANE_PRODUCT.format(r=r, t=r * len(shifts) + s, reinterpret=reinterpret) for r in range(r_taps)
-        ]
+        lines += [_PLANE_PRODUCT.format(r=r, t=r * len(shifts) + s, reinterpret=reinterpret) for r in range(r_taps)]
         zero = "" if s == 0 else "        acc = gl.zeros((BLOCK_N, PIX), gl.float32, acc_layout)\n"
         previous = "" if s == 0 else "row + "
         move = (_PLANE_SHIFT if shift else _PLANE_UNSHIFTED).format(shift=shift, previous=previous)
@@ -409,6 +413,20 @@ ROW_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layou
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
 """
 
+#: Channel planes: the store of PLANE_VEC pixels a thread where they are whole 16-byte units
+#: (the row's start, the planes' strides and OW multiples of PLANE_VEC, told to the compiler).
+_PLANE_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+{coordinates_in_out}
+    if PLANE_VEC > 1:
+        m_mask = ow < OW // PLANE_VEC * PLANE_VEC  # OW itself: a multiple the compiler can see
+        row = gl.multiple_of(n_img * syn + oh * syh, PLANE_VEC)
+        plane = gl.multiple_of(ch * syc, PLANE_VEC)
+        gl.store(y_ptr + row + ow[:, None] + plane[None, :], h, mask=m_mask[:, None] & n_mask[None, :])
+    else:
+        mask = m_mask[:, None] & n_mask[None, :]
+        gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
+"""
+
 
 def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source for the plan's filter (a register operand per tap, a product per tap)
@@ -447,7 +465,9 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
             for r in range(r_taps)
         ]
         taps.append(_ROW_DONE)
-    store = ROW_STORE.format(coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4))
+    store = (_PLANE_STORE if planes else ROW_STORE).format(
+        coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4)
+    )
     tail = gluon_epilogue_tail(epi, store).rstrip("\n")
     row_end = "\n".join([ROW_END, _COORDINATES.format(layout="acc.type.layout")]).split("\n")
     depth = 12 if halves else 8  # the row's end inside the owner's branch
@@ -699,6 +719,14 @@ class GluonRowsKernel(GluonWindowKernel):
             return None
         return replace(self.config, num_stages=max(least, self.config.num_stages - 2))
 
+    def _plane_vector(self, out: Tensor, strides: list[int], pixels: int) -> int:
+        """PLANE_VEC of channel-plane input: plane_vector's (0: channels-last output), 1 instead of
+        8 where tuning.GLUON_ROWS_PLANE_VECTOR_STORES is off, OW is not a multiple of 8 (the row's
+        mask would split a thread's pixels) or rows are under 16 pixels (one lane along them)."""
+        vector = plane_vector(tuple(strides), out)
+        whole = tuning.GLUON_ROWS_PLANE_VECTOR_STORES and self.out_hw[1] % 8 == 0 and pixels >= 16
+        return 1 if vector == 8 and not whole else vector
+
     def _fewest_slots(self, pixels: int) -> int:
         """fewest_slots for the plan's filter rows and their dilation (channel planes: the filter
         has buffers of its own, least_slots)."""
@@ -734,7 +762,6 @@ class GluonRowsKernel(GluonWindowKernel):
         depth = r * s * c
         w_desc = gluon_descriptor(packed, [self.k, depth], [depth, 1], [BLOCK_N, cfg.block_k], w_swizzle, bits)
         shape_args = self._shape_args(out, p, strides)
-        syc, syw = shape_args[8], shape_args[10]
         consts = (
             r,
             s,
@@ -751,7 +778,7 @@ class GluonRowsKernel(GluonWindowKernel):
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             planes,
-            planes and syw == 1 and syc != 1,  # NCHW output of NCHW input: stores along the pixels
+            self._plane_vector(out, shape_args[7:11], cfg.block_m) if planes else 0,
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, *values, *shape_args, *consts]

@@ -62,6 +62,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    plane_vector,
     sixteen_bit_output,
     tma_store_strides_fit,
 )
@@ -492,14 +493,9 @@ def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_stor
 
 
 def joined_plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
-    """Output pixels a thread stores together where rows are stored joined (0: not joined): 8
-    (16 bytes) where the output's pixels are contiguous (channel planes), its image, channel and
-    row strides multiples of 8 and its data 16-byte aligned; 1 where only the pixels are contiguous."""
-    syn, syc, syh, syw = strides
-    if not tuning.GLUON_STEM_JOINED_PLANES or syw != 1 or syc == 1:
-        return 0
-    aligned = all(s % 8 == 0 for s in (syn, syc, syh)) and out.data_ptr() % 16 == 0
-    return 8 if aligned and out.element_size() == 2 else 1
+    """Output pixels a thread stores together where rows are stored joined (0: not joined, as on
+    channels-last output or with tuning.GLUON_STEM_JOINED_PLANES off): plane_vector's."""
+    return plane_vector(strides, out) if tuning.GLUON_STEM_JOINED_PLANES else 0
 
 
 def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:

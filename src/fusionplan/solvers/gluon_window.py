@@ -302,6 +302,18 @@ def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsi
     return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
 
 
+def plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
+    """Output pixels a thread can store together along channel planes (stores by pointer, lanes
+    along a plane's pixels): 0 where the output's pixels are not contiguous or its channels are
+    (channels-last: stored along the channels); 8 (16 bytes) where its image, channel and row
+    strides are multiples of 8 and its 16-bit data 16-byte aligned; else 1."""
+    syn, syc, syh, syw = strides
+    if syw != 1 or syc == 1:
+        return 0
+    aligned = all(s % 8 == 0 for s in (syn, syc, syh)) and out.data_ptr() % 16 == 0
+    return 8 if aligned and out.element_size() == 2 else 1
+
+
 def sixteen_bit_output(spec: PlanSpec) -> bool:
     """Whether the plan's output is 16-bit data of the plan's dtype (what the TMA stores' tiles hold)."""
     return spec.dtype.torch_dtype.itemsize == 2 and spec.output_desc.dtype == spec.dtype
