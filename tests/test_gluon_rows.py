@@ -230,18 +230,34 @@ def test_channel_planes_switched_off(monkeypatch):
 
 
 def test_channel_planes_kernel_shifts_the_filter_columns():
-    """r50_02 on NCHW input: per output row and computing warpgroup a wgmma per tap and 16-channel
-    slice (2 x 9 x 4), a wait per filter column (the sums of columns 0 and 2 then shifted by -1 and
-    +1 pixels by warp shuffles, column 1's added as it is), the filter's 9 taps and one box per
-    input row by TMA, the filter read from shared memory, the NCHW output along the pixels, 8 a
-    thread (16-byte stores); no spills."""
-    info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
+    """r50_02 on NCHW input with the products shifted (tuning.GLUON_ROWS_PLANE_SHIFTS off): per
+    output row and computing warpgroup a wgmma per tap and 16-channel slice (2 x 9 x 4), a wait per
+    filter column (the sums of columns 0 and 2 then shifted by -1 and +1 pixels by warp shuffles,
+    column 1's added as it is), the filter's 9 taps and one box per input row by TMA, the filter
+    read from shared memory, the NCHW output along the pixels, 8 a thread (16-byte stores); no
+    spills."""
+    switch = "import fusionplan.tuning as t\nt.GLUON_ROWS_PLANE_SHIFTS = False\n"
+    info = compile_sm90(switch + layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
     assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 6
     assert info["tensor loads (UTMALDG)"] == 10
     assert info["source"].count("gl.gather(acc, index, 1)") == 2 and "row = row + acc" in info["source"]
     assert "+ -1\n" in info["source"] and "+ 1\n" in info["source"] and info["global stores by bytes"] == {"16": 8}
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
+
+
+def test_channel_planes_kernel_shifts_the_input_rows():
+    """r50_02 on NCHW input (the default): the shifter moves each input row's box by -1 and +1
+    pixels into the slot's other boxes (no gather), the products run as on channels-last rows (the
+    filter in registers by ldmatrix, one wait a row and computing warpgroup, 2 x 9 x 4 wgmma), one
+    box per input row and the filter's 9 taps by TMA, 16-byte NCHW stores."""
+    info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
+    assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 2
+    assert info["tensor loads (UTMALDG)"] == 10 and info["LDSM (operand through registers)"] >= 72
+    source = info["source"]
+    assert "gl.gather" not in source and "def _shift_0(x)" in source and "def _shift_2(x)" in source
+    assert "def _shift_1(x)" not in source and "column ow -1" in source and "column ow +1" in source
+    assert info["global stores by bytes"] == {"16": 8} and info["shared bytes (dynamic)"] <= 232448
 
 
 def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte_units(monkeypatch):
@@ -267,3 +283,49 @@ def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte
     assert narrow._plane_vector(out38, list(out38.stride()), 64) == 1
     monkeypatch.setattr(tuning, "GLUON_ROWS_PLANE_VECTOR_STORES", False)
     assert kernel._plane_vector(out, list(out.stride()), 64) == 1
+
+
+@pytest.mark.parametrize("pixels", [8, 16, 64, 128])
+@pytest.mark.parametrize("offset", [-3, -2, -1, 1, 2, 3, 7, -8])
+def test_shift_functions_move_a_row_by_its_offset(pixels, offset):
+    """The generated move, run with torch stand-ins of its halving and interleaving: column ow of
+    the result is column ow + offset of the input, zeros past the row's ends."""
+    source = gluon_rows.shift_function("moved", offset, pixels).replace("@gluon.jit\n", "")
+
+    def halves(x):
+        return x[:, 0::2], x[:, 1::2]
+
+    def interleave(e, o):
+        return torch.stack((e, o), dim=2).reshape(e.shape[0], 2 * e.shape[1])
+
+    scope = {"_halves": halves, "_interleave": interleave, "gl": type("gl", (), {"zeros_like": torch.zeros_like})}
+    exec(source, scope)
+    x = torch.randn(5, pixels, dtype=torch.float64)
+    expected = torch.zeros_like(x)
+    for ow in range(pixels):
+        if 0 <= ow + offset < pixels:
+            expected[:, ow] = x[:, ow + offset]
+    assert torch.equal(scope["moved"](x), expected)
+
+
+@pytest.mark.parametrize(
+    "plan, mode, reason",
+    [
+        (lambda: layer("r50_02", layout="NCHW"), 2, None),
+        (lambda: conv_plan(w=40, pads=(0, 0), layout="NCHW"), 2, None),  # offsets 0, 1, 2
+        (lambda: conv_plan(w=40, r=1, pads=(0, 2), dil=2, layout="NCHW"), 2, None),  # offsets -2, 0, 2
+        (lambda: conv_plan(w=40, pads=(2, 2), dil=2, layout="NCHW"), 1, "8 slots of 3 boxes fit, 10 needed"),
+        (lambda: conv_plan(w=40, pads=(1, 1), dil=2, layout="NCHW"), 1, "no filter column at offset 0"),
+        (lambda: conv_plan(w=200, layout="NCHW"), 1, "rows of 256 pixels"),
+        (lambda: conv_plan(w=40, r=5, s=5, pads=(2, 2), layout="NCHW"), 1, "the filter takes 400 registers"),
+        (lambda: layer("r50_02"), 0, None),
+    ],
+)
+def test_plane_modes(plan, mode, reason):
+    """Channel planes take the shifter where rows fit a thread, a filter column reads offset 0 and
+    the filter fits the registers; the shifted products otherwise (channels-last rows: mode 0)."""
+    spec = plan().spec()
+    assert gluon_rows.plane_mode(spec) == mode
+    if mode:
+        why = gluon_rows.shifted_planes_why_not(spec)
+        assert why is None if reason is None else reason in why

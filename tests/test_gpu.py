@@ -475,20 +475,25 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
 
 
 #: GLUON_ROWS_CASES that gluon-rows takes on channel planes (NCHW input: rows of whole 16-byte
-#: units that an output row's box holds, at most 64 channels), and a dilated one of 40 columns.
+#: units that an output row's box holds, at most 64 channels), a dilated one of 40 columns and
+#: rows of 96 pixels (128 in the product: past what a shifter's thread holds, shifted products).
 GLUON_ROWS_PLANE_CASES = {
     **{name: case for name, case in GLUON_ROWS_CASES.items() if case[3] % 8 == 0 and case[1] <= 64},
     "dilated-40": (3, 32, 30, 40, 40, 3, 3, (2, 2), 2),
+    "rows-96": (2, 32, 9, 96, 40, 3, 3, (1, 1), 1),
 }
 
 
+@pytest.mark.parametrize("shifts", [True, False], ids=["shifted-rows", "shifted-products"])
 @pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("bf16", "CNAAB")])
 @pytest.mark.parametrize("case", list(GLUON_ROWS_PLANE_CASES))
-def test_gluon_rows_plane_cases(case, precision, chain, out_layout, monkeypatch):
+def test_gluon_rows_plane_cases(case, precision, chain, out_layout, shifts, monkeypatch):
     """gluon-rows on channel-plane input (tuning.GLUON_ROWS_PLANES: each input row's box from
-    column 0, the filter's columns as shifts of the product) against the float64 reference."""
+    column 0; the filter's columns as the shifter's moved copies of the box, or as shifts of the
+    products) against the float64 reference."""
     monkeypatch.setattr(fp.tuning, "GLUON_ROWS_PLANES", True)
+    monkeypatch.setattr(fp.tuning, "GLUON_ROWS_PLANE_SHIFTS", shifts)
     n, c, h, w, k, r, s, pads, dil = GLUON_ROWS_PLANE_CASES[case]
     conv = fp.ConvolutionDescriptor(pads, (1, 1), (dil, dil))
     check_forced_solver("gluon-rows", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout, "NCHW")

@@ -356,6 +356,13 @@ GLUON_ROWS_PLANES = True
 #: strides, OW and data allow, instead of one pixel a thread (lanes along a plane's row).
 GLUON_ROWS_PLANE_VECTOR_STORES = True
 
+#: gluon-rows' channel planes with the filter's columns as shifted copies of each input row's box
+#: (a shifter partition moves a plane's row within a thread's registers into the slot's other
+#: boxes; the products then run as on channels-last rows, the filter in registers) instead of
+#: shifts of the products by warp shuffles. Plans it cannot take (rows over 64 pixels, no filter
+#: column at offset 0, the filter past the registers) keep the shuffles.
+GLUON_ROWS_PLANE_SHIFTS = True
+
 #: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
 #: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two
 #: computing warpgroups taking output rows in turn (Hopper, fp16/bf16). GLUON_STEM_SLOTS: the ring
