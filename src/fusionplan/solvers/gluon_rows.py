@@ -22,12 +22,18 @@ The filter comes first, by TMA into the ring's first slots, and each computing w
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
 4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
 
-Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES; r50_02: 44.0 us on triton-conv -> 31.4): a row's
-shifted boxes would start inside a 16-byte unit, which TMA cannot read, so each input row comes
-once, as a box of its channel planes from column 0, and the filter's columns become shifts of the
-product: for each filter column s the products over the filter rows are summed, then moved by s *
-dil_w - pad_w columns (gl.gather along the accumulator's rows: warp shuffles) and added into the
-row; the filter stays in shared memory (wgmma's A operand from there) beside the ring.
+Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES): a row's shifted boxes would start inside
+a 16-byte unit, which TMA cannot read, so each input row comes once, as a box of its channel
+planes from column 0, into the box of the filter column at offset 0, and a shifter partition
+(a thread per plane's row) copies it into the slot's boxes of the other columns, moved by their
+offsets s * dil_w - pad_w within its registers (the row split into even and odd halves and
+interleaved back: byte permutes, no shuffles); the products then run as on channels-last rows,
+the filter in registers (plane_mode 2; r50_02: 42.6 us on triton-conv -> 20.2, 18.5 on NHWC
+input). Where the shifter cannot (rows over 64 pixels, no column at offset 0, the filter past
+the registers; or tuning.GLUON_ROWS_PLANE_SHIFTS off), the filter stays in shared memory and
+each filter column's products over the filter rows are summed, then moved by the column's offset
+(gl.gather along the accumulator's rows: warp shuffles) and added into the row (plane_mode 1).
+NCHW output of either is stored along the planes, 16 bytes a thread where strides allow.
 
 With 65 to 128 input channels the filter of 64 output channels does not fit one warpgroup's
 registers: each computing warpgroup holds one half of the channels (the boxes come in two halves
