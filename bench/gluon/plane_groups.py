@@ -38,18 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 
-@gluon.jit
-def _halves(x):
-    e, o = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return e, o
-
-
-@gluon.jit
-def _interleave(e, o):
-    return gl.reshape(gl.join(gl.convert_layout(e, o.type.layout), o), [e.shape[0], 2 * e.shape[1]])
-
-
-{moved}
+{helpers}{moved}
 
 
 @gluon.jit
@@ -110,11 +99,15 @@ def moved_source(offset: int, length: int = 64) -> str:
 
 def build():
     """The prototype's kernel, generated for an offset of PLANE - FIRST_BOX elements."""
+    from fusionplan.solvers.gluon_rows import MOVE_HELPERS
     from fusionplan.solvers.gluon_window import gluon_names
 
     names = gluon_names()
     source = _SOURCE.format(
-        moved=moved_source(PLANE - FIRST_BOX), tma_load=names["tma_load"], thread_barrier=names["thread_barrier"]
+        helpers=MOVE_HELPERS,
+        moved=moved_source(PLANE - FIRST_BOX),
+        tma_load=names["tma_load"],
+        thread_barrier=names["thread_barrier"],
     )
     return load_module(source, "plane_groups")[0].plane_groups_kernel
 

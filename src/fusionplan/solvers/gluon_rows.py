@@ -408,7 +408,10 @@ def _shift_partition(
             j += 1
 
 
-@gluon.jit
+"""
+
+#: The Gluon functions a move of rows within a thread's registers is built from (shift_function's splits and joins).
+MOVE_HELPERS = """@gluon.jit
 def _halves(x):
     # [BLOCK_C, L] -> its even and its odd columns, [BLOCK_C, L / 2] each (a thread's registers)
     e, o = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
@@ -653,7 +656,7 @@ def shifter_fields(spec: PlanSpec, names: dict[str, str]) -> dict[str, str]:
         stores="\n".join(stores), reinterpret=names["reinterpret"], thread_barrier=names["thread_barrier"]
     )
     return dict(
-        shift_functions=partition + "".join(functions),
+        shift_functions=partition + MOVE_HELPERS + "".join(functions),
         shifter=", " + _SHIFTER,
         shifter_warps=f", {shifter_warps(spec.input_desc.dims[1])}",
         shifter_regs=f", {SHIFTER_REGS}",
