@@ -347,9 +347,9 @@ GLUON_ROWS_HOIST_CHANNELS = True
 #: is set; named, the solver runs them.
 GLUON_ROWS_HALVES_FIRST = False
 #: gluon-rows on packed channel-plane (NCHW) input of at most 64 channels: each input row's box
-#: from column 0, the filter's columns as shifts of the product (warp shuffles), the filter in
-#: shared memory. r50_02 on NCHW input, H100: 44.0 us on triton-conv -> 31.4 (fp16; bench/NOTES.md
-#: section 37).
+#: from column 0, the filter's columns as the shifter's moved copies of it (GLUON_ROWS_PLANE_SHIFTS)
+#: or as shifts of the products. r50_02 on NCHW input, H100 fp16: 44.0 us on triton-conv -> 31.4
+#: with shifted products, 21.1 with the shifter (bench/NOTES.md section 37).
 GLUON_ROWS_PLANES = True
 
 #: gluon-rows' channel planes to NCHW output: 8 pixels a thread (16-byte stores) where the output's
