@@ -74,9 +74,9 @@ def plane_groups_kernel(x_desc, w_desc, y_ptr, FIRST_BOX: gl.constexpr):
 """
 
 
-def moved_source(offset: int, length: int = 64) -> str:
-    """A Gluon function _moved(x, y) of two [BC, length] tensors (each row one thread's): the rows
-    of x followed by y's, from column ``offset`` on, ``length`` of them."""
+def moved_source(offset: int, length: int = 64, name: str = "_moved") -> str:
+    """A Gluon function ``name``(x, y) of two [BC, length] tensors (each row one thread's): the
+    rows of x followed by y's, from column ``offset`` on, ``length`` of them."""
     lines: list[str] = []
     halves: dict[str, tuple[str, str]] = {}
 
@@ -94,7 +94,7 @@ def moved_source(offset: int, length: int = 64) -> str:
         return f"p{len(lines) - 1}"
 
     result = moved("x", "y", length, offset)
-    return "@gluon.jit\ndef _moved(x, y):\n" + "\n".join(lines) + f"\n    return {result}\n"
+    return f"@gluon.jit\ndef {name}(x, y):\n" + "\n".join(lines) + f"\n    return {result}\n"
 
 
 def build():

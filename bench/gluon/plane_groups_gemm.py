@@ -1,20 +1,25 @@
-"""Probe: a 1x1 convolution (+ bias, ReLU) on NCHW input of 14x14 planes through TMA boxes of
-plane pairs (bench/gluon/plane_groups.py's move, in a pipelined warp-specialized kernel), against
-cuDNN and fusionplan's own NCHW kernel for the layer (CUDA only; `--sass` compiles for sm_90).
+"""Probe: a 1x1 convolution (+ bias, ReLU) on NCHW input of 14x14 or 7x7 planes through TMA boxes
+of plane groups (bench/gluon/plane_groups.py's move, in a pipelined warp-specialized kernel),
+against cuDNN and fusionplan's own NCHW kernel for the layer (CUDA only; `--sass` compiles for
+sm_90 without a GPU).
 
-    python bench/gluon/plane_groups_gemm.py --layers r50_13,r50_15,r50_17
+    python bench/gluon/plane_groups_gemm.py --layers r50_13,r50_15,r50_17,r50_19,r50_21
     python bench/gluon/plane_groups_gemm.py --sass
 
-A program computes one image's 196 pixels (four 64-pixel parts, 256 columns) for 128 output
-channels, two computing warpgroups of 64 each. Each reduction step takes 64 input channels, 32
-pairs of planes: the input seen as [N * C / 2, 392] is read in eight [32, 64] boxes from column 0
-to 448 (the even planes are columns 0-195 of their pair's row: the first four boxes, wgmma's B
-operand as TMA leaves them; the odd planes start at column 196, 4 elements into the box from
-192: a shifter warp moves boxes 3-7 left by 4 into four more), and the filter's even and odd
-input channels are two [128, 32] tiles of their own (packed apart on the host). A loading warp
-fills a ring of such steps; ``ready`` (TMA), ``shifted`` (the shifter) and ``empty`` (both
-warpgroups' products done) barriers per stage. The epilogue adds the bias, applies ReLU and
-stores each channel's 196 pixels, 4 a thread (the planes are 8-byte aligned).
+G planes of an image together are whole 16-byte units (G = 2 for 14x14, 8 for 7x7 in fp16), so
+the input seen as [N * C / G, G * H * W] is a valid tensor descriptor. Plane j of a group (its
+residue) starts j * H * W elements into the row; its boxes ([GROUPS, 64]: GROUPS groups, 64
+columns) start at the 16-byte unit below, (j * H * W) mod 8 elements before the plane, and a
+shifter warp moves such boxes left by that many columns, the next box's first columns shifted in
+(plane_groups.moved_source). The filter is packed by residue ([G * K, C / G]: residue j's input
+channels j, j + G, ...), so each residue's product is [128 output channels, GROUPS] x [GROUPS, 64
+pixels] per part of the plane (4 parts of 64 for 196 pixels, 1 for 49).
+
+A program computes one image's plane (all its parts) for 128 output channels, two computing
+warpgroups of 64 each; each reduction step takes GROUPS * G input channels (64 for 14x14, 128 for
+7x7) through a 3-stage ring filled by a loading warp; ``ready`` (TMA), ``shifted`` (the shifter)
+and ``empty`` (both warpgroups' products done) barriers per stage. The epilogue adds the bias,
+applies ReLU and stores each channel's pixels by pointer (8-byte stores for 14x14 planes).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import collections
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,10 +39,52 @@ from plane_groups import moved_source  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
-PLANE = 196  # pixels of a 14x14 plane
 BLOCK_K = 128  # output channels of a program
-STEP = 64  # input channels of a reduction step (32 pairs)
 STAGES = 3
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where each residue's boxes start and how far its plane sits inside them."""
+
+    plane: int  # pixels of a plane (H * W)
+    groups: int  # plane groups a box holds (the reduction of one residue's product)
+
+    @property
+    def residues(self) -> int:  # planes of a group: whole 16-byte units of fp16
+        return next(g for g in (1, 2, 4, 8) if self.plane * g % 8 == 0)
+
+    @property
+    def parts(self) -> int:  # 64-pixel parts of the plane
+        return -(-self.plane // 64)
+
+    def start(self, j: int) -> int:
+        return j * self.plane // 8 * 8
+
+    def shift(self, j: int) -> int:
+        return j * self.plane % 8
+
+    def fills(self, j: int, q: int) -> bool:
+        """Whether part q of residue j reaches into the next box (its pixels past the box's end)."""
+        return self.shift(j) + min(64, self.plane - 64 * q) > 64
+
+    def columns(self) -> list[int]:
+        """The columns of a step's boxes: each residue's parts, and the next box where a part
+        reaches into it (residues share boxes that start at the same column)."""
+        wanted = {
+            self.start(j) + 64 * (q + extra)
+            for j in range(self.residues)
+            for q in range(self.parts)
+            for extra in ((0, 1) if self.fills(j, q) else (0,))
+        }
+        return sorted(wanted)
+
+    def moved(self) -> list[tuple[int, int]]:
+        """(residue, part) of each moved box of a step."""
+        return [(j, q) for j in range(self.residues) if self.shift(j) for q in range(self.parts)]
+
+
+GEOMETRIES = {196: Geometry(196, 32), 49: Geometry(49, 16)}
 
 _SOURCE = """
 from triton.experimental import gluon
@@ -46,37 +94,33 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 
-{helpers}{moved}
+{helpers}{moves}
 
 
 @gluon.jit
-def _load(x_desc, we_desc, wo_desc, boxes, w_even, w_odd, ready, empty, C, NUM_STAGES: gl.constexpr):
+def _load(x_desc, w_desc, boxes, w_bufs, ready, empty, C, K, NUM_STAGES: gl.constexpr):
     n = gl.program_id(0)
-    k0 = gl.program_id(1) * we_desc.block_type.shape[0]
-    PAIRS: gl.constexpr = x_desc.block_type.shape[0]
-    nbytes: gl.constexpr = 8 * x_desc.block_type.nbytes + 2 * we_desc.block_type.nbytes
-    for i in range(C // (2 * PAIRS)):
+    k0 = gl.program_id(1) * w_desc.block_type.shape[0]
+    GROUPS: gl.constexpr = x_desc.block_type.shape[0]
+    nbytes: gl.constexpr = {n_boxes} * x_desc.block_type.nbytes + {residues} * w_desc.block_type.nbytes
+    for i in range(C // ({residues} * GROUPS)):
         s = i % NUM_STAGES
         mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
-        row = n * (C // 2) + i * PAIRS
-        for b in gl.static_range(8):
-            {tma_load}(x_desc, [row, 64 * b], ready.index(s), boxes.index(s * 8 + b))
-        {tma_load}(we_desc, [k0, i * PAIRS], ready.index(s), w_even.index(s))
-        {tma_load}(wo_desc, [k0, i * PAIRS], ready.index(s), w_odd.index(s))
+        row = n * (C // {residues}) + i * GROUPS
+{box_loads}
+        for j in gl.static_range({residues}):
+            {tma_load}(w_desc, [j * K + k0, i * GROUPS], ready.index(s), w_bufs.index(s * {residues} + j))
 
 
 @gluon.jit
-def _shift(boxes, moved, ready, shifted, C, NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr):
-    # the odd planes: boxes 3-7 of a step moved left by 4 columns into the step's four moved boxes
+def _shift(boxes, moved, ready, shifted, C, NUM_STAGES: gl.constexpr, GROUPS: gl.constexpr):
+    # the planes inside their boxes moved to column 0, the next box's columns shifted in
     rows: gl.constexpr = gl.BlockedLayout([1, 64], [32, 1], [gl.num_warps(), 1], [1, 0])
-    for i in range(C // (2 * PAIRS)):
+    for i in range(C // ({residues} * GROUPS)):
         s = i % NUM_STAGES
         mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)
-        for q in gl.static_range(4):
-            x = boxes.index(s * 8 + 3 + q).load(rows)
-            y = boxes.index(s * 8 + 4 + q).load(rows)
-            moved.index(s * 4 + q).store(_moved(x, y))
+{moves_done}
         fence_async_shared()
         {thread_barrier}()
         mbarrier.arrive(shifted.index(s))
@@ -84,32 +128,20 @@ def _shift(boxes, moved, ready, shifted, C, NUM_STAGES: gl.constexpr, PAIRS: gl.
 
 @gluon.jit
 def _compute(
-    boxes, moved, w_even, w_odd, ready, shifted, empty, y_ptr, bias_ptr, C, K,
-    NUM_STAGES: gl.constexpr, PAIRS: gl.constexpr, CONSUMER: gl.constexpr, PLANE: gl.constexpr,
+    boxes, moved, w_bufs, ready, shifted, empty, y_ptr, bias_ptr, C, K,
+    NUM_STAGES: gl.constexpr, GROUPS: gl.constexpr, CONSUMER: gl.constexpr, PLANE: gl.constexpr,
 ):
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, 64, 16]
     )
-    a0 = gl.zeros((64, 64), gl.float32, acc_layout)
-    a1 = gl.zeros((64, 64), gl.float32, acc_layout)
-    a2 = gl.zeros((64, 64), gl.float32, acc_layout)
-    a3 = gl.zeros((64, 64), gl.float32, acc_layout)
-    for i in range(C // (2 * PAIRS)):
+{acc_init}
+    for i in range(C // ({residues} * GROUPS)):
         s = i % NUM_STAGES
         phase = (i // NUM_STAGES) & 1
         mbarrier.wait(ready.index(s), phase)
         mbarrier.wait(shifted.index(s), phase)
-        we = w_even.index(s).slice(CONSUMER * 64, 64)
-        wo = w_odd.index(s).slice(CONSUMER * 64, 64)
-        a0 = warpgroup_mma(we, boxes.index(s * 8 + 0), a0, is_async=True)
-        a0 = warpgroup_mma(wo, moved.index(s * 4 + 0), a0, is_async=True)
-        a1 = warpgroup_mma(we, boxes.index(s * 8 + 1), a1, is_async=True)
-        a1 = warpgroup_mma(wo, moved.index(s * 4 + 1), a1, is_async=True)
-        a2 = warpgroup_mma(we, boxes.index(s * 8 + 2), a2, is_async=True)
-        a2 = warpgroup_mma(wo, moved.index(s * 4 + 2), a2, is_async=True)
-        a3 = warpgroup_mma(we, boxes.index(s * 8 + 3), a3, is_async=True)
-        a3 = warpgroup_mma(wo, moved.index(s * 4 + 3), a3, is_async=True)
-        a0, a1, a2, a3 = warpgroup_mma_wait(num_outstanding=0, deps=[a0, a1, a2, a3])
+{products}
+        {waited} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])
         mbarrier.arrive(empty.index(s))
     n = gl.program_id(0)
     k0 = gl.program_id(1) * 128 + CONSUMER * 64
@@ -117,25 +149,19 @@ def _compute(
     r = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, out_layout))
     bias = gl.load(bias_ptr + k0 + r)
-    plane = gl.multiple_of((n * K + k0 + r) * PLANE, 4)
-    for q in gl.static_range(4):
-        acc = (a0, a1, a2, a3)[q]
-        h = gl.convert_layout(acc, out_layout) + bias[:, None]
-        h = gl.maximum(h, 0.0).to(y_ptr.dtype.element_ty)
-        col = q * 64 + c
-        gl.store(y_ptr + plane[:, None] + col[None, :], h, mask=(col < PLANE)[None, :])
+    plane = (n * K + k0 + r) * PLANE
+{stores}
 
 
 @gluon.jit
 def plane_groups_gemm_kernel(
-    x_desc, we_desc, wo_desc, y_ptr, bias_ptr, C, K, NUM_STAGES: gl.constexpr, PLANE: gl.constexpr,
+    x_desc, w_desc, y_ptr, bias_ptr, C, K, NUM_STAGES: gl.constexpr, PLANE: gl.constexpr,
 ):
-    PAIRS: gl.constexpr = x_desc.block_type.shape[0]
+    GROUPS: gl.constexpr = x_desc.block_type.shape[0]
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    boxes = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * 8, PAIRS, 64], x_desc.layout)
-    moved = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * 4, PAIRS, 64], flat)
-    w_even = gl.allocate_shared_memory(we_desc.dtype, [NUM_STAGES, 128, PAIRS], we_desc.layout)
-    w_odd = gl.allocate_shared_memory(wo_desc.dtype, [NUM_STAGES, 128, PAIRS], wo_desc.layout)
+    boxes = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {n_boxes}, GROUPS, 64], x_desc.layout)
+    moved = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {n_moved}, GROUPS, 64], flat)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES * {residues}, 128, GROUPS], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     shifted = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -146,12 +172,12 @@ def plane_groups_gemm_kernel(
     fence_async_shared()
     gl.warp_specialize(
         [
-            (_compute, (boxes, moved, w_even, w_odd, ready, shifted, empty, y_ptr, bias_ptr, C, K,
-                        NUM_STAGES, PAIRS, 0, PLANE)),
-            (_compute, (boxes, moved, w_even, w_odd, ready, shifted, empty, y_ptr, bias_ptr, C, K,
-                        NUM_STAGES, PAIRS, 1, PLANE)),
-            (_load, (x_desc, we_desc, wo_desc, boxes, w_even, w_odd, ready, empty, C, NUM_STAGES)),
-            (_shift, (boxes, moved, ready, shifted, C, NUM_STAGES, PAIRS)),
+            (_compute, (boxes, moved, w_bufs, ready, shifted, empty, y_ptr, bias_ptr, C, K,
+                        NUM_STAGES, GROUPS, 0, PLANE)),
+            (_compute, (boxes, moved, w_bufs, ready, shifted, empty, y_ptr, bias_ptr, C, K,
+                        NUM_STAGES, GROUPS, 1, PLANE)),
+            (_load, (x_desc, w_desc, boxes, w_bufs, ready, empty, C, K, NUM_STAGES)),
+            (_shift, (boxes, moved, ready, shifted, C, NUM_STAGES, GROUPS)),
         ],
         [4, 1, 1],
         [208, 96, 96],
@@ -159,33 +185,85 @@ def plane_groups_gemm_kernel(
 """
 
 
-def build():
-    from fusionplan.solvers.gluon_rows import MOVE_HELPERS
+def render(geo: Geometry) -> str:
+    """The probe's kernel source for one plane size."""
+    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, shift_function
     from fusionplan.solvers.gluon_window import gluon_names
 
     names = gluon_names()
-    source = _SOURCE.format(
+    columns = geo.columns()
+    box_at = {col: t for t, col in enumerate(columns)}
+    moved_of = {key: m for m, key in enumerate(geo.moved())}
+    n_boxes, n_moved = len(columns), max(1, len(moved_of))
+    box_loads = [
+        f"        {names['tma_load']}(x_desc, [row, {col}], ready.index(s), boxes.index(s * {n_boxes} + {t}))"
+        for t, col in enumerate(columns)
+    ]
+    moves_done = []
+    for (j, q), m in moved_of.items():
+        col = geo.start(j) + 64 * q
+        moves_done.append(f"        x = boxes.index(s * {n_boxes} + {box_at[col]}).load(rows)")
+        if geo.fills(j, q):
+            moves_done.append(f"        y = boxes.index(s * {n_boxes} + {box_at[col + 64]}).load(rows)")
+            move = f"_moved_{geo.shift(j)}(x, y)"
+        else:
+            move = f"_shift_{geo.shift(j)}(x)"
+        moves_done.append(f"        moved.index(s * {n_moved} + {m}).store({move})")
+    products = []
+    for q in range(geo.parts):
+        for j in range(geo.residues):
+            if geo.shift(j):
+                operand = f"moved.index(s * {n_moved} + {moved_of[(j, q)]})"
+            else:
+                operand = f"boxes.index(s * {n_boxes} + {box_at[geo.start(j) + 64 * q]})"
+            w = f"w_bufs.index(s * {geo.residues} + {j}).slice(CONSUMER * 64, 64)"
+            products.append(f"        a{q} = warpgroup_mma({w}, {operand}, a{q}, is_async=True)")
+    stores = []
+    for q in range(geo.parts):
+        stores += [
+            f"    h = gl.maximum(gl.convert_layout(a{q}, out_layout) + bias[:, None], 0.0).to(y_ptr.dtype.element_ty)",
+            f"    col = {q * 64} + c",
+            "    gl.store(y_ptr + plane[:, None] + col[None, :], h, mask=(col < PLANE)[None, :])",
+        ]
+    accs = ", ".join(f"a{q}" for q in range(geo.parts))
+    filled = {geo.shift(j) for j, q in moved_of if geo.fills(j, q)}
+    zeroed = {geo.shift(j) for j, q in moved_of if not geo.fills(j, q)}
+    moves = [moved_source(d, name=f"_moved_{d}") for d in sorted(filled)]
+    moves += [shift_function(f"_shift_{d}", d, 64) for d in sorted(zeroed)]
+    return _SOURCE.format(
         helpers=MOVE_HELPERS,
-        moved=moved_source(PLANE - 192),
+        moves="\n\n".join(moves),
+        n_boxes=n_boxes,
+        n_moved=n_moved,
+        residues=geo.residues,
+        box_loads="\n".join(box_loads),
+        moves_done="\n".join(moves_done) or "        pass",
+        acc_init="\n".join(f"    a{q} = gl.zeros((64, 64), gl.float32, acc_layout)" for q in range(geo.parts)),
+        products="\n".join(products),
+        accs=accs,
+        waited=accs if geo.parts > 1 else "a0",
+        stores="\n".join(stores),
         tma_load=names["tma_load"],
         thread_barrier=names["thread_barrier"],
     )
-    return load_module(source, "plane_groups_gemm")[0].plane_groups_gemm_kernel
 
 
-def launch(kernel, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
-    """y = relu(conv1x1(x, w) + bias), x [N, C, 14, 14] and y [N, K, 14, 14] NCHW fp16."""
+def build(geo: Geometry):
+    return load_module(render(geo), "plane_groups_gemm")[0].plane_groups_gemm_kernel
+
+
+def launch(kernel, geo: Geometry, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
+    """y = relu(conv1x1(x, w) + bias), x [N, C, H, W] and y [N, K, H, W] NCHW fp16."""
     from fusionplan.solvers.gluon_window import gluon_descriptor
 
     n, c = x.shape[:2]
-    k = w.shape[0]
-    pairs = x.reshape(n * c // 2, 2 * PLANE)
-    x_desc = gluon_descriptor(pairs, list(pairs.shape), [2 * PLANE, 1], [STEP // 2, 64], 128, 16)
-    w2 = w.reshape(k, c)
-    w_even, w_odd = w2[:, 0::2].contiguous(), w2[:, 1::2].contiguous()
-    we_desc = gluon_descriptor(w_even, [k, c // 2], [c // 2, 1], [BLOCK_K, STEP // 2], 64, 16)
-    wo_desc = gluon_descriptor(w_odd, [k, c // 2], [c // 2, 1], [BLOCK_K, STEP // 2], 64, 16)
-    kernel[(n, k // BLOCK_K)](x_desc, we_desc, wo_desc, y, bias, c, k, STAGES, PLANE, num_warps=4)
+    k, g = w.shape[0], geo.residues
+    groups = x.reshape(n * c // g, g * geo.plane)
+    x_desc = gluon_descriptor(groups, list(groups.shape), [g * geo.plane, 1], [geo.groups, 64], 128, 16)
+    by_residue = w.reshape(k, c // g, g).permute(2, 0, 1).reshape(g * k, c // g).contiguous()
+    swizzle = min(128, geo.groups * 2)
+    w_desc = gluon_descriptor(by_residue, [g * k, c // g], [c // g, 1], [BLOCK_K, geo.groups], swizzle, 16)
+    kernel[(n, k // BLOCK_K)](x_desc, w_desc, y, bias, c, k, STAGES, geo.plane, num_warps=4)
 
 
 def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:
@@ -214,16 +292,17 @@ def measure(layer: str) -> None:
     from fusionplan.testing import layer_plan, random_args
 
     s = resnet50_layer(layer)
-    assert (s.h, s.w, s.r, s.stride) == (14, 14, 1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 planes"
-    x = torch.randn(32, s.c, 14, 14, device="cuda").half()
+    geo = GEOMETRIES.get(s.h * s.w)
+    assert geo and (s.r, s.stride) == (1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 or 7x7 planes"
+    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
     w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
     bias = torch.randn(s.k, device="cuda")
-    y = torch.full((32, s.k, 14, 14), float("nan"), device="cuda", dtype=torch.float16)
-    kernel = build()
-    launch(kernel, x, w, bias, y)
+    y = torch.full((32, s.k, s.h, s.w), float("nan"), device="cuda", dtype=torch.float16)
+    kernel = build(geo)
+    launch(kernel, geo, x, w, bias, y)
     expected = torch.relu(torch.nn.functional.conv2d(x.float(), w.float()) + bias[None, :, None, None])
     err = ((y.float() - expected).norm() / expected.norm()).item()
-    probe = graph_time_us(lambda: launch(kernel, x, w, bias, y))
+    probe = graph_time_us(lambda: launch(kernel, geo, x, w, bias, y))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half())))
     plan = layer_plan(s, x, "CBA")
     handle = fp.Handle("cuda")
@@ -232,12 +311,12 @@ def measure(layer: str) -> None:
     out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
     ours = graph_time_us(lambda: plan.execute(handle, x, out, args))
     print(
-        f"{layer}: probe {probe:.2f} us (rel. error {err:.1e}), {plan.compiled_solver(handle)} {ours:.2f}, "
-        f"cuDNN conv+bias+relu (unfused calls) {cudnn:.2f}"
+        f"{layer}: probe {probe:.2f} us (rel. error {err:.1e}, NaN left {int(y.isnan().sum())}), "
+        f"{plan.compiled_solver(handle)} {ours:.2f}, cuDNN conv+bias+relu (unfused calls) {cudnn:.2f}"
     )
 
 
-def print_sass() -> None:
+def print_sass(geo: Geometry) -> None:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
@@ -246,11 +325,10 @@ def print_sass() -> None:
     from fusionplan.sass import summarize
 
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
+    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=min(128, geo.groups * 2), element_bitwidth=16, rank=2)
     signature = {
-        "x_desc": f"tensordesc<fp16[{STEP // 2},64],{x_layout!r}>",
-        "we_desc": f"tensordesc<fp16[{BLOCK_K},{STEP // 2}],{w_layout!r}>",
-        "wo_desc": f"tensordesc<fp16[{BLOCK_K},{STEP // 2}],{w_layout!r}>",
+        "x_desc": f"tensordesc<fp16[{geo.groups},64],{x_layout!r}>",
+        "w_desc": f"tensordesc<fp16[{BLOCK_K},{geo.groups}],{w_layout!r}>",
         "y_ptr": "*fp16",
         "bias_ptr": "*fp32",
         "C": "i32",
@@ -259,25 +337,36 @@ def print_sass() -> None:
         "PLANE": "constexpr",
     }
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    source = GluonASTSource(build(), signature, {(7,): STAGES, (8,): PLANE}, {(3,): aligned, (4,): aligned})
+    constexprs = {(6,): STAGES, (7,): geo.plane}
+    source = GluonASTSource(build(geo), signature, constexprs, {(2,): aligned, (3,): aligned})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     info = summarize(compiled)
     sass = info.pop("sass")
     pattern = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)"
     counts = collections.Counter(re.findall(pattern, sass, re.M))
     keys = ("SHFL", "PRMT", "LDS", "STS", "HGMMA", "UTMALDG", "STG")
-    waits = info["wgmma waits (outstanding groups allowed)"]
-    stores = info["global stores by bytes"]
-    print({k: counts.get(k, 0) for k in keys}, "stores by bytes", stores, "waits", len(waits), info["resources"])
+    waits = len(info["wgmma waits (outstanding groups allowed)"])
+    print(
+        f"{geo.plane}-pixel planes:",
+        {k: counts.get(k, 0) for k in keys},
+        "stores by bytes",
+        info["global stores by bytes"],
+        "waits",
+        waits,
+        info["resources"],
+        "shared",
+        info["shared bytes (dynamic)"],
+    )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layers", default="r50_13,r50_15,r50_17")
-    p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summary")
+    p.add_argument("--layers", default="r50_13,r50_15,r50_17,r50_19,r50_21")
+    p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
     a = p.parse_args()
     if a.sass or not torch.cuda.is_available():
-        print_sass()
+        for geo in GEOMETRIES.values():
+            print_sass(geo)
         return
     for layer in a.layers.split(","):
         measure(layer)

@@ -1,0 +1,82 @@
+"""The plane-groups probes (bench/gluon/plane_groups.py, plane_groups_gemm.py) without a GPU: their
+boxes, moves and residue-packed filter emulated with torch against a 1x1 convolution, and their
+kernels compiled for sm_90."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .util import compiling_process
+
+BENCH = Path(__file__).parent.parent / "bench" / "gluon"
+sys.path.insert(0, str(BENCH))
+
+pytest.importorskip("triton")
+plane_groups = pytest.importorskip("plane_groups")
+probe = pytest.importorskip("plane_groups_gemm")
+
+
+def halves(x):
+    return x[:, 0::2], x[:, 1::2]
+
+
+def interleave(e, o):
+    return torch.stack((e, o), dim=2).reshape(e.shape[0], 2 * e.shape[1])
+
+
+@pytest.mark.parametrize("offset", [1, 2, 4, 7, 63])
+def test_moved_rows_continue_into_the_next_box(offset):
+    source = plane_groups.moved_source(offset, name="moved").replace("@gluon.jit\n", "")
+    scope = {"_halves": halves, "_interleave": interleave}
+    exec(source, scope)
+    x, y = torch.randn(3, 64, dtype=torch.float64), torch.randn(3, 64, dtype=torch.float64)
+    assert torch.equal(scope["moved"](x, y), torch.cat((x, y), 1)[:, offset : offset + 64])
+
+
+@pytest.mark.parametrize("plane, hw", [(196, (14, 14)), (49, (7, 7))])
+def test_plane_group_boxes_compute_the_convolution(plane, hw):
+    """The probe's geometry in torch: each step's boxes of plane groups (TMA's zero fill past the
+    row), each residue's part moved by its shift (the next box shifted in where the part reaches
+    it), times the filter packed by residue, equals the 1x1 convolution on every pixel."""
+    geo = probe.GEOMETRIES[plane]
+    g, n, c, k = geo.residues, 2, 2 * geo.groups * geo.residues, 8
+    x = torch.randn(n, c, *hw, dtype=torch.float64)
+    w = torch.randn(k, c, dtype=torch.float64)
+    rows = x.reshape(n * c // g, g * plane)
+    padded = torch.zeros(rows.shape[0], max(geo.columns()) + 64, dtype=torch.float64)
+    padded[:, : g * plane] = rows
+    by_residue = w.reshape(k, c // g, g).permute(2, 0, 1)
+    y = torch.zeros(n, k, 64 * geo.parts, dtype=torch.float64)
+
+    def box(r0, col):
+        assert col in geo.columns()  # a box the probe's loading warp brings
+        return padded[r0 : r0 + geo.groups, col : col + 64]
+
+    for img in range(n):
+        for i in range(c // (g * geo.groups)):
+            r0 = img * (c // g) + i * geo.groups
+
+            for q in range(geo.parts):
+                for j in range(g):
+                    col = geo.start(j) + 64 * q
+                    b = box(r0, col)
+                    if geo.shift(j):
+                        after = box(r0, col + 64) if geo.fills(j, q) else torch.zeros_like(b)
+                        b = torch.cat((b, after), 1)[:, geo.shift(j) : geo.shift(j) + 64]
+                    y[img, :, 64 * q : 64 * q + 64] += by_residue[j][:, i * geo.groups : (i + 1) * geo.groups] @ b
+    expected = torch.einsum("kc,ncp->nkp", w, x.reshape(n, c, plane))
+    assert torch.allclose(y[:, :, :plane], expected)
+
+
+def test_probe_kernels_compile_for_sm90():
+    """Both probes' kernels: no shuffles; the plane-groups GEMM's products wait once a step in each
+    computing warpgroup, without spills."""
+    out = compiling_process([str(BENCH / "plane_groups.py"), "--sass"])
+    assert "'SHFL': 0" in out.splitlines()[-1]
+    lines = compiling_process([str(BENCH / "plane_groups_gemm.py"), "--sass"]).splitlines()
+    summaries = [line for line in lines if "planes:" in line]
+    assert len(summaries) == 2
+    for line in summaries:
+        assert "'SHFL': 0" in line and "waits 2" in line and "STACK:0" in line
