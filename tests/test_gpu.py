@@ -475,11 +475,13 @@ def test_gluon_rows_cases(case, precision, chain, out_layout):
 
 
 #: GLUON_ROWS_CASES that gluon-rows takes on channel planes (NCHW input: rows of whole 16-byte
-#: units that an output row's box holds, at most 64 channels), a dilated one of 40 columns and
-#: rows of 96 pixels (128 in the product: past what a shifter's thread holds, shifted products).
+#: units that an output row's box holds, at most 64 channels), a dilated one of 40 columns, rows
+#: of 24 pixels (32 in the product) and of 96 (128: past what a shifter's thread holds, shifted
+#: products).
 GLUON_ROWS_PLANE_CASES = {
     **{name: case for name, case in GLUON_ROWS_CASES.items() if case[3] % 8 == 0 and case[1] <= 64},
     "dilated-40": (3, 32, 30, 40, 40, 3, 3, (2, 2), 2),
+    "rows-24": (3, 32, 11, 24, 40, 3, 3, (1, 1), 1),
     "rows-96": (2, 32, 9, 96, 40, 3, 3, (1, 1), 1),
 }
 
