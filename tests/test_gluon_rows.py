@@ -329,3 +329,18 @@ def test_plane_modes(plan, mode, reason):
     if mode:
         why = gluon_rows.shifted_planes_why_not(spec)
         assert why is None if reason is None else reason in why
+
+
+def test_a_built_kernel_keeps_its_plane_mode(monkeypatch):
+    """The launch of a kernel built with the shifter (plane_mode 2) keeps its arguments (the filter
+    through the ring's first slots, the box of the column at offset 0) after the tuning switch
+    that chose it is turned off: the source and its launches agree."""
+    from fusionplan import tuning
+    from fusionplan.sass import captured_launch
+
+    kernel = solver_named("gluon-rows").build(layer("r50_02", layout="NCHW").spec(), fp.Handle("cpu"))
+    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANE_SHIFTS", False)
+    _, _, args, _, _ = captured_launch(kernel)
+    named = dict(zip(kernel.launcher.names, args))
+    assert (named["PLANES"], named["ZERO_COL"], named["W_SLOTS"]) == (2, 1, 3)
+    assert "def _shift_partition(" in kernel.source()

@@ -893,6 +893,12 @@ class GluonRowsKernel(GluonWindowKernel):
     stem = "gluon_rows"
     splits_reduction = False
 
+    def __init__(self, spec: PlanSpec, handle) -> None:
+        # the input's reading (plane_mode) is fixed with the source rendered now: a later change of
+        # the tuning switches it reads does not reach a built kernel's launches
+        self.mode = plane_mode(spec)
+        super().__init__(spec, handle)
+
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the heuristic's ring, the shallowest that cannot stall
@@ -910,7 +916,7 @@ class GluonRowsKernel(GluonWindowKernel):
         """An output row's pixels, 64 output channels, the whole input channels, the deepest ring."""
         r, s = self.conv.w_desc.dims[2:]
         pixels = row_pixels(self.out_hw[1])
-        if plane_mode(self.spec) == 1:
+        if self.mode == 1:
             slots = plane_ring_slots(pixels, c_per_group, r, s)
         else:
             slots = channel_ring_slots(pixels, c_per_group, s)
@@ -945,7 +951,7 @@ class GluonRowsKernel(GluonWindowKernel):
         """fewest_slots for the plan's filter rows and their dilation (channel planes whose filter
         has buffers of its own: least_slots)."""
         r, dil_h = self.conv.w_desc.dims[2], self.conv_args[4]
-        return least_slots(r, dil_h) if plane_mode(self.spec) == 1 else fewest_slots(r, dil_h, pixels)
+        return least_slots(r, dil_h) if self.mode == 1 else fewest_slots(r, dil_h, pixels)
 
     def _launch_args(
         self,
@@ -962,7 +968,7 @@ class GluonRowsKernel(GluonWindowKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         n, c, h, w = self.spec.input_desc.dims
         bits = x.element_size() * 8
-        mode = plane_mode(self.spec)
+        mode = self.mode
         w_swizzle = min(128, cfg.block_k * bits // 8)
         if mode:  # boxes [BLOCK_C planes, 1 row, PIX pixels] from column 0, swizzled along the pixels
             swizzle = min(128, cfg.block_m * bits // 8)
