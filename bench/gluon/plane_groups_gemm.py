@@ -15,11 +15,12 @@ shifter warp moves such boxes left by that many columns, the next box's first co
 channels j, j + G, ...), so each residue's product is [128 output channels, GROUPS] x [GROUPS, 64
 pixels] per part of the plane (4 parts of 64 for 196 pixels, 1 for 49).
 
-A program computes one image's plane (all its parts) for 128 output channels, two computing
-warpgroups of 64 each; each reduction step takes GROUPS * G input channels (64 for 14x14, 128 for
-7x7) through a 3-stage ring filled by a loading warp; ``ready`` (TMA), ``shifted`` (the shifter)
-and ``empty`` (both warpgroups' products done) barriers per stage. The epilogue adds the bias,
-applies ReLU and stores each channel's pixels by pointer (8-byte stores for 14x14 planes).
+A program computes one image's plane (all its parts; 7x7: two images' planes) for 128 output
+channels, two computing warpgroups of 64 each; each reduction step takes GROUPS * G input
+channels (64 for 14x14, 128 for 7x7) through a ring (3 stages; 2 for 7x7) filled by a loading
+warp; ``ready`` (TMA), ``shifted`` (the shifter) and ``empty`` (both warpgroups' products done)
+barriers per stage. The epilogue adds the bias, applies ReLU and stores each channel's pixels by
+pointer (8-byte stores for 14x14 planes).
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ from plane_groups import moved_source  # noqa: E402
 from fusionplan.codegen import load_module  # noqa: E402
 
 BLOCK_K = 128  # output channels of a program
-STAGES = 3
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class Geometry:
 
     plane: int  # pixels of a plane (H * W)
     groups: int  # plane groups a box holds (the reduction of one residue's product)
+    images: int = 1  # images a program computes (each its own boxes, moves and accumulators)
 
     @property
     def residues(self) -> int:  # planes of a group: whole 16-byte units of fp16
@@ -83,8 +84,17 @@ class Geometry:
         """(residue, part) of each moved box of a step."""
         return [(j, q) for j in range(self.residues) if self.shift(j) for q in range(self.parts)]
 
+    def stages(self) -> int:
+        """Ring stages (at most 3) whose boxes, moved boxes and filter tiles fit 220 KB."""
+        boxes = (len(self.columns()) + len(self.moved())) * self.images * self.groups * 64 * 2
+        weights = self.residues * BLOCK_K * self.groups * 2
+        return min(3, 220 * 1024 // (boxes + weights))
 
-GEOMETRIES = {196: Geometry(196, 32), 49: Geometry(49, 16)}
+
+#: 14x14 planes: an image a program (four 64-pixel parts fill the accumulators); 7x7: two images a
+#: program, so that the filter's tiles serve 98 pixels (with one, r50_21's programs would read
+#: 64 MB of filter from L2).
+GEOMETRIES = {196: Geometry(196, 32), 49: Geometry(49, 16, images=2)}
 
 _SOURCE = """
 from triton.experimental import gluon
@@ -102,12 +112,11 @@ def _load(x_desc, w_desc, boxes, w_bufs, ready, empty, C, K, NUM_STAGES: gl.cons
     n = gl.program_id(0)
     k0 = gl.program_id(1) * w_desc.block_type.shape[0]
     GROUPS: gl.constexpr = x_desc.block_type.shape[0]
-    nbytes: gl.constexpr = {n_boxes} * x_desc.block_type.nbytes + {residues} * w_desc.block_type.nbytes
+    nbytes: gl.constexpr = {step_boxes} * x_desc.block_type.nbytes + {residues} * w_desc.block_type.nbytes
     for i in range(C // ({residues} * GROUPS)):
         s = i % NUM_STAGES
         mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
-        row = n * (C // {residues}) + i * GROUPS
 {box_loads}
         for j in gl.static_range({residues}):
             {tma_load}(w_desc, [j * K + k0, i * GROUPS], ready.index(s), w_bufs.index(s * {residues} + j))
@@ -149,7 +158,6 @@ def _compute(
     r = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
     c = gl.arange(0, 64, layout=gl.SliceLayout(0, out_layout))
     bias = gl.load(bias_ptr + k0 + r)
-    plane = (n * K + k0 + r) * PLANE
 {stores}
 
 
@@ -159,8 +167,8 @@ def plane_groups_gemm_kernel(
 ):
     GROUPS: gl.constexpr = x_desc.block_type.shape[0]
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    boxes = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {n_boxes}, GROUPS, 64], x_desc.layout)
-    moved = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {n_moved}, GROUPS, 64], flat)
+    boxes = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {step_boxes}, GROUPS, 64], x_desc.layout)
+    moved = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES * {step_moved}, GROUPS, 64], flat)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES * {residues}, 128, GROUPS], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     shifted = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -195,37 +203,43 @@ def render(geo: Geometry) -> str:
     box_at = {col: t for t, col in enumerate(columns)}
     moved_of = {key: m for m, key in enumerate(geo.moved())}
     n_boxes, n_moved = len(columns), max(1, len(moved_of))
-    box_loads = [
-        f"        {names['tma_load']}(x_desc, [row, {col}], ready.index(s), boxes.index(s * {n_boxes} + {t}))"
-        for t, col in enumerate(columns)
-    ]
-    moves_done = []
-    for (j, q), m in moved_of.items():
-        col = geo.start(j) + 64 * q
-        moves_done.append(f"        x = boxes.index(s * {n_boxes} + {box_at[col]}).load(rows)")
-        if geo.fills(j, q):
-            moves_done.append(f"        y = boxes.index(s * {n_boxes} + {box_at[col + 64]}).load(rows)")
-            move = f"_moved_{geo.shift(j)}(x, y)"
-        else:
-            move = f"_shift_{geo.shift(j)}(x)"
-        moves_done.append(f"        moved.index(s * {n_moved} + {m}).store({move})")
-    products = []
-    for q in range(geo.parts):
-        for j in range(geo.residues):
-            if geo.shift(j):
-                operand = f"moved.index(s * {n_moved} + {moved_of[(j, q)]})"
-            else:
-                operand = f"boxes.index(s * {n_boxes} + {box_at[geo.start(j) + 64 * q]})"
-            w = f"w_bufs.index(s * {geo.residues} + {j}).slice(CONSUMER * 64, 64)"
-            products.append(f"        a{q} = warpgroup_mma({w}, {operand}, a{q}, is_async=True)")
-    stores = []
-    for q in range(geo.parts):
-        stores += [
-            f"    h = gl.maximum(gl.convert_layout(a{q}, out_layout) + bias[:, None], 0.0).to(y_ptr.dtype.element_ty)",
-            f"    col = {q * 64} + c",
-            "    gl.store(y_ptr + plane[:, None] + col[None, :], h, mask=(col < PLANE)[None, :])",
+    step_boxes, step_moved = n_boxes * geo.images, n_moved * geo.images
+    box_loads, moves_done, products, stores = [], [], [], []
+    for b in range(geo.images):
+        box_loads.append(f"        row = (n * {geo.images} + {b}) * (C // {geo.residues}) + i * GROUPS")
+        box_loads += [
+            f"        {names['tma_load']}(x_desc, [row, {col}], ready.index(s), "
+            f"boxes.index(s * {step_boxes} + {b * n_boxes + t}))"
+            for t, col in enumerate(columns)
         ]
-    accs = ", ".join(f"a{q}" for q in range(geo.parts))
+        for (j, q), m in moved_of.items():
+            col = geo.start(j) + 64 * q
+            moves_done.append(f"        x = boxes.index(s * {step_boxes} + {b * n_boxes + box_at[col]}).load(rows)")
+            if geo.fills(j, q):
+                nxt = b * n_boxes + box_at[col + 64]
+                moves_done.append(f"        y = boxes.index(s * {step_boxes} + {nxt}).load(rows)")
+                move = f"_moved_{geo.shift(j)}(x, y)"
+            else:
+                move = f"_shift_{geo.shift(j)}(x)"
+            moves_done.append(f"        moved.index(s * {step_moved} + {b * n_moved + m}).store({move})")
+        for q in range(geo.parts):
+            acc = f"a{b}{q}"
+            for j in range(geo.residues):
+                if geo.shift(j):
+                    operand = f"moved.index(s * {step_moved} + {b * n_moved + moved_of[(j, q)]})"
+                else:
+                    operand = f"boxes.index(s * {step_boxes} + {b * n_boxes + box_at[geo.start(j) + 64 * q]})"
+                w = f"w_bufs.index(s * {geo.residues} + {j}).slice(CONSUMER * 64, 64)"
+                products.append(f"        {acc} = warpgroup_mma({w}, {operand}, {acc}, is_async=True)")
+            stores += [
+                f"    plane = ((n * {geo.images} + {b}) * K + k0 + r) * PLANE",
+                f"    h = gl.convert_layout({acc}, out_layout) + bias[:, None]",
+                "    h = gl.maximum(h, 0.0).to(y_ptr.dtype.element_ty)",
+                f"    col = {q * 64} + c",
+                "    gl.store(y_ptr + plane[:, None] + col[None, :], h, mask=(col < PLANE)[None, :])",
+            ]
+    names_acc = [f"a{b}{q}" for b in range(geo.images) for q in range(geo.parts)]
+    accs = ", ".join(names_acc)
     filled = {geo.shift(j) for j, q in moved_of if geo.fills(j, q)}
     zeroed = {geo.shift(j) for j, q in moved_of if not geo.fills(j, q)}
     moves = [moved_source(d, name=f"_moved_{d}") for d in sorted(filled)]
@@ -233,15 +247,15 @@ def render(geo: Geometry) -> str:
     return _SOURCE.format(
         helpers=MOVE_HELPERS,
         moves="\n\n".join(moves),
-        n_boxes=n_boxes,
-        n_moved=n_moved,
+        step_boxes=step_boxes,
+        step_moved=step_moved,
         residues=geo.residues,
         box_loads="\n".join(box_loads),
         moves_done="\n".join(moves_done) or "        pass",
-        acc_init="\n".join(f"    a{q} = gl.zeros((64, 64), gl.float32, acc_layout)" for q in range(geo.parts)),
+        acc_init="\n".join(f"    {a} = gl.zeros((64, 64), gl.float32, acc_layout)" for a in names_acc),
         products="\n".join(products),
         accs=accs,
-        waited=accs if geo.parts > 1 else "a0",
+        waited=accs if len(names_acc) > 1 else names_acc[0],
         stores="\n".join(stores),
         tma_load=names["tma_load"],
         thread_barrier=names["thread_barrier"],
@@ -263,7 +277,7 @@ def launch(kernel, geo: Geometry, x: torch.Tensor, w: torch.Tensor, bias: torch.
     by_residue = w.reshape(k, c // g, g).permute(2, 0, 1).reshape(g * k, c // g).contiguous()
     swizzle = min(128, geo.groups * 2)
     w_desc = gluon_descriptor(by_residue, [g * k, c // g], [c // g, 1], [BLOCK_K, geo.groups], swizzle, 16)
-    kernel[(n, k // BLOCK_K)](x_desc, w_desc, y, bias, c, k, STAGES, geo.plane, num_warps=4)
+    kernel[(n // geo.images, k // BLOCK_K)](x_desc, w_desc, y, bias, c, k, geo.stages(), geo.plane, num_warps=4)
 
 
 def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:
@@ -337,7 +351,7 @@ def print_sass(geo: Geometry) -> None:
         "PLANE": "constexpr",
     }
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    constexprs = {(6,): STAGES, (7,): geo.plane}
+    constexprs = {(6,): geo.stages(), (7,): geo.plane}
     source = GluonASTSource(build(geo), signature, constexprs, {(2,): aligned, (3,): aligned})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     info = summarize(compiled)
