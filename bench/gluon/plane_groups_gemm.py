@@ -29,7 +29,7 @@ import argparse
 import collections
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -300,7 +300,7 @@ def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(layer: str) -> None:
+def measure(layer: str, images_7x7: int) -> None:
     import fusionplan as fp
     from fusionplan.shapes import resnet50_layer
     from fusionplan.testing import layer_plan, random_args
@@ -308,6 +308,8 @@ def measure(layer: str) -> None:
     s = resnet50_layer(layer)
     geo = GEOMETRIES.get(s.h * s.w)
     assert geo and (s.r, s.stride) == (1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 or 7x7 planes"
+    if geo.plane == 49:
+        geo = replace(geo, images=images_7x7)
     x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
     w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
     bias = torch.randn(s.k, device="cuda")
@@ -325,7 +327,7 @@ def measure(layer: str) -> None:
     out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
     ours = graph_time_us(lambda: plan.execute(handle, x, out, args))
     print(
-        f"{layer}: probe {probe:.2f} us (rel. error {err:.1e}, NaN left {int(y.isnan().sum())}), "
+        f"{layer}: probe ({geo.images} image(s) a program) {probe:.2f} us (rel. error {err:.1e}, NaN left {int(y.isnan().sum())}), "
         f"{plan.compiled_solver(handle)} {ours:.2f}, cuDNN conv+bias+relu (unfused calls) {cudnn:.2f}"
     )
 
@@ -377,13 +379,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="r50_13,r50_15,r50_17,r50_19,r50_21")
     p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
+    p.add_argument("--images-7x7", type=int, default=2, choices=(1, 2), help="images a program on 7x7 planes")
     a = p.parse_args()
     if a.sass or not torch.cuda.is_available():
         for geo in GEOMETRIES.values():
             print_sass(geo)
         return
     for layer in a.layers.split(","):
-        measure(layer)
+        measure(layer, a.images_7x7)
 
 
 if __name__ == "__main__":
