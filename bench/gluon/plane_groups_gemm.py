@@ -327,7 +327,8 @@ def measure(layer: str, images_7x7: int) -> None:
     out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
     ours = graph_time_us(lambda: plan.execute(handle, x, out, args))
     print(
-        f"{layer}: probe ({geo.images} image(s) a program) {probe:.2f} us (rel. error {err:.1e}, NaN left {int(y.isnan().sum())}), "
+        f"{layer}: probe ({geo.images} image(s) a program) {probe:.2f} us "
+        f"(rel. error {err:.1e}, NaN left {int(y.isnan().sum())}), "
         f"{plan.compiled_solver(handle)} {ours:.2f}, cuDNN conv+bias+relu (unfused calls) {cudnn:.2f}"
     )
 
