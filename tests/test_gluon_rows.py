@@ -285,12 +285,9 @@ def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte
     assert kernel._plane_vector(out, list(out.stride()), 64) == 1
 
 
-@pytest.mark.parametrize("pixels", [8, 16, 64, 128])
-@pytest.mark.parametrize("offset", [-3, -2, -1, 1, 2, 3, 7, -8])
-def test_shift_functions_move_a_row_by_its_offset(pixels, offset):
-    """The generated move, run with torch stand-ins of its halving and interleaving: column ow of
-    the result is column ow + offset of the input, zeros past the row's ends."""
-    source = gluon_rows.shift_function("moved", offset, pixels).replace("@gluon.jit\n", "")
+def emulated_move(offset: int, length: int, with_next: bool = False):
+    """The generated move as a Python function on torch tensors (stand-ins of its halving and
+    interleaving and of gl.zeros_like)."""
 
     def halves(x):
         return x[:, 0::2], x[:, 1::2]
@@ -298,14 +295,30 @@ def test_shift_functions_move_a_row_by_its_offset(pixels, offset):
     def interleave(e, o):
         return torch.stack((e, o), dim=2).reshape(e.shape[0], 2 * e.shape[1])
 
+    source = gluon_rows.move_function("moved", offset, length, with_next).replace("@gluon.jit\n", "")
     scope = {"_halves": halves, "_interleave": interleave, "gl": type("gl", (), {"zeros_like": torch.zeros_like})}
     exec(source, scope)
+    return scope["moved"]
+
+
+@pytest.mark.parametrize("pixels", [8, 16, 64, 128])
+@pytest.mark.parametrize("offset", [-3, -2, -1, 1, 2, 3, 7, -8])
+def test_shift_functions_move_a_row_by_its_offset(pixels, offset):
+    """The generated move, run with torch stand-ins of its halving and interleaving: column ow of
+    the result is column ow + offset of the input, zeros past the row's ends."""
     x = torch.randn(5, pixels, dtype=torch.float64)
     expected = torch.zeros_like(x)
     for ow in range(pixels):
         if 0 <= ow + offset < pixels:
             expected[:, ow] = x[:, ow + offset]
-    assert torch.equal(scope["moved"](x), expected)
+    assert torch.equal(emulated_move(offset, pixels)(x), expected)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 4, 7, 63, 64])
+def test_moves_continue_into_the_next_row(offset):
+    """With a second argument, the move shifts in its first columns instead of zeros."""
+    x, y = torch.randn(3, 64, dtype=torch.float64), torch.randn(3, 64, dtype=torch.float64)
+    assert torch.equal(emulated_move(offset, 64, with_next=True)(x, y), torch.cat((x, y), 1)[:, offset : offset + 64])
 
 
 @pytest.mark.parametrize(

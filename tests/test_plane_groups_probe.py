@@ -1,6 +1,6 @@
 """The plane-groups probes (bench/gluon/plane_groups.py, plane_groups_gemm.py) without a GPU: their
-boxes, moves and residue-packed filter emulated with torch against a 1x1 convolution, and their
-kernels compiled for sm_90."""
+boxes, moves (gluon_rows.move_function, tested in test_gluon_rows.py) and residue-packed filter
+emulated with torch against a 1x1 convolution, and their kernels compiled for sm_90."""
 
 import sys
 from pathlib import Path
@@ -14,25 +14,7 @@ BENCH = Path(__file__).parent.parent / "bench" / "gluon"
 sys.path.insert(0, str(BENCH))
 
 pytest.importorskip("triton")
-plane_groups = pytest.importorskip("plane_groups")
 probe = pytest.importorskip("plane_groups_gemm")
-
-
-def halves(x):
-    return x[:, 0::2], x[:, 1::2]
-
-
-def interleave(e, o):
-    return torch.stack((e, o), dim=2).reshape(e.shape[0], 2 * e.shape[1])
-
-
-@pytest.mark.parametrize("offset", [1, 2, 4, 7, 63])
-def test_moved_rows_continue_into_the_next_box(offset):
-    source = plane_groups.moved_source(offset, name="moved").replace("@gluon.jit\n", "")
-    scope = {"_halves": halves, "_interleave": interleave}
-    exec(source, scope)
-    x, y = torch.randn(3, 64, dtype=torch.float64), torch.randn(3, 64, dtype=torch.float64)
-    assert torch.equal(scope["moved"](x, y), torch.cat((x, y), 1)[:, offset : offset + 64])
 
 
 @pytest.mark.parametrize("plane, hw", [(196, (14, 14)), (49, (7, 7))])

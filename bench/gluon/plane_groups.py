@@ -74,38 +74,15 @@ def plane_groups_kernel(x_desc, w_desc, y_ptr, FIRST_BOX: gl.constexpr):
 """
 
 
-def moved_source(offset: int, length: int = 64, name: str = "_moved") -> str:
-    """A Gluon function ``name``(x, y) of two [BC, length] tensors (each row one thread's): the
-    rows of x followed by y's, from column ``offset`` on, ``length`` of them."""
-    lines: list[str] = []
-    halves: dict[str, tuple[str, str]] = {}
-
-    def moved(xv: str, yv: str, n: int, d: int) -> str:  # cat(xv, yv)[p + d] for p < n
-        if d == 0:
-            return xv
-        if d == n:
-            return yv
-        for v in (xv, yv):
-            if v not in halves:
-                halves[v] = (f"e{len(halves)}", f"o{len(halves)}")
-                lines.append(f"    {halves[v][0]}, {halves[v][1]} = _halves({v})")
-        parts = [moved(halves[xv][(b + d) % 2], halves[yv][(b + d) % 2], n // 2, (b + d) // 2) for b in (0, 1)]
-        lines.append(f"    p{len(lines)} = _interleave({parts[0]}, {parts[1]})")
-        return f"p{len(lines) - 1}"
-
-    result = moved("x", "y", length, offset)
-    return f"@gluon.jit\ndef {name}(x, y):\n" + "\n".join(lines) + f"\n    return {result}\n"
-
-
 def build():
     """The prototype's kernel, generated for an offset of PLANE - FIRST_BOX elements."""
-    from fusionplan.solvers.gluon_rows import MOVE_HELPERS
+    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
     from fusionplan.solvers.gluon_window import gluon_names
 
     names = gluon_names()
     source = _SOURCE.format(
         helpers=MOVE_HELPERS,
-        moved=moved_source(PLANE - FIRST_BOX),
+        moved=move_function("_moved", PLANE - FIRST_BOX, 64, with_next=True),
         tma_load=names["tma_load"],
         thread_barrier=names["thread_barrier"],
     )
@@ -134,13 +111,25 @@ def run_and_check() -> None:
     print(f"relative error over the 196 pixels: {err:.2e} ({'ok' if err < 1e-2 else 'WRONG'})")
 
 
-def print_sass() -> None:
+def compile_summary(fn, signature: dict, constexprs: dict, attrs: dict) -> dict:
+    """Compile the Gluon kernel ``fn`` for sm_90 with Triton's ASTSource arguments: the SASS
+    summary (fusionplan.sass) with counts of the instructions these probes are about."""
     import triton
     from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from fusionplan.sass import summarize
+
+    source = GluonASTSource(fn, signature, constexprs, attrs)
+    info = summarize(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
+    pattern = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)"
+    counts = collections.Counter(re.findall(pattern, info.pop("sass"), re.M))
+    info["counts"] = {k: counts.get(k, 0) for k in ("SHFL", "PRMT", "LDS", "STS", "HGMMA", "UTMALDG", "STG")}
+    return info
+
+
+def print_sass() -> None:
+    from triton.experimental.gluon import language as gl
 
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=16, rank=2)
@@ -150,14 +139,8 @@ def print_sass() -> None:
         "y_ptr": "*fp16",
         "FIRST_BOX": "constexpr",
     }
-    source = GluonASTSource(build(), signature, {(3,): FIRST_BOX}, {})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    info = summarize(compiled)
-    sass = info.pop("sass")
-    pattern = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)"
-    counts = collections.Counter(re.findall(pattern, sass, re.M))
-    keys = ("SHFL", "PRMT", "LDS", "STS", "HGMMA", "UTMALDG")
-    print({k: counts.get(k, 0) for k in keys}, info["resources"])
+    info = compile_summary(build(), signature, {(3,): FIRST_BOX}, {})
+    print(info["counts"], info["resources"])
 
 
 def main() -> None:

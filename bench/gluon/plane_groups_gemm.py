@@ -11,7 +11,7 @@ the input seen as [N * C / G, G * H * W] is a valid tensor descriptor. Plane j o
 residue) starts j * H * W elements into the row; its boxes ([GROUPS, 64]: GROUPS groups, 64
 columns) start at the 16-byte unit below, (j * H * W) mod 8 elements before the plane, and a
 shifter warp moves such boxes left by that many columns, the next box's first columns shifted in
-(plane_groups.moved_source). The filter is packed by residue ([G * K, C / G]: residue j's input
+(gluon_rows.move_function). The filter is packed by residue ([G * K, C / G]: residue j's input
 channels j, j + G, ...), so each residue's product is [128 output channels, GROUPS] x [GROUPS, 64
 pixels] per part of the plane (4 parts of 64 for 196 pixels, 1 for 49).
 
@@ -26,8 +26,6 @@ pointer (8-byte stores for 14x14 planes).
 from __future__ import annotations
 
 import argparse
-import collections
-import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups import moved_source  # noqa: E402
+from plane_groups import compile_summary  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -195,7 +193,7 @@ def plane_groups_gemm_kernel(
 
 def render(geo: Geometry) -> str:
     """The probe's kernel source for one plane size."""
-    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, shift_function
+    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
     from fusionplan.solvers.gluon_window import gluon_names
 
     names = gluon_names()
@@ -242,8 +240,8 @@ def render(geo: Geometry) -> str:
     accs = ", ".join(names_acc)
     filled = {geo.shift(j) for j, q in moved_of if geo.fills(j, q)}
     zeroed = {geo.shift(j) for j, q in moved_of if not geo.fills(j, q)}
-    moves = [moved_source(d, name=f"_moved_{d}") for d in sorted(filled)]
-    moves += [shift_function(f"_shift_{d}", d, 64) for d in sorted(zeroed)]
+    moves = [move_function(f"_moved_{d}", d, 64, with_next=True) for d in sorted(filled)]
+    moves += [move_function(f"_shift_{d}", d, 64) for d in sorted(zeroed)]
     return _SOURCE.format(
         helpers=MOVE_HELPERS,
         moves="\n\n".join(moves),
@@ -334,12 +332,7 @@ def measure(layer: str, images_7x7: int) -> None:
 
 
 def print_sass(geo: Geometry) -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    from fusionplan.sass import summarize
 
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=min(128, geo.groups * 2), element_bitwidth=16, rank=2)
@@ -355,21 +348,14 @@ def print_sass(geo: Geometry) -> None:
     }
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
     constexprs = {(6,): geo.stages(), (7,): geo.plane}
-    source = GluonASTSource(build(geo), signature, constexprs, {(2,): aligned, (3,): aligned})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    info = summarize(compiled)
-    sass = info.pop("sass")
-    pattern = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)"
-    counts = collections.Counter(re.findall(pattern, sass, re.M))
-    keys = ("SHFL", "PRMT", "LDS", "STS", "HGMMA", "UTMALDG", "STG")
-    waits = len(info["wgmma waits (outstanding groups allowed)"])
+    info = compile_summary(build(geo), signature, constexprs, {(2,): aligned, (3,): aligned})
     print(
         f"{geo.plane}-pixel planes:",
-        {k: counts.get(k, 0) for k in keys},
+        info["counts"],
         "stores by bytes",
         info["global stores by bytes"],
         "waits",
-        waits,
+        len(info["wgmma waits (outstanding groups allowed)"]),
         info["resources"],
         "shared",
         info["shared bytes (dynamic)"],

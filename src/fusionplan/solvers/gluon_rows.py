@@ -410,7 +410,7 @@ def _shift_partition(
 
 """
 
-#: The Gluon functions a move of rows within a thread's registers is built from (shift_function's splits and joins).
+#: The Gluon functions a move of rows within a thread's registers is built from (move_function's splits and joins).
 MOVE_HELPERS = """@gluon.jit
 def _halves(x):
     # [BLOCK_C, L] -> its even and its odd columns, [BLOCK_C, L / 2] each (a thread's registers)
@@ -439,33 +439,50 @@ _SHIFTED_PRODUCT = """        box = x_bufs.index((j % NUM_SLOTS) * S + {s})
         acc = warpgroup_mma(w{t}, box, acc, is_async=True)"""
 
 
-def shift_function(name: str, offset: int, pixels: int) -> str:
-    """The source of a Gluon function that maps a [BLOCK_C, ``pixels``] tensor, each row one
-    thread's, to the tensor whose column ow holds column ow + ``offset`` (zeros past the row's
-    ends): the columns split into even and odd halves until the move is whole elements of a half,
-    then interleaved back (register moves and byte permutes, no shuffles)."""
+def move_function(name: str, offset: int, length: int, with_next: bool = False) -> str:
+    """The source of a Gluon function that maps [BLOCK_C, ``length``] tensors, each row one thread's,
+    to the tensor whose column p holds column p + ``offset`` of its argument x (zeros past the
+    row's ends), or, ``with_next``, of x's row followed by its second argument y's (offset >= 0):
+    the columns split into even and odd halves until the move is whole elements of a half, then
+    interleaved back (register moves and byte permutes, no shuffles)."""
+    assert not with_next or 0 <= offset <= length
     lines: list[str] = []
     halves: dict[str, tuple[str, str]] = {}
 
-    def moved(var: str, length: int, d: int) -> str:  # out[p] = var[p - d]
-        if d == 0:
-            return var
-        if abs(d) >= length:
-            lines.append(f"    z{len(lines)} = gl.zeros_like({var})")
-            return f"z{len(lines) - 1}"
+    def split(var: str | None) -> tuple[str | None, str | None]:
+        if var is None:  # zeros split into zeros
+            return None, None
         if var not in halves:
             halves[var] = (f"e{len(halves)}", f"o{len(halves)}")
             lines.append(f"    {halves[var][0]}, {halves[var][1]} = _halves({var})")
-        parts = []
-        for b in (0, 1):  # out[2i + b] = var[2i + b - d]: the half of b - d's parity, moved by its floor / 2
-            t = b - d
-            parts.append(moved(halves[var][t % 2], length // 2, -(t // 2)))
-        lines.append(f"    p{len(lines)} = _interleave({parts[0]}, {parts[1]})")
+        return halves[var]
+
+    def zeros_like(var: str) -> str:
+        lines.append(f"    z{len(lines)} = gl.zeros_like({var})")
+        return f"z{len(lines) - 1}"
+
+    def moved(a: str | None, b: str | None, n: int, d: int) -> str | None:  # cat(a, b)[p + d], p < n; None: zeros
+        if d == 0 or (a is None and b is None):
+            return a
+        if d == n:
+            return b
+        ha, hb = split(a), split(b)
+        # out[2i + t] = cat[2i + t + d]: the halves of t + d's parity, moved by its floor / 2
+        parts = [moved(ha[(t + d) % 2], hb[(t + d) % 2], n // 2, (t + d) // 2) for t in (0, 1)]
+        if parts[0] is None and parts[1] is None:
+            return None
+        even, odd = (part if part is not None else zeros_like(other) for part, other in zip(parts, parts[::-1]))
+        lines.append(f"    p{len(lines)} = _interleave({even}, {odd})")
         return f"p{len(lines) - 1}"
 
-    result = moved("x", pixels, -offset)
+    if with_next:
+        result, args, what = moved("x", "y", length, offset), "x, y", "x's row followed by y's"
+    else:
+        moves = moved("x", None, length, offset) if offset >= 0 else moved(None, "x", length, length + offset)
+        result, args, what = moves, "x", "x (zeros past the row's ends)"
+    result = result if result is not None else zeros_like("x")
     body = "\n".join(lines) or "    pass"
-    head = f"@gluon.jit\ndef {name}(x):\n    # column ow takes column ow {offset:+d} (zeros past the row's ends)\n"
+    head = f"@gluon.jit\ndef {name}({args}):\n    # column ow takes column ow {offset:+d} of {what}\n"
     return f"{head}{body}\n    return {result}\n\n\n"
 
 
@@ -651,7 +668,7 @@ def shifter_fields(spec: PlanSpec, names: dict[str, str]) -> dict[str, str]:
     offsets = column_offsets(spec)
     pixels = row_pixels(spec.output_desc.dims[3])
     stores = [_SHIFT_STORE.format(s=s, reinterpret=names["reinterpret"]) for s, offset in enumerate(offsets) if offset]
-    functions = [shift_function(f"_shift_{s}", offset, pixels) for s, offset in enumerate(offsets) if offset]
+    functions = [move_function(f"_shift_{s}", offset, pixels) for s, offset in enumerate(offsets) if offset]
     partition = _SHIFT_PARTITION.format(
         stores="\n".join(stores), reinterpret=names["reinterpret"], thread_barrier=names["thread_barrier"]
     )
