@@ -594,19 +594,9 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     if mode == 1:
         taps = plane_taps(r_taps, column_offsets(spec), names["reinterpret"])
     elif mode == 2:
-        taps = shifted_taps(r_taps, s_taps, names["reinterpret"])
+        taps = tap_rows(r_taps, s_taps, _SHIFTED_TAP_ROW, _SHIFTED_PRODUCT, reinterpret=names["reinterpret"])
     else:
-        taps = [
-            _TAP_ROW.format(
-                r=r,
-                products="\n".join(
-                    _PRODUCT.format(s=s, t=r * s_taps + s, half=half, reinterpret=names["reinterpret"])
-                    for s in range(s_taps)
-                ),
-            )
-            for r in range(r_taps)
-        ]
-        taps.append(_ROW_DONE)
+        taps = tap_rows(r_taps, s_taps, _TAP_ROW, _PRODUCT, half=half, reinterpret=names["reinterpret"])
     store = (_PLANE_STORE if mode else ROW_STORE).format(
         coordinates_in_out=indent(_COORDINATES.format(layout="out_layout").split("\n"), 4)
     )
@@ -631,7 +621,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
         loader=_LOADER,
         consumer_0=_CONSUMER.format(consumer=0, exchange_args=exchange, shifted_args=shifted, **fields),
         consumer_1=_CONSUMER.format(consumer=1, exchange_args=exchange, shifted_args=shifted, **fields),
-        **shifter_fields(spec, names),
+        **(shifter_fields(spec, names) if mode == 2 else NO_SHIFTER),
         **fields,
         **names,
     )
@@ -644,27 +634,24 @@ def column_offsets(spec: PlanSpec) -> list[int]:
     return [s * conv.conv.dilations[1] - conv.conv.pads[1] for s in range(conv.w_desc.dims[3])]
 
 
-def shifted_taps(r_taps: int, s_taps: int, reinterpret: str) -> list[str]:
-    """Shifted channel planes: a wgmma per tap over the slot's box of its filter column (waits for
-    the row's boxes, then the product), one wait for the row's products."""
+def tap_rows(r_taps: int, s_taps: int, row: str, product: str, **fields: str) -> list[str]:
+    """A row's products as one wgmma per tap: each filter row's ``row`` (its waits, then its
+    ``product`` per filter column, formatted with ``fields``), then one wait for them all."""
     rows = [
-        _SHIFTED_TAP_ROW.format(
-            r=r,
-            products="\n".join(
-                _SHIFTED_PRODUCT.format(s=s, t=r * s_taps + s, reinterpret=reinterpret) for s in range(s_taps)
-            ),
-        )
+        row.format(r=r, products="\n".join(product.format(s=s, t=r * s_taps + s, **fields) for s in range(s_taps)))
         for r in range(r_taps)
     ]
     return [*rows, _ROW_DONE]
 
 
+#: The template's shifter fields of plans without one (plane_mode 0 and 1).
+NO_SHIFTER = dict(shift_functions="", shifter="", shifter_warps="", shifter_regs="", shifted_alloc="")
+
+
 def shifter_fields(spec: PlanSpec, names: dict[str, str]) -> dict[str, str]:
-    """The template's fields of the shifter (empty unless plane_mode is 2): its partition and the
+    """The template's fields of the shifter of a plan of plane_mode 2: its partition and the
     functions moving a box's columns, its warps (a thread a channel plane's row), registers and
     barriers."""
-    if plane_mode(spec) != 2:
-        return dict(shift_functions="", shifter="", shifter_warps="", shifter_regs="", shifted_alloc="")
     offsets = column_offsets(spec)
     pixels = row_pixels(spec.output_desc.dims[3])
     stores = [_SHIFT_STORE.format(s=s, reinterpret=names["reinterpret"]) for s, offset in enumerate(offsets) if offset]
