@@ -569,12 +569,12 @@ _PLANE_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_la
 """
 
 
-def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
+def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage], mode: int) -> str:
     """The kernel's source for the plan's filter (a register operand per tap, a product per tap)
     with the epilogue of ``stages`` in Gluon's names. Where the input channels are split in halves
     (channel_splits), each computing warpgroup holds its half of the filter and reads its half of
     the boxes, both compute every output row and the row's owner (they alternate) adds the other's
-    partial sum before the chain."""
+    partial sum before the chain. ``mode``: the input's reading (plane_mode)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r_taps, s_taps = conv.w_desc.dims[2:]
@@ -585,7 +585,6 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage]) -> str:
     # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
     idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
     epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
-    mode = plane_mode(spec)
     weight_loads = (
         []
         if mode == 1
@@ -898,8 +897,8 @@ class GluonRowsKernel(GluonWindowKernel):
     splits_reduction = False
 
     def __init__(self, spec: PlanSpec, handle) -> None:
-        # the input's reading (plane_mode) is fixed with the source rendered now: a later change of
-        # the tuning switches it reads does not reach a built kernel's launches
+        # the input's reading (plane_mode), fixed when built: the source rendered now and every
+        # launch take it from here, whatever the tuning switches it reads say later
         self.mode = plane_mode(spec)
         super().__init__(spec, handle)
 
@@ -912,9 +911,8 @@ class GluonRowsKernel(GluonWindowKernel):
         depths = dict.fromkeys((cfg.num_stages, (cfg.num_stages + least) // 2, least))
         return [replace(cfg, num_stages=n) for n in depths]
 
-    @staticmethod
-    def render(spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_gluon_rows_source(spec, stages)
+    def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
+        return render_gluon_rows_source(spec, stages, self.mode)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         """An output row's pixels, 64 output channels, the whole input channels, the deepest ring."""
