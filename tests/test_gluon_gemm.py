@@ -38,7 +38,10 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC")
         (("r50_15",), True, "needs a Hopper GPU"),  # the plan fits: only the device is missing
         (("r50_15", torch.float32), True, "needs a Hopper GPU"),  # TF32 products
         (("r50_15", torch.float32), False, "fp32 data without TF32"),
-        (("r50_15", torch.float16, 32, "NCHW"), True, "channels-last"),
+        (("r50_15", torch.float16, 32, "NCHW"), True, "14x14 planes of 392 bytes are not whole 16-byte units"),
+        (("r50_07", torch.float16, 32, "NCHW"), True, "needs a Hopper GPU"),  # channel planes
+        (("r50_07", torch.float32, 32, "NCHW"), True, "32-bit data on NCHW planes"),
+        (("r50_08", torch.float16, 32, "NCHW"), True, "strided 1x1 convolutions on NCHW planes"),
         (("r50_16",), True, "only 1x1 convolutions without padding"),
         (("r50_14",), True, "needs a Hopper GPU"),  # strided: rows of the strided view
     ],
@@ -486,3 +489,63 @@ def test_persistent_tiles_make_room_for_their_stores():
     assert gluon_gemm.gemm_store_mode(replace(by_tma, block_m=96), 2, True, 4, False) == 0
     r50_11 = gluon_gemm.gluon_gemm_config(32 * 28 * 28, 256, 512, torch.float16, H100_SMS, tma_store=True)
     assert (r50_11.consumers, r50_11.num_stages) == (2, 6)  # stores by pointer: no stage given up
+
+
+def test_channel_planes_need_whole_boxes_of_channels(monkeypatch):
+    """A box of 64 fp16 planes must not cross into the next image; the switch turns planes off."""
+    x = torch.empty(2, 96, 8, 8, dtype=torch.float16)
+    plan = add_chain(plan_for(x), "CBA", conv=fp.ConvolutionDescriptor((0, 0)), k=64, r=1, s=1, param_dtype="float")
+    assert "C=96: boxes of 64 channel planes would cross into the next image" in verdict(plan).reason
+    assert "needs a Hopper GPU" in verdict(layer("r50_03", layout="NCHW")).reason
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANES", False)
+    assert "tuning.GLUON_GEMM_PLANES" in verdict(layer("r50_03", layout="NCHW")).reason
+
+
+def test_channel_planes_pad_each_image_to_whole_tiles():
+    """Rows of the product: each image's plane in whole tiles (784 pixels: 7 tiles of 112, or 7 of
+    128 = 896); the cost model counts the padding (r50_07: no tile that wastes a quarter)."""
+    assert gluon_gemm.plane_rows(32 * 784, 112, 784) == 32 * 784
+    assert gluon_gemm.plane_rows(32 * 784, 128, 784) == 32 * 896
+    assert gluon_gemm.plane_rows(32 * 784, 128, 0) == 32 * 784  # flat rows: no padding
+    s = resnet50_layer("r50_07")
+    cfg = gluon_gemm.gluon_gemm_config(32 * 784, s.k, s.c, torch.float16, H100_SMS, plane=784)
+    padded = gluon_gemm.plane_rows(32 * 784, cfg.block_m, 784)
+    assert padded <= 32 * 784 * 8 // 7, cfg
+
+
+@pytest.mark.parametrize(
+    "strides, vector",
+    [
+        ((64 * 784, 784, 28, 1), 8),  # packed NCHW: each plane one run of pixels
+        ((64 * 784, 1, 28 * 64, 64), 0),  # channels-last: stored along the channels
+        ((64 * 800, 800, 28, 1), 8),  # planes apart by whole 16-byte units
+        ((64 * 784, 784, 32, 1), 1),  # rows padded: no run across them
+        ((64 * 787, 787, 28, 1), 1),  # planes not 16-byte aligned
+    ],
+)
+def test_plane_stores_take_16_bytes_where_runs_allow(strides, vector):
+    out = torch.empty(64 * 800, dtype=torch.float16)
+    assert gluon_gemm.gemm_plane_vector(strides, out, 28) == vector
+
+
+@pytest.mark.parametrize(
+    "name, dtype, pixels",
+    [("r50_03", "float16", 128), ("r50_07", "bfloat16", 208), ("r50_11", "float16", 128)],
+)
+def test_channel_plane_kernels_read_boxes_and_store_16_bytes(name, dtype, pixels):
+    """Channel planes: tensor loads of each part and the weights, a wgmma per part and 16-element
+    slice of the step with the planes as B operand (no copy through registers of the input), the
+    output stored along the planes 16 bytes a thread, no pointer loads, no spills."""
+    info = compile_sm90(layer_build(name, dtype, "CBNA", "NCHW"), "gluon-gemm")
+    assert "PLANES" in info["source"]
+    kernel = layer(name, getattr(torch, dtype), layout="NCHW").spec()
+    cfg = fp.solvers.solver_named("gluon-gemm").build(kernel, fp.Handle("cpu")).config
+    parts = len(gluon_gemm.pixel_parts(cfg.block_m))
+    assert cfg.block_m == pixels, cfg
+    # a box row past the 128-byte swizzle goes as one copy per 64 pixels
+    copies = sum(-(-part // 64) for part in gluon_gemm.pixel_parts(cfg.block_m))
+    assert info["tensor loads (UTMALDG)"] == copies + 1
+    assert info["HGMMA"] >= 4 * parts and info["LDSM (operand through registers)"] <= 32  # the epilogue's only
+    assert info["async copies (LDGSTS)"] == 0
+    assert set(info["global stores by bytes"]) == {"16"}
+    assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= 232448

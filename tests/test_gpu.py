@@ -555,6 +555,15 @@ GLUON_GEMM_CASES = {
     "stride-3": (2, 64, 12, 20, 40, 3),
 }
 
+#: Cases of NCHW input read as channel planes (gluon_gemm.planes_why_not): planes of 784, 120 and
+#: 64 pixels (no tile divides the first two; the last is smaller than most tiles), K below 64 and
+#: not a multiple of the channel block.
+GLUON_GEMM_PLANE_CASES = {
+    "planes-28x28": (3, 128, 28, 28, 136, 1),
+    "planes-10x12": (5, 192, 10, 12, 24, 1),
+    "planes-8x8": (4, 64, 8, 8, 320, 1),
+}
+
 
 #: (case, precision, chain, the chain in the accumulator's layout): every case in four precision
 #: and chain pairs; the accumulator-layout epilogue on three cases (flat, 7x7, strided) in two.
@@ -568,6 +577,11 @@ GLUON_GEMM_RUNS = (
         (case, precision, chain, True)
         for case in ("odd-rows", "7x7", "strided-28x28")
         for precision, chain in (("fp16", "CNAAB"), ("tf32", "CBNA"))
+    ]
+    + [
+        (case, precision, chain, mma_epilogue)
+        for case in GLUON_GEMM_PLANE_CASES
+        for precision, chain, mma_epilogue in (("fp16", "CBNA", True), ("bf16", "CNAAB", True), ("fp16", "CBA", False))
     ]
     + [  # fp32 output stored from the accumulator's layout (tuning.GLUON_GEMM_FP32_ACC_STORES)
         (case, "tf32", chain, "fp32-acc-stores")
@@ -584,20 +598,22 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
     output, and with programs walking several tiles (grids of 3 and 2 persistent programs: uneven
     shares of the tiles); 16-bit tiles of 128 pixels and more stored by TMA (persistent ones from a
-    buffer per warpgroup), and by pointer to an NCHW output."""
+    buffer per warpgroup), and by pointer to an NCHW output. Plane cases: NCHW input read as channel
+    planes, stored along the planes (NCHW output) or the channels."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
-    n, c, h, w, k, stride = GLUON_GEMM_CASES[case]
+    n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
-    x = input_tensor((n, c, h, w), dtype, "NHWC")
+    x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")
     conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
     plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
     kernel = plan._entry(handle).kernel
+    assert kernel.plane == (h * w if case in GLUON_GEMM_PLANE_CASES else 0)
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors

@@ -291,6 +291,12 @@ TMA_STORE_MIN_PIXELS = 128
 #: strided, 4: 20.10 -> 20.62).
 GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS = 4
 
+#: gluon-gemm reads packed NCHW input (16-bit, stride 1, planes of whole 16-byte units, C a multiple
+#: of the reduction step) as channel planes: boxes of [channels, pixels] by TMA, wgmma's B operand
+#: along the pixels, each image's pixels padded to a multiple of the tile; the output stored along
+#: the planes by pointer, 16 bytes a thread (gluon_gemm.planes_why_not).
+GLUON_GEMM_PLANES = True
+
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores
 #: and fp32 output is stored from the accumulator's layout, where False changes the whole fp32

@@ -37,6 +37,7 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import emit_stages, indent
+from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
@@ -83,10 +84,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _load_partition(
-    a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
+    a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K, HWP,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
     PARTS: gl.constexpr, STAGE_BYTES: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    ROW_SLOTS: gl.constexpr,
+    ROW_SLOTS: gl.constexpr, PLANES: gl.constexpr,
 ):
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
@@ -94,6 +95,8 @@ def _load_partition(
     for tile in range(gl.program_id(0), n_tiles * gl.cdiv(M, PIXELS), gl.num_programs(0)):
         k0 = (tile % n_tiles) * BLOCK_N
         m0 = (tile // n_tiles) * PIXELS
+        plane_row = (m0 // HWP) * C  # PLANES: the image's first plane, and the tile's first pixel in it
+        pix0 = m0 % HWP
         for kb in range(steps):
             stage = it % NUM_STAGES
             # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -106,10 +109,20 @@ def _load_partition(
 
 
 @gluon.jit
+def _pixels_operand(bufs, stage, PLANES: gl.constexpr):
+    # wgmma's B operand, [BLOCK_K, pixels]: channel planes as TMA left them (the pixels contiguous),
+    # or channels-last pixels' rows seen transposed (the channels contiguous)
+    if PLANES:
+        return bufs.index(stage)
+    else:
+        return bufs.index(stage).permute((1, 0))
+
+
+@gluon.jit
 def _mma_tile(
     a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, it,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
-    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr,
 ):
     # [channels, pixels] = weights @ input^T, a product per part of the tile's pixels (parts past
     # PARTS stay zeros, unused); both operands read by wgmma from shared memory as TMA left them.
@@ -124,11 +137,11 @@ def _mma_tile(
         stage = (it + kb) % NUM_STAGES
         mbarrier.wait(ready.index(stage), ((it + kb) // NUM_STAGES) & 1)
         w = w_bufs.index(stage)
-        acc0 = warpgroup_mma(w, a0_bufs.index(stage).permute((1, 0)), acc0, is_async=True)
+        acc0 = warpgroup_mma(w, _pixels_operand(a0_bufs, stage, PLANES), acc0, is_async=True)
         if PARTS > 1:
-            acc1 = warpgroup_mma(w, a1_bufs.index(stage).permute((1, 0)), acc1, is_async=True)
+            acc1 = warpgroup_mma(w, _pixels_operand(a1_bufs, stage, PLANES), acc1, is_async=True)
         if PARTS > 2:
-            acc2 = warpgroup_mma(w, a2_bufs.index(stage).permute((1, 0)), acc2, is_async=True)
+            acc2 = warpgroup_mma(w, _pixels_operand(a2_bufs, stage, PLANES), acc2, is_async=True)
         # this step's products stay in flight; those of the step before have finished: free its stage
         acc0, acc1, acc2 = warpgroup_mma_wait(num_outstanding=PARTS, deps=[acc0, acc1, acc2])
         mbarrier.arrive(empty.index((it + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
@@ -141,24 +154,25 @@ def _mma_tile(
 def _mma_partition(
     a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
-    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr,
 ):
     # a program per tile: the accumulators go back to the kernel, whose epilogue then reuses the
     # ring's shared memory for its layout change (deeper rings than a persistent program's)
     return _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, 0,
-                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS)
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES)
 
 
 @gluon.jit
 def _persistent_partition(
     a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc, y_bufs,
     {stage_params}
-    M, C, K, OHW, OW,
+    M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
-    TMA_STORE: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    TMA_STORE: gl.constexpr, PLANES: gl.constexpr, PLANE_VEC: gl.constexpr, CONSUMER: gl.constexpr,
+    CONSUMERS: gl.constexpr,
     {stage_flags}
 ):
     # Each program walks tiles the grid's size apart, and runs each one's epilogue itself while
@@ -175,7 +189,7 @@ def _persistent_partition(
         if CONSUMERS > 1:
             mbarrier.wait(turn.index(CONSUMER), ((i // CONSUMERS) & 1) ^ (1 - CONSUMER))
         acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, i * steps,
-                                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS)
+                                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES)
         if CONSUMERS > 1:
             mbarrier.arrive(turn.index(1 - CONSUMER))
         tile = pid + i * nprog
@@ -187,27 +201,34 @@ def _persistent_partition(
 def gluon_gemm_kernel(
     a0_desc, a1_desc, a2_desc, w_desc, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
     {stage_params}
-    M, C, K, OHW, OW,
+    M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
-    TMA_STORE: gl.constexpr,
+    TMA_STORE: gl.constexpr, PLANES: gl.constexpr, PLANE_VEC: gl.constexpr,
     {stage_flags}
 ):
     # a{{i}}_desc: the input as [M, C], boxes of part i's pixels (strided, ROW_SLOTS > 0: as
     # [N*OH, OW, C], boxes of whole output rows, each ROW_SLOTS >= OW pixels wide, zero-filled past
     # OW: M counts those slots); w_desc: the weights as [K, C]; y{{i}}_desc (TMA_STORE): the output as
-    # [N*OH*OW, K] (strided: [N*OH, OW, K]), boxes of part i's pixels and 64 channels.
+    # [N*OH*OW, K] (strided: [N*OH, OW, K]), boxes of part i's pixels and 64 channels. PLANES: the
+    # input as channel planes [N*C, H*W], boxes of BLOCK_K planes by part i's pixels, each image's
+    # pixels padded to HWP, a multiple of the tile (M = N * HWP): no tile crosses into the next image.
     # Tiles in order of their channel blocks first, so that programs running side by side share
     # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several.
     PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
     # the parts' boxes seen as [pixels, BLOCK_K] (the strided boxes' rows of slots one after the other)
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
-    a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], flat)
-    a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], flat)
-    a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, P2, BLOCK_K], flat)
+    if PLANES:
+        a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, BLOCK_K, P0], a0_desc.layout)
+        a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, BLOCK_K, P1], a1_desc.layout)
+        a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, BLOCK_K, P2], a2_desc.layout)
+    else:
+        a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], flat)
+        a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], flat)
+        a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, P2, BLOCK_K], flat)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -236,7 +257,7 @@ def gluon_gemm_kernel(
                 (
                     _mma_partition,
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, gl.cdiv(C, BLOCK_K),
-                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS),
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES),
                 ),
                 {loader},
             ],
@@ -251,7 +272,7 @@ def gluon_gemm_kernel(
 _LOADER = """(
                     _load_partition,
                     (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     BLOCK_N, P0, P1, P2, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES, ROW_SLOTS),
+                     HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES, ROW_SLOTS, PLANES),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
@@ -259,16 +280,20 @@ _CONSUMER = """(
                     _persistent_partition,
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
                      y0_desc, y1_desc, y2_desc, y_buf{consumer}, {stage_args}
-                     M, C, K, OHW, OW, syn, syc, syh, syw, spn, spc, sph, spw,
+                     M, C, K, OHW, OW, HWP, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
-                     ROW_SLOTS, MMA_EPILOGUE, TMA_STORE, {consumer}, {consumers}, {flag_args}),
+                     ROW_SLOTS, MMA_EPILOGUE, TMA_STORE, PLANES, PLANE_VEC, {consumer}, {consumers}, {flag_args}),
                 )"""
 
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
 _EPILOGUE = """k0 = (tile % gl.cdiv(K, BLOCK_N)) * BLOCK_N
 m0 = (tile // gl.cdiv(K, BLOCK_N)) * PIXELS
-# the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
-out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+# the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores; output
+# of channel planes (PLANE_VEC > 0): lanes along a plane's pixels, PLANE_VEC of them a thread
+if PLANE_VEC > 0:
+    out_layout: gl.constexpr = gl.BlockedLayout([PLANE_VEC, 1], [4, 8], [1, gl.num_warps()], [0, 1])
+else:
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
 if not MMA_EPILOGUE:
 {channels_in_out}
 ohw = OHW
@@ -287,7 +312,13 @@ _PIXELS = """offs_m = m0 + {offset} + gl.arange(0, {pixels}, layout=gl.SliceLayo
 m_mask = offs_m < M
 if IDX64:
     offs_m = offs_m.to(gl.int64)
-if ROW_SLOTS > 0:
+if PLANES:
+    n_img = offs_m // HWP
+    pix = offs_m % HWP
+    m_mask = pix < ohw
+    oh = pix // OW
+    ow = pix % OW
+elif ROW_SLOTS > 0:
     ow = offs_m % ROW_SLOTS
     m_mask = m_mask & (ow < OW)
     n_img = (offs_m // ROW_SLOTS) // (ohw // OW)
@@ -351,13 +382,20 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
                 {tma_store}(y{i}_desc, [m0 + {offset}, k0 + j * 64], y_tiles.index(j))
         if TMA_STORE == 1:
             tma.store_wait(0)  # the tiles stay allocated until the copies have read them
+    elif PLANE_VEC > 1:
+        # packed planes: each image's pixels run on along its planes, PLANE_VEC a store
+        row = gl.multiple_of(n_img * syn, PLANE_VEC)
+        plane = gl.multiple_of(ch * syc, PLANE_VEC)
+        gl.store(y_ptr + (row + pix)[:, None] + plane[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
                  h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
-_PART_LOAD = """if ROW_SLOTS > 0:
+_PART_LOAD = """if PLANES:
+    {tma_load}(a{i}_desc, [plane_row + c0, pix0 + {offset}], ready.index(stage), a{i}_bufs.index(stage))
+elif ROW_SLOTS > 0:
     {tma_load}(
         a{i}_desc, [(m0 + {offset}) // ROW_SLOTS, 0, c0], ready.index(stage),
         a{i}_bufs.index(stage).{reinterpret}(
@@ -460,8 +498,21 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
     return waves * (steps + GEMM_FIXED_STEPS) * per_step
 
 
+def plane_rows(m: int, pixels: int, plane: int) -> int:
+    """Rows of the product for ``m`` pixels in tiles of ``pixels``: channel planes (``plane`` > 0
+    pixels an image) pad each image's pixels to whole tiles; else ``m``."""
+    return m // plane * triton_cdiv(plane, pixels) * pixels if plane else m
+
+
 def gluon_gemm_config(
-    m: int, k: int, c: int, dtype: torch.dtype, multiprocessors: int, row_slots: int = 0, tma_store: bool = False
+    m: int,
+    k: int,
+    c: int,
+    dtype: torch.dtype,
+    multiprocessors: int,
+    row_slots: int = 0,
+    tma_store: bool = False,
+    plane: int = 0,
 ) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
@@ -470,7 +521,7 @@ def gluon_gemm_config(
     tiles in turn. ``m``: rows (pixels, or strided, slots of
     whole output rows of ``row_slots`` each: every part a multiple of them); ``tma_store``: the
     output may take TMA stores (gemm_tma_store), whose persistent tiles take shared memory beside
-    the ring (gemm_store_mode)."""
+    the ring (gemm_store_mode); ``plane``: pixels of an image's channel planes (plane_rows)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -483,13 +534,14 @@ def gluon_gemm_config(
                 continue
             if parts[-1] < row_slots:  # a part holds whole output rows
                 continue
-            cost = gemm_tile_cost(m, k, steps, pixels, block_n, multiprocessors)
-            rank = (cost, len(parts), triton_cdiv(m, pixels) * triton_cdiv(k, block_n))
+            rows = plane_rows(m, pixels, plane)
+            cost = gemm_tile_cost(rows, k, steps, pixels, block_n, multiprocessors)
+            rank = (cost, len(parts), triton_cdiv(rows, pixels) * triton_cdiv(k, block_n))
             if best is None or rank < best[0]:
                 best = (rank, pixels, block_n, warps)
     assert best is not None
     _, pixels, block_n, warps = best
-    persistent = triton_cdiv(m, pixels) * triton_cdiv(k, block_n) > multiprocessors
+    persistent = triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
     if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
@@ -569,6 +621,8 @@ def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
     c = conv.conv
     if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0):
         return "only 1x1 convolutions without padding are products over the input's rows"
+    if channel_planes(spec):
+        return planes_why_not(spec)
     why = gemm_input_why_not(spec, "read as rows of pixels")
     if why:
         return why
@@ -580,6 +634,44 @@ def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
         return f"strided: H={h} must be a multiple of the stride {stride_h} (images and rows in one view)"
     if spec.output_desc.dims[3] > 256:
         return f"strided: output rows of {spec.output_desc.dims[3]} pixels exceed a tensor box's 256"
+    return None
+
+
+def channel_planes(spec: PlanSpec) -> bool:
+    """Whether the plan's input is packed NCHW (and not also packed channels-last, as with one
+    channel or 1x1 images): gluon-gemm would read it as channel planes."""
+    x = spec.input_desc
+    nchw = x.same_strides(layout_strides(x.dims, Layout.NCHW))
+    return nchw and not x.same_strides(layout_strides(x.dims, Layout.NHWC))
+
+
+def planes_why_not(spec: PlanSpec) -> str | None:
+    """Why gluon-gemm cannot read the plan's packed NCHW input as channel planes, or None
+    (tuning.GLUON_GEMM_PLANES): the input seen as [N*C, H*W] is a tensor descriptor where the planes
+    are whole 16-byte units, a box of BLOCK_K planes must not cross into the next image (C a multiple
+    of BLOCK_K), and wgmma reads the box along its pixels only for 16-bit data."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    if not tuning.GLUON_GEMM_PLANES:
+        return "NCHW input read as channel planes is off (tuning.GLUON_GEMM_PLANES)"
+    if conv.conv.groups != 1:
+        return "grouped convolutions are not one GEMM"
+    if conv.conv.strides != (1, 1):
+        return "strided 1x1 convolutions on NCHW planes: the boxes would hold the odd columns too (triton-gemm-nchw)"
+    n, c, h, w = spec.input_desc.dims
+    size = spec.dtype.torch_dtype.itemsize
+    if size != 2:
+        return (
+            "32-bit data on NCHW planes: wgmma reads 32-bit operands only along the reduction, "
+            "the planes run along the pixels"
+        )
+    if h * w * size % 16:
+        return f"{h}x{w} planes of {h * w * size} bytes are not whole 16-byte units (a tensor descriptor's rows)"
+    block_k = 128 // size
+    if c % block_k:
+        return f"C={c}: boxes of {block_k} channel planes would cross into the next image (C a multiple of {block_k})"
+    if n * c >= 2**31:
+        return "more than 2^31 - 1 channel planes do not fit a tensor descriptor's dimension"
     return None
 
 
@@ -611,8 +703,9 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     slots = row_slots(spec)
     rows = n * oh * (slots or ow)
     tma_store = gemm_tma_store(spec, slots)
-    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store)
-    programs = triton_cdiv(rows, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    plane = oh * ow if channel_planes(spec) else 0
+    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store, plane)
+    programs = triton_cdiv(plane_rows(rows, cfg.block_m, plane), cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
         return (
             f"a small problem: its best tile is {cfg.block_m} pixels x {cfg.block_n} channels "
@@ -620,6 +713,8 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         )
     if slots:
         return strided_defer_why(spec, programs, sms, cfg)
+    if plane:
+        return None  # the other kernel of NCHW 1x1 layers, triton-gemm-nchw, measured slower
     fp32 = spec.dtype == DataType.FLOAT
     if fp32 and n * oh * ow >= tuning.TF32_GEMM_MIN_PIXELS:
         return (
@@ -646,6 +741,18 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
         f"multiprocessors, {steps}: triton-gemm's persistent programs measured faster beyond one wave"
     )
+
+
+def gemm_plane_vector(strides: tuple[int, ...], out: Tensor, ow: int) -> int:
+    """PLANE_VEC of channel-plane input: 0 for output whose channels are contiguous (stored along
+    them); else lanes along the planes' pixels, 8 (16 bytes) a store where each plane's rows follow
+    one another (one run of pixels), the image and plane strides are multiples of 8 and the 16-bit
+    output 16-byte aligned, 1 where not."""
+    syn, syc, syh, syw = strides
+    if syc == 1 or syw != 1:
+        return 0
+    runs = syh == ow and syn % 8 == 0 and syc % 8 == 0
+    return 8 if runs and out.element_size() == 2 and out.data_ptr() % 16 == 0 else 1
 
 
 def gemm_tma_store_fits(strides: tuple[int, ...], oh: int, ow: int, slots: int) -> bool:
@@ -686,7 +793,8 @@ def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots)."""
     out = spec.output_desc
     fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
-    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits
+    # channel planes pad each image's pixels (plane_rows): a tile's rows are not the output's
+    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits and not channel_planes(spec)
 
 
 def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvConfig) -> str | None:
@@ -739,12 +847,22 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
-        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store)
+        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, self.plane)
+
+    @property
+    def plane(self) -> int:
+        """Pixels of an image's channel planes where the input is read as planes (channel_planes), else 0."""
+        _, _, h, w = self.spec.input_desc.dims
+        return h * w if channel_planes(self.spec) else 0
+
+    def _rows(self, cfg: tuning.ConvConfig) -> int:
+        """Rows of the product in tiles of ``cfg`` (plane_rows)."""
+        return plane_rows(self._m(), cfg.block_m, self.plane)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of the product's rows (not triton-window's windows) and reduction steps."""
         _, c, k = self.geometry[:3]
-        return triton_cdiv(self._m(), cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
+        return triton_cdiv(self._rows(cfg), cfg.block_m) * triton_cdiv(k, cfg.block_n), triton_cdiv(c, cfg.block_k)
 
     def narrower_config(self) -> tuning.ConvConfig | None:
         """Two stages fewer (a specialization reading a prior output needs more shared memory)."""
@@ -766,7 +884,7 @@ class GluonGemmKernel(GluonWindowKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         _, c, k = self.geometry[:3]
-        m, slots = self._m(), self.pixel_slots
+        m, slots, plane = self._rows(cfg), self.pixel_slots, self.plane
         oh, ow = self.out_hw
         parts = pixel_parts(cfg.block_m)
         if slots and parts[-1] < slots:
@@ -776,7 +894,10 @@ class GluonGemmKernel(GluonWindowKernel):
         tiles = triton_cdiv(k, cfg.block_n) * triton_cdiv(m, cfg.block_m)
         grid = (min(tiles, multiprocessors(self._handle)), 1, 1)  # persistent: a program per multiprocessor
         swizzle, bits = self._swizzle_and_bits(cfg)
-        a_descs = [self._input_descriptor(x, size, cfg.block_k, swizzle, bits) for size in sizes]
+        if plane:
+            a_descs = [self._plane_descriptor(x, size, cfg.block_k, bits) for size in sizes]
+        else:
+            a_descs = [self._input_descriptor(x, size, cfg.block_k, swizzle, bits) for size in sizes]
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         one_wave = tiles <= grid[0]
@@ -802,9 +923,12 @@ class GluonGemmKernel(GluonWindowKernel):
             slots,
             gemm_epilogue_mode(x.element_size()),
             store_mode,
+            bool(plane),
+            gemm_plane_vector(out_strides[:4], out, ow) if plane else 0,
             *flags.values(),
         )
-        args = [*a_descs, w_desc, out, p, *y_descs, *values, m, c, k, oh * ow, ow, *out_strides, *consts]
+        hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
+        args = [*a_descs, w_desc, out, p, *y_descs, *values, m, c, k, oh * ow, ow, hwp, *out_strides, *consts]
         return grid, cfg, args
 
     def _input_descriptor(self, x: Tensor, size: int, block_k: int, swizzle: int, bits: int):
@@ -819,6 +943,12 @@ class GluonGemmKernel(GluonWindowKernel):
         oh, ow = self.out_hw
         view = [n * oh, ow, c], [stride_h * w * c, stride_w * c, 1]
         return gluon_descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
+
+    def _plane_descriptor(self, x: Tensor, size: int, block_k: int, bits: int):
+        """A part's descriptor of channel-plane input: [N*C, H*W], boxes of ``block_k`` planes by
+        ``size`` pixels (rows of ``size`` elements swizzled as wide as they are, up to 128 bytes)."""
+        n, c, h, w = self.spec.input_desc.dims
+        return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], min(128, size * bits // 8), bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors, the output's pointer and, where tiles are stored by TMA, its
