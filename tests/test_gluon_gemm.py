@@ -529,13 +529,18 @@ def test_plane_stores_take_16_bytes_where_runs_allow(strides, vector):
 
 
 @pytest.mark.parametrize(
-    "name, dtype, pixels",
-    [("r50_03", "float16", 128), ("r50_07", "bfloat16", 208), ("r50_11", "float16", 128)],
+    "name, dtype, pixels, copies",
+    [
+        ("r50_03", "float16", 128, 1),  # persistent, 1 step: each warpgroup's tile from its own buffer
+        ("r50_09", "bfloat16", 208, 3),  # one wave: a copy per part
+        ("r50_11", "float16", 128, 0),  # persistent, 8 steps: stored by pointer
+    ],
 )
-def test_channel_plane_kernels_read_boxes_and_store_16_bytes(name, dtype, pixels):
+def test_channel_plane_kernels_read_boxes_and_store_along_planes(name, dtype, pixels, copies):
     """Channel planes: tensor loads of each part and the weights, a wgmma per part and 16-element
-    slice of the step with the planes as B operand (no copy through registers of the input), the
-    output stored along the planes 16 bytes a thread, no pointer loads, no spills."""
+    slice of the step with the planes as B operand (no copy through registers of the input); the
+    output stored by TMA a copy per part where gemm_store_mode says so (the tile written transposed
+    to shared memory), else along the planes 16 bytes a thread; no pointer loads, no spills."""
     info = compile_sm90(layer_build(name, dtype, "CBNA", "NCHW"), "gluon-gemm")
     assert "PLANES" in info["source"]
     kernel = layer(name, getattr(torch, dtype), layout="NCHW").spec()
@@ -543,9 +548,33 @@ def test_channel_plane_kernels_read_boxes_and_store_16_bytes(name, dtype, pixels
     parts = len(gluon_gemm.pixel_parts(cfg.block_m))
     assert cfg.block_m == pixels, cfg
     # a box row past the 128-byte swizzle goes as one copy per 64 pixels
-    copies = sum(-(-part // 64) for part in gluon_gemm.pixel_parts(cfg.block_m))
-    assert info["tensor loads (UTMALDG)"] == copies + 1
-    assert info["HGMMA"] >= 4 * parts and info["LDSM (operand through registers)"] <= 32  # the epilogue's only
-    assert info["async copies (LDGSTS)"] == 0
-    assert set(info["global stores by bytes"]) == {"16"}
+    loads = sum(-(-part // 64) for part in gluon_gemm.pixel_parts(cfg.block_m))
+    assert info["tensor loads (UTMALDG)"] == loads + 1
+    assert info["HGMMA"] >= 4 * parts and info["async copies (LDGSTS)"] == 0
+    assert info["tensor stores (UTMASTG)"] == copies
+    assert info["global stores by bytes"] == ({} if copies else {"16": info["global stores by bytes"]["16"]})
     assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= 232448
+
+
+@pytest.mark.parametrize(
+    "strides, fits",
+    [
+        ((1024 * 784, 784, 28, 1), True),  # packed NCHW
+        ((1024 * 784, 1, 28 * 1024, 1024), False),  # channels-last
+        ((1024 * 784, 784, 32, 1), False),  # padded rows: a plane is not one run
+        ((1024 * 788, 788, 28, 1), False),  # planes 1576 bytes apart
+    ],
+)
+def test_plane_tma_store_strides(strides, fits):
+    assert gluon_gemm.plane_tma_store_fits(strides, 28) is fits
+
+
+def test_plane_layers_defer_as_measured():
+    """Beyond one wave, channel-plane tiles stored by pointer with one computing warpgroup defer to
+    triton-gemm-nchw, as channels-last ones to triton-gemm; TMA-stored or ping-pong ones stay."""
+    deferred = {
+        name: gluon_gemm.gluon_gemm_defer_why(layer(name, layout="NCHW").spec(), H100_SMS)
+        for name in ("r50_01", "r50_03", "r50_05", "r50_07", "r50_09", "r50_11")
+    }
+    assert {name for name, why in deferred.items() if why} == {"r50_01", "r50_05", "r50_07"}
+    assert "triton-gemm-nchw" in deferred["r50_07"]

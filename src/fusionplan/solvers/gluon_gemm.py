@@ -288,6 +288,8 @@ _CONSUMER = """(
 #: A tile's epilogue (``tile``: its index): its output channels, then each part's (``{parts}``).
 _EPILOGUE = """k0 = (tile % gl.cdiv(K, BLOCK_N)) * BLOCK_N
 m0 = (tile // gl.cdiv(K, BLOCK_N)) * PIXELS
+tile_image = m0 // HWP  # PLANES: the tile's image and first pixel in it
+tile_pixel = m0 % HWP
 # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores; output
 # of channel planes (PLANE_VEC > 0): lanes along a plane's pixels, PLANE_VEC of them a thread
 if PLANE_VEC > 0:
@@ -355,17 +357,37 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
 {channels_in_out}
 {pixels_in_out}
         mask = m_mask[:, None] & n_mask[None, :]
-    if TMA_STORE == 2:
-        # persistent: the warpgroup's own buffer, free again once its last tile's copies have read it
-        tma.store_wait(0)
-        y_tiles = y_bufs
-    elif TMA_STORE == 1:
-        # allocated after the ring's last use (a program per tile), so that it may take the ring's memory
-        y_tiles = gl.allocate_shared_memory(
-            y_ptr.dtype.element_ty, [BLOCK_N // 64, P{i}, 64],
-            gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2),
+    if TMA_STORE and PLANES:
+        # channel planes: the tile written transposed, [channels, pixels] as the planes hold it, then
+        # one copy (TMA clips the channels past K and the image's padding past its pixels)
+        plane_tile{i}: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128 if P{i} * ELEM_BITS >= 1024 else P{i} * ELEM_BITS // 8,
+            element_bitwidth=ELEM_BITS, rank=2,
         )
-    if TMA_STORE:
+        if TMA_STORE == 2:
+            tma.store_wait(0)  # the warpgroup's own buffer, free once its last tile's copies have read it
+            y_tile = y_bufs.{reinterpret}(y_ptr.dtype.element_ty, [BLOCK_N, P{i}], plane_tile{i})
+        else:
+            y_tile = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [BLOCK_N, P{i}], plane_tile{i})
+        y_tile.permute((1, 0)).store(h.to(y_ptr.dtype.element_ty))
+        fence_async_shared()
+        {tma_store}(
+            y{i}_desc, [tile_image, k0, tile_pixel + {offset}],
+            y_tile.{reinterpret}(y_ptr.dtype.element_ty, [1, BLOCK_N, P{i}], y{i}_desc.layout),
+        )
+        if TMA_STORE == 1:
+            tma.store_wait(0)  # the tile stays allocated until the copy has read it
+    elif TMA_STORE:
+        if TMA_STORE == 2:
+            # persistent: the warpgroup's own buffer, free again once its last tile's copies have read it
+            tma.store_wait(0)
+            y_tiles = y_bufs
+        else:
+            # allocated after the ring's last use (a program per tile), so that it may take the ring's memory
+            y_tiles = gl.allocate_shared_memory(
+                y_ptr.dtype.element_ty, [BLOCK_N // 64, P{i}, 64],
+                gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2),
+            )
         # written whole, then a copy per 64 channels (TMA clips what falls past the output)
         y_part = y_tiles.{reinterpret}(y_ptr.dtype.element_ty, [P{i}, BLOCK_N], y_tiles.layout)
         y_part.store(h.to(y_ptr.dtype.element_ty))
@@ -713,8 +735,6 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         )
     if slots:
         return strided_defer_why(spec, programs, sms, cfg)
-    if plane:
-        return None  # the other kernel of NCHW 1x1 layers, triton-gemm-nchw, measured slower
     fp32 = spec.dtype == DataType.FLOAT
     if fp32 and n * oh * ow >= tuning.TF32_GEMM_MIN_PIXELS:
         return (
@@ -737,9 +757,10 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     steps = f"{triton_cdiv(c, cfg.block_k)} reduction steps (< {least})"
     if fp32:
         return f"fp32 data beyond one wave ({programs} tiles) with {steps}: triton-conv measured faster"
+    other = "triton-gemm-nchw" if plane else "triton-gemm"
     return (
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
-        f"multiprocessors, {steps}: triton-gemm's persistent programs measured faster beyond one wave"
+        f"multiprocessors, {steps}: {other}'s persistent programs measured faster beyond one wave"
     )
 
 
@@ -790,11 +811,22 @@ def tma_store_bytes(cfg: tuning.ConvConfig, size: int) -> int:
 
 def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     """Whether gluon-gemm stores a program's tiles by TMA (tuning.GLUON_GEMM_TMA_STORE): 16-bit output
-    of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots)."""
+    of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots; channel-plane
+    input: plane_tma_store_fits)."""
     out = spec.output_desc
-    fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
-    # channel planes pad each image's pixels (plane_rows): a tile's rows are not the output's
-    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits and not channel_planes(spec)
+    if channel_planes(spec):
+        fits = plane_tma_store_fits(out.strides, out.dims[3])
+    else:
+        fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
+    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits
+
+
+def plane_tma_store_fits(strides: tuple[int, ...], ow: int) -> bool:
+    """Whether output strides (syn, syc, syh, syw) let TMA store channel-plane tiles: the output seen
+    as [N, K, OH*OW] needs each plane's rows to follow one another and image and plane strides of
+    whole 16-byte units (16-bit data)."""
+    syn, syc, syh, syw = strides
+    return syw == 1 and syh == ow and syn % 8 == 0 and syc % 8 == 0
 
 
 def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvConfig) -> str | None:
@@ -901,11 +933,13 @@ class GluonGemmKernel(GluonWindowKernel):
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         one_wave = tiles <= grid[0]
-        fits = self.tma_store and gemm_tma_store_fits(out_strides[:4], oh, ow, slots) and out.data_ptr() % 16 == 0
+        fits_strides = plane_tma_store_fits if plane else gemm_tma_store_fits
+        args_of_fit = (out_strides[:4], ow) if plane else (out_strides[:4], oh, ow, slots)
+        fits = self.tma_store and fits_strides(*args_of_fit) and out.data_ptr() % 16 == 0
         store_mode = gemm_store_mode(cfg, bits // 8, one_wave, triton_cdiv(c, cfg.block_k), slots > 0) if fits else 0
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
         if store_mode:
-            y_descs = [self._part_output_descriptor(out, out_strides[:4], size, bits) for size in sizes]
+            y_descs = [self._part_output_descriptor(out, out_strides[:4], size, bits, cfg.block_n) for size in sizes]
         consts = (
             cfg.block_n,
             cfg.block_k,
@@ -961,12 +995,16 @@ class GluonGemmKernel(GluonWindowKernel):
         output's strides and address, and its tile (gemm_store_mode)."""
         return gemm_tma_store(self.spec, self.pixel_slots)
 
-    def _part_output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int):
+    def _part_output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int, block_n: int):
         """A part's descriptor of the output: [N*OH*OW, K], boxes of ``size`` pixels and 64 channels;
-        strided, [N*OH, OW, K], boxes of ``size`` / row_slots whole rows (TMA clips the slots past OW)."""
+        strided, [N*OH, OW, K], boxes of ``size`` / row_slots whole rows (TMA clips the slots past OW);
+        channel-plane input: [N, K, OH*OW], boxes of the tile's ``block_n`` planes by ``size`` pixels."""
         n = self.spec.input_desc.dims[0]
         oh, ow = self.out_hw
-        _, _, syh, syw = strides
+        syn, syc, syh, syw = strides
+        if self.plane:
+            view = [n, self.k, oh * ow], [syn, syc, 1]
+            return gluon_descriptor(out, *view, [1, block_n, size], min(128, size * bits // 8), bits)
         slots = self.pixel_slots
         if not slots:
             return gluon_descriptor(out, [n * oh * ow, self.k], [syw, 1], [size, 64], 128, bits)
