@@ -569,12 +569,26 @@ def test_plane_tma_store_strides(strides, fits):
     assert gluon_gemm.plane_tma_store_fits(strides, 28) is fits
 
 
-def test_plane_layers_defer_as_measured():
+def test_plane_layers_defer_as_measured(monkeypatch):
     """Beyond one wave, channel-plane tiles stored by pointer with one computing warpgroup defer to
-    triton-gemm-nchw, as channels-last ones to triton-gemm; TMA-stored or ping-pong ones stay."""
-    deferred = {
-        name: gluon_gemm.gluon_gemm_defer_why(layer(name, layout="NCHW").spec(), H100_SMS)
-        for name in ("r50_01", "r50_03", "r50_05", "r50_07", "r50_09", "r50_11")
-    }
-    assert {name for name, why in deferred.items() if why} == {"r50_01", "r50_05", "r50_07"}
-    assert "triton-gemm-nchw" in deferred["r50_07"]
+    triton-gemm-nchw, as channels-last ones to triton-gemm; with tuning.GLUON_GEMM_PLANE_STORE_TILES
+    the short reductions take tiles that persistent programs store by TMA, and stay."""
+    names = ("r50_01", "r50_03", "r50_04", "r50_05", "r50_07", "r50_09", "r50_11")
+
+    def deferred() -> dict:
+        found = {name: gluon_gemm.gluon_gemm_defer_why(layer(name, layout="NCHW").spec(), H100_SMS) for name in names}
+        return {name: why for name, why in found.items() if why}
+
+    assert deferred() == {}
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_TILES", False)
+    late = deferred()
+    assert set(late) == {"r50_01", "r50_04", "r50_05", "r50_07"} and "triton-gemm-nchw" in late["r50_07"]
+
+
+@pytest.mark.parametrize("name, tile", [("r50_01", (256, 64)), ("r50_05", (256, 128)), ("r50_07", (128, 256))])
+def test_short_plane_reductions_take_tiles_stored_by_tma(name, tile):
+    s = resnet50_layer(name)
+    cfg = gluon_gemm.gluon_gemm_config(32 * s.h * s.w, s.k, s.c, torch.float16, H100_SMS, 0, True, s.h * s.w)
+    assert (cfg.block_m, cfg.block_n) == tile
+    steps = -(-s.c // cfg.block_k)
+    assert gluon_gemm.gemm_store_mode(cfg, 2, False, steps, False) == 2

@@ -296,6 +296,11 @@ GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS = 4
 #: along the pixels, each image's pixels padded to a multiple of the tile; the output stored along
 #: the planes by pointer, 16 bytes a thread (gluon_gemm.planes_why_not).
 GLUON_GEMM_PLANES = True
+#: Channel planes beyond one wave with at most GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS reduction steps
+#: take the best tile that persistent programs store by TMA (one part of at least
+#: TMA_STORE_MIN_PIXELS pixels), even where it pads each image more (r50_07's 784 pixels: 7 tiles of
+#: 128 against 4 of 208): stored by pointer, such tiles' epilogues run between their products.
+GLUON_GEMM_PLANE_STORE_TILES = True
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

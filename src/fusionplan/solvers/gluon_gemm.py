@@ -547,23 +547,14 @@ def gluon_gemm_config(
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
-    best = None
-    for block_n in (64, 128, 256):
-        warps = 4 if block_n == 64 else 8
-        for pixels in range(16, 257, 16):
-            parts = pixel_parts(pixels)
-            if len(parts) > MAX_PARTS or block_n * pixels // (warps * 32) > GEMM_MAX_ACC_REGS:
-                continue
-            if parts[-1] < row_slots:  # a part holds whole output rows
-                continue
-            rows = plane_rows(m, pixels, plane)
-            cost = gemm_tile_cost(rows, k, steps, pixels, block_n, multiprocessors)
-            rank = (cost, len(parts), triton_cdiv(rows, pixels) * triton_cdiv(k, block_n))
-            if best is None or rank < best[0]:
-                best = (rank, pixels, block_n, warps)
-    assert best is not None
-    _, pixels, block_n, warps = best
+    pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane)
     persistent = triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
+    short = steps <= tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS
+    if plane and tma_store and persistent and short and tuning.GLUON_GEMM_PLANE_STORE_TILES:
+        # channel planes beyond one wave with short reductions: a tile that persistent TMA stores
+        # take (gemm_store_mode 2: its epilogue under the next tile's products), whatever it pads
+        pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, stored_by_tma=True)
+        persistent = triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
     if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
@@ -578,6 +569,32 @@ def gluon_gemm_config(
     # the output tiles beside the ring take the place of the layout change's scratch
     tiles = tma_store_bytes(cfg, size)
     return replace(cfg, num_stages=gemm_stages(cfg.block_m, cfg.block_n, block_k, size, True, tma_tiles=tiles))
+
+
+def best_tile(
+    m: int, k: int, steps: int, multiprocessors: int, row_slots: int, plane: int, stored_by_tma: bool = False
+) -> tuple[int, int, int]:
+    """gluon_gemm_config's tile of least predicted time: (pixels, output channels, warps);
+    ``stored_by_tma``: only tiles of one part of tuning.TMA_STORE_MIN_PIXELS pixels or more (those
+    that persistent programs store by TMA)."""
+    best = None
+    for block_n in (64, 128, 256):
+        warps = 4 if block_n == 64 else 8
+        for pixels in range(16, 257, 16):
+            parts = pixel_parts(pixels)
+            if len(parts) > MAX_PARTS or block_n * pixels // (warps * 32) > GEMM_MAX_ACC_REGS:
+                continue
+            if parts[-1] < row_slots:  # a part holds whole output rows
+                continue
+            if stored_by_tma and (len(parts) > 1 or pixels < tuning.TMA_STORE_MIN_PIXELS):
+                continue
+            rows = plane_rows(m, pixels, plane)
+            cost = gemm_tile_cost(rows, k, steps, pixels, block_n, multiprocessors)
+            rank = (cost, len(parts), triton_cdiv(rows, pixels) * triton_cdiv(k, block_n))
+            if best is None or rank < best[0]:
+                best = (rank, pixels, block_n, warps)
+    assert best is not None
+    return best[1:]
 
 
 def pingpong_min_steps(size: int, k: int) -> int:
