@@ -294,12 +294,18 @@ GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS = 4
 #: gluon-gemm reads packed NCHW input (16-bit, stride 1, planes of whole 16-byte units, C a multiple
 #: of the reduction step) as channel planes: boxes of [channels, pixels] by TMA, wgmma's B operand
 #: along the pixels, each image's pixels padded to a multiple of the tile; the output stored along
-#: the planes by pointer, 16 bytes a thread (gluon_gemm.planes_why_not).
+#: the planes by TMA (gluon_gemm.gemm_store_mode) or by pointer, 16 bytes a thread
+#: (gluon_gemm.planes_why_not). H100, batch 32, CBNA, against triton-gemm-nchw (fp16 / bf16,
+#: `--tuning GLUON_GEMM_PLANES=0`): r50_03 29.6 -> 24.5 / 29.6 -> 24.5 us, r50_11 21.2 -> 20.6, r50_09
+#: 15.4 -> 15.1 (bench/results/2026-11-25-h100-nchw-planes-34/ab-planes.csv).
 GLUON_GEMM_PLANES = True
 #: Channel planes beyond one wave with at most GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS reduction steps
 #: take the best tile that persistent programs store by TMA (one part of at least
 #: TMA_STORE_MIN_PIXELS pixels), even where it pads each image more (r50_07's 784 pixels: 7 tiles of
 #: 128 against 4 of 208): stored by pointer, such tiles' epilogues run between their products.
+#: H100, batch 32, CBNA, fp16 / bf16 (`ab-plane-store-tiles.csv` beside ab-planes.csv): r50_07 18.7 ->
+#: 16.3 / 18.4 -> 16.1 us (the pointer-stored tiles deferred to triton-gemm-nchw), r50_05 34.1 ->
+#: 32.8 / 34.5 -> 33.2, r50_01 and r50_04 even (12.4-12.5, 26.8-26.9).
 GLUON_GEMM_PLANE_STORE_TILES = True
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):

@@ -17,6 +17,14 @@ Strided, the input is read as [N*OH, OW, C] (rows stride*W*C apart, pixels strid
 whole output rows, each OW pixels rounded up to a power of two of slots (28 -> 32; the slots past
 OW are zero-filled by TMA and masked at the store), the tile's pixels counted in slots.
 
+Channel planes (packed NCHW input, 16-bit, stride 1, planes of whole 16-byte units, C a multiple of
+the step: planes_why_not): the input is read as [N*C, H*W], boxes of [channels, pixels] that are
+wgmma's B operand as TMA leaves them (the pixels contiguous); each image's pixels are padded to
+whole tiles (plane_rows) so that no box crosses into the next image, and the output goes along the
+planes: by TMA from the tile written transposed to shared memory, or by pointer 16 bytes a thread
+(H100, fp16, batch 32: r50_03 29.6 us on triton-gemm-nchw -> 24.5, 24.7 on NHWC; bench/NOTES.md
+section 38).
+
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
   kernel's epilogue reuses the ring's shared memory for its layout change (deeper rings);
@@ -735,7 +743,11 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     bench/results/2026-11-23-h100-tma-stores-31/: r50_07 14.26 / 14.23 us against 15.24 / 15.16 for
     triton-gemm, r50_05 29.71 / 29.52 against 31.12 / 30.81, r50_03 25.02 / 24.49 against 26.33 /
     25.95, r50_01 10.95 / 10.70 against 11.06 / 11.02; r50_04 24.92 / 25.01 against 24.68 / 24.71).
-    Strided, where triton-gemm does not apply: strided_defer_why."""
+    Strided, where triton-gemm does not apply: strided_defer_why. Channel planes, against
+    triton-gemm-nchw, by the same rule (H100, fp16, batch 32, bench/results/2026-11-25-h100-nchw-planes-34/:
+    stored by pointer beyond one wave, r50_01 14.4 us against 12.7, r50_05 35.4 / 33.6, r50_07 19.5 /
+    18.8; by TMA, r50_03 24.5 / 29.6, r50_07 16.2 / 18.4 with tuning.GLUON_GEMM_PLANE_STORE_TILES;
+    ping-pong, r50_11 20.6 / 21.1)."""
     n, c, _, _ = spec.input_desc.dims
     oh, ow = spec.output_desc.dims[2:]
     k = spec.output_desc.dims[1]
