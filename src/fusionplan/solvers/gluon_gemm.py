@@ -40,6 +40,7 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cached_property
 
 import torch
 
@@ -555,14 +556,18 @@ def gluon_gemm_config(
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
+
+    def beyond_one_wave(pixels: int, block_n: int) -> bool:
+        return triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
+
     pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane)
-    persistent = triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
+    persistent = beyond_one_wave(pixels, block_n)
     short = steps <= tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS
     if plane and tma_store and persistent and short and tuning.GLUON_GEMM_PLANE_STORE_TILES:
         # channel planes beyond one wave with short reductions: a tile that persistent TMA stores
         # take (gemm_store_mode 2: its epilogue under the next tile's products), whatever it pads
         pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, stored_by_tma=True)
-        persistent = triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
+        persistent = beyond_one_wave(pixels, block_n)
     if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
@@ -910,7 +915,7 @@ class GluonGemmKernel(GluonWindowKernel):
         sms = multiprocessors(self._handle)
         return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, self.plane)
 
-    @property
+    @cached_property
     def plane(self) -> int:
         """Pixels of an image's channel planes where the input is read as planes (channel_planes), else 0."""
         _, _, h, w = self.spec.input_desc.dims
@@ -962,9 +967,7 @@ class GluonGemmKernel(GluonWindowKernel):
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         out_strides = strides[4:] if strides else (*out.stride(), *p.stride())
         one_wave = tiles <= grid[0]
-        fits_strides = plane_tma_store_fits if plane else gemm_tma_store_fits
-        args_of_fit = (out_strides[:4], ow) if plane else (out_strides[:4], oh, ow, slots)
-        fits = self.tma_store and fits_strides(*args_of_fit) and out.data_ptr() % 16 == 0
+        fits = self.tma_store and self._tma_store_fits(out_strides[:4]) and out.data_ptr() % 16 == 0
         store_mode = gemm_store_mode(cfg, bits // 8, one_wave, triton_cdiv(c, cfg.block_k), slots > 0) if fits else 0
         y_descs = [w_desc] * MAX_PARTS  # tokens where stores are by pointer
         if store_mode:
@@ -1006,6 +1009,14 @@ class GluonGemmKernel(GluonWindowKernel):
         oh, ow = self.out_hw
         view = [n * oh, ow, c], [stride_h * w * c, stride_w * c, 1]
         return gluon_descriptor(x, *view, [size // slots, slots, block_k], swizzle, bits)
+
+    def _tma_store_fits(self, strides: tuple[int, ...]) -> bool:
+        """Whether a launch's output strides let TMA store its tiles (plane_tma_store_fits for
+        channel-plane input, else gemm_tma_store_fits)."""
+        oh, ow = self.out_hw
+        if self.plane:
+            return plane_tma_store_fits(strides, ow)
+        return gemm_tma_store_fits(strides, oh, ow, self.pixel_slots)
 
     def _plane_descriptor(self, x: Tensor, size: int, block_k: int, bits: int):
         """A part's descriptor of channel-plane input: [N*C, H*W], boxes of ``block_k`` planes by
