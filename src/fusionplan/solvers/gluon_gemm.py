@@ -23,7 +23,9 @@ wgmma's B operand as TMA leaves them (the pixels contiguous); each image's pixel
 whole tiles (plane_rows) so that no box crosses into the next image, and the output goes along the
 planes: by TMA from the tile written transposed to shared memory, or by pointer 16 bytes a thread
 (H100, fp16, batch 32: r50_03 29.6 us on triton-gemm-nchw -> 24.5, 24.7 on NHWC; bench/NOTES.md
-section 38).
+section 38). Strided 2x2 (tuning.GLUON_GEMM_STRIDED_PLANES, off until measured): the input seen as
+[N*C, OH, 2W], boxes of the output rows' input row pairs from column 0 into raw buffers, and a
+decimator warp writes each row's even columns (the output row's slots) as the stage's operand.
 
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
