@@ -529,6 +529,20 @@ def test_plane_stores_take_16_bytes_where_runs_allow(strides, vector):
 
 
 @pytest.mark.parametrize(
+    "strides, ow, vector",
+    [
+        ((512 * 784, 784, 28, 1), 28, 4),  # r50_08's output rows: 28 pixels, 8-byte stores
+        ((1024 * 196, 196, 14, 1), 14, 2),  # r50_14's: 14 pixels
+        ((64 * 256, 256, 16, 1), 16, 8),
+        ((64 * 49, 49, 7, 1), 7, 1),
+    ],
+)
+def test_strided_plane_stores_take_runs_of_output_rows(strides, ow, vector):
+    out = torch.empty(64, dtype=torch.float16)
+    assert gluon_gemm.gemm_plane_vector(strides, out, ow, slots=32) == vector
+
+
+@pytest.mark.parametrize(
     "name, dtype, pixels, copies",
     [
         ("r50_03", "float16", 128, 1),  # persistent, 1 step: each warpgroup's tile from its own buffer
