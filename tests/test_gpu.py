@@ -633,8 +633,9 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
         warps = 4 if block_n == 64 or consumers == 2 else 8
         stages = rng.choice((2, 3, 4))
         if kernel.pixel_copies > 1:  # a decimator's raw boxes beside the operands: what shared memory holds
-            size = x.element_size()
-            stages = min(stages, gluon_gemm.gemm_stages(pixels, block_n, block_k, size, True, warps, pixel_copies=3))
+            size, copies = x.element_size(), kernel.pixel_copies
+            fits = gluon_gemm.gemm_stages(pixels, block_n, block_k, size, True, warps, pixel_copies=copies)
+            stages = min(stages, fits)
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1, consumers=consumers)
         variants = ((False, None), (True, None), (True, 3)) + (((False, 2),) if consumers == 2 else ())
         for with_prior, programs in variants:

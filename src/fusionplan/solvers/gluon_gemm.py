@@ -55,6 +55,7 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
+    MOVE_HELPERS,
     GluonWindowKernel,
     epilogue_mode,
     gluon_descriptor,
@@ -64,6 +65,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    plane_vector,
     sixteen_bit_output,
     tma_store_strides_fit,
 )
@@ -81,6 +83,8 @@ CONSUMER_REGS = 232
 #: whose share of the registers (65536 / 416 threads) ptxas refused for 8 computing warps' tiles.
 DECIMATE_WARPS = 1
 DECIMATE_REGS = 88
+#: Pixels' rows a stage holds per pixel with a decimator: the raw boxes' two beside the operand's one.
+DECIMATED_PIXEL_COPIES = 3
 
 #: At most this many power-of-two parts make a tile's pixels (each a TMA box, a wgmma and an
 #: accumulator per reduction step).
@@ -356,7 +360,6 @@ if IDX64:
     offs_m = offs_m.to(gl.int64)
 if PLANES:
     n_img = offs_m // HWP
-    pix = offs_m % HWP
     if ROW_SLOTS > 0:  # strided: slots of whole output rows, those past OW padding
         # from the tile's first output row (a tile starts at one: runs of ROW_SLOTS the compiler can see)
         pix = gl.multiple_of(tile_pixel, ROW_SLOTS) + (offs_m - m0)
@@ -366,6 +369,7 @@ if PLANES:
         run = n_img * syn + oh * syh  # a run of pixels: an output row
         run_pixel = ow
     else:
+        pix = offs_m % HWP
         m_mask = pix < ohw
         oh = pix // OW
         ow = pix % OW
@@ -499,8 +503,7 @@ def _even_columns(raw, operand, BLOCK_K: gl.constexpr, P: gl.constexpr, ROW_SLOT
     channels: gl.constexpr = max(8, 32 * gl.num_warps() // (P // ROW_SLOTS))
     chunk: gl.constexpr = channels * (P // ROW_SLOTS)
     for i in gl.static_range(BLOCK_K // channels):
-        x = raw.slice(i * chunk, chunk).load(rows)
-        even, odd = gl.split(gl.reshape(x, [chunk, ROW_SLOTS, 2]))
+        even, odd = _halves(raw.slice(i * chunk, chunk).load(rows))
         operand.slice(i * channels, channels).store(gl.reshape(even, [channels, P]))
 
 
@@ -617,7 +620,7 @@ def decimator_fields(spec: PlanSpec) -> dict[str, str]:
         decimator=_DECIMATOR,
         decimator_warps=f", {DECIMATE_WARPS}",
         decimator_regs=f", {DECIMATE_REGS}",
-        decimate_fn=_DECIMATE_FN.format(thread_barrier=gluon_names()["thread_barrier"]),
+        decimate_fn=MOVE_HELPERS + _DECIMATE_FN.format(thread_barrier=gluon_names()["thread_barrier"]),
     )
 
 
@@ -699,7 +702,7 @@ def gluon_gemm_config(
     def beyond_one_wave(pixels: int, block_n: int) -> bool:
         return triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
 
-    copies = 3 if plane and row_slots else 1  # strided planes: the raw boxes beside the operands
+    copies = DECIMATED_PIXEL_COPIES if plane and row_slots else 1  # strided planes: raw boxes beside the operands
     pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, pixel_copies=copies)
     persistent = beyond_one_wave(pixels, block_n)
     short = steps <= tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS
@@ -982,9 +985,9 @@ def gemm_plane_vector(strides: tuple[int, ...], out: Tensor, ow: int, slots: int
     output 16-byte aligned, 1 where not. Strided (``slots``: rows of slots), a run is an output
     row: the most of 8, 4 and 2 pixels that divides OW, the row, image and plane strides and the
     output's alignment."""
-    syn, syc, syh, syw = strides
-    if syc == 1 or syw != 1:
+    if plane_vector(strides, out) == 0:  # stored along the channels
         return 0
+    syn, syc, syh, _ = strides
     if out.element_size() != 2:
         return 1
     if slots:
@@ -1223,7 +1226,7 @@ class GluonGemmKernel(GluonWindowKernel):
     def pixel_copies(self) -> int:
         """Pixels' rows a stage holds per pixel (decimates: the raw boxes of twice the columns beside
         the operands)."""
-        return 3 if decimates(self.spec) else 1
+        return DECIMATED_PIXEL_COPIES if decimates(self.spec) else 1
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors, the output's pointer and, where tiles are stored by TMA, its
