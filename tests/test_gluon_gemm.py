@@ -274,6 +274,13 @@ def test_batch_1_takes_the_smallest_tiles():
     assert cfg.block_n == 64 and cfg.block_m <= 64
 
 
+def assert_stages_expect_their_boxes(info: dict) -> None:
+    """The ring's one barrier expect per stage counts the bytes of every tensor load into the stage
+    (its weights' box and each part's): fewer would let the products read a stage still being
+    filled; more would leave it waiting for bytes that never come (the kernel hangs)."""
+    assert info["bytes barriers expect (TTGIR)"] == [sum(info["tensor loads' box bytes (TTGIR)"])]
+
+
 @pytest.mark.parametrize(
     "name, dtype, hgmma",
     [
@@ -294,6 +301,7 @@ def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert info["tensor loads (UTMALDG)"] == parts + 1
     assert hex(parts) in info["wgmma waits (outstanding groups allowed)"]
+    assert_stages_expect_their_boxes(info)
     assert "LOCAL:0" in info["resources"]  # no spills
     assert info["shared bytes (dynamic)"] <= 232448  # sm_90's limit per program
 
@@ -564,6 +572,7 @@ def test_channel_plane_kernels_read_boxes_and_store_along_planes(name, dtype, pi
     # a box row past the 128-byte swizzle goes as one copy per 64 pixels
     loads = sum(-(-part // 64) for part in gluon_gemm.pixel_parts(cfg.block_m))
     assert info["tensor loads (UTMALDG)"] == loads + 1
+    assert_stages_expect_their_boxes(info)
     assert info["HGMMA"] >= 4 * parts and info["async copies (LDGSTS)"] == 0
     assert info["tensor stores (UTMASTG)"] == copies
     assert info["global stores by bytes"] == ({} if copies else {"16": info["global stores by bytes"]["16"]})
@@ -665,6 +674,7 @@ def test_strided_plane_kernels_decimate_in_a_partition_of_their_own(name, dtype)
     info = compile_sm90(build, "gluon-gemm")
     assert "_decimate_partition" in info["source"]
     assert info["tensor loads (UTMALDG)"] == 2 and info["tensor stores (UTMASTG)"] == 0
+    assert_stages_expect_their_boxes(info)  # the raw boxes of row pairs, not the operands beside them
     assert info["global stores by bytes"].keys() == {"8" if name == "r50_08" else "4"}
     assert info["LDSM (operand through registers)"] == 0 and info["HGMMA"] > 0
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]

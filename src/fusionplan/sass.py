@@ -11,6 +11,7 @@ memory per program.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -106,6 +107,35 @@ def grid_dependency_order(sass: str) -> str:
     return "".join(sorted(firsts, key=firsts.get))
 
 
+#: Bytes of an element of a TTGIR tensor type, by its name.
+_TTGIR_ELEMENT_BYTES = {
+    "f64": 8,
+    "f32": 4,
+    "i32": 4,
+    "f16": 2,
+    "bf16": 2,
+    "i16": 2,
+    "i8": 1,
+    "f8E4M3FN": 1,
+    "f8E5M2": 1,
+}
+
+
+def expected_bytes(ttgir: str) -> list[int]:
+    """The transaction bytes of each barrier expect in the TTGIR text, in the order of the code."""
+    return [int(b) for b in re.findall(r"ttng\.barrier_expect %\S+, (\d+)", ttgir)]
+
+
+def tensor_load_boxes(ttgir: str) -> list[int]:
+    """The bytes of each tensor load's box (async_tma_copy_global_to_local) in the TTGIR text, in
+    the order of the code: what each adds to its barrier's transactions."""
+    boxes = []
+    for shape in re.findall(r"async_tma_copy_global_to_local[^\n]*?: !tt\.tensordesc<([0-9x]+)x(\w+)[,>]", ttgir):
+        dims, element = shape
+        boxes.append(math.prod(int(d) for d in dims.split("x")) * _TTGIR_ELEMENT_BYTES[element])
+    return boxes
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -131,6 +161,8 @@ def summarize(compiled) -> dict:
         "tensor loads (T) and fences (F) in order": loads_and_fences(sass),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,
+        "bytes barriers expect (TTGIR)": expected_bytes(compiled.asm["ttgir"]),
+        "tensor loads' box bytes (TTGIR)": tensor_load_boxes(compiled.asm["ttgir"]),
         "programmatic dependent launch": bool(getattr(compiled.metadata, "launch_pdl", False)),
         "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
         "sass": sass,

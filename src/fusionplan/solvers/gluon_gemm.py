@@ -107,9 +107,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 def _load_partition(
     a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K, HWP,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
-    PARTS: gl.constexpr, STAGE_BYTES: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    ROW_SLOTS: gl.constexpr, PLANES: gl.constexpr,
+    PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
+    PLANES: gl.constexpr,
 ):
+    # the bytes a stage's tensor loads deliver: the boxes' (strided planes: the raw boxes of row
+    # pairs, not the operands the decimator writes beside them)
+    STAGE_BYTES: gl.constexpr = (
+        w_desc.block_type.nbytes
+        + a0_desc.block_type.nbytes
+        + (a1_desc.block_type.nbytes if PARTS > 1 else 0)
+        + (a2_desc.block_type.nbytes if PARTS > 2 else 0)
+    )
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
     it = 0  # steps loaded so far, over every tile: the ring's position
@@ -237,7 +245,7 @@ def gluon_gemm_kernel(
     M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
-    PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, STAGE_BYTES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, PERSISTENT: gl.constexpr,
     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, ROW_SLOTS: gl.constexpr, MMA_EPILOGUE: gl.constexpr,
     TMA_STORE: gl.constexpr, PLANES: gl.constexpr, PLANE_VEC: gl.constexpr,
@@ -316,7 +324,7 @@ def gluon_gemm_kernel(
 _LOADER = """(
                     _load_partition,
                     (a0_desc, a1_desc, a2_desc, w_desc, {loader_bufs}, w_bufs, ready, empty, M, C, K,
-                     HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, STAGE_BYTES, BLOCK_K, NUM_STAGES, ROW_SLOTS, PLANES),
+                     HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS, PLANES),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
@@ -1170,7 +1178,6 @@ class GluonGemmKernel(GluonWindowKernel):
             *sizes,
             len(parts),
             cfg.num_stages,
-            (cfg.block_m * self.pixel_copies + cfg.block_n) * cfg.block_k * bits // 8,  # a stage's bytes
             bits,
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
