@@ -41,7 +41,7 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC")
         (("r50_15", torch.float16, 32, "NCHW"), True, "14x14 planes of 392 bytes are not whole 16-byte units"),
         (("r50_07", torch.float16, 32, "NCHW"), True, "needs a Hopper GPU"),  # channel planes
         (("r50_07", torch.float32, 32, "NCHW"), True, "32-bit data on NCHW planes"),
-        (("r50_08", torch.float16, 32, "NCHW"), True, "tuning.GLUON_GEMM_STRIDED_PLANES"),
+        (("r50_08", torch.float16, 32, "NCHW"), True, "strided 1x1 convolutions on NCHW planes"),
         (("r50_16",), True, "only 1x1 convolutions without padding"),
         (("r50_14",), True, "needs a Hopper GPU"),  # strided: rows of the strided view
     ],
@@ -537,20 +537,6 @@ def test_plane_stores_take_16_bytes_where_runs_allow(strides, vector):
 
 
 @pytest.mark.parametrize(
-    "strides, ow, vector",
-    [
-        ((512 * 784, 784, 28, 1), 28, 4),  # r50_08's output rows: 28 pixels, 8-byte stores
-        ((1024 * 196, 196, 14, 1), 14, 2),  # r50_14's: 14 pixels
-        ((64 * 256, 256, 16, 1), 16, 8),
-        ((64 * 49, 49, 7, 1), 7, 1),
-    ],
-)
-def test_strided_plane_stores_take_runs_of_output_rows(strides, ow, vector):
-    out = torch.empty(64, dtype=torch.float16)
-    assert gluon_gemm.gemm_plane_vector(strides, out, ow, slots=32) == vector
-
-
-@pytest.mark.parametrize(
     "name, dtype, pixels, copies",
     [
         ("r50_03", "float16", 128, 1),  # persistent, 1 step: each warpgroup's tile from its own buffer
@@ -615,67 +601,3 @@ def test_short_plane_reductions_take_tiles_stored_by_tma(name, tile):
     assert (cfg.block_m, cfg.block_n) == tile
     steps = -(-s.c // cfg.block_k)
     assert gluon_gemm.gemm_store_mode(cfg, 2, False, steps, False) == 2
-
-
-@pytest.mark.parametrize(
-    "name, reason",
-    [
-        ("r50_08", "needs a Hopper GPU"),
-        ("r50_14", "needs a Hopper GPU"),
-        ("r50_20", "input row pairs of 56 bytes are not whole 16-byte units"),
-    ],
-)
-def test_strided_planes_read_row_pairs_where_whole(name, reason, monkeypatch):
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_STRIDED_PLANES", True)
-    assert reason in verdict(layer(name, layout="NCHW")).reason
-
-
-def test_strided_planes_need_an_even_height(monkeypatch):
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_STRIDED_PLANES", True)
-    x = torch.empty(2, 64, 15, 16, dtype=torch.float16)
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBA", conv=conv, k=64, r=1, s=1, param_dtype="float")
-    assert "H=15: input row pairs tile only planes of an even height" in verdict(plan).reason
-
-
-@pytest.mark.parametrize("shape", [(2, 64, 28, 28), (3, 64, 16, 12), (2, 64, 8, 56)])
-def test_strided_plane_boxes_hold_each_output_rows_even_columns(shape, monkeypatch):
-    """The descriptor of row pairs read as the kernel reads it (torch's view of its shape and
-    strides, boxes from column 0 of 2 x slots columns, zero past the pair), split as the decimator
-    splits its rows: the even columns are the strided input, the slots past OW never stored."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_STRIDED_PLANES", True)
-    n, c, h, w = shape
-    x = torch.randn(shape, dtype=torch.float16)
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBA", conv=conv, k=64, r=1, s=1, param_dtype="float")
-    kernel = fp.solvers.solver_named("gluon-gemm").build(plan.spec(), fp.Handle("cpu"))
-    slots = kernel.pixel_slots
-    desc = kernel._plane_descriptor(x, 4 * slots, 64, 16)
-    assert list(desc.block_shape) == [64, 4, 2 * slots]
-    pairs = torch.as_strided(x, list(desc.shape), list(desc.strides))  # [N*C, OH, 2W]
-    box = torch.zeros(n * c, h // 2, 2 * slots, dtype=x.dtype)
-    box[..., : min(2 * slots, 2 * w)] = pairs[..., : 2 * slots]
-    even = box.reshape(n * c, h // 2, slots, 2)[..., 0]  # the decimator's split
-    ow = (w - 1) // 2 + 1
-    assert torch.equal(even[..., :ow], x[:, :, ::2, ::2].reshape(n * c, h // 2, ow))
-    assert kernel.plane == (h // 2) * slots
-
-
-@pytest.mark.parametrize("name, dtype", [("r50_08", "float16"), ("r50_14", "bfloat16")])
-def test_strided_plane_kernels_decimate_in_a_partition_of_their_own(name, dtype):
-    """Strided planes (tuning.GLUON_GEMM_STRIDED_PLANES): one tensor load of row pairs a part and
-    one of the weights, a decimator warp beside the loader (a third register reallocation), the
-    product from shared memory, output rows stored by pointer as wide as OW allows (r50_08: 28
-    pixels, 8 bytes; r50_14: 14, 4 bytes), within sm_90's shared memory, no spills, one computing
-    warpgroup."""
-    build = "from fusionplan import tuning\ntuning.GLUON_GEMM_STRIDED_PLANES = True\n" + layer_build(
-        name, dtype, "CBNA", "NCHW"
-    )
-    info = compile_sm90(build, "gluon-gemm")
-    assert "_decimate_partition" in info["source"]
-    assert info["tensor loads (UTMALDG)"] == 2 and info["tensor stores (UTMASTG)"] == 0
-    assert_stages_expect_their_boxes(info)  # the raw boxes of row pairs, not the operands beside them
-    assert info["global stores by bytes"].keys() == {"8" if name == "r50_08" else "4"}
-    assert info["LDSM (operand through registers)"] == 0 and info["HGMMA"] > 0
-    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-    assert info["shared bytes (dynamic)"] <= 232448

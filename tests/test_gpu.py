@@ -557,14 +557,11 @@ GLUON_GEMM_CASES = {
 
 #: Cases of NCHW input read as channel planes (gluon_gemm.planes_why_not): planes of 784, 120 and
 #: 64 pixels (no tile divides the first two; the last is smaller than most tiles), K below 64 and
-#: not a multiple of the channel block; strided (tuning.GLUON_GEMM_STRIDED_PLANES: boxes of input
-#: row pairs and the decimator), output rows of 14 and 6 pixels in slots of 16 and 8.
+#: not a multiple of the channel block.
 GLUON_GEMM_PLANE_CASES = {
     "planes-28x28": (3, 128, 28, 28, 136, 1),
     "planes-10x12": (5, 192, 10, 12, 24, 1),
     "planes-8x8": (4, 64, 8, 8, 320, 1),
-    "planes-strided-28x28": (3, 128, 28, 28, 136, 2),
-    "planes-strided-16x12": (4, 64, 16, 12, 72, 2),
 }
 
 
@@ -608,7 +605,6 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
 
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
-    monkeypatch.setattr(tuning, "GLUON_GEMM_STRIDED_PLANES", True)
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")
@@ -617,25 +613,18 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
     kernel = plan._entry(handle).kernel
-    slots = gluon_gemm.row_slots(plan.spec())
-    plane = (h // 2) * slots if stride > 1 else h * w
-    assert kernel.plane == (plane if case in GLUON_GEMM_PLANE_CASES else 0)
+    assert kernel.plane == (h * w if case in GLUON_GEMM_PLANE_CASES else 0)
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors
     tiles = [(16, 64, 1), (48, 128, 1), (96, 128, 1), (112, 64, 1), (208, 128, 1), (256, 64, 1), (96, 256, 1)]
     tiles += [(128, 128, 2), (48, 128, 2)]  # two warpgroups taking tiles in turn
+    slots = gluon_gemm.row_slots(plan.spec())
     for pixels, block_n, consumers in tiles:
         if gluon_gemm.pixel_parts(pixels)[-1] < slots:
             continue  # strided: every part holds whole output rows
-        if consumers > 1 and kernel.pixel_copies > 1:
-            continue  # a decimator's plan takes no tiles in turn
         warps = 4 if block_n == 64 or consumers == 2 else 8
         stages = rng.choice((2, 3, 4))
-        if kernel.pixel_copies > 1:  # a decimator's raw boxes beside the operands: what shared memory holds
-            size, copies = x.element_size(), kernel.pixel_copies
-            fits = gluon_gemm.gemm_stages(pixels, block_n, block_k, size, True, warps, pixel_copies=copies)
-            stages = min(stages, fits)
         kernel.config = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1, consumers=consumers)
         variants = ((False, None), (True, None), (True, 3)) + (((False, 2),) if consumers == 2 else ())
         for with_prior, programs in variants:

@@ -307,12 +307,6 @@ GLUON_GEMM_PLANES = True
 #: 16.3 / 18.4 -> 16.1 us (the pointer-stored tiles deferred to triton-gemm-nchw), r50_05 34.1 ->
 #: 32.8 / 34.5 -> 33.2, r50_01 and r50_04 even (12.4-12.5, 26.8-26.9).
 GLUON_GEMM_PLANE_STORE_TILES = True
-#: gluon-gemm reads strided (2x2) 1x1 plans on packed NCHW planes as boxes of input row pairs (the
-#: even row, then the odd row's first columns) and a decimator partition writes their even columns
-#: as wgmma's operand (gluon_gemm.planes_why_not). Built and compiled for sm_90, not yet measured on
-#: a GPU: off until its A/B against triton-gemm-nchw (r50_08: 38.0 us there, 19.6 on NHWC; r50_14
-#: 31.4 / 16.5).
-GLUON_GEMM_STRIDED_PLANES = False
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

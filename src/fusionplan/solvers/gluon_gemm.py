@@ -23,9 +23,7 @@ wgmma's B operand as TMA leaves them (the pixels contiguous); each image's pixel
 whole tiles (plane_rows) so that no box crosses into the next image, and the output goes along the
 planes: by TMA from the tile written transposed to shared memory, or by pointer 16 bytes a thread
 (H100, fp16, batch 32: r50_03 29.6 us on triton-gemm-nchw -> 24.5, 24.7 on NHWC; bench/NOTES.md
-section 38). Strided 2x2 (tuning.GLUON_GEMM_STRIDED_PLANES, off until measured): the input seen as
-[N*C, OH, 2W], boxes of the output rows' input row pairs from column 0 into raw buffers, and a
-decimator warp writes each row's even columns (the output row's slots) as the stage's operand.
+section 38).
 
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
@@ -55,7 +53,6 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
-    MOVE_HELPERS,
     GluonWindowKernel,
     epilogue_mode,
     gluon_descriptor,
@@ -65,7 +62,6 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
-    plane_vector,
     sixteen_bit_output,
     tma_store_strides_fit,
 )
@@ -77,14 +73,6 @@ Tensor = torch.Tensor
 #: Registers of each computing warpgroup where two take tiles in turn (ConvConfig.consumers = 2):
 #: with the loading warp's LOAD_REGS, two warpgroups of this many fill the multiprocessor's 64K.
 CONSUMER_REGS = 232
-
-#: The decimator's warps (a thread per box row of a chunk) and their registers (a row of 2 x 32
-#: 16-bit elements and its even half, with room). One warp: four pushed the kernel's warps to 13,
-#: whose share of the registers (65536 / 416 threads) ptxas refused for 8 computing warps' tiles.
-DECIMATE_WARPS = 1
-DECIMATE_REGS = 88
-#: Pixels' rows a stage holds per pixel with a decimator: the raw boxes' two beside the operand's one.
-DECIMATED_PIXEL_COPIES = 3
 
 #: At most this many power-of-two parts make a tile's pixels (each a TMA box, a wgmma and an
 #: accumulator per reduction step).
@@ -110,8 +98,7 @@ def _load_partition(
     PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
     PLANES: gl.constexpr,
 ):
-    # the bytes a stage's tensor loads deliver: the boxes' (strided planes: the raw boxes of row
-    # pairs, not the operands the decimator writes beside them)
+    # the bytes a stage's tensor loads deliver: the weights' box and each part's
     STAGE_BYTES: gl.constexpr = (
         w_desc.block_type.nbytes
         + a0_desc.block_type.nbytes
@@ -137,14 +124,6 @@ def _load_partition(
             it += 1
 
 
-@gluon.constexpr_function
-def _plane_layout(pixels, elem_bits):
-    # [channels, pixels] in shared memory, the pixels contiguous: rows swizzled as wide as they are, up to 128 bytes
-    return gl.NVMMASharedLayout(
-        swizzle_byte_width=min(128, pixels * elem_bits // 8), element_bitwidth=elem_bits, rank=2
-    )
-
-
 @gluon.jit
 def _pixels_operand(bufs, stage, PLANES: gl.constexpr):
     # wgmma's B operand, [BLOCK_K, pixels]: channel planes as TMA left them (the pixels contiguous),
@@ -157,9 +136,9 @@ def _pixels_operand(bufs, stage, PLANES: gl.constexpr):
 
 @gluon.jit
 def _mma_tile(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, steps, it,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, it,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
-    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr, ROW_SLOTS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr,
 ):
     # [channels, pixels] = weights @ input^T, a product per part of the tile's pixels (parts past
     # PARTS stay zeros, unused); both operands read by wgmma from shared memory as TMA left them.
@@ -173,9 +152,6 @@ def _mma_tile(
     for kb in range(steps):
         stage = (it + kb) % NUM_STAGES
         mbarrier.wait(ready.index(stage), ((it + kb) // NUM_STAGES) & 1)
-        if PLANES:
-            if ROW_SLOTS > 0:  # strided planes: the decimator's operand from TMA's boxes
-                mbarrier.wait(decimated.index(stage), ((it + kb) // NUM_STAGES) & 1)
         w = w_bufs.index(stage)
         acc0 = warpgroup_mma(w, _pixels_operand(a0_bufs, stage, PLANES), acc0, is_async=True)
         if PARTS > 1:
@@ -192,20 +168,19 @@ def _mma_tile(
 
 @gluon.jit
 def _mma_partition(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, steps,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
-    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr, ROW_SLOTS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, PLANES: gl.constexpr,
 ):
     # a program per tile: the accumulators go back to the kernel, whose epilogue then reuses the
     # ring's shared memory for its layout change (deeper rings than a persistent program's)
-    return _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, steps, 0,
-                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES, ROW_SLOTS)
+    return _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, 0,
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES)
 
 
 @gluon.jit
 def _persistent_partition(
-    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, turn, y_ptr, prior_ptr,
-    y0_desc, y1_desc, y2_desc, y_bufs,
+    a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc, y_bufs,
     {stage_params}
     M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -229,8 +204,8 @@ def _persistent_partition(
     for i in range(CONSUMER, gl.cdiv(n_tiles * gl.cdiv(M, PIXELS) - pid, nprog), CONSUMERS):
         if CONSUMERS > 1:
             mbarrier.wait(turn.index(CONSUMER), ((i // CONSUMERS) & 1) ^ (1 - CONSUMER))
-        acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, steps, i * steps,
-                                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES, ROW_SLOTS)
+        acc0, acc1, acc2 = _mma_tile(a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, steps, i * steps,
+                                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES)
         if CONSUMERS > 1:
             mbarrier.arrive(turn.index(1 - CONSUMER))
         tile = pid + i * nprog
@@ -238,7 +213,7 @@ def _persistent_partition(
     if TMA_STORE == 2:
         tma.store_wait(0)  # the buffer stays allocated until the last tile's copies have read it
 
-{decimate_fn}@gluon.jit
+@gluon.jit
 def gluon_gemm_kernel(
     a0_desc, a1_desc, a2_desc, w_desc, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
     {stage_params}
@@ -263,15 +238,9 @@ def gluon_gemm_kernel(
     # the parts' boxes seen as [pixels, BLOCK_K] (the strided boxes' rows of slots one after the other)
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
     if PLANES:
-        if ROW_SLOTS > 0:
-            # strided: the operands the decimator writes, [BLOCK_K, pixels] swizzled as wide as a part's row
-            a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, BLOCK_K, P0], _plane_layout(P0, ELEM_BITS))
-            a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, BLOCK_K, P1], _plane_layout(P1, ELEM_BITS))
-            a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, BLOCK_K, P2], _plane_layout(P2, ELEM_BITS))
-        else:
-            a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, BLOCK_K, P0], a0_desc.layout)
-            a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, BLOCK_K, P1], a1_desc.layout)
-            a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, BLOCK_K, P2], a2_desc.layout)
+        a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, BLOCK_K, P0], a0_desc.layout)
+        a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, BLOCK_K, P1], a1_desc.layout)
+        a2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, BLOCK_K, P2], a2_desc.layout)
     else:
         a0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, P0, BLOCK_K], flat)
         a1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, P1, BLOCK_K], flat)
@@ -282,7 +251,6 @@ def gluon_gemm_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-{raw_alloc}
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # CONSUMERS = 2
     for i in gl.static_range(2):
         mbarrier.init(turn.index(i), count=1)
@@ -296,25 +264,21 @@ def gluon_gemm_kernel(
     y_buf1 = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [y1_blocks, y1_rows, 64], flat)
     fence_async_shared()
 {grid_dependency}    if PERSISTENT and CONSUMERS > 1:
-        gl.warp_specialize(
-            [{consumer_0_of_2}, {consumer_1_of_2}, {loader}{decimator}],
-            [4, 1{decimator_warps}],
-            [CONSUMER_REGS, LOAD_REGS{decimator_regs}],
-        )
+        gl.warp_specialize([{consumer_0_of_2}, {consumer_1_of_2}, {loader}], [4, 1], [CONSUMER_REGS, LOAD_REGS])
     elif PERSISTENT:
-        gl.warp_specialize([{consumer_0_of_1}, {loader}{decimator}], [1{decimator_warps}], [LOAD_REGS{decimator_regs}])
+        gl.warp_specialize([{consumer_0_of_1}, {loader}], [1], [LOAD_REGS])
     else:
         acc0, acc1, acc2 = gl.warp_specialize(
             [
                 (
                     _mma_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, gl.cdiv(C, BLOCK_K),
-                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES, ROW_SLOTS),
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, gl.cdiv(C, BLOCK_K),
+                     BLOCK_N, P0, P1, P2, PARTS, NUM_STAGES, ELEM_BITS, PLANES),
                 ),
-                {loader}{decimator},
+                {loader},
             ],
-            [1{decimator_warps}],
-            [LOAD_REGS{decimator_regs}],
+            [1],
+            [LOAD_REGS],
         )
         tile = gl.program_id(0)
 {epilogue}
@@ -323,14 +287,14 @@ def gluon_gemm_kernel(
 #: The loading partition and its arguments, in the kernel's warp_specialize calls.
 _LOADER = """(
                     _load_partition,
-                    (a0_desc, a1_desc, a2_desc, w_desc, {loader_bufs}, w_bufs, ready, empty, M, C, K,
+                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
                      HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS, PLANES),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
 _CONSUMER = """(
                     _persistent_partition,
-                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, decimated, turn, y_ptr, prior_ptr,
+                    (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, turn, y_ptr, prior_ptr,
                      y0_desc, y1_desc, y2_desc, y_buf{consumer}, {stage_args}
                      M, C, K, OHW, OW, HWP, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
@@ -368,21 +332,10 @@ if IDX64:
     offs_m = offs_m.to(gl.int64)
 if PLANES:
     n_img = offs_m // HWP
-    if ROW_SLOTS > 0:  # strided: slots of whole output rows, those past OW padding
-        # from the tile's first output row (a tile starts at one: runs of ROW_SLOTS the compiler can see)
-        pix = gl.multiple_of(tile_pixel, ROW_SLOTS) + (offs_m - m0)
-        oh = pix // ROW_SLOTS
-        ow = pix % ROW_SLOTS
-        m_mask = (ow < OW) & (pix < ohw // OW * ROW_SLOTS)
-        run = n_img * syn + oh * syh  # a run of pixels: an output row
-        run_pixel = ow
-    else:
-        pix = offs_m % HWP
-        m_mask = pix < ohw
-        oh = pix // OW
-        ow = pix % OW
-        run = n_img * syn  # a run of pixels: the image's plane
-        run_pixel = pix
+    pix = offs_m % HWP
+    m_mask = pix < ohw
+    oh = pix // OW
+    ow = pix % OW
 elif ROW_SLOTS > 0:
     ow = offs_m % ROW_SLOTS
     m_mask = m_mask & (ow < OW)
@@ -423,7 +376,10 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
     if TMA_STORE and PLANES:
         # channel planes: the tile written transposed, [channels, pixels] as the planes hold it, then
         # one copy (TMA clips the channels past K and the image's padding past its pixels)
-        plane_tile{i}: gl.constexpr = _plane_layout(P{i}, ELEM_BITS)
+        plane_tile{i}: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128 if P{i} * ELEM_BITS >= 1024 else P{i} * ELEM_BITS // 8,
+            element_bitwidth=ELEM_BITS, rank=2,
+        )
         if TMA_STORE == 2:
             tma.store_wait(0)  # the warpgroup's own buffer, free once its last tile's copies have read it
             y_tile = y_bufs.{reinterpret}(y_ptr.dtype.element_ty, [BLOCK_N, P{i}], plane_tile{i})
@@ -465,12 +421,10 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
         if TMA_STORE == 1:
             tma.store_wait(0)  # the tiles stay allocated until the copies have read them
     elif PLANE_VEC > 1:
-        # along the planes: a run of pixels (an image's plane, strided: an output row) PLANE_VEC a store
-        if ROW_SLOTS > 0:  # OW itself: a multiple of PLANE_VEC the compiler can see
-            mask = ((ow < OW // PLANE_VEC * PLANE_VEC) & (pix < ohw // OW * ROW_SLOTS))[:, None] & n_mask[None, :]
+        # packed planes: each image's pixels run on along its planes, PLANE_VEC a store
+        row = gl.multiple_of(n_img * syn, PLANE_VEC)
         plane = gl.multiple_of(ch * syc, PLANE_VEC)
-        gl.store(y_ptr + (gl.multiple_of(run, PLANE_VEC) + run_pixel)[:, None] + plane[None, :],
-                 h.to(y_ptr.dtype.element_ty), mask=mask)
+        gl.store(y_ptr + (row + pix)[:, None] + plane[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
     else:
         gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
                  h.to(y_ptr.dtype.element_ty), mask=mask)
@@ -478,16 +432,7 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
 _PART_LOAD = """if PLANES:
-    if ROW_SLOTS > 0:
-        # strided: the box of the part's output rows' input row pairs (a{i}_bufs: the decimator's raw boxes)
-        {tma_load}(
-            a{i}_desc, [plane_row + c0, (pix0 + {offset}) // ROW_SLOTS, 0], ready.index(stage),
-            a{i}_bufs.index(stage).{reinterpret}(
-                a{i}_desc.dtype, [BLOCK_K, P{i} // ROW_SLOTS, 2 * ROW_SLOTS], a{i}_desc.layout
-            ),
-        )
-    else:
-        {tma_load}(a{i}_desc, [plane_row + c0, pix0 + {offset}], ready.index(stage), a{i}_bufs.index(stage))
+    {tma_load}(a{i}_desc, [plane_row + c0, pix0 + {offset}], ready.index(stage), a{i}_bufs.index(stage))
 elif ROW_SLOTS > 0:
     {tma_load}(
         a{i}_desc, [(m0 + {offset}) // ROW_SLOTS, 0, c0], ready.index(stage),
@@ -498,66 +443,6 @@ elif ROW_SLOTS > 0:
 else:
     {tma_load}(a{i}_desc, [m0 + {offset}, c0], ready.index(stage), a{i}_bufs.index(stage))"""
 
-
-#: Strided planes: the decimator's partition, which turns each stage's boxes of input row pairs
-#: (TMA's, in r{{i}}_bufs) into wgmma's operands of their even columns (a{{i}}_bufs).
-_DECIMATE_FN = """@gluon.jit
-def _even_columns(raw, operand, BLOCK_K: gl.constexpr, P: gl.constexpr, ROW_SLOTS: gl.constexpr):
-    # a thread per box row (a channel's input row pair from column 0: the even row, then the odd
-    # row's first columns), split into its even and odd columns in the thread's registers; the even
-    # ones are the output row's pixels, ROW_SLOTS of them. The rows in chunks of whole channels'
-    # rows, a row a thread or more, at least 8 channels (the operand's swizzle repeats every 8 rows)
-    rows: gl.constexpr = gl.BlockedLayout([1, 2 * ROW_SLOTS], [32, 1], [gl.num_warps(), 1], [1, 0])
-    channels: gl.constexpr = max(8, 32 * gl.num_warps() // (P // ROW_SLOTS))
-    chunk: gl.constexpr = channels * (P // ROW_SLOTS)
-    for i in gl.static_range(BLOCK_K // channels):
-        even, odd = _halves(raw.slice(i * chunk, chunk).load(rows))
-        operand.slice(i * channels, channels).store(gl.reshape(even, [channels, P]))
-
-
-@gluon.jit
-def _decimate_partition(
-    r0_bufs, r1_bufs, r2_bufs, a0_bufs, a1_bufs, a2_bufs, ready, decimated, M, C, K,
-    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
-    PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
-):
-    # the loader's positions in the ring: each stage once TMA has filled it, its operands written
-    # before the one arrival the computing warpgroups wait for
-    it = 0
-    for tile in range(gl.program_id(0), gl.cdiv(K, BLOCK_N) * gl.cdiv(M, PIXELS), gl.num_programs(0)):
-        for kb in range(gl.cdiv(C, BLOCK_K)):
-            stage = it % NUM_STAGES
-            mbarrier.wait(ready.index(stage), (it // NUM_STAGES) & 1)
-            _even_columns(r0_bufs.index(stage), a0_bufs.index(stage), BLOCK_K, P0, ROW_SLOTS)
-            if PARTS > 1:
-                _even_columns(r1_bufs.index(stage), a1_bufs.index(stage), BLOCK_K, P1, ROW_SLOTS)
-            if PARTS > 2:
-                _even_columns(r2_bufs.index(stage), a2_bufs.index(stage), BLOCK_K, P2, ROW_SLOTS)
-            fence_async_shared()  # the operands written, for wgmma's reads
-            {thread_barrier}()  # every warp's rows written before the one arrival
-            mbarrier.arrive(decimated.index(stage))
-            it += 1
-
-
-"""
-
-#: Strided planes: the raw boxes of row pairs (rows of 2 x ROW_SLOTS, swizzled as the descriptor's)
-#: and the decimator's barriers; without a decimator the name stands for a barrier never waited on.
-_RAW_ALLOC = """    raw: gl.constexpr = _plane_layout(2 * ROW_SLOTS, ELEM_BITS)
-    r0_bufs = gl.allocate_shared_memory(a0_desc.dtype, [NUM_STAGES, BLOCK_K * P0 // ROW_SLOTS, 2 * ROW_SLOTS], raw)
-    r1_bufs = gl.allocate_shared_memory(a1_desc.dtype, [NUM_STAGES, BLOCK_K * P1 // ROW_SLOTS, 2 * ROW_SLOTS], raw)
-    r2_bufs = gl.allocate_shared_memory(a2_desc.dtype, [NUM_STAGES, BLOCK_K * P2 // ROW_SLOTS, 2 * ROW_SLOTS], raw)
-    decimated = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(decimated.index(i), count=1)"""
-_NO_RAW_ALLOC = "    decimated = ready  # no decimator: a stand-in, never waited on"
-
-_DECIMATOR = """,
-                (
-                    _decimate_partition,
-                    (r0_bufs, r1_bufs, r2_bufs, a0_bufs, a1_bufs, a2_bufs, ready, decimated, M, C, K,
-                     BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS),
-                )"""
 
 #: Where the epilogue's channels and pixels are laid out: the accumulator's layout, the stores'.
 _LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
@@ -605,36 +490,8 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
         f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **fields) for n in (1, 2) for i in range(n)
     }
     return _TEMPLATE.format(
-        epilogue=epilogue, part_loads="\n".join(loads), **consumers, **fields, **gluon_names(), **decimator_fields(spec)
+        epilogue=epilogue, part_loads="\n".join(loads), loader=_LOADER, **consumers, **fields, **gluon_names()
     )
-
-
-def decimator_fields(spec: PlanSpec) -> dict[str, str]:
-    """The template's fields of the decimator (strided channel planes: decimates), or of its absence:
-    the loader filling the raw boxes instead of the operands, the partition and its function, its
-    warps, registers and barriers."""
-    if not decimates(spec):
-        return dict(
-            loader=_LOADER.replace("{loader_bufs}", "a0_bufs, a1_bufs, a2_bufs"),
-            raw_alloc=_NO_RAW_ALLOC,
-            decimator="",
-            decimator_warps="",
-            decimator_regs="",
-            decimate_fn="",
-        )
-    return dict(
-        loader=_LOADER.replace("{loader_bufs}", "r0_bufs, r1_bufs, r2_bufs"),
-        raw_alloc=_RAW_ALLOC,
-        decimator=_DECIMATOR,
-        decimator_warps=f", {DECIMATE_WARPS}",
-        decimator_regs=f", {DECIMATE_REGS}",
-        decimate_fn=MOVE_HELPERS + _DECIMATE_FN.format(thread_barrier=gluon_names()["thread_barrier"]),
-    )
-
-
-def decimates(spec: PlanSpec) -> bool:
-    """Whether the kernel has a decimator: strided channel planes."""
-    return channel_planes(spec) and row_slots(spec) > 0
 
 
 def pixel_parts(pixels: int) -> tuple[int, ...]:
@@ -710,8 +567,7 @@ def gluon_gemm_config(
     def beyond_one_wave(pixels: int, block_n: int) -> bool:
         return triton_cdiv(plane_rows(m, pixels, plane), pixels) * triton_cdiv(k, block_n) > multiprocessors
 
-    copies = DECIMATED_PIXEL_COPIES if plane and row_slots else 1  # strided planes: raw boxes beside the operands
-    pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, pixel_copies=copies)
+    pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane)
     persistent = beyond_one_wave(pixels, block_n)
     short = steps <= tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS
     if plane and tma_store and persistent and short and tuning.GLUON_GEMM_PLANE_STORE_TILES:
@@ -719,12 +575,12 @@ def gluon_gemm_config(
         # take (gemm_store_mode 2: its epilogue under the next tile's products), whatever it pads
         pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, stored_by_tma=True)
         persistent = beyond_one_wave(pixels, block_n)
-    if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128 and copies == 1:
+    if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
         cfg = tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
     else:
-        stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps, pixel_copies=copies)
+        stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
         cfg = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
     if not (
         tma_store and persistent and gemm_store_mode(replace(cfg, num_stages=2), size, False, steps, row_slots > 0)
@@ -736,19 +592,11 @@ def gluon_gemm_config(
 
 
 def best_tile(
-    m: int,
-    k: int,
-    steps: int,
-    multiprocessors: int,
-    row_slots: int,
-    plane: int,
-    stored_by_tma: bool = False,
-    pixel_copies: int = 1,
+    m: int, k: int, steps: int, multiprocessors: int, row_slots: int, plane: int, stored_by_tma: bool = False
 ) -> tuple[int, int, int]:
     """gluon_gemm_config's tile of least predicted time: (pixels, output channels, warps);
     ``stored_by_tma``: only tiles of one part of tuning.TMA_STORE_MIN_PIXELS pixels or more (those
-    that persistent programs store by TMA); ``pixel_copies`` (gemm_stages'): only tiles of which
-    two stages of 128-byte rows fit GEMM_RING_BYTES."""
+    that persistent programs store by TMA)."""
     best = None
     for block_n in (64, 128, 256):
         warps = 4 if block_n == 64 else 8
@@ -759,8 +607,6 @@ def best_tile(
             if parts[-1] < row_slots:  # a part holds whole output rows
                 continue
             if stored_by_tma and (len(parts) > 1 or pixels < tuning.TMA_STORE_MIN_PIXELS):
-                continue
-            if 2 * (pixels * pixel_copies + block_n) * 128 > GEMM_RING_BYTES:
                 continue
             rows = plane_rows(m, pixels, plane)
             cost = gemm_tile_cost(rows, k, steps, pixels, block_n, multiprocessors)
@@ -787,17 +633,14 @@ def gemm_stages(
     warps: int = 8,
     consumers: int = 1,
     tma_tiles: int = 0,
-    pixel_copies: int = 1,
 ) -> int:
     """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
     epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), or beside
     ``tma_tiles`` bytes of output tiles for TMA stores (tma_store_bytes), which the epilogues use
-    while the ring holds the next tile's stages (a program per tile reuses the ring's memory);
-    ``pixel_copies``: rows a stage holds per pixel (3 where a decimator's raw boxes of twice the
-    columns sit beside the operands)."""
+    while the ring holds the next tile's stages (a program per tile reuses the ring's memory)."""
     scratch = tma_tiles or consumers * epilogue_scratch_bytes(pixel_parts(pixels)[0] * block_n, size, warps)
     ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
-    return max(2, min(GEMM_MAX_STAGES, ring // ((pixels * pixel_copies + block_n) * block_k * size)))
+    return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
 def gemm_epilogue_mode(size: int) -> int:
@@ -872,12 +715,12 @@ def planes_why_not(spec: PlanSpec) -> str | None:
         return "NCHW input read as channel planes is off (tuning.GLUON_GEMM_PLANES)"
     if conv.conv.groups != 1:
         return "grouped convolutions are not one GEMM"
+    if conv.conv.strides != (1, 1):
+        # boxes of the input rows hold the odd columns too; splitting them out in shared memory measured
+        # 1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39: shared memory's bandwidth)
+        return "strided 1x1 convolutions on NCHW planes: the boxes would hold the odd columns too (triton-gemm-nchw)"
     n, c, h, w = spec.input_desc.dims
     size = spec.dtype.torch_dtype.itemsize
-    if conv.conv.strides != (1, 1):
-        why = strided_planes_why_not(spec)
-        if why:
-            return why
     if size != 2:
         return (
             "32-bit data on NCHW planes: wgmma reads 32-bit operands only along the reduction, "
@@ -890,28 +733,6 @@ def planes_why_not(spec: PlanSpec) -> str | None:
         return f"C={c}: boxes of {block_k} channel planes would cross into the next image (C a multiple of {block_k})"
     if n * c >= 2**31:
         return "more than 2^31 - 1 channel planes do not fit a tensor descriptor's dimension"
-    return None
-
-
-def strided_planes_why_not(spec: PlanSpec) -> str | None:
-    """Why the strided plan's planes are not read as boxes of input row pairs, or None
-    (tuning.GLUON_GEMM_STRIDED_PLANES): stride 2 both ways, an even height (the pairs tile the
-    plane), pairs of whole 16-byte units and output rows of at most 128 slots (a box row of 2 x
-    slots columns, at most 256)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    if not tuning.GLUON_GEMM_STRIDED_PLANES:
-        return "strided 1x1 convolutions on NCHW planes are off (tuning.GLUON_GEMM_STRIDED_PLANES; triton-gemm-nchw)"
-    if conv.conv.strides != (2, 2):
-        return f"strides {conv.conv.strides} on NCHW planes: only 2x2 reads input row pairs"
-    _, _, h, w = spec.input_desc.dims
-    size = spec.dtype.torch_dtype.itemsize
-    if h % 2:
-        return f"H={h}: input row pairs tile only planes of an even height"
-    if 2 * w * size % 16:
-        return f"input row pairs of {2 * w * size} bytes are not whole 16-byte units (a tensor descriptor's rows)"
-    if row_slots(spec) > 128:
-        return f"output rows of {row_slots(spec)} slots: a box row of twice as many columns exceeds 256"
     return None
 
 
@@ -986,23 +807,16 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     )
 
 
-def gemm_plane_vector(strides: tuple[int, ...], out: Tensor, ow: int, slots: int = 0) -> int:
+def gemm_plane_vector(strides: tuple[int, ...], out: Tensor, ow: int) -> int:
     """PLANE_VEC of channel-plane input: 0 for output whose channels are contiguous (stored along
     them); else lanes along the planes' pixels, 8 (16 bytes) a store where each plane's rows follow
     one another (one run of pixels), the image and plane strides are multiples of 8 and the 16-bit
-    output 16-byte aligned, 1 where not. Strided (``slots``: rows of slots), a run is an output
-    row: the most of 8, 4 and 2 pixels that divides OW, the row, image and plane strides and the
-    output's alignment."""
-    if plane_vector(strides, out) == 0:  # stored along the channels
+    output 16-byte aligned, 1 where not."""
+    syn, syc, syh, syw = strides
+    if syc == 1 or syw != 1:
         return 0
-    syn, syc, syh, _ = strides
-    if out.element_size() != 2:
-        return 1
-    if slots:
-        runs = (ow, syh, syn, syc)
-        return next((v for v in (8, 4, 2) if all(r % v == 0 for r in runs) and out.data_ptr() % (2 * v) == 0), 1)
     runs = syh == ow and syn % 8 == 0 and syc % 8 == 0
-    return 8 if runs and out.data_ptr() % 16 == 0 else 1
+    return 8 if runs and out.element_size() == 2 and out.data_ptr() % 16 == 0 else 1
 
 
 def gemm_tma_store_fits(strides: tuple[int, ...], oh: int, ow: int, slots: int) -> bool:
@@ -1044,7 +858,7 @@ def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     input: plane_tma_store_fits)."""
     out = spec.output_desc
     if channel_planes(spec):
-        fits = not slots and plane_tma_store_fits(out.strides, out.dims[3])
+        fits = plane_tma_store_fits(out.strides, out.dims[3])
     else:
         fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
     return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits
@@ -1086,17 +900,14 @@ class GluonGemmKernel(GluonWindowKernel):
         stages gemm_stages gives; strided, only tiles whose parts hold whole output rows."""
         size = self.spec.dtype.torch_dtype.itemsize
         block_k = 128 // size
-        copies = self.pixel_copies
         found = [
-            tuning.ConvConfig(p, n, block_k, 8, w, gemm_stages(p, n, block_k, size, True, w, pixel_copies=copies), 1)
+            tuning.ConvConfig(p, n, block_k, 8, w, gemm_stages(p, n, block_k, size, True, w), 1)
             for p, n in FIND_TILES
             for w in (4 if n == 64 else 8,)
+        ] + [
+            tuning.ConvConfig(p, 128, block_k, 8, 4, gemm_stages(p, 128, block_k, size, True, 4, 2), 1, consumers=2)
+            for p in (64, 96, 128)
         ]
-        if copies == 1:  # a decimator's plan takes no tiles in turn (the registers are the decimator's)
-            found += [
-                tuning.ConvConfig(p, 128, block_k, 8, 4, gemm_stages(p, 128, block_k, size, True, 4, 2), 1, consumers=2)
-                for p in (64, 96, 128)
-            ]
         return [c for c in found if pixel_parts(c.block_m)[-1] >= self.pixel_slots]
 
     @staticmethod
@@ -1117,9 +928,7 @@ class GluonGemmKernel(GluonWindowKernel):
     def plane(self) -> int:
         """Pixels of an image's channel planes where the input is read as planes (channel_planes), else 0."""
         _, _, h, w = self.spec.input_desc.dims
-        if not channel_planes(self.spec):
-            return 0
-        return self.out_hw[0] * self.pixel_slots if self.pixel_slots else h * w  # strided: slots of output rows
+        return h * w if channel_planes(self.spec) else 0
 
     def _rows(self, cfg: tuning.ConvConfig) -> int:
         """Rows of the product in tiles of ``cfg`` (plane_rows)."""
@@ -1189,7 +998,7 @@ class GluonGemmKernel(GluonWindowKernel):
             gemm_epilogue_mode(x.element_size()),
             store_mode,
             bool(plane),
-            gemm_plane_vector(out_strides[:4], out, ow, slots) if plane else 0,
+            gemm_plane_vector(out_strides[:4], out, ow) if plane else 0,
             *flags.values(),
         )
         hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
@@ -1211,29 +1020,17 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def _tma_store_fits(self, strides: tuple[int, ...]) -> bool:
         """Whether a launch's output strides let TMA store its tiles (plane_tma_store_fits for
-        channel-plane input, not strided, else gemm_tma_store_fits)."""
+        channel-plane input, else gemm_tma_store_fits)."""
         oh, ow = self.out_hw
         if self.plane:
-            return not self.pixel_slots and plane_tma_store_fits(strides, ow)
+            return plane_tma_store_fits(strides, ow)
         return gemm_tma_store_fits(strides, oh, ow, self.pixel_slots)
 
     def _plane_descriptor(self, x: Tensor, size: int, block_k: int, bits: int):
         """A part's descriptor of channel-plane input: [N*C, H*W], boxes of ``block_k`` planes by
-        ``size`` pixels (rows of ``size`` elements swizzled as wide as they are, up to 128 bytes);
-        strided, [N*C, OH, 2*W] (the output rows' input row pairs), boxes of ``block_k`` planes by
-        ``size`` / row_slots pairs by 2 x row_slots columns from column 0."""
+        ``size`` pixels (rows of ``size`` elements swizzled as wide as they are, up to 128 bytes)."""
         n, c, h, w = self.spec.input_desc.dims
-        slots = self.pixel_slots
-        if not slots:
-            return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], min(128, size * bits // 8), bits)
-        view = [n * c, h // 2, 2 * w], [h * w, 2 * w, 1]
-        return gluon_descriptor(x, *view, [block_k, size // slots, 2 * slots], min(128, 2 * slots * bits // 8), bits)
-
-    @property
-    def pixel_copies(self) -> int:
-        """Pixels' rows a stage holds per pixel (decimates: the raw boxes of twice the columns beside
-        the operands)."""
-        return DECIMATED_PIXEL_COPIES if decimates(self.spec) else 1
+        return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], min(128, size * bits // 8), bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors, the output's pointer and, where tiles are stored by TMA, its

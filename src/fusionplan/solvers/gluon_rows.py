@@ -67,7 +67,6 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import CONSUMER_REGS, multiprocessors
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
-    MOVE_HELPERS,
     GluonWindowKernel,
     gluon_channel_loads,
     gluon_descriptor,
@@ -411,6 +410,21 @@ def _shift_partition(
 
 """
 
+#: The Gluon functions a move of rows within a thread's registers is built from (move_function's splits and joins).
+MOVE_HELPERS = """@gluon.jit
+def _halves(x):
+    # [BLOCK_C, L] -> its even and its odd columns, [BLOCK_C, L / 2] each (a thread's registers)
+    e, o = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
+    return e, o
+
+
+@gluon.jit
+def _interleave(e, o):
+    # the inverse of _halves: e's columns at the even places, o's at the odd ones
+    return gl.reshape(gl.join(gl.convert_layout(e, o.type.layout), o), [e.shape[0], 2 * e.shape[1]])
+
+
+"""
 
 _SHIFT_STORE = """            box = x_bufs.index(slot * S + {s}).{reinterpret}(x_bufs.dtype, [BLOCK_C, PIX], flat)
             box.store(_shift_{s}(x))"""

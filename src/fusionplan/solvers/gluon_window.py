@@ -302,24 +302,6 @@ def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsi
     return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
 
 
-#: Gluon functions splitting a thread's rows into their even and odd columns and joining them back:
-#: gluon_rows.move_function's moves are built from them, gluon_gemm's decimator keeps the even halves.
-MOVE_HELPERS = """@gluon.jit
-def _halves(x):
-    # [BLOCK_C, L] -> its even and its odd columns, [BLOCK_C, L / 2] each (a thread's registers)
-    e, o = gl.split(gl.reshape(x, [x.shape[0], x.shape[1] // 2, 2]))
-    return e, o
-
-
-@gluon.jit
-def _interleave(e, o):
-    # the inverse of _halves: e's columns at the even places, o's at the odd ones
-    return gl.reshape(gl.join(gl.convert_layout(e, o.type.layout), o), [e.shape[0], 2 * e.shape[1]])
-
-
-"""
-
-
 def plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
     """Output pixels a thread can store together along channel planes (stores by pointer, lanes
     along a plane's pixels): 0 where the output's pixels are not contiguous or its channels are
