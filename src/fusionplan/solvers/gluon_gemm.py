@@ -717,7 +717,8 @@ def planes_why_not(spec: PlanSpec) -> str | None:
         return "grouped convolutions are not one GEMM"
     if conv.conv.strides != (1, 1):
         # boxes of the input rows hold the odd columns too; splitting them out in shared memory measured
-        # 1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39: shared memory's bandwidth)
+        # 1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39: two stages of raw boxes
+        # in the ring, each waited for through TMA, then the split, then the products)
         return "strided 1x1 convolutions on NCHW planes: the boxes would hold the odd columns too (triton-gemm-nchw)"
     n, c, h, w = spec.input_desc.dims
     size = spec.dtype.torch_dtype.itemsize
