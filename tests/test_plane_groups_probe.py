@@ -1,6 +1,7 @@
 """The plane-groups probes (bench/gluon/plane_groups.py, plane_groups_gemm.py) without a GPU: their
 boxes, moves (gluon_rows.move_function, tested in test_gluon_rows.py) and residue-packed filter
-emulated with torch against a 1x1 convolution, and their kernels compiled for sm_90."""
+emulated with torch against a 1x1 convolution, and their kernels compiled for sm_90; the
+accumulator-shift probe (bench/gluon/shift_gather.py) compiled for sm_90."""
 
 import sys
 from pathlib import Path
@@ -62,3 +63,13 @@ def test_probe_kernels_compile_for_sm90():
     assert len(summaries) == 2
     for line in summaries:
         assert "'SHFL': 0" in line and "waits 2" in line and "STACK:0" in line
+
+
+def test_accumulator_shift_probe_stays_in_registers():
+    """bench/gluon/shift_gather.py: an accumulator part moved by 4 columns (its neighbour's first
+    columns moved in) compiles for sm_90 to warp shuffles alone, no shared memory, for the parts of
+    64, 32 and 8 columns."""
+    lines = [line for line in compiling_process([str(BENCH / "shift_gather.py"), "--sass"]).splitlines() if line]
+    assert [line.split(":")[0] for line in lines] == ["width 64", "width 32", "width 8"]
+    for line in lines:
+        assert "'LDS': 0" in line and "'STS': 0" in line and "'SHFL': 0" not in line
