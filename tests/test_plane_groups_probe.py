@@ -73,3 +73,54 @@ def test_accumulator_shift_probe_stays_in_registers():
     assert [line.split(":")[0] for line in lines] == ["width 64", "width 32", "width 8"]
     for line in lines:
         assert "'LDS': 0" in line and "'STS': 0" in line and "'SHFL': 0" not in line
+
+
+def test_plane_pair_boxes_compute_the_convolution():
+    """bench/gluon/plane_pairs_gemm.py's geometry in torch: per half-image tile and step, the even
+    planes' boxes at the tile's columns and the odd planes' 4 pixels early (TMA's zero fill past the
+    pair row), each parity times its half of the filter packed by parity, the odd parts moved 4
+    columns left with the next part's (the neighbour box's) first columns; every pixel equals the
+    1x1 convolution."""
+    pairs_probe = pytest.importorskip("plane_pairs_gemm")
+    plane, n, c, k = pairs_probe.PLANE, 2, 4 * pairs_probe.PAIRS, 8
+    x = torch.randn(n, c, 14, 14, dtype=torch.float64)
+    w = torch.randn(k, c, dtype=torch.float64)
+    packed = pairs_probe.pack_by_parity(w)
+    rows = x.reshape(n * c // 2, 2 * plane)
+    padded = torch.zeros(rows.shape[0], 512, dtype=torch.float64)
+    padded[:, : 2 * plane] = rows
+    y = torch.zeros(n, k, 2 * pairs_probe.TILE, dtype=torch.float64)
+    start, parts, offsets = pairs_probe.ODD_START, pairs_probe.PARTS, pairs_probe.offsets()
+    assert start % 8 == 0 and all(off % 8 == 0 for off in offsets)  # boxes start at 16-byte units
+    for img in range(n):
+        for p0 in (0, pairs_probe.TILE):
+            even = [torch.zeros(k, width, dtype=torch.float64) for width in parts]
+            odd = [torch.zeros(k, width, dtype=torch.float64) for width in parts]
+            nb = torch.zeros(k, pairs_probe.NEIGHBOUR, dtype=torch.float64)
+            for i in range(c // (2 * pairs_probe.PAIRS)):
+                r = slice(img * c // 2 + i * pairs_probe.PAIRS, img * c // 2 + (i + 1) * pairs_probe.PAIRS)
+                cols = slice(r.start - img * c // 2, r.stop - img * c // 2)
+                w_even, w_odd = packed[:k, cols], packed[k:, cols]
+                for q, (width, off) in enumerate(zip(parts, offsets)):
+                    even[q] += w_even @ padded[r, p0 + off : p0 + off + width]
+                    odd[q] += w_odd @ padded[r, start + p0 + off : start + p0 + off + width]
+                after = start + p0 + pairs_probe.TILE
+                nb += w_odd @ padded[r, after : after + pairs_probe.NEIGHBOUR]
+            for q, (width, off) in enumerate(zip(parts, offsets)):
+                nxt = odd[q + 1] if q + 1 < len(parts) else nb
+                moved = torch.cat((odd[q], nxt), 1)[:, pairs_probe.SHIFT : pairs_probe.SHIFT + width]
+                y[img, :, p0 + off : p0 + off + width] = even[q] + moved
+    expected = torch.einsum("kc,ncp->nkp", w, x.reshape(n, c, plane))
+    assert torch.allclose(y[:, :, :plane], expected)
+
+
+def test_plane_pairs_probe_compiles_for_sm90():
+    """The plane-pairs probe: 9 tensor loads a step (3 parts of each parity, the neighbour, the two
+    filter halves) whose boxes are what the stage's barrier expects, 7 products of 32 channels in
+    each computing warpgroup (28 HGMMA), 8-byte stores, no spills, within sm_90's shared memory."""
+    line = compiling_process([str(BENCH / "plane_pairs_gemm.py"), "--sass"]).splitlines()[-1]
+    assert "'HGMMA': 28" in line and "'UTMALDG': 9" in line and "{8: " in line
+    assert "LOCAL:0" in line and "STACK:0" in line
+    expects, boxes = line.split("expects ")[1].split(" boxes ")
+    assert expects.strip() == f"[{int(boxes)}]"
+    assert int(line.split("shared ")[1].split()[0]) <= 232448

@@ -128,10 +128,11 @@ def expected_bytes(ttgir: str) -> list[int]:
 
 def tensor_load_boxes(ttgir: str) -> list[int]:
     """The bytes of each tensor load's box (async_tma_copy_global_to_local) in the TTGIR text, in
-    the order of the code: what each adds to its barrier's transactions."""
+    the order of the code: what each adds to its barrier's transactions (the descriptor's type
+    written ``tensordesc<64x128xf16, ...>`` by the newest Triton, ``tensordesc<tensor<...>>`` by 3.6)."""
     boxes = []
-    for shape in re.findall(r"async_tma_copy_global_to_local[^\n]*?: !tt\.tensordesc<([0-9x]+)x(\w+)[,>]", ttgir):
-        dims, element = shape
+    copies = r"async_tma_copy_global_to_local[^\n]*?: !tt\.tensordesc<(?:tensor<)?([0-9x]+)x(\w+)[,>]"
+    for dims, element in re.findall(copies, ttgir):
         boxes.append(math.prod(int(d) for d in dims.split("x")) * _TTGIR_ELEMENT_BYTES[element])
     return boxes
 
