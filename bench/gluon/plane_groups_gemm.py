@@ -339,6 +339,14 @@ def print_sass(geo: Geometry) -> None:
     signature = {
         "x_desc": f"tensordesc<fp16[{geo.groups},64],{x_layout!r}>",
         "w_desc": f"tensordesc<fp16[{BLOCK_K},{geo.groups}],{w_layout!r}>",
+    }
+    print(f"{geo.plane}-pixel planes:", summary_line(compile_probe(build(geo), signature, geo.stages(), geo.plane)))
+
+
+def compile_probe(kernel, descriptors: dict, stages: int, plane: int) -> dict:
+    """The SASS summary (plane_groups.compile_summary) of a probe kernel whose parameters are
+    ``descriptors`` then (y_ptr, bias_ptr, C, K, NUM_STAGES, PLANE), as a launch specializes them."""
+    signature = descriptors | {
         "y_ptr": "*fp16",
         "bias_ptr": "*fp32",
         "C": "i32",
@@ -346,20 +354,17 @@ def print_sass(geo: Geometry) -> None:
         "NUM_STAGES": "constexpr",
         "PLANE": "constexpr",
     }
+    first = len(descriptors)
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    constexprs = {(6,): geo.stages(), (7,): geo.plane}
-    info = compile_summary(build(geo), signature, constexprs, {(2,): aligned, (3,): aligned})
-    print(
-        f"{geo.plane}-pixel planes:",
-        info["counts"],
-        "stores by bytes",
-        info["global stores by bytes"],
-        "waits",
-        len(info["wgmma waits (outstanding groups allowed)"]),
-        info["resources"],
-        "shared",
-        info["shared bytes (dynamic)"],
-    )
+    constexprs = {(first + 4,): stages, (first + 5,): plane}
+    return compile_summary(kernel, signature, constexprs, {(first,): aligned, (first + 1,): aligned})
+
+
+def summary_line(info: dict) -> str:
+    """A probe's SASS summary on one line: instruction counts, stores, waits, resources, shared memory."""
+    waits = len(info["wgmma waits (outstanding groups allowed)"])
+    stores, shared = info["global stores by bytes"], info["shared bytes (dynamic)"]
+    return f"{info['counts']} stores by bytes {stores} waits {waits} {info['resources']} shared {shared}"
 
 
 def main() -> None:

@@ -33,8 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups import compile_summary  # noqa: E402
-from plane_groups_gemm import graph_time_us  # noqa: E402
+from plane_groups_gemm import compile_probe, graph_time_us, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -290,34 +289,11 @@ def print_sass() -> None:
         return f"tensordesc<fp16[{PAIRS},{width}],{layout!r}>"
 
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * PAIRS, element_bitwidth=16, rank=2)
-    signature = {f"x_desc{q}": box(width) for q, width in enumerate(PARTS)}
-    signature |= {
-        "n_desc": box(NEIGHBOUR),
-        "w_desc": f"tensordesc<fp16[{BLOCK_K},{PAIRS}],{w_layout!r}>",
-        "y_ptr": "*fp16",
-        "bias_ptr": "*fp32",
-        "C": "i32",
-        "K": "i32",
-        "NUM_STAGES": "constexpr",
-        "PLANE": "constexpr",
-    }
-    aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    info = compile_summary(build(), signature, {(9,): stages(), (10,): PLANE}, {(5,): aligned, (6,): aligned})
-    print(
-        "14x14 plane pairs:",
-        info["counts"],
-        "stores by bytes",
-        info["global stores by bytes"],
-        "waits",
-        len(info["wgmma waits (outstanding groups allowed)"]),
-        info["resources"],
-        "shared",
-        info["shared bytes (dynamic)"],
-        "expects",
-        info["bytes barriers expect (TTGIR)"],
-        "boxes",
-        sum(info["tensor loads' box bytes (TTGIR)"]),
-    )
+    descriptors = {f"x_desc{q}": box(width) for q, width in enumerate(PARTS)}
+    descriptors |= {"n_desc": box(NEIGHBOUR), "w_desc": f"tensordesc<fp16[{BLOCK_K},{PAIRS}],{w_layout!r}>"}
+    info = compile_probe(build(), descriptors, stages(), PLANE)
+    expects, boxes = info["bytes barriers expect (TTGIR)"], sum(info["tensor loads' box bytes (TTGIR)"])
+    print("14x14 plane pairs:", summary_line(info), "expects", expects, "boxes", boxes)
 
 
 def main() -> None:
