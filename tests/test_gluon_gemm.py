@@ -11,7 +11,7 @@ import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, layer_build, plan_for
+from .util import assert_stages_expect_their_boxes, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_gemm = pytest.importorskip("fusionplan.solvers.gluon_gemm")
@@ -272,13 +272,6 @@ def test_batch_1_takes_the_smallest_tiles():
     s = resnet50_layer("r50_21")
     cfg = gluon_gemm.gluon_gemm_config(49, s.k, s.c, torch.float16, H100_SMS)
     assert cfg.block_n == 64 and cfg.block_m <= 64
-
-
-def assert_stages_expect_their_boxes(info: dict) -> None:
-    """The ring's one barrier expect per stage counts the bytes of every tensor load into the stage
-    (its weights' box and each part's): fewer would let the products read a stage still being
-    filled; more would leave it waiting for bytes that never come (the kernel hangs)."""
-    assert info["bytes barriers expect (TTGIR)"] == [sum(info["tensor loads' box bytes (TTGIR)"])]
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from fusionplan import tuning
 from fusionplan.shapes import resnet50_layer
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, layer_build, plan_for
+from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_nchw = pytest.importorskip("fusionplan.solvers.gluon_nchw")
@@ -177,6 +177,7 @@ def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert info["tensor loads (UTMALDG)"] == partitions and info["async copies (LDGSTS)"] == 0
+    assert_each_expect_counts_its_load(info)  # each partition's weights box
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448

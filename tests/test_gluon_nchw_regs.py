@@ -9,7 +9,7 @@ import fusionplan as fp
 from fusionplan import tuning
 
 from .test_gluon_nchw import layer, odd_plan
-from .util import compile_sm90, layer_build
+from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build
 
 pytest.importorskip("triton")
 regs = pytest.importorskip("fusionplan.solvers.gluon_nchw_regs")
@@ -132,5 +132,6 @@ def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
     info = compile_sm90(build, "gluon-nchw-regs")
     assert info["HGMMA"] >= 4 and info["LDSM (operand through registers)"] >= 4
     assert info["tensor loads (UTMALDG)"] >= 2 and info["async copies (LDGSTS)"] == 0
+    assert_each_expect_counts_its_load(info)  # the weights ring's boxes
     assert info["wgmma waits (outstanding groups allowed)"] == ["0x0"]
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]

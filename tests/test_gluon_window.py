@@ -9,7 +9,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers.triton_window import window_defer_why, window_tiles
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import HOPPER_SHARED_BYTES, compile_sm90, layer_build, plan_for
+from .util import HOPPER_SHARED_BYTES, assert_stages_expect_their_boxes, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_window = pytest.importorskip("fusionplan.solvers.gluon_window")
@@ -132,11 +132,13 @@ def test_wide_windows_compile_pipelined_within_shared_memory(dtype):
 )
 def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype):
     """A loading partition beside the computing one (register reallocation between them), tensor
-    loads, wgmma from shared memory with one group in flight."""
+    loads (each stage's expect counts its window's box and the weights'), wgmma from shared memory
+    with one group in flight."""
     info = compile_sm90(layer_build(name, dtype), "gluon-window")
     assert info["HGMMA"] > 0 and info["LDSM (operand through registers)"] == 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert info["tensor loads (UTMALDG)"] > 0
+    assert_stages_expect_their_boxes(info)
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
 
 

@@ -202,3 +202,16 @@ def compile_sm90(build: str, solver: str) -> dict:
     stdout = compiling_process(["-c", COMPILE.format(build=build, solver=solver)])
     line = next(line for line in stdout.splitlines() if line.startswith("SUMMARY"))
     return json.loads(line[len("SUMMARY") :])
+
+
+def assert_stages_expect_their_boxes(info: dict) -> None:
+    """The ring's one barrier expect per stage counts the bytes of every tensor load into the stage
+    (its weights' box and each part's): fewer would let the products read a stage still being
+    filled; more would leave it waiting for bytes that never come (the kernel hangs)."""
+    assert info["bytes barriers expect (TTGIR)"] == [sum(info["tensor loads' box bytes (TTGIR)"])]
+
+
+def assert_each_expect_counts_its_load(info: dict) -> None:
+    """Kernels whose every tensor load has a barrier expect of its own (the gathering partitions'
+    weights): each expect counts its load's box, in the order of the code."""
+    assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
