@@ -9,7 +9,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, layer_build, plan_for
+from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_rows = pytest.importorskip("fusionplan.solvers.gluon_rows")
@@ -121,6 +121,7 @@ def test_r50_02_kernel_holds_the_filter_in_registers(dtype):
     assert info["HGMMA"] == 72 and info["HGMMA shapes"] == ["64x64x16"]
     assert info["LDSM (operand through registers)"] == 72
     assert info["tensor loads (UTMALDG)"] == 12
+    assert_expects_sum_to_their_loads(info)
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
@@ -135,6 +136,7 @@ def test_r50_10_kernel_splits_the_channels_between_its_warpgroups(dtype):
     assert info["HGMMA"] == 72 and info["HGMMA shapes"] == ["64x32x16"]
     assert info["LDSM (operand through registers)"] == 72
     assert info["tensor loads (UTMALDG)"] == 24  # 18 of the filter, 6 of an input row
+    assert_expects_sum_to_their_loads(info)
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
 
@@ -254,6 +256,7 @@ def test_channel_planes_kernel_shifts_the_input_rows():
     info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
     assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 2
     assert info["tensor loads (UTMALDG)"] == 10 and info["LDSM (operand through registers)"] >= 72
+    assert_expects_sum_to_their_loads(info)
     source = info["source"]
     assert "gl.gather" not in source and "def _shift_0(x)" in source and "def _shift_2(x)" in source
     assert "def _shift_1(x)" not in source and "column ow -1" in source and "column ow +1" in source

@@ -9,7 +9,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.testing import add_chain, layer_plan
 
-from .util import compile_sm90, layer_build, plan_for
+from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 gluon_stem = pytest.importorskip("fusionplan.solvers.gluon_stem")
@@ -188,6 +188,7 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     assert info["HGMMA"] == 56 and info["HGMMA shapes"] == ["64x64x16"]
     assert info["async copies by bytes"].get("8") == 4
     assert info["tensor loads (UTMALDG)"] == 14
+    assert_expects_sum_to_their_loads(info)  # the filter's blocks (the input rows come by plain copies)
     # the output tiles by TMA: a store per warpgroup and pixel of a run, no pointer stores
     assert info["tensor stores (UTMASTG)"] == 4 and not info["global stores by bytes"]
     assert "mbarrier_arrive(ready.index(slot), increment_count=False)" in info["source"]
@@ -206,6 +207,7 @@ def test_stem_on_channel_planes_gathers_each_input_row_once():
     assert info["global stores by bytes"] == {"16": 16}
     assert info["async copies by bytes"].get("4") == 8 + 1  # and the filter-first path's one
     assert info["tensor loads (UTMALDG)"] == 14
+    assert_expects_sum_to_their_loads(info)
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
 

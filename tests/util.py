@@ -215,3 +215,9 @@ def assert_each_expect_counts_its_load(info: dict) -> None:
     """Kernels whose every tensor load has a barrier expect of its own (the gathering partitions'
     weights): each expect counts its load's box, in the order of the code."""
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
+
+
+def assert_expects_sum_to_their_loads(info: dict) -> None:
+    """Kernels whose expects count several loads each (a filter's taps, a row's boxes, unrolled):
+    the bytes all their expects count equal the bytes all their tensor loads bring."""
+    assert sum(info["bytes barriers expect (TTGIR)"]) == sum(info["tensor loads' box bytes (TTGIR)"]) > 0
