@@ -515,18 +515,28 @@ def test_channel_planes_pad_each_image_to_whole_tiles():
 
 
 @pytest.mark.parametrize(
-    "strides, vector",
+    "strides, oh, ow, vector",
     [
-        ((64 * 784, 784, 28, 1), 8),  # packed NCHW: each plane one run of pixels
-        ((64 * 784, 1, 28 * 64, 64), 0),  # channels-last: stored along the channels
-        ((64 * 800, 800, 28, 1), 8),  # planes apart by whole 16-byte units
-        ((64 * 784, 784, 32, 1), 1),  # rows padded: no run across them
-        ((64 * 787, 787, 28, 1), 1),  # planes not 16-byte aligned
+        ((64 * 784, 784, 28, 1), 28, 28, 8),  # packed NCHW: each plane one run of pixels
+        ((64 * 784, 1, 28 * 64, 64), 28, 28, 0),  # channels-last: stored along the channels
+        ((64 * 800, 800, 28, 1), 28, 28, 8),  # planes apart by whole 16-byte units
+        ((64 * 784, 784, 32, 1), 28, 28, 1),  # rows padded: no run across them
+        ((64 * 787, 787, 28, 1), 28, 28, 1),  # planes not 16-byte aligned
+        ((64 * 196, 196, 14, 1), 14, 14, 4),  # 14x14 planes: 392 bytes, 8-byte stores
+        ((64 * 200, 200, 14, 1), 14, 14, 4),  # planes apart by 8-byte units
     ],
 )
-def test_plane_stores_take_16_bytes_where_runs_allow(strides, vector):
+def test_plane_stores_take_16_bytes_where_runs_allow(strides, oh, ow, vector):
     out = torch.empty(64 * 800, dtype=torch.float16)
-    assert gluon_gemm.gemm_plane_vector(strides, out, 28) == vector
+    assert gluon_gemm.gemm_plane_vector(strides, out, oh, ow) == vector
+
+
+def test_plane_stores_need_planes_of_whole_stores():
+    """The stores' mask runs over a plane's pixels: a plane of 98 pixels (7x14) takes 2-pixel
+    stores at most, whatever its strides allow."""
+    out = torch.empty(64 * 800, dtype=torch.float16)
+    assert gluon_gemm.gemm_plane_vector((64 * 104, 104, 14, 1), out, 7, 14) == 1
+    assert gluon_gemm.gemm_plane_vector((64 * 104, 104, 14, 1), out, 8, 14) == 8
 
 
 @pytest.mark.parametrize(
@@ -594,3 +604,52 @@ def test_short_plane_reductions_take_tiles_stored_by_tma(name, tile):
     assert (cfg.block_m, cfg.block_n) == tile
     steps = -(-s.c // cfg.block_k)
     assert gluon_gemm.gemm_store_mode(cfg, 2, False, steps, False) == 2
+
+
+@pytest.mark.parametrize(
+    "name, dtype, reason",
+    [
+        ("r50_13", torch.float16, "needs a Hopper GPU"),  # 392-byte planes: by 8-byte copies
+        ("r50_17", torch.bfloat16, "needs a Hopper GPU"),
+        ("r50_19", torch.float16, "7x7 planes of 98 bytes are not whole 16-byte units"),  # nor 8-byte ones
+        ("r50_13", torch.float32, "32-bit data on NCHW planes"),
+    ],
+)
+def test_planes_inside_16_byte_units_come_by_copies(name, dtype, reason, monkeypatch):
+    """tuning.GLUON_GEMM_PLANE_COPIES: 14x14 planes, whose starts lie inside 16-byte units where no
+    tensor box may start, are read by 8-byte asynchronous copies instead (plane_copies); planes
+    that are not whole 8-byte units (7x7: 98 bytes) and 32-bit data stay refused."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    plan = layer(name, dtype, layout="NCHW")
+    assert reason in verdict(plan).reason
+    assert gluon_gemm.plane_copies(plan.spec()) == (reason == "needs a Hopper GPU")
+
+
+def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
+    """Copied planes are the batch's pixels without padding (a tile may span two images: each copy
+    holds 4 pixels of one, 196 a multiple of 4), stored by pointer 8 bytes a thread (TMA stores
+    of plane tiles hold one image); not measured yet, so no defer rule holds them back."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    spec = layer("r50_13", layout="NCHW").spec()
+    kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
+    assert kernel.copies and kernel.plane == 196
+    assert kernel._rows(kernel.config) == 32 * 196  # no image padded to whole tiles
+    assert not kernel.tma_store and gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS) is None
+    out = torch.empty(32, 1024, 14, 14, dtype=torch.float16)
+    assert gluon_gemm.gemm_plane_vector(out.stride(), out, 14, 14) == 4
+
+
+@pytest.mark.parametrize("name, dtype", [("r50_13", "float16"), ("r50_17", "bfloat16")])
+def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype):
+    """Copied planes on sm_90: a copying partition's 8-byte asynchronous copies (a 64-channel step
+    of a 128-pixel part: 16 a thread of 128) and one tensor load, the weights' (the stage's expect
+    counts it alone: the copies arrive on their own barrier), 8-byte NCHW stores, no spills in
+    local memory, within sm_90's shared memory."""
+    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = True\n" + layer_build(name, dtype, "CBNA", "NCHW")
+    info = compile_sm90(build, "gluon-gemm")
+    assert "_copy_partition" in info["source"] and "mbarrier_arrive(copied" in info["source"]
+    assert info["async copies by bytes"]["8"] >= 16 and info["tensor loads (UTMALDG)"] == 1
+    assert_stages_expect_their_boxes(info)
+    assert info["global stores by bytes"].keys() == {"8"}
+    assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= 232448
+    assert info["register reallocations (SETMAXREG, warp specialization)"] > 0

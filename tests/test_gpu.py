@@ -557,11 +557,14 @@ GLUON_GEMM_CASES = {
 
 #: Cases of NCHW input read as channel planes (gluon_gemm.planes_why_not): planes of 784, 120 and
 #: 64 pixels (no tile divides the first two; the last is smaller than most tiles), K below 64 and
-#: not a multiple of the channel block.
+#: not a multiple of the channel block; planes that start inside 16-byte units, read by
+#: asynchronous copies (tuning.GLUON_GEMM_PLANE_COPIES): 196 and 60 pixels.
 GLUON_GEMM_PLANE_CASES = {
     "planes-28x28": (3, 128, 28, 28, 136, 1),
     "planes-10x12": (5, 192, 10, 12, 24, 1),
     "planes-8x8": (4, 64, 8, 8, 320, 1),
+    "planes-copies-14x14": (3, 128, 14, 14, 136, 1),
+    "planes-copies-6x10": (4, 64, 6, 10, 72, 1),
 }
 
 
@@ -599,12 +602,14 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     output, and with programs walking several tiles (grids of 3 and 2 persistent programs: uneven
     shares of the tiles); 16-bit tiles of 128 pixels and more stored by TMA (persistent ones from a
     buffer per warpgroup), and by pointer to an NCHW output. Plane cases: NCHW input read as channel
-    planes, stored along the planes (NCHW output) or the channels."""
+    planes, stored along the planes (NCHW output) or the channels; planes that start inside 16-byte
+    units by asynchronous copies."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
+    monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", True)
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")
@@ -614,6 +619,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
     kernel = plan._entry(handle).kernel
     assert kernel.plane == (h * w if case in GLUON_GEMM_PLANE_CASES else 0)
+    assert kernel.copies == ("copies" in case)
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors
