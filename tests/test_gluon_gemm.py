@@ -640,15 +640,18 @@ def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
 
 
 @pytest.mark.parametrize("name, dtype", [("r50_13", "float16"), ("r50_17", "bfloat16")])
-def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype):
+def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, monkeypatch):
     """Copied planes on sm_90: a copying partition's 8-byte asynchronous copies (a 64-channel step
-    of a 128-pixel part: 16 a thread of 128) and one tensor load, the weights' (the stage's expect
-    counts it alone: the copies arrive on their own barrier), 8-byte NCHW stores, no spills in
-    local memory, within sm_90's shared memory."""
+    of P pixels: P / 8 a thread of the four warps') and one tensor load, the weights' (the stage's
+    expect counts it alone: the copies arrive on their own barrier), 8-byte NCHW stores, no spills
+    in local memory, within sm_90's shared memory."""
     build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = True\n" + layer_build(name, dtype, "CBNA", "NCHW")
     info = compile_sm90(build, "gluon-gemm")
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    spec = layer(name, getattr(torch, dtype), layout="NCHW").spec()
+    pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
     assert "_copy_partition" in info["source"] and "mbarrier_arrive(copied" in info["source"]
-    assert info["async copies by bytes"]["8"] >= 16 and info["tensor loads (UTMALDG)"] == 1
+    assert info["async copies by bytes"] == {"8": pixels // 8} and info["tensor loads (UTMALDG)"] == 1
     assert_stages_expect_their_boxes(info)
     assert info["global stores by bytes"].keys() == {"8"}
     assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= 232448

@@ -63,9 +63,10 @@ _WIDTH_SUFFIXES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 
 
 def access_widths(sass: str, opcode: str) -> dict[int, int]:
-    """How many ``opcode`` instructions (LDGSTS, STG, ...) move 16, 8, 4, 2 or 1 bytes per thread."""
+    """How many ``opcode`` instructions (LDGSTS, STG, ...) move 16, 8, 4, 2 or 1 bytes per thread
+    (the opcode whole: LDGSTSBAR, the copies' barrier arrival, is not an LDGSTS)."""
     widths: dict[int, int] = {}
-    for suffixes in re.findall(rf"\b{opcode}((?:\.[A-Z0-9]+)*)", sass):
+    for suffixes in re.findall(rf"\b{opcode}((?:\.[A-Z0-9]+)*)(?![A-Z0-9])", sass):
         size = next((_WIDTH_SUFFIXES[x] for x in suffixes.split(".") if x in _WIDTH_SUFFIXES), 4)
         widths[size] = widths.get(size, 0) + 1
     return widths
@@ -154,7 +155,7 @@ def summarize(compiled) -> dict:
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
         "tensor stores (UTMASTG)": sass.count("UTMASTG"),
-        "async copies (LDGSTS)": sass.count("LDGSTS"),
+        "async copies (LDGSTS)": sum(access_widths(sass, "LDGSTS").values()),
         "async copies by bytes": access_widths(sass, "LDGSTS"),
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
