@@ -625,6 +625,18 @@ def test_planes_inside_16_byte_units_come_by_copies(name, dtype, reason, monkeyp
     assert gluon_gemm.plane_copies(plan.spec()) == (reason == "needs a Hopper GPU")
 
 
+@pytest.mark.parametrize("mode, copied", [(0, False), (1, False), (2, True)])
+def test_planes_of_whole_16_byte_units_are_copied_only_in_mode_2(mode, copied, monkeypatch):
+    """tuning.GLUON_GEMM_PLANE_COPIES 2 copies every plane size, in place of the boxes: r50_11's
+    784-pixel planes by 16-byte copies (8 pixels), the batch's pixels flat (no image padded to 896)."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", mode)
+    spec = layer("r50_11", layout="NCHW").spec()
+    kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
+    assert kernel.copies == copied and gluon_gemm.plane_copy_vec(spec) == 8
+    rows = kernel._rows(kernel.config)
+    assert (rows == 32 * 784) == copied and (rows == 32 * 896) == (not copied)  # 128-pixel tiles
+
+
 def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
     """Copied planes are the batch's pixels without padding (a tile may span two images: each copy
     holds 4 pixels of one, 196 a multiple of 4), stored by pointer 8 bytes a thread (TMA stores
@@ -632,7 +644,7 @@ def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
     spec = layer("r50_13", layout="NCHW").spec()
     kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
-    assert kernel.copies and kernel.plane == 196
+    assert kernel.copies and kernel.plane == 196 and gluon_gemm.plane_copy_vec(spec) == 4
     assert kernel._rows(kernel.config) == 32 * 196  # no image padded to whole tiles
     assert not kernel.tma_store and gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS) is None
     out = torch.empty(32, 1024, 14, 14, dtype=torch.float16)

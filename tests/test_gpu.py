@@ -558,13 +558,16 @@ GLUON_GEMM_CASES = {
 #: Cases of NCHW input read as channel planes (gluon_gemm.planes_why_not): planes of 784, 120 and
 #: 64 pixels (no tile divides the first two; the last is smaller than most tiles), K below 64 and
 #: not a multiple of the channel block; planes that start inside 16-byte units, read by
-#: asynchronous copies (tuning.GLUON_GEMM_PLANE_COPIES): 196 and 60 pixels.
+#: asynchronous copies (tuning.GLUON_GEMM_PLANE_COPIES 1): 196 and 60 pixels; planes of whole
+#: 16-byte units copied too (2): 784 and 120 pixels.
 GLUON_GEMM_PLANE_CASES = {
     "planes-28x28": (3, 128, 28, 28, 136, 1),
     "planes-10x12": (5, 192, 10, 12, 24, 1),
     "planes-8x8": (4, 64, 8, 8, 320, 1),
     "planes-copies-14x14": (3, 128, 14, 14, 136, 1),
     "planes-copies-6x10": (4, 64, 6, 10, 72, 1),
+    "planes-copies-all-28x28": (3, 128, 28, 28, 136, 1),
+    "planes-copies-all-10x12": (5, 192, 10, 12, 24, 1),
 }
 
 
@@ -609,7 +612,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
 
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
-    monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")

@@ -307,13 +307,15 @@ GLUON_GEMM_PLANES = True
 #: 16.3 / 18.4 -> 16.1 us (the pointer-stored tiles deferred to triton-gemm-nchw), r50_05 34.1 ->
 #: 32.8 / 34.5 -> 33.2, r50_01 and r50_04 even (12.4-12.5, 26.8-26.9).
 GLUON_GEMM_PLANE_STORE_TILES = True
-#: gluon-gemm reads packed NCHW planes that start inside 16-byte units (14x14 fp16: 392 bytes, no
-#: tensor boxes) by asynchronous copies of 4 pixels (8 bytes) from four copying warps into the
+#: gluon-gemm reads packed NCHW planes by asynchronous copies from four copying warps into the
 #: operand's swizzled rows, each thread's arrival on the stage's barrier, the computing warpgroup's
-#: proxy fence after its wait (gluon-stem's input rows alike): gluon_gemm.plane_copies. Built and
-#: compiled for sm_90, not yet measured: off until its A/B against triton-gemm-nchw (r50_13 19.1 us
-#: there, 9.4 on NHWC; r50_15 15.1 / 10.0; r50_17 19.4 / 13.7).
-GLUON_GEMM_PLANE_COPIES = False
+#: proxy fence after its wait (gluon-stem's input rows alike), the batch's pixels flat:
+#: gluon_gemm.plane_copies. 1: planes that start inside 16-byte units (14x14 fp16: 392 bytes, no
+#: tensor boxes; 8-byte copies); 2: every plane size, in place of the boxes too (no image padded to
+#: whole tiles: r50_11's 784 pixels in 896; 16-byte copies, no TMA stores). Built and compiled for
+#: sm_90, not yet measured: 0 until its A/B against triton-gemm-nchw (r50_13 19.1 us there, 9.4 on
+#: NHWC; r50_15 15.1 / 10.0; r50_17 19.4 / 13.7) and the boxes (r50_11 20.6 / 17.4).
+GLUON_GEMM_PLANE_COPIES = 0
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

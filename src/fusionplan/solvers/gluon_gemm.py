@@ -78,10 +78,11 @@ Tensor = torch.Tensor
 CONSUMER_REGS = 232
 
 #: Channel planes that start inside 16-byte units (14x14: 392 bytes, no tensor boxes) come by
-#: asynchronous copies of this many 16-bit pixels (8 bytes), from COPY_WARPS warps of COPY_REGS
-#: registers (sm_90: no spills at 48); two computing warpgroups beside them get COPY_CONSUMER_REGS
-#: each (what the multiprocessor's 64K leaves; no spills for 128 x 128 tiles in turn);
-#: tuning.GLUON_GEMM_PLANE_COPIES.
+#: asynchronous copies of this many 16-bit pixels (8 bytes; planes of whole 16-byte units, where
+#: tuning.GLUON_GEMM_PLANE_COPIES = 2 copies them too, 16 bytes: plane_copy_vec), from COPY_WARPS
+#: warps of COPY_REGS registers (sm_90: no spills at 48); two computing warpgroups beside them get
+#: COPY_CONSUMER_REGS each (what the multiprocessor's 64K leaves; no spills for 128 x 128 tiles in
+#: turn).
 PLANE_COPY_VEC = 4
 COPY_WARPS = 4
 COPY_REGS = 56
@@ -565,11 +566,13 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     the second and third under their PARTS condition."""
     epi = emit_stages(stages, spec.ops)
     offsets = ("0", "P0", "P0 + P1")
+    copies = plane_copies(spec)
+    vec = plane_copy_vec(spec) if copies else PLANE_COPY_VEC
     parts = []
     channels = {where: _CHANNELS.format(layout=layout) for where, layout in _LAYOUTS}
     for i in range(MAX_PARTS):
         pixels = {
-            where: _PIXELS.format(offset=offsets[i], pixels=f"P{i}", layout=layout, vec=PLANE_COPY_VEC)
+            where: _PIXELS.format(offset=offsets[i], pixels=f"P{i}", layout=layout, vec=vec)
             for where, layout in _LAYOUTS
         }
         store = _PART_STORE.format(
@@ -590,7 +593,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
         ).split("\n")
         parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
     channels_in_out = _indented(channels["in_out"], 4)
-    text = _EPILOGUE.format(channels_in_out=channels_in_out, parts="\n".join(parts), vec=PLANE_COPY_VEC)
+    text = _EPILOGUE.format(channels_in_out=channels_in_out, parts="\n".join(parts), vec=vec)
     epilogue = indent(text.split("\n"), 8)
     loads = []
     for i in range(MAX_PARTS):
@@ -600,8 +603,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     consumers = {
         f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **fields) for n in (1, 2) for i in range(n)
     }
-    copies = plane_copies(spec)
-    loader = _COPIER.format(vec=PLANE_COPY_VEC) if copies else _LOADER
+    loader = _COPIER.format(vec=vec) if copies else _LOADER
     return _TEMPLATE.format(
         epilogue=epilogue,
         part_loads="\n".join(loads),
@@ -860,11 +862,20 @@ def planes_why_not(spec: PlanSpec) -> str | None:
 def plane_copies(spec: PlanSpec) -> bool:
     """Whether gluon-gemm reads the plan's channel planes by asynchronous copies (COPIES): packed
     NCHW input read as planes (planes_why_not) whose planes start inside 16-byte units, where no
-    tensor box may start (14x14 fp16: 392 bytes), in copies of PLANE_COPY_VEC pixels
-    (tuning.GLUON_GEMM_PLANE_COPIES)."""
+    tensor box may start (14x14 fp16: 392 bytes; tuning.GLUON_GEMM_PLANE_COPIES 1), or any planes
+    (2: in place of the boxes, the batch's pixels flat, no image padded to whole tiles)."""
+    if not channel_planes(spec) or planes_why_not(spec) is not None:
+        return False
     _, _, h, w = spec.input_desc.dims
-    size = spec.dtype.torch_dtype.itemsize
-    return channel_planes(spec) and h * w * size % 16 != 0 and planes_why_not(spec) is None
+    boxes = h * w * spec.dtype.torch_dtype.itemsize % 16 == 0
+    return tuning.GLUON_GEMM_PLANE_COPIES >= (2 if boxes else 1)
+
+
+def plane_copy_vec(spec: PlanSpec) -> int:
+    """Pixels a copy of copied planes (plane_copies) holds: 8 (16 bytes) where the planes are whole
+    16-byte units, else PLANE_COPY_VEC (8 bytes)."""
+    _, _, h, w = spec.input_desc.dims
+    return 8 if h * w % 8 == 0 else PLANE_COPY_VEC
 
 
 def multiprocessors(handle) -> int:
@@ -1150,7 +1161,7 @@ class GluonGemmKernel(GluonWindowKernel):
             *flags.values(),
         )
         hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
-        hw_vecs = oh * ow // PLANE_COPY_VEC if self.copies else 1  # a plane's pixels in copies
+        hw_vecs = oh * ow // plane_copy_vec(self.spec) if self.copies else 1  # a plane's pixels in copies
         sizes_and_strides = [m, c, k, oh * ow, ow, hwp, hw_vecs, *out_strides]
         args = [*a_descs, w_desc, out, p, x, *y_descs, *values, *sizes_and_strides, *consts]
         return grid, cfg, args
