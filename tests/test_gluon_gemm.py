@@ -662,7 +662,7 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, monkeypat
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
     spec = layer(name, getattr(torch, dtype), layout="NCHW").spec()
     pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
-    assert "_copy_partition" in info["source"] and "mbarrier_arrive(copied" in info["source"]
+    assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]  # four copying warps
     assert info["async copies by bytes"] == {"8": pixels // 8} and info["tensor loads (UTMALDG)"] == 1
     assert_stages_expect_their_boxes(info)
     assert info["global stores by bytes"].keys() == {"8"}

@@ -108,18 +108,26 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _load_partition(
-    a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K, HWP,
+    a0_desc, a1_desc, a2_desc, w_desc, x_ptr, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty,
+    M, C, K, HWP, HW_VECS,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
     PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
-    PLANES: gl.constexpr,
+    PLANES: gl.constexpr, COPIES: gl.constexpr, VEC: gl.constexpr,
 ):
-    # the bytes a stage's tensor loads deliver: the weights' box and each part's
+    # the bytes a stage's tensor loads deliver: the weights' box and each part's. COPIES: channel
+    # planes that start inside 16-byte units (14x14: 392 bytes, where no tensor box may start), or
+    # any planes (tuning.GLUON_GEMM_PLANE_COPIES 2): each part's [BLOCK_K planes, P pixels] by
+    # asynchronous copies into the operand's swizzled rows (_copy_part), every thread's arrival on
+    # ``copied`` once its copies have landed (gluon-stem's input rows alike); the weights alone by
+    # TMA on ``ready``. Its pixels are the batch's, flat (M = N * HW, no padding): a tile may span
+    # two images, each copy holds pixels of one.
     STAGE_BYTES: gl.constexpr = (
         w_desc.block_type.nbytes
-        + a0_desc.block_type.nbytes
-        + (a1_desc.block_type.nbytes if PARTS > 1 else 0)
-        + (a2_desc.block_type.nbytes if PARTS > 2 else 0)
+        + (a0_desc.block_type.nbytes if not COPIES else 0)
+        + (a1_desc.block_type.nbytes if PARTS > 1 and not COPIES else 0)
+        + (a2_desc.block_type.nbytes if PARTS > 2 and not COPIES else 0)
     )
+    HW = HW_VECS * VEC  # COPIES: a plane's pixels, a multiple of VEC the compiler can see
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
     it = 0  # steps loaded so far, over every tile: the ring's position
@@ -136,6 +144,8 @@ def _load_partition(
             c0 = kb * BLOCK_K
             {tma_load}(w_desc, [k0, c0], ready.index(stage), w_bufs.index(stage))
 {part_loads}
+            if COPIES:
+                async_copy.mbarrier_arrive(copied.index(stage), increment_count=False)
             it += 1
 
 
@@ -153,40 +163,6 @@ def _copy_part(x_ptr, buf, m, c0, M, C, HW, ROWS: gl.constexpr, P: gl.constexpr,
     pixels = gl.max_contiguous(gl.multiple_of(pixels, VEC), VEC)  # runs of VEC within one image
     planes = rows.to(gl.int64) * HW
     {async_copy}(buf, x_ptr + planes[:, None] + pixels[None, :], mask=(cols < M)[None, :])
-
-
-@gluon.jit
-def _copy_partition(
-    x_ptr, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty, M, C, K, HW_VECS,
-    BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
-    PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, VEC: gl.constexpr,
-):
-    # COPIES: channel planes that start inside 16-byte units (14x14: 392 bytes), where no tensor box
-    # may start: each part's [BLOCK_K planes, P pixels] by asynchronous copies into the operand's
-    # swizzled rows, every thread's arrival on ``copied`` once its copies have landed (gluon-stem's
-    # input rows alike); the weights by TMA on ``ready``. The pixels are the batch's, flat (M = N *
-    # HW, no padding): a tile may span two images, each copy holds pixels of one.
-    HW = HW_VECS * VEC  # a plane's pixels, a multiple of VEC the compiler can see
-    n_tiles = gl.cdiv(K, BLOCK_N)
-    steps = gl.cdiv(C, BLOCK_K)
-    it = 0  # steps loaded so far, over every tile: the ring's position
-    for tile in range(gl.program_id(0), n_tiles * gl.cdiv(M, PIXELS), gl.num_programs(0)):
-        k0 = (tile % n_tiles) * BLOCK_N
-        m0 = (tile // n_tiles) * PIXELS
-        for kb in range(steps):
-            stage = it % NUM_STAGES
-            # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-            mbarrier.wait(empty.index(stage), ((it // NUM_STAGES) & 1) ^ 1)
-            mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-            c0 = kb * BLOCK_K
-            {tma_load}(w_desc, [k0, c0], ready.index(stage), w_bufs.index(stage))
-            _copy_part(x_ptr, a0_bufs.index(stage), m0, c0, M, C, HW, BLOCK_K, P0, VEC)
-            if PARTS > 1:
-                _copy_part(x_ptr, a1_bufs.index(stage), m0 + P0, c0, M, C, HW, BLOCK_K, P1, VEC)
-            if PARTS > 2:
-                _copy_part(x_ptr, a2_bufs.index(stage), m0 + P0 + P1, c0, M, C, HW, BLOCK_K, P2, VEC)
-            async_copy.mbarrier_arrive(copied.index(stage), increment_count=False)
-            it += 1
 
 
 @gluon.constexpr_function
@@ -381,15 +357,9 @@ def gluon_gemm_kernel(
 #: The loading partition and its arguments, in the kernel's warp_specialize calls.
 _LOADER = """(
                     _load_partition,
-                    (a0_desc, a1_desc, a2_desc, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, empty, M, C, K,
-                     HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS, PLANES),
-                )"""
-
-#: The copying partition (COPIES) and its arguments, in place of the loading one.
-_COPIER = """(
-                    _copy_partition,
-                    (x_ptr, w_desc, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty, M, C, K, HW_VECS,
-                     BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, {vec}),
+                    (a0_desc, a1_desc, a2_desc, w_desc, x_ptr, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty,
+                     M, C, K, HWP, HW_VECS, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS,
+                     PLANES, COPIES, {vec}),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
@@ -539,7 +509,9 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
 """
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
-_PART_LOAD = """if PLANES:
+_PART_LOAD = """if COPIES:
+    _copy_part(x_ptr, a{i}_bufs.index(stage), m0 + {offset}, c0, M, C, HW, BLOCK_K, P{i}, VEC)
+elif PLANES:
     {tma_load}(a{i}_desc, [plane_row + c0, pix0 + {offset}], ready.index(stage), a{i}_bufs.index(stage))
 elif ROW_SLOTS > 0:
     {tma_load}(
@@ -603,7 +575,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     consumers = {
         f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **fields) for n in (1, 2) for i in range(n)
     }
-    loader = _COPIER.format(vec=vec) if copies else _LOADER
+    loader = _LOADER.format(vec=vec)
     return _TEMPLATE.format(
         epilogue=epilogue,
         part_loads="\n".join(loads),
