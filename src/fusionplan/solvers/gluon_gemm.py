@@ -843,6 +843,16 @@ def plane_copies(spec: PlanSpec) -> bool:
     return tuning.GLUON_GEMM_PLANE_COPIES >= (2 if boxes else 1)
 
 
+def padded_plane(spec: PlanSpec) -> int:
+    """Pixels of an image's planes that tiles may not cross (plane_rows pads each image to whole
+    tiles): the channel planes tensor boxes read; 0 for channels-last input and for copied planes
+    (plane_copies: the batch's pixels flat, a copy never straddles two images)."""
+    if not channel_planes(spec) or plane_copies(spec):
+        return 0
+    _, _, h, w = spec.input_desc.dims
+    return h * w
+
+
 def plane_copy_vec(spec: PlanSpec) -> int:
     """Pixels a copy of copied planes (plane_copies) holds: 8 (16 bytes) where the planes are whole
     16-byte units, else PLANE_COPY_VEC (8 bytes)."""
@@ -883,7 +893,7 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     rows = n * oh * (slots or ow)
     tma_store = gemm_tma_store(spec, slots)
     copies = plane_copies(spec)
-    plane = oh * ow if channel_planes(spec) and not copies else 0  # copied planes: flat rows
+    plane = padded_plane(spec)
     cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store, plane)
     programs = triton_cdiv(plane_rows(rows, cfg.block_m, plane), cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
@@ -978,7 +988,7 @@ def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
     input: plane_tma_store_fits)."""
     out = spec.output_desc
     if plane_copies(spec):
-        return False  # flat rows: a tile may span two images (GluonGemmKernel._tma_store_fits)
+        return False  # flat rows: a tile may span two images, a plane tile's copy holds one
     if channel_planes(spec):
         fits = plane_tma_store_fits(out.strides, out.dims[3])
     else:
@@ -1044,7 +1054,7 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
-        plane = 0 if self.copies else self.plane  # copied planes: flat rows, no padding
+        plane = padded_plane(self.spec)
         return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, plane)
 
     @cached_property
@@ -1059,8 +1069,8 @@ class GluonGemmKernel(GluonWindowKernel):
         return h * w if channel_planes(self.spec) else 0
 
     def _rows(self, cfg: tuning.ConvConfig) -> int:
-        """Rows of the product in tiles of ``cfg`` (plane_rows; copied planes: flat, no padding)."""
-        return plane_rows(self._m(), cfg.block_m, 0 if self.copies else self.plane)
+        """Rows of the product in tiles of ``cfg`` (plane_rows of padded_plane)."""
+        return plane_rows(self._m(), cfg.block_m, padded_plane(self.spec))
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of the product's rows (not triton-window's windows) and reduction steps."""
@@ -1155,8 +1165,6 @@ class GluonGemmKernel(GluonWindowKernel):
         """Whether a launch's output strides let TMA store its tiles (plane_tma_store_fits for
         channel-plane input, else gemm_tma_store_fits)."""
         oh, ow = self.out_hw
-        if self.copies:
-            return False  # flat rows: a tile may span two images, a plane tile's copy holds one
         if self.plane:
             return plane_tma_store_fits(strides, ow)
         return gemm_tma_store_fits(strides, oh, ow, self.pixel_slots)
