@@ -148,6 +148,8 @@ def summarize(compiled) -> dict:
         sass = subprocess.run([f"{tools}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
         usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    copies = access_widths(sass, "LDGSTS")
+    ttgir = compiled.asm["ttgir"]
     return {
         "HGMMA": sass.count("HGMMA"),
         "HGMMA shapes": sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass))),
@@ -155,16 +157,16 @@ def summarize(compiled) -> dict:
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
         "tensor stores (UTMASTG)": sass.count("UTMASTG"),
-        "async copies (LDGSTS)": sum(access_widths(sass, "LDGSTS").values()),
-        "async copies by bytes": access_widths(sass, "LDGSTS"),
+        "async copies (LDGSTS)": sum(copies.values()),
+        "async copies by bytes": copies,
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "instructions of the longest loop": longest_loop(sass),
         "tensor loads (T) and fences (F) in order": loads_and_fences(sass),
         "resources": " ".join(re.findall(r"(REG:\d+|STACK:\d+|SHARED:\d+|LOCAL:\d+)", usage)),
         "shared bytes (dynamic)": compiled.metadata.shared,
-        "bytes barriers expect (TTGIR)": expected_bytes(compiled.asm["ttgir"]),
-        "tensor loads' box bytes (TTGIR)": tensor_load_boxes(compiled.asm["ttgir"]),
+        "bytes barriers expect (TTGIR)": expected_bytes(ttgir),
+        "tensor loads' box bytes (TTGIR)": tensor_load_boxes(ttgir),
         "programmatic dependent launch": bool(getattr(compiled.metadata, "launch_pdl", False)),
         "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
         "sass": sass,
