@@ -38,7 +38,8 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC")
         (("r50_15",), True, "needs a Hopper GPU"),  # the plan fits: only the device is missing
         (("r50_15", torch.float32), True, "needs a Hopper GPU"),  # TF32 products
         (("r50_15", torch.float32), False, "fp32 data without TF32"),
-        (("r50_15", torch.float16, 32, "NCHW"), True, "14x14 planes of 392 bytes are not whole 16-byte units"),
+        (("r50_15", torch.float16, 32, "NCHW"), True, "needs a Hopper GPU"),  # 14x14 planes: by copies
+        (("r50_19", torch.float16, 32, "NCHW"), True, "7x7 planes of 98 bytes are not whole 16-byte units"),
         (("r50_07", torch.float16, 32, "NCHW"), True, "needs a Hopper GPU"),  # channel planes
         (("r50_07", torch.float32, 32, "NCHW"), True, "32-bit data on NCHW planes"),
         (("r50_08", torch.float16, 32, "NCHW"), True, "strided 1x1 convolutions on NCHW planes"),
@@ -547,12 +548,15 @@ def test_plane_stores_need_planes_of_whole_stores():
         ("r50_11", "float16", 128, 0),  # persistent, 8 steps: stored by pointer
     ],
 )
-def test_channel_plane_kernels_read_boxes_and_store_along_planes(name, dtype, pixels, copies):
-    """Channel planes: tensor loads of each part and the weights, a wgmma per part and 16-element
-    slice of the step with the planes as B operand (no copy through registers of the input); the
-    output stored by TMA a copy per part where gemm_store_mode says so (the tile written transposed
-    to shared memory), else along the planes 16 bytes a thread; no pointer loads, no spills."""
-    info = compile_sm90(layer_build(name, dtype, "CBNA", "NCHW"), "gluon-gemm")
+def test_channel_plane_kernels_read_boxes_and_store_along_planes(name, dtype, pixels, copies, monkeypatch):
+    """Channel planes read by boxes (tuning.GLUON_GEMM_PLANE_COPIES 0): tensor loads of each part
+    and the weights, a wgmma per part and 16-element slice of the step with the planes as B operand
+    (no copy through registers of the input); the output stored by TMA a copy per part where
+    gemm_store_mode says so (the tile written transposed to shared memory), else along the planes
+    16 bytes a thread; no pointer loads, no spills."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
+    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 0\n" + layer_build(name, dtype, "CBNA", "NCHW")
+    info = compile_sm90(build, "gluon-gemm")
     assert "PLANES" in info["source"]
     kernel = layer(name, getattr(torch, dtype), layout="NCHW").spec()
     cfg = fp.solvers.solver_named("gluon-gemm").build(kernel, fp.Handle("cpu")).config
@@ -582,9 +586,11 @@ def test_plane_tma_store_strides(strides, fits):
 
 
 def test_plane_layers_defer_as_measured(monkeypatch):
-    """Beyond one wave, channel-plane tiles stored by pointer with one computing warpgroup defer to
-    triton-gemm-nchw, as channels-last ones to triton-gemm; with tuning.GLUON_GEMM_PLANE_STORE_TILES
-    the short reductions take tiles that persistent programs store by TMA, and stay."""
+    """Beyond one wave, channel-plane tiles read by boxes (tuning.GLUON_GEMM_PLANE_COPIES 0) and
+    stored by pointer with one computing warpgroup defer to triton-gemm-nchw, as channels-last ones
+    to triton-gemm; with tuning.GLUON_GEMM_PLANE_STORE_TILES the short reductions take tiles that
+    persistent programs store by TMA, and stay."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
     names = ("r50_01", "r50_03", "r50_04", "r50_05", "r50_07", "r50_09", "r50_11")
 
     def deferred() -> dict:
@@ -637,11 +643,11 @@ def test_planes_of_whole_16_byte_units_are_copied_only_in_mode_2(mode, copied, m
     assert (rows == 32 * 784) == copied and (rows == 32 * 896) == (not copied)  # 128-pixel tiles
 
 
-def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
+def test_copied_planes_take_flat_rows(monkeypatch):
     """Copied planes are the batch's pixels without padding (a tile may span two images: each copy
     holds 4 pixels of one, 196 a multiple of 4), stored by pointer 8 bytes a thread (TMA stores
-    of plane tiles hold one image); not measured yet, so no defer rule holds them back."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    of plane tiles hold one image)."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
     spec = layer("r50_13", layout="NCHW").spec()
     kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
     assert kernel.copies and kernel.plane == 196 and gluon_gemm.plane_copy_vec(spec) == 4
@@ -651,20 +657,74 @@ def test_copied_planes_take_flat_rows_and_run_where_they_apply(monkeypatch):
     assert gluon_gemm.gemm_plane_vector(out.stride(), out, 14, 14) == 4
 
 
-@pytest.mark.parametrize("name, dtype", [("r50_13", "float16"), ("r50_17", "bfloat16")])
-def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, monkeypatch):
+@pytest.mark.parametrize(
+    "name, dtype, batch", [("r50_13", "float16", 32), ("r50_15", "float16", 3), ("r50_17", "bfloat16", 32)]
+)
+def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, monkeypatch):
     """Copied planes on sm_90: a copying partition's 8-byte asynchronous copies (a 64-channel step
     of P pixels: P / 8 a thread of the four warps') and one tensor load, the weights' (the stage's
     expect counts it alone: the copies arrive on their own barrier), 8-byte NCHW stores, no spills
-    in local memory, within sm_90's shared memory."""
-    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = True\n" + layer_build(name, dtype, "CBNA", "NCHW")
+    (the plane's pixels a constant of the source: the copying warps' addresses fit their registers),
+    within sm_90's shared memory. Batch 3: 588 pixels, not a multiple of 16 (the masks still cover
+    whole copies)."""
+    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\n" + layer_build(name, dtype, "CBNA", "NCHW", batch)
     info = compile_sm90(build, "gluon-gemm")
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
-    spec = layer(name, getattr(torch, dtype), layout="NCHW").spec()
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
+    spec = layer(name, getattr(torch, dtype), batch, layout="NCHW").spec()
     pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
     assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]  # four copying warps
     assert info["async copies by bytes"] == {"8": pixels // 8} and info["tensor loads (UTMALDG)"] == 1
     assert_stages_expect_their_boxes(info)
     assert info["global stores by bytes"].keys() == {"8"}
-    assert "LOCAL:0" in info["resources"] and info["shared bytes (dynamic)"] <= 232448
+    assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
+
+
+@pytest.mark.parametrize(
+    "name, copied, l1, deferred",
+    [
+        ("r50_13", True, True, False),  # 14x14: 8-byte copies, 128-pixel tiles in turn
+        ("r50_15", True, True, False),  # 96-pixel tiles
+        ("r50_17", True, True, True),  # 192-pixel tiles: triton-gemm-nchw
+        ("r50_19", False, False, False),  # 7x7 planes of 98 bytes: triton-gemm-nchw (gluon-gemm refuses)
+        ("r50_11", True, False, False),  # 28x28: 16-byte copies in place of the boxes (K = C / 2)
+        ("r50_01", True, False, False),  # K = C
+        ("r50_07", False, False, False),  # K = 4 C: the boxes, their tiles stored by TMA
+        ("r50_03", False, False, False),
+    ],
+)
+def test_planes_are_copied_where_measured_faster(name, copied, l1, deferred):
+    """The defaults (tuning.GLUON_GEMM_PLANE_COPIES 2): 14x14 planes by 8-byte copies (through L1),
+    except in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels; planes of whole
+    16-byte units by 16-byte copies where the output is at most tuning.GLUON_GEMM_COPY_MAX_WIDENING
+    times as wide as the input, else by boxes."""
+    spec = layer(name, layout="NCHW").spec()
+    assert gluon_gemm.plane_copies(spec) == copied and gluon_gemm.copies_through_l1(spec) == l1
+    why = gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS)
+    assert (why is not None) == deferred
+    if deferred:
+        assert "triton-gemm-nchw" in why and "192 pixels" in why
+
+
+@pytest.mark.parametrize("name, fits", [("r50_13", True), ("r50_15", True), ("r50_11", False), ("r50_07", False)])
+def test_kernels_copying_through_l1_fit_their_carveout(name, fits):
+    """Kernels of 8-byte copied planes prefer the smallest shared-memory carve-out they fit (their
+    launcher's fit_carveout), within tuning.GLUON_GEMM_COPY_SHARED_BYTES: the rest of the
+    multiprocessor's memory is L1, where their copies land on their way. Others keep Triton's."""
+    kernel = fp.solvers.solver_named("gluon-gemm").build(layer(name, layout="NCHW").spec(), fp.Handle("cpu"))
+    assert kernel.launcher.fit_carveout is fits
+    if fits:
+        cfg = kernel.config
+        stage = (cfg.block_m + cfg.block_n) * cfg.block_k * 2
+        assert cfg.num_stages * stage <= fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES
+        assert (cfg.num_stages + 1) * stage > fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES - 16 * 1024 or cfg.num_stages == 8
+
+
+def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
+    from fusionplan.launch import carveout_percent
+
+    assert carveout_percent(143644, 233472) == 62  # r50_15: 144,668 of 233,472 bytes
+    assert carveout_percent(232448, 233472) == 100
+    assert carveout_percent(0, 233472) == 1
+    assert carveout_percent(240000, 233472) == 100  # never past the whole

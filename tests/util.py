@@ -186,12 +186,12 @@ def compiling_process(args: list[str], timeout: int = 300) -> str:
     return out.stdout
 
 
-def layer_build(name: str, dtype: str, chain: str = "CBNA", layout: str = "NHWC") -> str:
-    """Code (for compile_sm90) that builds the plan of ResNet-50 layer ``name`` at batch 32."""
+def layer_build(name: str, dtype: str, chain: str = "CBNA", layout: str = "NHWC", batch: int = 32) -> str:
+    """Code (for compile_sm90) that builds the plan of ResNet-50 layer ``name`` at ``batch``."""
     to_layout = ".to(memory_format=torch.channels_last)" if layout == "NHWC" else ""
     return (
         f"s = resnet50_layer({name!r})\n"
-        f"x = torch.empty(32, s.c, s.h, s.w, dtype=torch.{dtype}){to_layout}\n"
+        f"x = torch.empty({batch}, s.c, s.h, s.w, dtype=torch.{dtype}){to_layout}\n"
         f"plan = layer_plan(s, x, {chain!r})"
     )
 

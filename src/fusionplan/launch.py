@@ -24,6 +24,8 @@ Triton version) means the normal path: a record can cost a recompilation, never 
 from __future__ import annotations
 
 import copy
+import ctypes
+import functools
 import hashlib
 import inspect
 import json
@@ -172,11 +174,15 @@ class Launcher:
     ``launch_pdl``), for kernels that wait for the kernel before them on the stream before they
     touch global memory (triton_conv.GRID_DEPENDENCY): every launch then may begin while that
     kernel ends.
+
+    ``fit_carveout``: each compiled kernel prefers the smallest shared-memory carve-out its shared
+    memory fits (fit_shared_carveout), leaving the rest of the multiprocessor's memory to L1.
     """
 
-    def __init__(self, fn, grid_dependency: bool = False) -> None:
+    def __init__(self, fn, grid_dependency: bool = False, fit_carveout: bool = False) -> None:
         self.fn = fn
         self.grid_dependency = grid_dependency
+        self.fit_carveout = fit_carveout
         self.names = list(getattr(fn, "arg_names", []))
         self.constexprs = constexpr_positions(fn)
         self._compiled: dict[tuple, object] = {}
@@ -233,6 +239,7 @@ class Launcher:
                 return None
             self._keep(key, kernel, record)
         kernel._init_handles()  # loads the binary onto the device now
+        self._loaded(kernel)
         return kernel
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
@@ -245,12 +252,20 @@ class Launcher:
     def _keep(self, key: tuple, kernel, record: Path | None) -> None:
         self._compiled[key] = kernel
         record_kernel(record, kernel)
+        self._loaded(kernel)
 
     def _load_recorded(self, key: tuple, record: Path | None):
         kernel = load_recorded_kernel(record, self.fn) if record is not None else None
         if kernel is not None:
             self._compiled[key] = kernel
+            self._loaded(kernel)
         return kernel
+
+    def _loaded(self, kernel) -> None:
+        """A kept kernel's attributes on the device, once its binary is loaded (compile_ahead
+        loads it after keeping it; Triton's first launch and a record's load before)."""
+        if self.fit_carveout and getattr(kernel, "function", None):
+            fit_shared_carveout(kernel)
 
     def _record_path(self, key: tuple, num_warps: int, num_stages: int) -> Path | None:
         """The record's file: named by everything that selects the compiled kernel."""
@@ -343,6 +358,47 @@ def source_class(fn):
     from triton.compiler.compiler import ASTSource
 
     return ASTSource
+
+
+#: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: the percentage of the
+#: multiprocessor's shared memory at most that a kernel prefers as shared memory (the rest is L1).
+_CARVEOUT_ATTRIBUTE = 9
+#: Shared memory the driver reserves for each program (sm_80 and later).
+_DRIVER_SHARED_BYTES = 1024
+
+
+@functools.cache
+def _cuda_driver():
+    """The CUDA driver library (None where it cannot be loaded)."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+
+
+def carveout_percent(shared: int, multiprocessor_shared: int) -> int:
+    """The smallest carve-out, in percent of ``multiprocessor_shared``, that holds a program's
+    ``shared`` bytes and the driver's reservation (the driver rounds up to a size it has)."""
+    return min(100, -(-(shared + _DRIVER_SHARED_BYTES) * 100 // multiprocessor_shared))
+
+
+def fit_shared_carveout(kernel) -> None:
+    """Let a compiled kernel prefer the smallest shared-memory carve-out one program of it fits
+    (carveout_percent), the rest of the multiprocessor's memory L1. Triton asks for the most shared
+    memory for every kernel of over 48 KB (cache config PREFER_SHARED), leaving 28 KB of L1 on an
+    H100: too little for a kernel whose asynchronous copies land in L1 on their way. A hint: where
+    the driver cannot take it, the kernel runs as Triton loaded it."""
+    driver = _cuda_driver()
+    if driver is None:
+        return
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    total = getattr(props, "shared_memory_per_multiprocessor", 0)
+    if not total:
+        return
+    percent = carveout_percent(int(kernel.metadata.shared), total)
+    status = driver.cuFuncSetAttribute(ctypes.c_void_p(kernel.function), _CARVEOUT_ATTRIBUTE, percent)
+    if status:
+        log.warning("the kernel's shared-memory carve-out (%d %%) was refused: CUDA error %d", percent, status)
 
 
 def load_recorded_kernel(path: Path, fn):

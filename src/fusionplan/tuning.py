@@ -311,11 +311,31 @@ GLUON_GEMM_PLANE_STORE_TILES = True
 #: operand's swizzled rows, each thread's arrival on the stage's barrier, the computing warpgroup's
 #: proxy fence after its wait (gluon-stem's input rows alike), the batch's pixels flat:
 #: gluon_gemm.plane_copies. 1: planes that start inside 16-byte units (14x14 fp16: 392 bytes, no
-#: tensor boxes; 8-byte copies); 2: every plane size, in place of the boxes too (no image padded to
-#: whole tiles: r50_11's 784 pixels in 896; 16-byte copies, no TMA stores). Built and compiled for
-#: sm_90, not yet measured: 0 until its A/B against triton-gemm-nchw (r50_13 19.1 us there, 9.4 on
-#: NHWC; r50_15 15.1 / 10.0; r50_17 19.4 / 13.7) and the boxes (r50_11 20.6 / 17.4).
-GLUON_GEMM_PLANE_COPIES = 0
+#: tensor boxes; 8-byte copies); 2: planes of whole 16-byte units too, in place of the boxes (no
+#: image padded to whole tiles; 16-byte copies, no TMA stores) where the output has at most
+#: GLUON_GEMM_COPY_MAX_WIDENING times the input's channels. H100, batch 32, CBNA, fp16 / bf16
+#: (bench/results/2026-11-25-h100-plane-copies-36/): r50_13 19.0 / 18.9 us -> 16.7 / 16.7 (from
+#: triton-gemm-nchw), r50_15 15.8 / 15.4 -> 13.7 / 13.3, r50_11 20.6 / 20.4 -> 19.1 / 19.1 (from the
+#: boxes), r50_05 32.4 / 32.3 -> 30.7 / 30.9, r50_04 26.8 / 26.9 -> 25.6 / 25.9, r50_01 12.4 / 12.9
+#: -> 11.6 / 11.6; wider outputs slower: r50_07 15.9 / 16.1 -> 16.3 / 16.4, r50_03 24.6 / 24.6 ->
+#: 24.9 / 24.5 (gluon_gemm.copies_defer_why has the rest).
+GLUON_GEMM_PLANE_COPIES = 2
+#: Copied planes of whole 16-byte units (GLUON_GEMM_PLANE_COPIES 2) where the output has at most this
+#: many times the input's channels (r50_11's 0.5, r50_01's 1; not r50_03's or r50_07's 4).
+GLUON_GEMM_COPY_MAX_WIDENING = 2
+#: Shared memory of a program reading copied planes by 8-byte copies (gluon_gemm.copies_through_l1)
+#: at most, as gluon_gemm.gemm_stages counts it (the ring, and beside it an estimate of the
+#: epilogue's scratch, which NCHW output's layout change exceeds by up to 16 KB: r50_13 takes
+#: 180 KB). Such copies land in L1 on their way, and Triton gives every kernel of over 48 KB of
+#: shared memory the largest carve-out (28 KB of L1 left on an H100): the copies in flight then
+#: wait for L1, whatever the ring's depth. Their kernels take their carve-out fitted to their shared
+#: memory (launch.Launcher's fit_carveout), the rest L1. H100, fp16 (same results, ab-copy-carveout):
+#: r50_15 17.4 us with the largest carve-out (7 stages), 13.7 within 164 KB (5 stages, 92 KB of
+#: L1), 14.2 within 132 KB (4); r50_13 17.9 / 16.7 / 16.8; r50_17 26.0 / 20.7 / 21.9.
+GLUON_GEMM_COPY_SHARED_BYTES = 164 * 1024
+#: 8-byte copied planes (GLUON_GEMM_COPY_SHARED_BYTES) in tiles of more pixels than this defer to
+#: triton-gemm-nchw (r50_17's 192: 20.7 / 20.1 us against 20.2 / 19.6).
+GLUON_GEMM_COPY_L1_MAX_PIXELS = 128
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

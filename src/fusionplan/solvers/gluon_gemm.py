@@ -109,10 +109,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_partition(
     a0_desc, a1_desc, a2_desc, w_desc, x_ptr, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty,
-    M, C, K, HWP, HW_VECS,
+    M, C, K, HWP,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PIXELS: gl.constexpr,
     PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
-    PLANES: gl.constexpr, COPIES: gl.constexpr, VEC: gl.constexpr,
+    PLANES: gl.constexpr, COPIES: gl.constexpr, VEC: gl.constexpr, HW: gl.constexpr,
 ):
     # the bytes a stage's tensor loads deliver: the weights' box and each part's. COPIES: channel
     # planes that start inside 16-byte units (14x14: 392 bytes, where no tensor box may start), or
@@ -127,7 +127,6 @@ def _load_partition(
         + (a1_desc.block_type.nbytes if PARTS > 1 and not COPIES else 0)
         + (a2_desc.block_type.nbytes if PARTS > 2 and not COPIES else 0)
     )
-    HW = HW_VECS * VEC  # COPIES: a plane's pixels, a multiple of VEC the compiler can see
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
     it = 0  # steps loaded so far, over every tile: the ring's position
@@ -154,6 +153,7 @@ def _copy_part(x_ptr, buf, m, c0, M, C, HW, ROWS: gl.constexpr, P: gl.constexpr,
     # [ROWS channels from c0, P flat pixels from m] (pixel m of the batch: image m // HW, pixel
     # m % HW of its planes), VEC pixels a copy (8 bytes; HW a multiple of VEC, so no copy straddles
     # two images), lanes along the pixels; pixels past the batch's end zero-filled
+    M = (M // VEC) * VEC  # M itself (every plane holds whole copies), seen as a multiple of VEC: masks whole copies
     lanes: gl.constexpr = min(32, P // VEC)
     layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // lanes, lanes], [gl.num_warps(), 1], [1, 0])
     rows = c0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
@@ -235,7 +235,7 @@ def _persistent_partition(
     a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty, turn, y_ptr, prior_ptr, y0_desc, y1_desc, y2_desc,
     y_bufs,
     {stage_params}
-    M, C, K, OHW, OW, HWP, HW_VECS,
+    M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PIXELS: gl.constexpr, PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
@@ -270,7 +270,7 @@ def _persistent_partition(
 def gluon_gemm_kernel(
     a0_desc, a1_desc, a2_desc, w_desc, y_ptr, prior_ptr, x_ptr, y0_desc, y1_desc, y2_desc,
     {stage_params}
-    M, C, K, OHW, OW, HWP, HW_VECS,
+    M, C, K, OHW, OW, HWP,
     syn, syc, syh, syw, spn, spc, sph, spw,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr,
     PARTS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
@@ -287,7 +287,7 @@ def gluon_gemm_kernel(
     # pixels padded to HWP, a multiple of the tile (M = N * HWP): no tile crosses into the next image.
     # Tiles in order of their channel blocks first, so that programs running side by side share
     # input rows in L2; PERSISTENT: fewer programs than tiles, each walking several. COPIES: planes
-    # that start inside 16-byte units, read from x_ptr (HW_VECS * VEC pixels a plane) by
+    # that start inside 16-byte units, read from x_ptr (PLANE pixels a plane, a constant) by
     # asynchronous copies into buffers laid out as the boxes would be (the a{{i}}_desc are tokens).
     PIXELS: gl.constexpr = P0 + (P1 if PARTS > 1 else 0) + (P2 if PARTS > 2 else 0)
     # the parts' boxes seen as [pixels, BLOCK_K] (the strided boxes' rows of slots one after the other)
@@ -358,8 +358,8 @@ def gluon_gemm_kernel(
 _LOADER = """(
                     _load_partition,
                     (a0_desc, a1_desc, a2_desc, w_desc, x_ptr, a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty,
-                     M, C, K, HWP, HW_VECS, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS,
-                     PLANES, COPIES, {vec}),
+                     M, C, K, HWP, BLOCK_N, P0, P1, P2, PIXELS, PARTS, BLOCK_K, NUM_STAGES, ROW_SLOTS,
+                     PLANES, COPIES, {vec}, {plane}),
                 )"""
 
 #: A persistent computing partition and its arguments: warpgroup {consumer} of {consumers}.
@@ -367,7 +367,7 @@ _CONSUMER = """(
                     _persistent_partition,
                     (a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty, turn, y_ptr, prior_ptr,
                      y0_desc, y1_desc, y2_desc, y_buf{consumer}, {stage_args}
-                     M, C, K, OHW, OW, HWP, HW_VECS, syn, syc, syh, syw, spn, spc, sph, spw,
+                     M, C, K, OHW, OW, HWP, syn, syc, syh, syw, spn, spc, sph, spw,
                      BLOCK_N, BLOCK_K, P0, P1, P2, PIXELS, PARTS, NUM_STAGES, ELEM_BITS, IDX64, HAS_PRIOR,
                      ROW_SLOTS, MMA_EPILOGUE, TMA_STORE, PLANES, PLANE_VEC, COPIES, {consumer}, {consumers},
                      {flag_args}),
@@ -387,8 +387,8 @@ else:
 if not MMA_EPILOGUE:
 {channels_in_out}
 ohw = OHW
-if COPIES:  # a multiple of the copies' (and the stores') pixels the compiler can see
-    ohw = HW_VECS * {vec}
+if COPIES:  # the plane's pixels, a constant: a multiple of the copies' (and the stores') pixels
+    ohw = {plane}
 {parts}"""
 
 #: A tile's output channels in ``{layout}``: their mask and offsets.
@@ -565,7 +565,9 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
         ).split("\n")
         parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
     channels_in_out = _indented(channels["in_out"], 4)
-    text = _EPILOGUE.format(channels_in_out=channels_in_out, parts="\n".join(parts), vec=vec)
+    _, _, h, w = spec.input_desc.dims
+    plane = h * w if copies else 0  # copied planes' pixels, a constant of the source
+    text = _EPILOGUE.format(channels_in_out=channels_in_out, parts="\n".join(parts), plane=plane)
     epilogue = indent(text.split("\n"), 8)
     loads = []
     for i in range(MAX_PARTS):
@@ -575,7 +577,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     consumers = {
         f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **fields) for n in (1, 2) for i in range(n)
     }
-    loader = _LOADER.format(vec=vec)
+    loader = _LOADER.format(vec=vec, plane=plane)
     return _TEMPLATE.format(
         epilogue=epilogue,
         part_loads="\n".join(loads),
@@ -644,6 +646,7 @@ def gluon_gemm_config(
     row_slots: int = 0,
     tma_store: bool = False,
     plane: int = 0,
+    shared: int = GEMM_SHARED_BYTES,
 ) -> tuning.ConvConfig:
     """The tile of least predicted time (gemm_tile_cost; ties: fewer parts, then fewer programs):
     64, 128 or 256 output channels (one warpgroup per 64, two for 256: 128 rows each) by 16 to 256
@@ -652,7 +655,8 @@ def gluon_gemm_config(
     tiles in turn. ``m``: rows (pixels, or strided, slots of
     whole output rows of ``row_slots`` each: every part a multiple of them); ``tma_store``: the
     output may take TMA stores (gemm_tma_store), whose persistent tiles take shared memory beside
-    the ring (gemm_store_mode); ``plane``: pixels of an image's channel planes (plane_rows)."""
+    the ring (gemm_store_mode); ``plane``: pixels of an image's channel planes (plane_rows);
+    ``shared``: the program's shared memory at most (gemm_stages)."""
     size = torch.empty((), dtype=dtype).element_size()
     block_k = 128 // size  # rows of 128 bytes: the widest swizzle
     steps = triton_cdiv(c, block_k)
@@ -670,10 +674,10 @@ def gluon_gemm_config(
         persistent = beyond_one_wave(pixels, block_n)
     if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
-        stages = gemm_stages(128, 128, block_k, size, True, 4, 2)
+        stages = gemm_stages(128, 128, block_k, size, True, 4, 2, shared=shared)
         cfg = tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
     else:
-        stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps)
+        stages = gemm_stages(pixels, block_n, block_k, size, persistent, warps, shared=shared)
         cfg = tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
     if not (
         tma_store and persistent and gemm_store_mode(replace(cfg, num_stages=2), size, False, steps, row_slots > 0)
@@ -681,7 +685,8 @@ def gluon_gemm_config(
         return cfg
     # the output tiles beside the ring take the place of the layout change's scratch
     tiles = tma_store_bytes(cfg, size)
-    return replace(cfg, num_stages=gemm_stages(cfg.block_m, cfg.block_n, block_k, size, True, tma_tiles=tiles))
+    stages = gemm_stages(cfg.block_m, cfg.block_n, block_k, size, True, tma_tiles=tiles, shared=shared)
+    return replace(cfg, num_stages=stages)
 
 
 def best_tile(
@@ -726,13 +731,14 @@ def gemm_stages(
     warps: int = 8,
     consumers: int = 1,
     tma_tiles: int = 0,
+    shared: int = GEMM_SHARED_BYTES,
 ) -> int:
-    """As many stages as GEMM_SHARED_BYTES holds, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
+    """As many stages as ``shared`` bytes hold, 2 to GEMM_MAX_STAGES; ``persistent``: beside the
     epilogue's layout change (of each of ``consumers`` warpgroups of ``warps`` warps), or beside
     ``tma_tiles`` bytes of output tiles for TMA stores (tma_store_bytes), which the epilogues use
     while the ring holds the next tile's stages (a program per tile reuses the ring's memory)."""
     scratch = tma_tiles or consumers * epilogue_scratch_bytes(pixel_parts(pixels)[0] * block_n, size, warps)
-    ring = GEMM_SHARED_BYTES - scratch if persistent else GEMM_RING_BYTES
+    ring = shared - scratch if persistent else min(shared, GEMM_RING_BYTES)
     return max(2, min(GEMM_MAX_STAGES, ring // ((pixels + block_n) * block_k * size)))
 
 
@@ -834,13 +840,17 @@ def planes_why_not(spec: PlanSpec) -> str | None:
 def plane_copies(spec: PlanSpec) -> bool:
     """Whether gluon-gemm reads the plan's channel planes by asynchronous copies (COPIES): packed
     NCHW input read as planes (planes_why_not) whose planes start inside 16-byte units, where no
-    tensor box may start (14x14 fp16: 392 bytes; tuning.GLUON_GEMM_PLANE_COPIES 1), or any planes
-    (2: in place of the boxes, the batch's pixels flat, no image padded to whole tiles)."""
+    tensor box may start (14x14 fp16: 392 bytes; tuning.GLUON_GEMM_PLANE_COPIES 1), or (2) planes
+    of whole 16-byte units too, in place of the boxes (the batch's pixels flat, no image padded to
+    whole tiles), where the output has at most tuning.GLUON_GEMM_COPY_MAX_WIDENING times the input's
+    channels (wider outputs measured faster from the boxes' tiles, stored by TMA)."""
     if not channel_planes(spec) or planes_why_not(spec) is not None:
         return False
-    _, _, h, w = spec.input_desc.dims
-    boxes = h * w * spec.dtype.torch_dtype.itemsize % 16 == 0
-    return tuning.GLUON_GEMM_PLANE_COPIES >= (2 if boxes else 1)
+    _, c, h, w = spec.input_desc.dims
+    if h * w * spec.dtype.torch_dtype.itemsize % 16:
+        return tuning.GLUON_GEMM_PLANE_COPIES >= 1
+    k = spec.output_desc.dims[1]
+    return tuning.GLUON_GEMM_PLANE_COPIES >= 2 and k <= tuning.GLUON_GEMM_COPY_MAX_WIDENING * c
 
 
 def padded_plane(spec: PlanSpec) -> int:
@@ -851,6 +861,18 @@ def padded_plane(spec: PlanSpec) -> int:
         return 0
     _, _, h, w = spec.input_desc.dims
     return h * w
+
+
+def copies_through_l1(spec: PlanSpec) -> bool:
+    """Whether copied planes (plane_copies) come by 8-byte copies, which land in L1 on their way
+    (16-byte ones bypass it): their program takes tuning.GLUON_GEMM_COPY_SHARED_BYTES of shared
+    memory at most, and the rest of the multiprocessor's memory is left to L1 (Launcher.fit_carveout)."""
+    return plane_copies(spec) and plane_copy_vec(spec) * spec.dtype.torch_dtype.itemsize < 16
+
+
+def gemm_shared_bytes(spec: PlanSpec) -> int:
+    """Shared memory a program of the plan's kernel takes at most (gluon_gemm_config's ``shared``)."""
+    return tuning.GLUON_GEMM_COPY_SHARED_BYTES if copies_through_l1(spec) else GEMM_SHARED_BYTES
 
 
 def plane_copy_vec(spec: PlanSpec) -> int:
@@ -894,7 +916,8 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     tma_store = gemm_tma_store(spec, slots)
     copies = plane_copies(spec)
     plane = padded_plane(spec)
-    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store, plane)
+    shared = gemm_shared_bytes(spec)
+    cfg = gluon_gemm_config(rows, k, c, spec.dtype.torch_dtype, sms, slots, tma_store, plane, shared)
     programs = triton_cdiv(plane_rows(rows, cfg.block_m, plane), cfg.block_m) * triton_cdiv(k, cfg.block_n)
     if cfg.block_m * cfg.block_n < tuning.GLUON_GEMM_MIN_TILE:
         return (
@@ -910,7 +933,7 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
             "along the reduction, measured faster"
         )
     if copies:
-        return None  # not measured yet: tuning.GLUON_GEMM_PLANE_COPIES runs it wherever it applies
+        return copies_defer_why(spec, cfg)
     if programs <= sms:
         if fp32 and n * oh * ow >= tuning.GLUON_TF32_1X1_MAX_PIXELS:
             return (
@@ -932,6 +955,22 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         f"{programs} programs of its best tile ({cfg.block_m} pixels x {cfg.block_n} channels) on {sms} "
         f"multiprocessors, {steps}: {other}'s persistent programs measured faster beyond one wave"
     )
+
+
+def copies_defer_why(spec: PlanSpec, cfg: tuning.ConvConfig) -> str | None:
+    """Copied planes (plane_copies) run wherever they apply (H100, fp16 / bf16, batch 32, CBNA,
+    bench/results/2026-11-25-h100-plane-copies-36/: against triton-gemm-nchw, r50_13 16.7 / 16.7 us
+    against 19.0 / 18.9, r50_15 13.7 / 13.3 against 15.8 / 15.4; against the boxes, r50_01 11.6 /
+    11.6 against 12.4 / 12.9, r50_04 25.6 / 25.9 against 26.8 / 26.9, r50_05 30.7 / 30.9 against
+    32.4 / 32.3, r50_11 19.1 / 19.1 against 20.6 / 20.4), except 8-byte copies (copies_through_l1) in
+    tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels: their rings hold fewer stages
+    beside L1 (r50_17's 192 pixels: 20.7 / 20.1 against triton-gemm-nchw's 20.2 / 19.6)."""
+    if copies_through_l1(spec) and cfg.block_m > tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS:
+        return (
+            f"channel planes by 8-byte copies in tiles of {cfg.block_m} pixels "
+            f"(> {tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS}): triton-gemm-nchw measured faster"
+        )
+    return None
 
 
 def gemm_plane_vector(strides: tuple[int, ...], out: Tensor, oh: int, ow: int) -> int:
@@ -1025,6 +1064,10 @@ class GluonGemmKernel(GluonWindowKernel):
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
 
+    def fits_carveout(self) -> bool:
+        """Planes by 8-byte copies, which land in L1 on their way (copies_through_l1)."""
+        return copies_through_l1(self.spec)
+
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: FIND_TILES with one computing warpgroup and 64 to 128 pixels
@@ -1055,7 +1098,10 @@ class GluonGemmKernel(GluonWindowKernel):
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
         plane = padded_plane(self.spec)
-        return gluon_gemm_config(m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, plane)
+        shared = gemm_shared_bytes(self.spec)
+        return gluon_gemm_config(
+            m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, plane, shared
+        )
 
     @cached_property
     def copies(self) -> bool:
@@ -1143,8 +1189,7 @@ class GluonGemmKernel(GluonWindowKernel):
             *flags.values(),
         )
         hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
-        hw_vecs = oh * ow // plane_copy_vec(self.spec) if self.copies else 1  # a plane's pixels in copies
-        sizes_and_strides = [m, c, k, oh * ow, ow, hwp, hw_vecs, *out_strides]
+        sizes_and_strides = [m, c, k, oh * ow, ow, hwp, *out_strides]
         args = [*a_descs, w_desc, out, p, x, *y_descs, *values, *sizes_and_strides, *consts]
         return grid, cfg, args
 

@@ -425,6 +425,11 @@ class TritonConvKernel(Repeating, Kernel):
     stem = "conv"  # generated files and the kernel function are named after it
     kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
 
+    def fits_carveout(self) -> bool:
+        """Whether the kernel prefers the smallest shared-memory carve-out it fits (Launcher's
+        fit_carveout: the rest of the multiprocessor's memory L1)."""
+        return False
+
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
         _, conv, post = split_at_conv(spec.ops)
@@ -436,7 +441,7 @@ class TritonConvKernel(Repeating, Kernel):
         if self.grid_dependency and not holds_grid_dependency(self._source):
             self._source = with_grid_dependency(self._source, self.stem)
         module, self.path = load_module(self._source, self.stem)
-        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency)
+        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency, self.fits_carveout())
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
