@@ -719,12 +719,3 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits):
         stage = (cfg.block_m + cfg.block_n) * cfg.block_k * 2
         assert cfg.num_stages * stage <= fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES
         assert (cfg.num_stages + 1) * stage > fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES - 16 * 1024 or cfg.num_stages == 8
-
-
-def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
-    from fusionplan.launch import carveout_percent
-
-    assert carveout_percent(143644, 233472) == 62  # r50_15: 144,668 of 233,472 bytes
-    assert carveout_percent(232448, 233472) == 100
-    assert carveout_percent(0, 233472) == 1
-    assert carveout_percent(240000, 233472) == 100  # never past the whole

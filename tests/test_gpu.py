@@ -646,6 +646,33 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
                 check_random_records(plan, handle, x, precision, rng, False, "NCHW", (kernel.config, "NCHW"))
 
 
+@pytest.mark.parametrize("layer_name, fits", [("r50_15", True), ("r50_11", False)])
+def test_copied_planes_kernels_prefer_the_carveout_they_fit(layer_name, fits):
+    """gluon-gemm's kernels of 8-byte copied planes prefer, once compiled and loaded (ahead of the
+    first execute), the smallest shared-memory carve-out that holds them (the driver's attribute
+    read back); 16-byte copies keep Triton's (no preference set: -1). The output checked too."""
+    import ctypes
+
+    from fusionplan.launch import carveout_percent
+    from fusionplan.shapes import resnet50_layer
+    from fusionplan.testing import layer_plan
+
+    s = resnet50_layer(layer_name)
+    x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")
+    plan = layer_plan(s, x, "CBNA")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
+    check_random_records(plan, handle, x, "fp16", random.Random(layer_name), False, "NCHW", layer_name)
+    kernels = list(plan._entry(handle).kernel.launcher._compiled.values())
+    total = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
+    driver = ctypes.CDLL("libcuda.so.1")
+    assert kernels
+    for kernel in kernels:
+        preferred = ctypes.c_int()
+        assert driver.cuFuncGetAttribute(ctypes.byref(preferred), 9, ctypes.c_void_p(kernel.function)) == 0
+        assert preferred.value == (carveout_percent(kernel.metadata.shared, total) if fits else -1)
+
+
 #: (n, c, h, w, k, r, s, pad, stride, dilation): NCHW planes of 49, 196 and odd sizes, 1x1 and
 #: 3x3 (strided, dilated, "valid" 5x5, a 1x5 row), C not a multiple of the reduction step (40,
 #: 136), K below a warpgroup's 64 rows and not a multiple of 128, tiles across images.

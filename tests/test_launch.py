@@ -477,3 +477,49 @@ def test_bound_launch_encodes_like_triton_36(monkeypatch):
     direct, through_wrapper, _ = encoded_launches(monkeypatch, wrapper_of, None)
     # the weights, both calls' inputs, and the input's bound address (its layout, once, when bound)
     assert direct == through_wrapper and len(set(fills)) == 4
+
+
+def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
+    """fit_carveout: once a kernel is kept and loaded, its preferred shared-memory carve-out is set
+    to the smallest percentage of the multiprocessor's shared memory that holds one program and
+    the driver's reservation (through the driver's cuFuncSetAttribute); launchers without it, and
+    kernels not loaded yet, are left alone; without a driver library nothing is called."""
+    from fusionplan import launch
+
+    calls = []
+
+    class FakeDriver:
+        def cuFuncSetAttribute(self, function, attribute, value):
+            calls.append((function.value, attribute, value))
+            return 0
+
+    class Props:
+        shared_memory_per_multiprocessor = 233472
+
+    class Kernel:
+        function = 1234
+        metadata = type("Metadata", (), {"shared": 143644})()
+
+    monkeypatch.setattr(launch, "_cuda_driver", lambda: FakeDriver())
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    fitting = Launcher(lambda: None, fit_carveout=True)
+    fitting._loaded(Kernel())
+    assert calls == [(1234, 9, 62)]  # 144,668 of 233,472 bytes
+    Launcher(lambda: None)._loaded(Kernel())
+    unloaded = Kernel()
+    unloaded.function = None  # compile_ahead keeps a kernel before loading it
+    fitting._loaded(unloaded)
+    assert len(calls) == 1
+    monkeypatch.setattr(launch, "_cuda_driver", lambda: None)
+    fitting._loaded(Kernel())
+    assert len(calls) == 1
+
+
+def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
+    from fusionplan.launch import carveout_percent
+
+    assert carveout_percent(143644, 233472) == 62  # r50_15: 144,668 of 233,472 bytes
+    assert carveout_percent(232448, 233472) == 100
+    assert carveout_percent(0, 233472) == 1
+    assert carveout_percent(240000, 233472) == 100  # never past the whole

@@ -314,11 +314,11 @@ GLUON_GEMM_PLANE_STORE_TILES = True
 #: tensor boxes; 8-byte copies); 2: planes of whole 16-byte units too, in place of the boxes (no
 #: image padded to whole tiles; 16-byte copies, no TMA stores) where the output has at most
 #: GLUON_GEMM_COPY_MAX_WIDENING times the input's channels. H100, batch 32, CBNA, fp16 / bf16
-#: (bench/results/2026-11-25-h100-plane-copies-36/): r50_13 19.0 / 18.9 us -> 16.7 / 16.7 (from
-#: triton-gemm-nchw), r50_15 15.8 / 15.4 -> 13.7 / 13.3, r50_11 20.6 / 20.4 -> 19.1 / 19.1 (from the
-#: boxes), r50_05 32.4 / 32.3 -> 30.7 / 30.9, r50_04 26.8 / 26.9 -> 25.6 / 25.9, r50_01 12.4 / 12.9
-#: -> 11.6 / 11.6; wider outputs slower: r50_07 15.9 / 16.1 -> 16.3 / 16.4, r50_03 24.6 / 24.6 ->
-#: 24.9 / 24.5 (gluon_gemm.copies_defer_why has the rest).
+#: (bench/results/2026-11-25-h100-plane-copies-36/ab-plane-copies.csv): r50_13 19.0 / 18.7 us ->
+#: 16.8 / 16.6 (from triton-gemm-nchw), r50_15 15.3 / 15.4 -> 13.4 / 13.2, r50_11 20.6 / 20.3 ->
+#: 19.3 / 19.1 (from the boxes), r50_05 32.7 / 32.4 -> 30.9 / 30.7, r50_04 27.0 / 27.0 -> 25.8 /
+#: 25.6, r50_01 12.3 / 12.6 -> 11.6 / 11.6; wider outputs slower (ab-copies-all.csv): r50_07 15.9 /
+#: 16.1 -> 16.3 / 16.4, r50_03 24.6 / 24.6 -> 24.9 / 24.5 (gluon_gemm.copies_defer_why has the rest).
 GLUON_GEMM_PLANE_COPIES = 2
 #: Copied planes of whole 16-byte units (GLUON_GEMM_PLANE_COPIES 2) where the output has at most this
 #: many times the input's channels (r50_11's 0.5, r50_01's 1; not r50_03's or r50_07's 4).
@@ -329,7 +329,7 @@ GLUON_GEMM_COPY_MAX_WIDENING = 2
 #: 180 KB). Such copies land in L1 on their way, and Triton gives every kernel of over 48 KB of
 #: shared memory the largest carve-out (28 KB of L1 left on an H100): the copies in flight then
 #: wait for L1, whatever the ring's depth. Their kernels take their carve-out fitted to their shared
-#: memory (launch.Launcher's fit_carveout), the rest L1. H100, fp16 (same results, ab-copy-carveout):
+#: memory (launch.Launcher's fit_carveout), the rest L1. H100, fp16 (ab-copy-carveout.csv there):
 #: r50_15 17.4 us with the largest carve-out (7 stages), 13.7 within 164 KB (5 stages, 92 KB of
 #: L1), 14.2 within 132 KB (4); r50_13 17.9 / 16.7 / 16.8; r50_17 26.0 / 20.7 / 21.9.
 GLUON_GEMM_COPY_SHARED_BYTES = 164 * 1024

@@ -959,12 +959,13 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
 
 def copies_defer_why(spec: PlanSpec, cfg: tuning.ConvConfig) -> str | None:
     """Copied planes (plane_copies) run wherever they apply (H100, fp16 / bf16, batch 32, CBNA,
-    bench/results/2026-11-25-h100-plane-copies-36/: against triton-gemm-nchw, r50_13 16.7 / 16.7 us
-    against 19.0 / 18.9, r50_15 13.7 / 13.3 against 15.8 / 15.4; against the boxes, r50_01 11.6 /
-    11.6 against 12.4 / 12.9, r50_04 25.6 / 25.9 against 26.8 / 26.9, r50_05 30.7 / 30.9 against
-    32.4 / 32.3, r50_11 19.1 / 19.1 against 20.6 / 20.4), except 8-byte copies (copies_through_l1) in
-    tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels: their rings hold fewer stages
-    beside L1 (r50_17's 192 pixels: 20.7 / 20.1 against triton-gemm-nchw's 20.2 / 19.6)."""
+    bench/results/2026-11-25-h100-plane-copies-36/ab-plane-copies.csv: against triton-gemm-nchw,
+    r50_13 16.8 / 16.6 us against 19.0 / 18.7, r50_15 13.4 / 13.2 against 15.3 / 15.4; against the
+    boxes, r50_01 11.6 / 11.6 against 12.3 / 12.6, r50_04 25.8 / 25.6 against 27.0 / 27.0, r50_05
+    30.9 / 30.7 against 32.7 / 32.4, r50_11 19.3 / 19.1 against 20.6 / 20.3), except 8-byte copies
+    (copies_through_l1) in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels (r50_17's
+    192, four 40 KB stages within tuning.GLUON_GEMM_COPY_SHARED_BYTES: 20.7 / 20.1 us against
+    triton-gemm-nchw's 20.2 / 19.6, ab-copy-carveout.csv)."""
     if copies_through_l1(spec) and cfg.block_m > tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS:
         return (
             f"channel planes by 8-byte copies in tiles of {cfg.block_m} pixels "
