@@ -719,3 +719,19 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits):
         stage = (cfg.block_m + cfg.block_n) * cfg.block_k * 2
         assert cfg.num_stages * stage <= fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES
         assert (cfg.num_stages + 1) * stage > fp.tuning.GLUON_GEMM_COPY_SHARED_BYTES - 16 * 1024 or cfg.num_stages == 8
+
+
+@pytest.mark.parametrize("solver, name", [("gluon-gemm", "r50_11"), ("triton-conv", "r50_16")])
+def test_fit_carveout_gives_kernels_a_module_of_their_own(solver, name, monkeypatch):
+    """tuning.FIT_CARVEOUT: every convolution kernel's launcher fits its carve-out, from a module of
+    its own (the source marked), so that an A/B in one process never shares a loaded kernel, whose
+    carve-out is the driver's attribute, between the two sides."""
+    from fusionplan.solvers.triton_conv import CARVEOUT_MARK
+
+    spec = layer(name, layout="NCHW").spec()
+    off = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
+    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", True)
+    on = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
+    assert on.launcher.fit_carveout is True and off.launcher.fit_carveout is False
+    assert on.source().endswith(CARVEOUT_MARK) and not off.source().endswith(CARVEOUT_MARK)
+    assert on.launcher.fn is not off.launcher.fn

@@ -653,7 +653,7 @@ def test_copied_planes_kernels_prefer_the_carveout_they_fit(layer_name, fits):
     read back); 16-byte copies keep Triton's (no preference set: -1). The output checked too."""
     import ctypes
 
-    from fusionplan.launch import carveout_percent
+    from fusionplan.launch import carveout_percent, programs_per_multiprocessor
     from fusionplan.shapes import resnet50_layer
     from fusionplan.testing import layer_plan
 
@@ -664,13 +664,16 @@ def test_copied_planes_kernels_prefer_the_carveout_they_fit(layer_name, fits):
     assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
     check_random_records(plan, handle, x, "fp16", random.Random(layer_name), False, "NCHW", layer_name)
     kernels = list(plan._entry(handle).kernel.launcher._compiled.values())
-    total = torch.cuda.get_device_properties(0).shared_memory_per_multiprocessor
+    props = torch.cuda.get_device_properties(0)
     driver = ctypes.CDLL("libcuda.so.1")
     assert kernels
     for kernel in kernels:
         preferred = ctypes.c_int()
         assert driver.cuFuncGetAttribute(ctypes.byref(preferred), 9, ctypes.c_void_p(kernel.function)) == 0
-        assert preferred.value == (carveout_percent(kernel.metadata.shared, total) if fits else -1)
+        shared = kernel.metadata.shared
+        programs = programs_per_multiprocessor(kernel.metadata.num_warps * 32, kernel.n_regs, shared, props)
+        expected = carveout_percent(shared, props.shared_memory_per_multiprocessor, programs)
+        assert preferred.value == (expected if fits else -1)
 
 
 #: (n, c, h, w, k, r, s, pad, stride, dilation): NCHW planes of 49, 196 and odd sizes, 1x1 and

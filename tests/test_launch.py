@@ -495,10 +495,13 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
 
     class Props:
         shared_memory_per_multiprocessor = 233472
+        regs_per_multiprocessor = 65536
+        max_threads_per_multi_processor = 2048
 
-    class Kernel:
+    class Kernel:  # r50_15's: 12 warps of 168 registers, one program a multiprocessor
         function = 1234
-        metadata = type("Metadata", (), {"shared": 143644})()
+        n_regs = 168
+        metadata = type("Metadata", (), {"shared": 143644, "num_warps": 12})()
 
     monkeypatch.setattr(launch, "_cuda_driver", lambda: FakeDriver())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -523,3 +526,19 @@ def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
     assert carveout_percent(232448, 233472) == 100
     assert carveout_percent(0, 233472) == 1
     assert carveout_percent(240000, 233472) == 100  # never past the whole
+    assert carveout_percent(50 * 1024, 233472, programs=2) == 45  # two programs' 102 KB
+
+
+def test_programs_per_multiprocessor_takes_the_tightest_limit():
+    from fusionplan.launch import programs_per_multiprocessor
+
+    class H100:
+        shared_memory_per_multiprocessor = 233472
+        regs_per_multiprocessor = 65536
+        max_threads_per_multi_processor = 2048
+
+    assert programs_per_multiprocessor(384, 168, 143644, H100) == 1  # registers: 64,512 of 65,536
+    assert programs_per_multiprocessor(128, 96, 50 * 1024, H100) == 4  # shared memory: 4 x 52 KB
+    assert programs_per_multiprocessor(128, 32, 8 * 1024, H100) == 16  # threads: 16 x 128
+    assert programs_per_multiprocessor(128, 255, 0, H100) == 2  # 256 registers a thread: 32 K a program
+    assert programs_per_multiprocessor(32, 16, 0, H100) == 32  # at most 32 programs

@@ -364,6 +364,15 @@ GLUON_WINDOW_WIDE_CHANNELS = True
 #: 12.5 -> 11.2 us, r50_19 11.7 -> 10.6), NCHW 1.023x; within 0.4 us slower on the 7x7 windows.
 GRID_DEPENDENCY = True
 
+#: Every convolution kernel prefers the smallest shared-memory carve-out that holds the programs a
+#: multiprocessor holds anyway (launch.fit_shared_carveout), the rest L1, not only gluon-gemm's
+#: 8-byte copied planes (GLUON_GEMM_COPY_SHARED_BYTES): Triton gives every kernel of over 48 KB of
+#: shared memory the largest carve-out, which leaves 28 KB of L1 on an H100 to kernels that gather
+#: their input by pointer loads (gluon-nchw, triton-conv) or copy it asynchronously through L1
+#: (triton-gemm-nchw's 14x14 planes). Built and tested on the CPU, not yet measured: False until
+#: its A/B (`fusionplan-bench --layouts NHWC,NCHW --graph --tuning FIT_CARVEOUT=0,1`).
+FIT_CARVEOUT = False
+
 #: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
 #: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
 #: ahead builds the unit one, another alpha compiles at its first execute); off, every kernel

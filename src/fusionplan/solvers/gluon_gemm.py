@@ -1066,8 +1066,9 @@ class GluonGemmKernel(GluonWindowKernel):
     stem = "gluon_gemm"
 
     def fits_carveout(self) -> bool:
-        """Planes by 8-byte copies, which land in L1 on their way (copies_through_l1)."""
-        return copies_through_l1(self.spec)
+        """Planes by 8-byte copies, which land in L1 on their way (copies_through_l1), and every
+        kernel under tuning.FIT_CARVEOUT."""
+        return copies_through_l1(self.spec) or super().fits_carveout()
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]

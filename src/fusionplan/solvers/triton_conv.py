@@ -413,6 +413,13 @@ def holds_grid_dependency(source: str) -> bool:
     return "griddepcontrol.wait" in source
 
 
+#: The last line of a kernel's source whose compiled kernels prefer the carve-out they fit
+#: (Launcher's fit_carveout): a module of their own, so that their compiled kernels (whose
+#: preference is the driver's attribute of the loaded function) are never those of the same source
+#: loaded without it (an A/B of tuning.FIT_CARVEOUT in one process).
+CARVEOUT_MARK = "\n# compiled kernels prefer the shared-memory carve-out they fit (launch.fit_shared_carveout)\n"
+
+
 def grid_dependency_capable(handle) -> bool:
     """Whether the handle's device runs programmatic dependent launch (Hopper or later, compiled
     kernels: not Triton's interpreter)."""
@@ -427,8 +434,8 @@ class TritonConvKernel(Repeating, Kernel):
 
     def fits_carveout(self) -> bool:
         """Whether the kernel prefers the smallest shared-memory carve-out it fits (Launcher's
-        fit_carveout: the rest of the multiprocessor's memory L1)."""
-        return False
+        fit_carveout: the rest of the multiprocessor's memory L1): tuning.FIT_CARVEOUT."""
+        return tuning.FIT_CARVEOUT
 
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
@@ -440,8 +447,11 @@ class TritonConvKernel(Repeating, Kernel):
         self._source = self.render(spec, self.stages)
         if self.grid_dependency and not holds_grid_dependency(self._source):
             self._source = with_grid_dependency(self._source, self.stem)
+        fits = bool(self.fits_carveout())
+        if fits and not self._source.endswith(CARVEOUT_MARK):
+            self._source += CARVEOUT_MARK
         module, self.path = load_module(self._source, self.stem)
-        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency, self.fits_carveout())
+        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency, fits)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
