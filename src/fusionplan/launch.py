@@ -175,8 +175,9 @@ class Launcher:
     touch global memory (triton_conv.GRID_DEPENDENCY): every launch then may begin while that
     kernel ends.
 
-    ``fit_carveout``: each compiled kernel prefers the smallest shared-memory carve-out its shared
-    memory fits (fit_shared_carveout), leaving the rest of the multiprocessor's memory to L1.
+    ``fit_carveout``: each compiled kernel prefers the smallest shared-memory carve-out that holds
+    the programs a multiprocessor holds anyway (fit_shared_carveout), leaving the rest of the
+    multiprocessor's memory to L1.
     """
 
     def __init__(self, fn, grid_dependency: bool = False, fit_carveout: bool = False) -> None:
@@ -263,7 +264,8 @@ class Launcher:
 
     def _loaded(self, kernel) -> None:
         """A kept kernel's attributes on the device, once its binary is loaded (compile_ahead
-        loads it after keeping it; Triton's first launch and a record's load before)."""
+        loads it after keeping it; Triton's first launch and a record's load before). Setting
+        them again is harmless (compile_ahead after a record's load does)."""
         if self.fit_carveout and getattr(kernel, "function", None):
             fit_shared_carveout(kernel)
 

@@ -448,7 +448,7 @@ class TritonConvKernel(Repeating, Kernel):
         if self.grid_dependency and not holds_grid_dependency(self._source):
             self._source = with_grid_dependency(self._source, self.stem)
         fits = bool(self.fits_carveout())
-        if fits and not self._source.endswith(CARVEOUT_MARK):
+        if fits:
             self._source += CARVEOUT_MARK
         module, self.path = load_module(self._source, self.stem)
         self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency, fits)
