@@ -167,7 +167,8 @@ def _copy_part(x_ptr, buf, m, c0, M, C, HW, ROWS: gl.constexpr, P: gl.constexpr,
 
 @gluon.constexpr_function
 def _plane_layout(pixels, elem_bits):
-    # [channels, pixels] in shared memory, the pixels contiguous: rows swizzled as wide as they are, up to 128 bytes
+    # [channels, pixels] in shared memory, the pixels contiguous: rows swizzled as wide as they are,
+    # up to 128 bytes (plane_swizzle: the planes' and the output's boxes alike)
     return gl.NVMMASharedLayout(
         swizzle_byte_width=min(128, pixels * elem_bits // 8), element_bitwidth=elem_bits, rank=2
     )
@@ -454,10 +455,7 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
     if TMA_STORE and PLANES:
         # channel planes: the tile written transposed, [channels, pixels] as the planes hold it, then
         # one copy (TMA clips the channels past K and the image's padding past its pixels)
-        plane_tile{i}: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128 if P{i} * ELEM_BITS >= 1024 else P{i} * ELEM_BITS // 8,
-            element_bitwidth=ELEM_BITS, rank=2,
-        )
+        plane_tile{i}: gl.constexpr = _plane_layout(P{i}, ELEM_BITS)
         if TMA_STORE == 2:
             tma.store_wait(0)  # the warpgroup's own buffer, free once its last tile's copies have read it
             y_tile = y_bufs.{reinterpret}(y_ptr.dtype.element_ty, [BLOCK_N, P{i}], plane_tile{i})
@@ -629,6 +627,12 @@ def gemm_tile_cost(m: int, k: int, steps: int, pixels: int, block_n: int, multip
     waves = triton_cdiv(programs, multiprocessors)
     per_step = pixels + block_n + GEMM_PART_COST * (len(pixel_parts(pixels)) - 1)
     return waves * (steps + GEMM_FIXED_STEPS) * per_step
+
+
+def plane_swizzle(pixels: int, bits: int) -> int:
+    """The swizzle of a channel-plane box or tile of ``pixels`` along its rows: rows swizzled as wide
+    as they are, up to 128 bytes (the kernel's _plane_layout, for its copied planes and plane tiles)."""
+    return min(128, pixels * bits // 8)
 
 
 def plane_rows(m: int, pixels: int, plane: int) -> int:
@@ -1220,7 +1224,7 @@ class GluonGemmKernel(GluonWindowKernel):
         """A part's descriptor of channel-plane input: [N*C, H*W], boxes of ``block_k`` planes by
         ``size`` pixels (rows of ``size`` elements swizzled as wide as they are, up to 128 bytes)."""
         n, c, h, w = self.spec.input_desc.dims
-        return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], min(128, size * bits // 8), bits)
+        return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], plane_swizzle(size, bits), bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors (tokens where the planes come by copies) and pointer, the
@@ -1242,7 +1246,7 @@ class GluonGemmKernel(GluonWindowKernel):
         syn, syc, syh, syw = strides
         if self.plane:
             view = [n, self.k, oh * ow], [syn, syc, 1]
-            return gluon_descriptor(out, *view, [1, block_n, size], min(128, size * bits // 8), bits)
+            return gluon_descriptor(out, *view, [1, block_n, size], plane_swizzle(size, bits), bits)
         slots = self.pixel_slots
         if not slots:
             return gluon_descriptor(out, [n * oh * ow, self.k], [syw, 1], [size, 64], 128, bits)
