@@ -1103,10 +1103,9 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         sms = multiprocessors(self._handle)
-        plane = padded_plane(self.spec)
         shared = gemm_shared_bytes(self.spec)
         return gluon_gemm_config(
-            m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, plane, shared
+            m, k_per_group, c_per_group, dtype, sms, self.pixel_slots, self.tma_store, self.padded, shared
         )
 
     @cached_property
@@ -1120,9 +1119,15 @@ class GluonGemmKernel(GluonWindowKernel):
         _, _, h, w = self.spec.input_desc.dims
         return h * w if channel_planes(self.spec) else 0
 
+    @cached_property
+    def padded(self) -> int:
+        """Pixels of an image's planes that tiles may not cross (padded_plane), worked out once: every
+        launch's rows read it."""
+        return padded_plane(self.spec)
+
     def _rows(self, cfg: tuning.ConvConfig) -> int:
-        """Rows of the product in tiles of ``cfg`` (plane_rows of padded_plane)."""
-        return plane_rows(self._m(), cfg.block_m, padded_plane(self.spec))
+        """Rows of the product in tiles of ``cfg`` (plane_rows of the padded planes)."""
+        return plane_rows(self._m(), cfg.block_m, self.padded)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of the product's rows (not triton-window's windows) and reduction steps."""
@@ -1231,10 +1236,11 @@ class GluonGemmKernel(GluonWindowKernel):
         output's pointer and, where tiles are stored by TMA, its three descriptors, the prior."""
         return (6 if self.copies else (0, 1, 2, 6), (4, 7, 8, 9) if args[7].base is args[4] else 4, 5)
 
-    @property
+    @cached_property
     def tma_store(self) -> bool:
-        """Whether the plan's output may take TMA stores (gemm_tma_store); each launch checks its
-        output's strides and address, and its tile (gemm_store_mode)."""
+        """Whether the plan's output may take TMA stores (gemm_tma_store, worked out once: every
+        launch reads it); each launch checks its output's strides and address, and its tile
+        (gemm_store_mode)."""
         return gemm_tma_store(self.spec, self.pixel_slots)
 
     def _part_output_descriptor(self, out: Tensor, strides: tuple[int, ...], size: int, bits: int, block_n: int):
