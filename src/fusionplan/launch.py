@@ -239,8 +239,8 @@ class Launcher:
             if kernel is None or not hasattr(kernel, "run"):
                 return None
             self._keep(key, kernel, record)
-        kernel._init_handles()  # loads the binary onto the device now
-        self._loaded(kernel)
+            kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
+            self._loaded(kernel)
         return kernel
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
@@ -263,9 +263,8 @@ class Launcher:
         return kernel
 
     def _loaded(self, kernel) -> None:
-        """A kept kernel's attributes on the device, once its binary is loaded (compile_ahead
-        loads it after keeping it; Triton's first launch and a record's load before). Setting
-        them again is harmless (compile_ahead after a record's load does)."""
+        """A kept kernel's attributes on the device, once its binary is loaded (by Triton's first
+        launch or a record's load before it is kept; compile_ahead loads it after)."""
         if self.fit_carveout and getattr(kernel, "function", None):
             fit_shared_carveout(kernel)
 
