@@ -712,7 +712,9 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits, monkeypatch):
     """Kernels of 8-byte copied planes prefer the smallest shared-memory carve-out they fit (their
     launcher's fit_carveout), their ring held within tuning.GLUON_GEMM_COPY_SHARED_BYTES (fewer
     stages than the largest carve-out would take): the rest of the multiprocessor's memory is L1,
-    where their copies land on their way. Others keep Triton's carve-out and their stages."""
+    where their copies land on their way. Others keep their stages, and Triton's carve-out unless
+    every kernel fits its own (tuning.FIT_CARVEOUT, off here)."""
+    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", False)
 
     def kernel():
         return fp.solvers.solver_named("gluon-gemm").build(layer(name, layout="NCHW").spec(), fp.Handle("cpu"))
@@ -735,6 +737,7 @@ def test_fit_carveout_gives_kernels_a_module_of_their_own(solver, name, monkeypa
     from fusionplan.solvers.triton_conv import CARVEOUT_MARK
 
     spec = layer(name, layout="NCHW").spec()
+    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", False)
     off = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
     monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", True)
     on = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))

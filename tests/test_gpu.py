@@ -646,22 +646,34 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
                 check_random_records(plan, handle, x, precision, rng, False, "NCHW", (kernel.config, "NCHW"))
 
 
-@pytest.mark.parametrize("layer_name, fits", [("r50_15", True), ("r50_11", False)])
-def test_copied_planes_kernels_prefer_the_carveout_they_fit(layer_name, fits):
-    """gluon-gemm's kernels of 8-byte copied planes prefer, once compiled and loaded (ahead of the
-    first execute), the smallest shared-memory carve-out that holds them (the driver's attribute
-    read back); 16-byte copies keep Triton's (no preference set: -1). The output checked too."""
+@pytest.mark.parametrize(
+    "layer_name, solver, fit_all, fits",
+    [
+        ("r50_15", "gluon-gemm", False, True),
+        ("r50_11", "gluon-gemm", False, False),
+        ("r50_11", "gluon-gemm", True, True),
+        ("r50_16", "gluon-nchw", True, True),
+        ("r50_17", "triton-gemm-nchw", True, True),
+    ],
+)
+def test_kernels_prefer_the_carveout_they_fit(layer_name, solver, fit_all, fits, monkeypatch):
+    """Compiled and loaded (ahead of the first execute), a kernel prefers the smallest shared-memory
+    carve-out that holds the programs a multiprocessor holds (the driver's attribute read back):
+    every convolution kernel under tuning.FIT_CARVEOUT, and without it gluon-gemm's kernels of
+    8-byte copied planes, while 16-byte copies keep Triton's (no preference set: -1). The output
+    checked too."""
     import ctypes
 
     from fusionplan.launch import carveout_percent, programs_per_multiprocessor
     from fusionplan.shapes import resnet50_layer
     from fusionplan.testing import layer_plan
 
+    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", fit_all)
     s = resnet50_layer(layer_name)
     x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")
     plan = layer_plan(s, x, "CBNA")
     handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-gemm") == "gluon-gemm"
+    assert plan.compile(handle, solver=solver) == solver
     check_random_records(plan, handle, x, "fp16", random.Random(layer_name), False, "NCHW", layer_name)
     kernels = list(plan._entry(handle).kernel.launcher._compiled.values())
     props = torch.cuda.get_device_properties(0)

@@ -368,10 +368,13 @@ GRID_DEPENDENCY = True
 #: multiprocessor holds anyway (launch.fit_shared_carveout), the rest L1, not only gluon-gemm's
 #: 8-byte copied planes (GLUON_GEMM_COPY_SHARED_BYTES): Triton gives every kernel of over 48 KB of
 #: shared memory the largest carve-out, which leaves 28 KB of L1 on an H100 to kernels that gather
-#: their input by pointer loads (gluon-nchw, triton-conv) or copy it asynchronously through L1
-#: (triton-gemm-nchw's 14x14 planes). Built and tested on the CPU, not yet measured: False until
-#: its A/B (`fusionplan-bench --layouts NHWC,NCHW --graph --tuning FIT_CARVEOUT=0,1`).
-FIT_CARVEOUT = False
+#: their input by pointer loads (gluon-nchw, gluon-nchw-regs, triton-conv) or copy it
+#: asynchronously through L1 (triton-gemm-nchw's 14x14 planes). H100, batch 32, CBNA, the suites'
+#: A/B columns (`scripts/gpu_bench.sh ... --tuning FIT_CARVEOUT=1`, bench/results/
+#: 2026-11-25-h100-carveout-37/): NCHW 1.030x faster in fp16, 1.035x in bf16 (r50_20 40.1 -> 30.0
+#: us, r50_16 23.3 -> 20.7, r50_22 32.6 -> 30.7, r50_18 38.9 -> 37.4, r50_10 28.3 -> 27.1); NHWC
+#: 1.003x / 1.007x (no layer slower by more than 0.2 us).
+FIT_CARVEOUT = True
 
 #: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
 #: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
