@@ -122,11 +122,13 @@ def test_tiles_fill_half_the_multiprocessors(name, tile, wide, split, monkeypatc
         assert 2 <= cfg.num_stages and ring <= tuning.GLUON_NCHW_RING_BYTES
 
 
-@pytest.mark.parametrize("row, stages", [(64, 6), (128, 4)])
-def test_strided_plans_take_shorter_steps_and_a_deeper_ring(row, stages, monkeypatch):
+@pytest.mark.parametrize("row, ring, stages", [(64, 96, 4), (128, 96, 2), (64, 160, 6), (128, 160, 4)])
+def test_strided_plans_take_shorter_steps_and_a_deeper_ring(row, ring, stages, monkeypatch):
     """r50_18 and r50_12 (3x3, stride 2): steps of tuning.GLUON_NCHW_STRIDED_STEP_BYTES a pixel (64:
-    6 stages of a 64 x 256 tile in the ring; 128: 4); the stride-1 r50_22 keeps 128-byte steps."""
+    4 stages of a 64 x 256 tile in the 96 KB of tuning.GLUON_NCHW_STRIDED_RING_BYTES, 6 in 160 KB;
+    128: 2 and 4); the stride-1 r50_22 keeps 128-byte steps and the 160 KB ring."""
     monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_STEP_BYTES", row)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_RING_BYTES", ring * 1024)
     for name in ("r50_18", "r50_12"):
         s = resnet50_layer(name)
         m = 32 * (s.h // 2) ** 2
@@ -134,6 +136,18 @@ def test_strided_plans_take_shorter_steps_and_a_deeper_ring(row, stages, monkeyp
         assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages) == (64, 256, row // 2, stages)
     cfg = gluon_nchw.gather_config(32 * 49, 512, torch.float16, H100_SMS, 4608, False)
     assert (cfg.block_k, cfg.num_stages) == (64, 4)
+
+
+def test_strided_16_bit_gathers_take_the_strided_ring(monkeypatch):
+    """tuning.GLUON_NCHW_STRIDED_RING_BYTES bounds the ring of strided convolutions of 16-bit data;
+    stride 1 and fp32 data keep tuning.GLUON_NCHW_RING_BYTES."""
+    monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_RING_BYTES", 64 * 1024)
+    assert gluon_nchw.ring_bytes(True, 2) == 64 * 1024
+    assert gluon_nchw.ring_bytes(False, 2) == gluon_nchw.ring_bytes(True, 4) == tuning.GLUON_NCHW_RING_BYTES
+    fp16 = gluon_nchw.gather_config(32 * 196, 256, torch.float16, H100_SMS, 2304, True)
+    fp32 = gluon_nchw.gather_config(32 * 196, 256, torch.float32, H100_SMS, 2304, True)
+    assert fp16.num_stages * (fp16.block_m + fp16.block_n) * fp16.block_k * 2 <= 64 * 1024
+    assert fp32.num_stages > fp16.num_stages
 
 
 @pytest.mark.parametrize(
@@ -196,15 +210,20 @@ def test_weights_requested_before_the_gathers_fence(early, order):
 
 
 @pytest.mark.parametrize(
-    "name, instruction", [("r50_22", "64x256x16"), ("r50_21", "64x128x16"), ("r50_18", "64x64x16")]
+    "name, ring, instruction",
+    [("r50_22", 0, "64x256x16"), ("r50_21", 0, "64x128x16"), ("r50_18", 0, "64x256x16"), ("r50_18", 160, "64x64x16")],
 )
-def test_product_along_the_pixels_where_the_registers_hold_it(name, instruction):
+def test_product_along_the_pixels_where_the_registers_hold_it(name, ring, instruction):
     """wgmma across the tile's pixels and all its channels (64 x BLOCK_N: r50_22's 64 x 256 tile beside
-    two gathering partitions, r50_21's 64 x 128 beside three) unless the registers a thread has at
-    launch cannot hold one such instruction's accumulator: r50_18's 64 x 256 tile in a 6-stage ring
-    (three gathering partitions, 16 warps, 128 registers) keeps the transposed product's 64-channel
-    instructions. ptxas compiles each within its registers (no spills)."""
-    info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "gluon-nchw")
+    two gathering partitions, r50_21's 64 x 128 beside three, r50_18's 64 x 256 in a 4-stage ring
+    beside two) unless the registers a thread has at launch cannot hold one such instruction's
+    accumulator: r50_18's 64 x 256 tile in a 6-stage ring (a strided ring of 160 KB: three gathering
+    partitions, 16 warps, 128 registers) keeps the transposed product's 64-channel instructions.
+    ptxas compiles each within its registers (no spills)."""
+    build = layer_build(name, "float16", layout="NCHW")
+    if ring:
+        build = f"fp.tuning.GLUON_NCHW_STRIDED_RING_BYTES = {ring * 1024}\n" + build
+    info = compile_sm90(build, "gluon-nchw")
     assert info["HGMMA shapes"] == [instruction] and "LOCAL:0" in info["resources"]
 
 

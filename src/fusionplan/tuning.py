@@ -492,6 +492,15 @@ GLUON_NCHW_STRIDED_STEP_BYTES = 64
 #: Shared memory of gluon-nchw's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_NCHW_RING_BYTES = 160 * 1024
+#: The same for strided convolutions of 16-bit data (gluon-nchw's ring, gluon-nchw-regs' weights
+#: ring): with the carve-out fitted to the kernel (FIT_CARVEOUT), a shallower ring leaves more L1
+#: to the gathered input. H100, NCHW, batch 32, CBNA, against 160 KB (`fusionplan-bench --layers
+#: r50_06,r50_08,r50_12,r50_14,r50_18,r50_20 --layouts NCHW --tuning
+#: GLUON_NCHW_STRIDED_RING_BYTES=65536,131072,163840`, bench/results/2026-11-25-h100-carveout-37/):
+#: fp16 r50_12 31.8 -> 28.3 us (4 stages of 64 x 256 against 6), r50_20 30.0 -> 29.0 (3 against
+#: 4), r50_18 38.3 -> 37.3; 64 KB slower (35.9, 37.6, 45.0); r50_06 unchanged (its ring is
+#: smaller). TF32 keeps 160 KB (r50_18 54.9 against 56.6 at 96 KB).
+GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 
 #: gluon-nchw's gathering side, where set (0: by the tile, solvers/gluon_nchw.py GATHER_SHAPES):
 #: warps of a gathering partition (4 or 8), partitions taking the reduction's steps in turn (1 to

@@ -506,21 +506,29 @@ def gather_config(
     reduction of ``depth`` products (R*S*C), still fills half the multiprocessors (the smallest
     otherwise; fp16, batch 32: 128 x 128 on r50_16's 98 programs 32.4 us against 44.5 for 64 x 128,
     64 x 128 on r50_21's 100, 64 x 256 split in two on r50_22's 50 x 2), with reduction steps of
-    step_bytes(strided) and as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to 6)."""
+    step_bytes(strided) and as many stages as ring_bytes holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
+    row, ring = step_bytes(strided), ring_bytes(strided, size)
     tiles = gather_tiles()
     for pixels, block_n in tiles:
         programs = triton_cdiv(m, pixels) * triton_cdiv(k, block_n)
         split = gather_split(programs, depth, multiprocessors)
         if programs * split >= multiprocessors // 2:
-            return replace(gather_tile(pixels, block_n, size, step_bytes(strided)), split_k=split)
-    return gather_tile(*tiles[-1], size, step_bytes(strided))
+            return replace(gather_tile(pixels, block_n, size, row, ring), split_k=split)
+    return gather_tile(*tiles[-1], size, row, ring)
 
 
 def step_bytes(strided: bool) -> int:
     """Bytes of a pixel's channels in one reduction step: 128 (a swizzled row), or for strided
     convolutions tuning.GLUON_NCHW_STRIDED_STEP_BYTES."""
     return tuning.GLUON_NCHW_STRIDED_STEP_BYTES if strided else 128
+
+
+def ring_bytes(strided: bool, size: int = 2) -> int:
+    """Shared memory of the pipeline's stages at most: tuning.GLUON_NCHW_STRIDED_RING_BYTES for
+    strided convolutions of 16-bit data (``size`` bytes an element), else
+    tuning.GLUON_NCHW_RING_BYTES."""
+    return tuning.GLUON_NCHW_STRIDED_RING_BYTES if strided and size == 2 else tuning.GLUON_NCHW_RING_BYTES
 
 
 def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
@@ -552,12 +560,15 @@ def gather_tiles() -> tuple[tuple[int, int], ...]:
     return GATHER_TILES if tuning.GLUON_NCHW_WIDE else GATHER_TILES[1:]
 
 
-def gather_tile(pixels: int, block_n: int, size: int, row_bytes: int = 128) -> tuning.ConvConfig:
+def gather_tile(
+    pixels: int, block_n: int, size: int, row_bytes: int = 128, ring: int | None = None
+) -> tuning.ConvConfig:
     """A tile of ``pixels`` x ``block_n`` for data of ``size`` bytes: reduction steps of
-    ``row_bytes`` a pixel (64 or 128), as many stages as tuning.GLUON_NCHW_RING_BYTES holds (2 to
-    6), one computing warpgroup."""
+    ``row_bytes`` a pixel (64 or 128), as many stages as ``ring`` bytes hold (2 to 6; default
+    ring_bytes(False)), one computing warpgroup."""
     block_k = row_bytes // size
-    stages = max(2, min(6, tuning.GLUON_NCHW_RING_BYTES // ((pixels + block_n) * block_k * size)))
+    ring = ring_bytes(False) if ring is None else ring
+    stages = max(2, min(6, ring // ((pixels + block_n) * block_k * size)))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, 4, stages, 1)
 
 
@@ -603,8 +614,9 @@ class GluonNchwKernel(TritonConvKernel):
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of gather_config with their stages."""
-        row = step_bytes(self.strided)
-        return [gather_tile(p, n, self.spec.dtype.torch_dtype.itemsize, row) for p, n in gather_tiles()]
+        size = self.spec.dtype.torch_dtype.itemsize
+        row, ring = step_bytes(self.strided), ring_bytes(self.strided, size)
+        return [gather_tile(p, n, size, row, ring) for p, n in gather_tiles()]
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)

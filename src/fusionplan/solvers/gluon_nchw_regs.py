@@ -40,6 +40,7 @@ from fusionplan.solvers.gluon_nchw import (
     GluonNchwKernel,
     gather_defer_why,
     gather_why_not,
+    ring_bytes,
     step_bytes,
 )
 from fusionplan.solvers.gluon_window import (
@@ -225,16 +226,18 @@ REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
 WIDE_1X1_TILE = (128, 256, 8)
 
 
-def regs_tile(pixels: int, block_n: int, warps: int, size: int, row_bytes: int = 128) -> tuning.ConvConfig:
+def regs_tile(
+    pixels: int, block_n: int, warps: int, size: int, row_bytes: int = 128, ring: int | None = None
+) -> tuning.ConvConfig:
     """A tile of ``pixels`` x ``block_n`` for 16-bit data computed by ``warps`` warps (a warp per 16
     pixels, one or two warpgroups along the output channels): reduction steps of ``row_bytes`` a
     pixel (128: 64 channels; 64 for strided filters of several taps, gluon_nchw.step_bytes), a
     weights ring of tuning.GLUON_NCHW_REGS_STAGES stages of 128-byte rows (as many bytes in
-    shorter steps), at most as many as tuning.GLUON_NCHW_RING_BYTES holds (a 256-channel stage of
-    128-byte rows is 32 KB)."""
+    shorter steps), at most as many as ``ring`` bytes hold (default gluon_nchw.ring_bytes(False); a
+    256-channel stage of 128-byte rows is 32 KB)."""
     block_k = row_bytes // size
-    ring = ring_stages(tuning.GLUON_NCHW_REGS_STAGES) * 128 // row_bytes
-    stages = min(ring, tuning.GLUON_NCHW_RING_BYTES // (block_n * row_bytes))
+    ring = ring_bytes(False) if ring is None else ring
+    stages = min(ring_stages(tuning.GLUON_NCHW_REGS_STAGES) * 128 // row_bytes, ring // (block_n * row_bytes))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
@@ -261,7 +264,7 @@ def regs_config(
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
         tiles[-1],
     )
-    return regs_tile(pixels, block_n, warps, size, regs_step_bytes(taps, strided))
+    return regs_tile(pixels, block_n, warps, size, regs_step_bytes(taps, strided), ring_bytes(strided, size))
 
 
 def regs_step_bytes(taps: int, strided: bool) -> int:
@@ -338,8 +341,8 @@ class GluonNchwRegsKernel(GluonNchwKernel):
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
         """NORMAL find's configurations: the tiles of regs_config."""
         size = self.spec.dtype.torch_dtype.itemsize
-        row = regs_step_bytes(self.taps, self.strided)
-        return [regs_tile(p, n, w, size, row) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
+        row, ring = regs_step_bytes(self.taps, self.strided), ring_bytes(self.strided, size)
+        return [regs_tile(p, n, w, size, row, ring) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
     def _launch_args(
         self,
