@@ -114,11 +114,13 @@ def test_wide_tile_for_one_tap(wide, monkeypatch):
 @pytest.mark.parametrize("row", [64, 128])
 def test_strided_filters_of_several_taps_take_shorter_steps(row, monkeypatch):
     """r50_06 (3x3, stride 2): steps of tuning.GLUON_NCHW_STRIDED_STEP_BYTES a pixel, the weights
-    ring as many bytes in twice the stages where they are 64; stride 1 (r50_10) and the strided 1x1
-    r50_20 keep 128-byte steps."""
+    ring of tuning.GLUON_NCHW_REGS_STRIDED_STAGES stages where they are 64 bytes
+    (GLUON_NCHW_REGS_STAGES where 128); stride 1 (r50_10) and the strided 1x1 r50_20 keep 128-byte
+    steps."""
     monkeypatch.setattr(tuning, "GLUON_NCHW_STRIDED_STEP_BYTES", row)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", 3)
     cfg = regs.regs_config(25088, 128, torch.float16, H100_SMS, taps=9, strided=True)
-    assert (cfg.block_k, cfg.num_stages) == (row // 2, tuning.GLUON_NCHW_REGS_STAGES * 128 // row)
+    assert (cfg.block_k, cfg.num_stages) == (row // 2, 3 if row == 64 else tuning.GLUON_NCHW_REGS_STAGES)
     assert regs.regs_config(25088, 128, torch.float16, H100_SMS, taps=9).block_k == 64
     assert regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=1, strided=True).block_k == 64
 

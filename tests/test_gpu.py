@@ -783,6 +783,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     rng = random.Random(case + precision + "regs")
     for pixels, block_n, warps in (gluon_nchw_regs.WIDE_1X1_TILE, *gluon_nchw_regs.REGS_TILES):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", rng.choice((2, 3, 4, 6, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)

@@ -555,6 +555,14 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 #: loads run (1 to 3; within 3 % of one another).
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
+#: Its weights ring's stages for strided filters of several taps, whose steps are half as long
+#: (GLUON_NCHW_STRIDED_STEP_BYTES; GLUON_NCHW_REGS_STAGES would give them twice the stages: as many
+#: bytes): with the carve-out fitted (FIT_CARVEOUT), the shallower ring leaves L1 to the gathered
+#: input. H100, fp16, batch 32, NCHW, input warm in L2 (`scripts/tile_sweep.py --layers r50_06
+#: --layout NCHW --mode CBNA --batch 32 --tiles keep --tuning GLUON_NCHW_REGS_STAGES=2,3,4,6`,
+#: bench/results/2026-11-25-h100-carveout-37/sweep-gathers.txt): r50_06 30.1 us at 4 stages, 32.0
+#: at 6, 36.6 at 8.
+GLUON_NCHW_REGS_STRIDED_STAGES = 4
 #: gluon-nchw-regs takes 128 x 256 tiles for 1x1 filters where their grid fills half the GPU
 #: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE), and stride-1 1x1 filters there alone. H100 A/B
 #: (fp16 CBNA, batch 32, bench/results/2026-11-22-h100-nchw-wide-20): r50_20 49.6 -> 42.6 us.

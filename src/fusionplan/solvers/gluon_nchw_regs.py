@@ -232,12 +232,13 @@ def regs_tile(
     """A tile of ``pixels`` x ``block_n`` for 16-bit data computed by ``warps`` warps (a warp per 16
     pixels, one or two warpgroups along the output channels): reduction steps of ``row_bytes`` a
     pixel (128: 64 channels; 64 for strided filters of several taps, gluon_nchw.step_bytes), a
-    weights ring of tuning.GLUON_NCHW_REGS_STAGES stages of 128-byte rows (as many bytes in
-    shorter steps), at most as many as ``ring`` bytes hold (default gluon_nchw.ring_bytes(False); a
-    256-channel stage of 128-byte rows is 32 KB)."""
+    weights ring of tuning.GLUON_NCHW_REGS_STAGES stages (the shorter steps
+    tuning.GLUON_NCHW_REGS_STRIDED_STAGES), at most as many as ``ring`` bytes hold (default
+    gluon_nchw.ring_bytes(False); a 256-channel stage of 128-byte rows is 32 KB)."""
     block_k = row_bytes // size
     ring = ring_bytes(False) if ring is None else ring
-    stages = min(ring_stages(tuning.GLUON_NCHW_REGS_STAGES) * 128 // row_bytes, ring // (block_n * row_bytes))
+    wanted = tuning.GLUON_NCHW_REGS_STRIDED_STAGES if row_bytes < 128 else tuning.GLUON_NCHW_REGS_STAGES
+    stages = min(ring_stages(wanted), ring // (block_n * row_bytes))
     return tuning.ConvConfig(pixels, block_n, block_k, 8, warps, stages, 1)
 
 
