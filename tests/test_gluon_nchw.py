@@ -73,9 +73,21 @@ def test_defers_where_the_other_kernels_measured_faster(name, batch, why):
 
 
 @pytest.mark.parametrize(
-    "name, why", [("r50_16", None), ("r50_22", None), ("r50_10", "784 pixels (> 196 for fp32 data)")]
+    "name, why",
+    [
+        ("r50_16", None),
+        ("r50_22", None),
+        ("r50_10", "784 pixels (> 196 for fp32 data)"),
+        ("r50_14", None),  # strided 1x1 onto 14x14 planes
+        ("r50_20", None),
+        ("r50_08", None),  # onto 28x28
+        ("r50_15", "196 pixels (> 49 for 1x1 filters)"),  # stride 1
+    ],
 )
 def test_fp32_data_defers_on_28x28_planes(name, why):
+    """fp32 data (TF32): filters of several taps on output planes up to 14x14
+    (tuning.GLUON_NCHW_FP32_MAX_PLANE), strided 1x1 filters up to 28x28
+    (GLUON_NCHW_FP32_STRIDED_1X1_MAX_PLANE), stride-1 1x1 filters as for 16-bit data (7x7)."""
     found = deferred(layer(name, torch.float32))
     assert found == why if why is None else why in found
 

@@ -467,6 +467,13 @@ GLUON_NCHW_MAX_PLANE = 784
 #: 87.1 -> 82.2, r50_22 66.5 -> 57.8, r50_21 41.4 -> 32.1, r50_19 37.9 -> 34.1, r50_18 95.0 -> 92.6).
 GLUON_NCHW_FP32_MAX_PLANE = 196
 GLUON_NCHW_1X1_MAX_PLANE = 49
+#: Strided 1x1 filters of fp32 data (TF32 products) on output planes of at most this many pixels
+#: (16-bit data: gluon-nchw-regs' rule; triton-gemm-nchw). H100, NCHW, batch 32, CBNA, with the
+#: carve-out fitted (FIT_CARVEOUT; `fusionplan-bench --layers r50_08,r50_14,r50_20 --layouts NCHW
+#: --precisions tf32`, bench/results/2026-11-25-h100-carveout-37/tf32-strided-1x1.csv, its solver
+#: columns): triton-conv against gluon-nchw r50_08 (28x28 outputs) 80.6 / 73.3 us, r50_14 75.4 /
+#: 54.6, r50_20 85.8 / 60.1.
+GLUON_NCHW_FP32_STRIDED_1X1_MAX_PLANE = 784
 GLUON_NCHW_MIN_PROGRAMS = 64
 
 #: gluon-nchw's tiles include 64 pixels x 256 output channels, preferred where its grid fills half

@@ -460,9 +460,9 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
     """Where other kernels measured faster (tuning.GLUON_NCHW and the limits beside it): packed
     channels-last input goes through tensor boxes (gluon-gemm, gluon-window, triton-gemm,
     triton-conv's 16-byte copies); NCHW-like input (unit-stride pixels) on large output planes
-    through triton-conv's rows of slots and triton-gemm-nchw's boxes, strided 1x1 filters
-    unless ``strided_1x1`` (the caller's own rule for them); small grids through triton-conv's
-    split reductions."""
+    through triton-conv's rows of slots and triton-gemm-nchw's boxes, strided 1x1 filters of
+    16-bit data unless ``strided_1x1`` (the caller's own rule for them); small grids through
+    triton-conv's split reductions."""
     x = spec.input_desc
     if x.strides[1] == 1:
         return "channels-last input: the tensor-box and 16-byte-copy kernels read it"
@@ -474,16 +474,19 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
     oh, ow = conv.output_desc.dims[2:]
     several = r * s > 1
     strided = conv.conv.strides != (1, 1)
-    if not several and strided and not strided_1x1:
+    fp32 = spec.dtype == DataType.FLOAT
+    if not several and strided and not strided_1x1 and not fp32:
         return "strided 1x1 filters: triton-conv and triton-gemm-nchw measured faster (r50_20 56.4 us against 65.4)"
-    if not several:
+    if not several and strided and fp32:
+        limit = tuning.GLUON_NCHW_FP32_STRIDED_1X1_MAX_PLANE
+    elif not several:
         limit = tuning.GLUON_NCHW_1X1_MAX_PLANE
-    elif spec.dtype == DataType.FLOAT:
+    elif fp32:
         limit = tuning.GLUON_NCHW_FP32_MAX_PLANE
     else:
         limit = tuning.GLUON_NCHW_MAX_PLANE
     if oh * ow > limit:
-        kind = "1x1 filters" if not several else "fp32 data" if spec.dtype == DataType.FLOAT else "several taps"
+        kind = "1x1 filters" if not several else "fp32 data" if fp32 else "several taps"
         return (
             f"output planes of {oh * ow} pixels (> {limit} for {kind}): triton-conv's rows of slots and "
             "triton-gemm-nchw's tensor boxes measured faster"
