@@ -320,6 +320,15 @@ GLUON_GEMM_PLANE_STORE_TILES = True
 #: 25.6, r50_01 12.3 / 12.6 -> 11.6 / 11.6; wider outputs slower (ab-copies-all.csv): r50_07 15.9 /
 #: 16.1 -> 16.3 / 16.4, r50_03 24.6 / 24.6 -> 24.9 / 24.5 (gluon_gemm.copies_defer_why has the rest).
 GLUON_GEMM_PLANE_COPIES = 2
+#: Lanes of a warp along a plane's pixels in gluon-gemm's 8-byte pointer stores of channel planes
+#: (14x14 planes: 392-byte rows, 8-byte aligned; the other lanes along the channels, 4 pixels a
+#: thread). With 4 lanes a warp stored 32 bytes of each of 8 channels' planes, each piece across two
+#: 32-byte sectors; with 16, 128 bytes of each of 2. H100, NCHW, batch 32, CBNA (`fusionplan-bench
+#: --layers r50_13,r50_15 --layouts NCHW --tuning GLUON_GEMM_PLANE_STORE_LANES=8,16,32`,
+#: bench/results/2026-11-25-h100-carveout-37/ab-store-lanes.csv): r50_13 16.7 us at 4 lanes, 13.9 at
+#: 8, 12.6 at 16, 12.8 at 32; r50_15 13.3 / 12.8 / 12.7 / 12.6. 16-byte stores keep 4 lanes (64 bytes
+#: of each of 8 planes, aligned; the 56x56 and 28x28 layers within 0.4 us either way).
+GLUON_GEMM_PLANE_STORE_LANES = 16
 #: Copied planes of whole 16-byte units (GLUON_GEMM_PLANE_COPIES 2) where the output has at most this
 #: many times the input's channels (r50_11's 0.5, r50_01's 1; not r50_03's or r50_07's 4).
 GLUON_GEMM_COPY_MAX_WIDENING = 2

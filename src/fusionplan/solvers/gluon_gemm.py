@@ -380,8 +380,14 @@ m0 = (tile // gl.cdiv(K, BLOCK_N)) * PIXELS
 tile_image = m0 // HWP  # PLANES: the tile's image and first pixel in it
 tile_pixel = m0 % HWP
 # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores; output
-# of channel planes (PLANE_VEC > 0): lanes along a plane's pixels, PLANE_VEC of them a thread
-if PLANE_VEC > 0:
+# of channel planes (PLANE_VEC > 0): lanes along a plane's pixels, PLANE_VEC of them a thread, the
+# others along the channels; 8-byte stores (14x14 planes, rows straddling 32-byte sectors) with
+# {store_lanes} lanes along the pixels (tuning.GLUON_GEMM_PLANE_STORE_LANES), 16-byte ones with 4
+if PLANE_VEC == 4:
+    out_layout: gl.constexpr = gl.BlockedLayout(
+        [PLANE_VEC, 1], [{store_lanes}, 32 // {store_lanes}], [1, gl.num_warps()], [0, 1]
+    )
+elif PLANE_VEC > 0:
     out_layout: gl.constexpr = gl.BlockedLayout([PLANE_VEC, 1], [4, 8], [1, gl.num_warps()], [0, 1])
 else:
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -565,7 +571,15 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     channels_in_out = _indented(channels["in_out"], 4)
     _, _, h, w = spec.input_desc.dims
     plane = h * w if copies else 0  # copied planes' pixels, a constant of the source
-    text = _EPILOGUE.format(channels_in_out=channels_in_out, parts="\n".join(parts), plane=plane)
+    lanes = tuning.GLUON_GEMM_PLANE_STORE_LANES
+    if lanes not in (1, 2, 4, 8, 16, 32):
+        raise ValueError(f"tuning.GLUON_GEMM_PLANE_STORE_LANES = {lanes}: a power of two of at most 32 lanes")
+    text = _EPILOGUE.format(
+        channels_in_out=channels_in_out,
+        parts="\n".join(parts),
+        plane=plane,
+        store_lanes=lanes,
+    )
     epilogue = indent(text.split("\n"), 8)
     loads = []
     for i in range(MAX_PARTS):
