@@ -686,7 +686,7 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
     [
         ("r50_13", True, True, False),  # 14x14: 8-byte copies, 128-pixel tiles in turn
         ("r50_15", True, True, False),  # 96-pixel tiles
-        ("r50_17", True, True, True),  # 192-pixel tiles: triton-gemm-nchw
+        ("r50_17", True, True, False),  # 192-pixel tiles
         ("r50_19", False, False, False),  # 7x7 planes of 98 bytes: gluon-gemm refuses them
         ("r50_11", True, False, False),  # 28x28: 16-byte copies in place of the boxes (K = C / 2)
         ("r50_01", True, False, False),  # K = C
@@ -703,8 +703,14 @@ def test_planes_are_copied_where_measured_faster(name, copied, l1, deferred):
     assert gluon_gemm.plane_copies(spec) == copied and gluon_gemm.copies_through_l1(spec) == l1
     why = gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS)
     assert (why is not None) == deferred
-    if deferred:
-        assert "triton-gemm-nchw" in why and "192 pixels" in why
+
+
+def test_larger_tiles_of_8_byte_copies_defer(monkeypatch):
+    """8-byte copied planes in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels defer to
+    triton-gemm-nchw (r50_17's 192 against a limit of 128)."""
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_COPY_L1_MAX_PIXELS", 128)
+    why = gluon_gemm.gluon_gemm_defer_why(layer("r50_17", layout="NCHW").spec(), H100_SMS)
+    assert "triton-gemm-nchw" in why and "192 pixels (> 128)" in why
 
 
 @pytest.mark.parametrize("name, fits", [("r50_13", True), ("r50_15", True), ("r50_11", False), ("r50_07", False)])

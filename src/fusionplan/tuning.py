@@ -343,8 +343,10 @@ GLUON_GEMM_COPY_MAX_WIDENING = 2
 #: L1), 14.2 within 132 KB (4); r50_13 17.9 / 16.7 / 16.8; r50_17 26.0 / 20.7 / 21.9.
 GLUON_GEMM_COPY_SHARED_BYTES = 164 * 1024
 #: 8-byte copied planes (GLUON_GEMM_COPY_SHARED_BYTES) in tiles of more pixels than this defer to
-#: triton-gemm-nchw (r50_17's 192: 20.7 / 20.1 us against 20.2 / 19.6).
-GLUON_GEMM_COPY_L1_MAX_PIXELS = 128
+#: triton-gemm-nchw. r50_17's 192-pixel tiles measured 20.7 / 20.1 us there against 20.2 / 19.6
+#: (fp16 / bf16) before their stores took GLUON_GEMM_PLANE_STORE_LANES' 16 lanes, 18.0 / 18.0
+#: against 19.2 / 19.2 after (bench/results/2026-11-25-h100-carveout-37/ab-r50_17-copies.csv).
+GLUON_GEMM_COPY_L1_MAX_PIXELS = 192
 
 #: gluon-window's epilogue as gluon-gemm's (GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES):
 #: the chain runs in the accumulator's own layout, 16-bit output changes layout only for its stores

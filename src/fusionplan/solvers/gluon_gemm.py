@@ -982,8 +982,8 @@ def copies_defer_why(spec: PlanSpec, cfg: tuning.ConvConfig) -> str | None:
     boxes, r50_01 11.6 / 11.6 against 12.3 / 12.6, r50_04 25.8 / 25.6 against 27.0 / 27.0, r50_05
     30.9 / 30.7 against 32.7 / 32.4, r50_11 19.3 / 19.1 against 20.6 / 20.3), except 8-byte copies
     (copies_through_l1) in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels (r50_17's
-    192, four 40 KB stages within tuning.GLUON_GEMM_COPY_SHARED_BYTES: 20.7 / 20.1 us against
-    triton-gemm-nchw's 20.2 / 19.6, ab-copy-carveout.csv)."""
+    192, four 40 KB stages within tuning.GLUON_GEMM_COPY_SHARED_BYTES, 18.0 us against
+    triton-gemm-nchw's 19.2 since the 14x14 planes' stores took 16 lanes a plane)."""
     if copies_through_l1(spec) and cfg.block_m > tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS:
         return (
             f"channel planes by 8-byte copies in tiles of {cfg.block_m} pixels "
