@@ -705,6 +705,22 @@ def test_planes_are_copied_where_measured_faster(name, copied, l1, deferred):
     assert (why is not None) == deferred
 
 
+def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):
+    """tuning.GLUON_GEMM_PLANE_STORE_LANES lanes along a plane's pixels for 8-byte stores (PLANE_VEC
+    4: 14x14 planes), 4 for 16-byte ones; a count that does not divide a warp is refused."""
+    spec = layer("r50_13", layout="NCHW").spec()
+
+    def source():
+        return fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).source()
+
+    assert "[PLANE_VEC, 1], [16, 32 // 16]" in source() and "[PLANE_VEC, 1], [4, 8]" in source()
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 8)
+    assert "[PLANE_VEC, 1], [8, 32 // 8]" in source()
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 12)
+    with pytest.raises(ValueError, match="GLUON_GEMM_PLANE_STORE_LANES = 12"):
+        source()
+
+
 def test_larger_tiles_of_8_byte_copies_defer(monkeypatch):
     """8-byte copied planes in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels defer to
     triton-gemm-nchw (r50_17's 192 against a limit of 128)."""

@@ -578,8 +578,9 @@ GLUON_NCHW_REGS_AHEAD = 2
 #: bytes): with the carve-out fitted (FIT_CARVEOUT), the shallower ring leaves L1 to the gathered
 #: input. H100, fp16, batch 32, NCHW, input warm in L2 (`scripts/tile_sweep.py --layers r50_06
 #: --layout NCHW --mode CBNA --batch 32 --tiles keep --tuning GLUON_NCHW_REGS_STAGES=2,3,4,6`,
-#: bench/results/2026-11-25-h100-carveout-37/sweep-gathers.txt): r50_06 30.1 us at 4 stages, 32.0
-#: at 6, 36.6 at 8.
+#: where 2, 3 and 4 gave its ring 4, 6 and 8 stages; bench/results/2026-11-25-h100-carveout-37/
+#: sweep-gathers.txt): r50_06 30.1 us at 4 stages, 32.0 at 6, 36.6 at 8; in the bench (cold L2,
+#: ab-regs-strided-stages.csv) 33.7 us fp16 and 32.5 bf16 at 4 against 40.0 and 38.9 at 8.
 GLUON_NCHW_REGS_STRIDED_STAGES = 4
 #: gluon-nchw-regs takes 128 x 256 tiles for 1x1 filters where their grid fills half the GPU
 #: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE), and stride-1 1x1 filters there alone. H100 A/B
