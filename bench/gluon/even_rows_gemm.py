@@ -1,0 +1,273 @@
+"""Probe: a strided (2x2) 1x1 convolution (+ bias, ReLU) on NCHW input through TMA boxes of the even
+input rows whole, the product over every column and the odd columns dropped in the epilogue,
+against cuDNN and fusionplan's own kernels for the layer (CUDA only; `--sass` compiles for sm_90
+without a GPU).
+
+    python bench/gluon/even_rows_gemm.py --layers r50_08,r50_14
+    python bench/gluon/even_rows_gemm.py --sass
+
+No tensor box takes every other column, and splitting boxes of row pairs in shared memory measured
+1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39). Here nothing is split: the
+input seen as [OH, N * C, W] with strides [2W, H * W, 1] (the even rows only; the row pairs' stride
+2W * 2 bytes must be a multiple of 16: r50_08's 224, r50_14's 112, not r50_20's 56) is read in
+boxes [R rows, 64 channels, WB columns], WB the row's width rounded up to a power of two (TMA
+zero-fills the columns past W). Such a box lands in shared memory as R chunks of [64, WB], which
+is wgmma's MN-major B operand [64 channels, R * WB pixels] as an NVMMA layout of WB * 2-byte rows
+holds it, so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
+products the output needs (r50_08: 64 / 28, 2.3x; about 15 GFLOP against 6.6). The epilogue keeps
+the even columns (a reshape and split of each thread's column pairs), adds the bias, applies ReLU
+and stores each channel's output rows by pointer.
+
+A program computes R output rows of one image (R * WB = 128 pixels) for 128 output channels, two
+computing warpgroups of 64 each, reduction steps of 64 input channels through a ring filled by a
+loading warp. Predicted before any run (H100, fp16, batch 32): compute-bound at 2.3x the products,
+r50_08 about 25-33 us at 450-600 TFLOP/s against 38 on triton-gemm-nchw (NHWC 19), r50_14 about
+the same as its 31.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from plane_groups import compile_summary  # noqa: E402
+from plane_groups_gemm import graph_time_us, summary_line  # noqa: E402
+
+from fusionplan.codegen import load_module  # noqa: E402
+
+BLOCK_N = 128  # output channels of a program (two warpgroups of 64)
+BLOCK_K = 64  # input channels a reduction step
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A strided layer's input width W and output plane (OH, OW), with the probe's box width WB
+    and output rows a program R (R * WB pixels)."""
+
+    w: int
+    oh: int
+    ow: int
+    pixels: int = 128
+
+    @property
+    def wb(self) -> int:
+        return max(16, 1 << (self.w - 1).bit_length())
+
+    @property
+    def rows(self) -> int:
+        return self.pixels // self.wb
+
+    @property
+    def tiles_h(self) -> int:
+        return -(-self.oh // self.rows)
+
+    def why_not(self) -> str | None:
+        if (2 * self.w * 2) % 16:
+            return f"input rows of {self.w} pixels: the row pairs' stride ({4 * self.w} bytes) is not a multiple of 16"
+        if self.pixels % self.wb or self.wb > 64:
+            return f"{self.pixels}-pixel tiles of {self.wb}-pixel rows"
+        return None
+
+
+_SOURCE = """
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
+
+
+@gluon.jit
+def _load(x_desc, w_desc, x_bufs, w_bufs, ready, empty, C,
+          NUM_STAGES: gl.constexpr, R: gl.constexpr, TILES_H: gl.constexpr):
+    tile = gl.program_id(0)
+    row0 = (tile // TILES_H) * C  # the image's first plane
+    oh0 = (tile % TILES_H) * R
+    k0 = gl.program_id(1) * {block_n}
+    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    for i in range(C // {block_k}):
+        s = i % NUM_STAGES
+        mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), nbytes)
+        {tma_load}(x_desc, [oh0, row0 + i * {block_k}, 0], ready.index(s), x_bufs.index(s))
+        {tma_load}(w_desc, [k0, i * {block_k}], ready.index(s), w_bufs.index(s))
+
+
+@gluon.jit
+def _compute(
+    x_bufs, w_bufs, ready, empty, y_ptr, bias_ptr, C, K,
+    NUM_STAGES: gl.constexpr, CONSUMER: gl.constexpr, R: gl.constexpr, WB: gl.constexpr,
+    OH: gl.constexpr, OW: gl.constexpr, TILES_H: gl.constexpr,
+):
+    P: gl.constexpr = R * WB
+    acc = gl.zeros((64, P), gl.float32, gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]))
+    # the box's R chunks of [64 channels, WB columns] as one [64, R * WB] operand along its pixels
+    b_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * WB, element_bitwidth=16, rank=2)
+    for i in range(C // {block_k}):
+        s = i % NUM_STAGES
+        mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)
+        w = w_bufs.index(s).slice(CONSUMER * 64, 64)
+        b = x_bufs.index(s).{reinterpret}(x_bufs.dtype, [{block_k}, P], b_layout)
+        acc = warpgroup_mma(w, b, acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        mbarrier.arrive(empty.index(s))
+    tile = gl.program_id(0)
+    n = tile // TILES_H
+    oh0 = (tile % TILES_H) * R
+    k0 = gl.program_id(1) * {block_n} + CONSUMER * 64
+    # 8 neighbouring columns a thread: each column pair in one thread, so the split keeps the even ones
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    h = gl.convert_layout(acc, out_layout)
+    ch = gl.arange(0, 64, layout=gl.SliceLayout(1, out_layout))
+    bias = gl.load(bias_ptr + k0 + ch)
+    h = gl.maximum(h + bias[:, None], 0.0)
+    even, odd = gl.split(gl.reshape(h, [64, P // 2, 2]))
+    even = gl.convert_layout(even, gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+    j = gl.arange(0, P // 2, layout=gl.SliceLayout(0, even.type.layout))
+    oh = oh0 + j // (WB // 2)
+    ow = j % (WB // 2)
+    c = gl.arange(0, 64, layout=gl.SliceLayout(1, even.type.layout))
+    plane = (n * K + k0 + c).to(gl.int64) * (OH * OW)
+    mask = ((ow < OW) & (oh < OH))[None, :]
+    gl.store(y_ptr + plane[:, None] + (oh * OW + ow)[None, :], even.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def even_rows_gemm_kernel(
+    x_desc, w_desc, y_ptr, bias_ptr, C, K,
+    NUM_STAGES: gl.constexpr, R: gl.constexpr, WB: gl.constexpr, OH: gl.constexpr, OW: gl.constexpr,
+    TILES_H: gl.constexpr,
+):
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES, R, {block_k}, WB], x_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, {block_n}, {block_k}], w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+    gl.warp_specialize(
+        [
+            (_compute, (x_bufs, w_bufs, ready, empty, y_ptr, bias_ptr, C, K, NUM_STAGES, 0, R, WB, OH, OW, TILES_H)),
+            (_compute, (x_bufs, w_bufs, ready, empty, y_ptr, bias_ptr, C, K, NUM_STAGES, 1, R, WB, OH, OW, TILES_H)),
+            (_load, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, C, NUM_STAGES, R, TILES_H)),
+        ],
+        [4, 1],
+        [232, 40],
+    )
+"""
+
+
+def render() -> str:
+    """The probe's kernel source."""
+    from fusionplan.solvers.gluon_window import gluon_names
+
+    return _SOURCE.format(block_n=BLOCK_N, block_k=BLOCK_K, **gluon_names())
+
+
+def build():
+    return load_module(render(), "even_rows_gemm")[0].even_rows_gemm_kernel
+
+
+def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int) -> None:
+    """y = relu(conv1x1(x, w, stride 2) + bias): x [N, C, H, W] and y [N, K, OH, OW] NCHW, 16-bit."""
+    from fusionplan.solvers.gluon_window import gluon_descriptor
+
+    n, c, h, w = x.shape
+    k = w2d.shape[0]
+    x_desc = gluon_descriptor(x, [geo.oh, n * c, w], [2 * w, h * w, 1], [geo.rows, BLOCK_K, geo.wb], 2 * geo.wb, 16)
+    w_desc = gluon_descriptor(w2d, [k, c], [c, 1], [BLOCK_N, BLOCK_K], 2 * BLOCK_K, 16)
+    grid = (n * geo.tiles_h, k // BLOCK_N)
+    kernel[grid](x_desc, w_desc, y, bias, c, k, stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h, num_warps=4)
+
+
+def measure(layer: str, pixels: int, stages: int) -> None:
+    import fusionplan as fp
+    from fusionplan.shapes import resnet50_layer
+    from fusionplan.testing import layer_plan, random_args
+
+    s = resnet50_layer(layer)
+    assert (s.r, s.stride, s.pad) == (1, 2, 0), f"{layer}: a strided 1x1 layer"
+    oh, ow = s.h // 2, s.w // 2
+    geo = Geometry(s.w, oh, ow, pixels)
+    why = geo.why_not()
+    if why:
+        print(f"{layer}: {why}")
+        return
+    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
+    w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
+    bias = torch.randn(s.k, device="cuda")
+    y = torch.full((32, s.k, oh, ow), float("nan"), device="cuda", dtype=torch.float16)
+    kernel, w2d = build(), w.reshape(s.k, s.c).contiguous()
+    launch(kernel, geo, x, w2d, bias, y, stages)
+    expected = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), stride=2) + bias[None, :, None, None])
+    err = ((y.float() - expected).norm() / expected.norm()).item()
+    probe = graph_time_us(lambda: launch(kernel, geo, x, w2d, bias, y, stages))
+    cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half(), stride=2)))
+    times = {}
+    for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
+        plan = layer_plan(s, xin, "CBA")
+        handle = fp.Handle("cuda")
+        plan.compile(handle)
+        args = random_args(plan, "cuda", param_dtype=torch.float32)
+        out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
+        if layout == "NHWC":
+            out = out.to(memory_format=torch.channels_last)
+        run = lambda p=plan, h=handle, xi=xin, o=out, a=args: p.execute(h, xi, o, a)  # noqa: E731
+        times[layout] = (plan.compiled_solver(handle), graph_time_us(run))
+    print(
+        f"{layer} ({pixels}-pixel tiles, {stages} stages): probe {probe:.2f} us (rel. error {err:.1e}, NaN left "
+        f"{int(y.isnan().sum())}); fusionplan NCHW {times['NCHW'][0]} {times['NCHW'][1]:.2f}, NHWC "
+        f"{times['NHWC'][0]} {times['NHWC'][1]:.2f}; cuDNN conv+bias+relu (unfused calls, NCHW) {cudnn:.2f}"
+    )
+
+
+def print_sass(name: str, geo: Geometry, stages: int) -> None:
+    from triton.experimental.gluon import language as gl
+
+    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * geo.wb, element_bitwidth=16, rank=3)
+    w_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_K, element_bitwidth=16, rank=2)
+    signature = {
+        "x_desc": f"tensordesc<fp16[{geo.rows},{BLOCK_K},{geo.wb}],{x_layout!r}>",
+        "w_desc": f"tensordesc<fp16[{BLOCK_N},{BLOCK_K}],{w_layout!r}>",
+        "y_ptr": "*fp16",
+        "bias_ptr": "*fp32",
+        "C": "i32",
+        "K": "i32",
+    } | {p: "constexpr" for p in ("NUM_STAGES", "R", "WB", "OH", "OW", "TILES_H")}
+    values = (stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h)
+    constexprs = {(6 + i,): v for i, v in enumerate(values)}
+    aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
+    info = compile_summary(build(), signature, constexprs, {(2,): aligned, (3,): aligned})
+    expects, boxes = info["bytes barriers expect (TTGIR)"], sum(info["tensor loads' box bytes (TTGIR)"])
+    print(f"{name} even rows:", summary_line(info), "expects", expects, "boxes", boxes)
+
+
+#: The strided 1x1 layers of ResNet-50 the probe compiles for (input width, output plane).
+GEOMETRIES = {"r50_08": Geometry(56, 28, 28), "r50_14": Geometry(28, 14, 14)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", default="r50_08,r50_14")
+    p.add_argument("--pixels", type=int, default=128, choices=(64, 128, 256), help="computed pixels a program")
+    p.add_argument("--stages", type=int, default=3, help="ring stages (32 KB each at 128 pixels)")
+    p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
+    a = p.parse_args()
+    if a.sass or not torch.cuda.is_available():
+        for name, geo in GEOMETRIES.items():
+            print_sass(name, Geometry(geo.w, geo.oh, geo.ow, a.pixels), a.stages)
+        return
+    for layer in a.layers.split(","):
+        measure(layer, a.pixels, a.stages)
+
+
+if __name__ == "__main__":
+    main()
