@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups import compile_summary  # noqa: E402
-from plane_groups_gemm import graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import fusionplan_times, graph_time_us, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -189,9 +189,7 @@ def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int) -> None:
 
 
 def measure(layer: str, pixels: int, stages: int) -> None:
-    import fusionplan as fp
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan, random_args
 
     s = resnet50_layer(layer)
     assert (s.r, s.stride, s.pad) == (1, 2, 0), f"{layer}: a strided 1x1 layer"
@@ -211,17 +209,7 @@ def measure(layer: str, pixels: int, stages: int) -> None:
     err = ((y.float() - expected).norm() / expected.norm()).item()
     probe = graph_time_us(lambda: launch(kernel, geo, x, w2d, bias, y, stages))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half(), stride=2)))
-    times = {}
-    for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
-        plan = layer_plan(s, xin, "CBA")
-        handle = fp.Handle("cuda")
-        plan.compile(handle)
-        args = random_args(plan, "cuda", param_dtype=torch.float32)
-        out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
-        if layout == "NHWC":
-            out = out.to(memory_format=torch.channels_last)
-        run = lambda p=plan, h=handle, xi=xin, o=out, a=args: p.execute(h, xi, o, a)  # noqa: E731
-        times[layout] = (plan.compiled_solver(handle), graph_time_us(run))
+    times = fusionplan_times(s, x)
     print(
         f"{layer} ({pixels}-pixel tiles, {stages} stages): probe {probe:.2f} us (rel. error {err:.1e}, NaN left "
         f"{int(y.isnan().sum())}); fusionplan NCHW {times['NCHW'][0]} {times['NCHW'][1]:.2f}, NHWC "

@@ -298,6 +298,26 @@ def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
+    """fusionplan's CBA plan of the layer ``shape`` on ``x`` (NCHW) and on x channels-last: for each
+    layout, the solver compile picked and its time (graph_time_us)."""
+    import fusionplan as fp
+    from fusionplan.testing import layer_plan, random_args
+
+    times = {}
+    for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
+        plan = layer_plan(shape, xin, "CBA")
+        handle = fp.Handle("cuda")
+        plan.compile(handle)
+        args = random_args(plan, "cuda", param_dtype=torch.float32)
+        out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
+        if layout == "NHWC":
+            out = out.to(memory_format=torch.channels_last)
+        run = lambda p=plan, h=handle, xi=xin, o=out, a=args: p.execute(h, xi, o, a)  # noqa: E731
+        times[layout] = (plan.compiled_solver(handle), graph_time_us(run))
+    return times
+
+
 def measure(layer: str, images_7x7: int) -> None:
     import fusionplan as fp
     from fusionplan.shapes import resnet50_layer

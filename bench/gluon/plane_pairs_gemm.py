@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups_gemm import compile_probe, graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -247,9 +247,7 @@ def launch(kernel, x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor, 
 
 
 def measure(layer: str) -> None:
-    import fusionplan as fp
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan, random_args
 
     s = resnet50_layer(layer)
     assert (s.h, s.w, s.r, s.stride) == (14, 14, 1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 planes"
@@ -263,17 +261,7 @@ def measure(layer: str) -> None:
     err = ((y.float() - expected).norm() / expected.norm()).item()
     probe = graph_time_us(lambda: launch(kernel, x, packed, bias, y))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half())))
-    times = {}
-    for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
-        plan = layer_plan(s, xin, "CBA")
-        handle = fp.Handle("cuda")
-        plan.compile(handle)
-        args = random_args(plan, "cuda", param_dtype=torch.float32)
-        out = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
-        if layout == "NHWC":
-            out = out.to(memory_format=torch.channels_last)
-        run = lambda p=plan, h=handle, xi=xin, o=out, a=args: p.execute(h, xi, o, a)  # noqa: E731
-        times[layout] = (plan.compiled_solver(handle), graph_time_us(run))
+    times = fusionplan_times(s, x)
     print(
         f"{layer}: probe {probe:.2f} us (rel. error {err:.1e}, NaN left {int(y.isnan().sum())}); fusionplan NCHW "
         f"{times['NCHW'][0]} {times['NCHW'][1]:.2f}, NHWC {times['NHWC'][0]} {times['NHWC'][1]:.2f}; "
