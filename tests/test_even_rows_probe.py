@@ -59,15 +59,16 @@ def test_row_pairs_stride_must_be_whole_16_byte_units():
     assert "not a multiple of 16" in probe.Geometry(14, 7, 7).why_not()  # r50_20: 56-byte row pairs
 
 
-def test_even_rows_probe_compiles_for_sm90():
-    """Both layers' kernels: 2 tensor loads a step whose boxes are what the stage's barrier expects,
-    a product of 64 channels a step in each computing warpgroup (8 HGMMA), no shuffles, the even
-    columns stored 8 bytes a thread on 28-pixel rows (4 on 14), no spills, two programs a
-    multiprocessor in shared memory."""
-    lines = [line for line in compiling_process([str(BENCH / "even_rows_gemm.py"), "--sass"]).splitlines()]
-    summaries = [line for line in lines if "even rows:" in line]
+@pytest.mark.parametrize("row_boxes", [False, True])
+def test_even_rows_probe_compiles_for_sm90(row_boxes):
+    """Both layers' kernels: the input's box (or a box per output row: r50_08's 2, r50_14's 4) and the
+    weights' a step, their bytes what the stage's barrier expects, a product of 64 channels a step
+    in each computing warpgroup (8 HGMMA), no shuffles, the even columns stored 8 bytes a thread
+    on 28-pixel rows (4 on 14), no spills, two programs a multiprocessor in shared memory."""
+    args = [str(BENCH / "even_rows_gemm.py"), "--sass"] + (["--row-boxes"] if row_boxes else [])
+    summaries = [line for line in compiling_process(args).splitlines() if "even rows" in line]
     assert [line.split()[0] for line in summaries] == ["r50_08", "r50_14"]
-    for line, store in zip(summaries, ("{8: 16}", "{4: 32}")):
-        assert "'HGMMA': 8" in line and "'UTMALDG': 2" in line and "'SHFL': 0" in line
+    for line, store, loads in zip(summaries, ("{8: 16}", "{4: 32}"), (3, 5) if row_boxes else (2, 2)):
+        assert "'HGMMA': 8" in line and f"'UTMALDG': {loads}" in line and "'SHFL': 0" in line
         assert f"stores by bytes {store}" in line and "STACK:0" in line and "expects [32768] boxes 32768" in line
         assert int(line.split("shared ")[1].split()[0]) <= 113 * 1024

@@ -3,7 +3,7 @@ input rows whole, the product over every column and the odd columns dropped in t
 against cuDNN and fusionplan's own kernels for the layer (CUDA only; `--sass` compiles for sm_90
 without a GPU).
 
-    python bench/gluon/even_rows_gemm.py --layers r50_08,r50_14
+    python bench/gluon/even_rows_gemm.py --layers r50_08,r50_14 [--row-boxes] [--pixels 256 --stages 4]
     python bench/gluon/even_rows_gemm.py --sass
 
 No tensor box takes every other column, and splitting boxes of row pairs in shared memory measured
@@ -16,7 +16,9 @@ is wgmma's MN-major B operand [64 channels, R * WB pixels] as an NVMMA layout of
 holds it, so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
 products the output needs (r50_08: 64 / 28, 2.3x; about 15 GFLOP against 6.6). The epilogue keeps
 the even columns (a reshape and split of each thread's column pairs), adds the bias, applies ReLU
-and stores each channel's output rows by pointer.
+and stores each channel's output rows by pointer. ``--row-boxes`` reads the same rows as R boxes
+[64 channels, 1 row, WB columns] of the view [N * C, OH, W] (strides in decreasing order), each
+into its chunk, should a driver refuse the first view's order of strides.
 
 A program computes R output rows of one image (R * WB = 128 pixels) for 128 output channels, two
 computing warpgroups of 64 each, reduction steps of 64 input channels through a ring filled by a
@@ -85,17 +87,28 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _load(x_desc, w_desc, x_bufs, w_bufs, ready, empty, C,
-          NUM_STAGES: gl.constexpr, R: gl.constexpr, TILES_H: gl.constexpr):
+          NUM_STAGES: gl.constexpr, R: gl.constexpr, WB: gl.constexpr, TILES_H: gl.constexpr,
+          ROW_BOXES: gl.constexpr):
+    # a stage's input, [R * 64, WB]: row r's 64 planes at rows r * 64.. (the operand's chunk r);
+    # one box [R, 64, WB] of the view [OH, N * C, W], or (ROW_BOXES) R boxes [64, 1, WB] of the view
+    # [N * C, OH, W] (strides in decreasing order, should a driver refuse the other)
     tile = gl.program_id(0)
     row0 = (tile // TILES_H) * C  # the image's first plane
     oh0 = (tile % TILES_H) * R
     k0 = gl.program_id(1) * {block_n}
-    nbytes: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    nbytes: gl.constexpr = (R if ROW_BOXES else 1) * x_desc.block_type.nbytes + w_desc.block_type.nbytes
     for i in range(C // {block_k}):
         s = i % NUM_STAGES
         mbarrier.wait(empty.index(s), ((i // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(s), nbytes)
-        {tma_load}(x_desc, [oh0, row0 + i * {block_k}, 0], ready.index(s), x_bufs.index(s))
+        if ROW_BOXES:
+            for r in gl.static_range(R):
+                chunk = x_bufs.index(s).slice(r * {block_k}, {block_k})
+                {tma_load}(x_desc, [row0 + i * {block_k}, oh0 + r, 0], ready.index(s),
+                           chunk.{reinterpret}(x_bufs.dtype, [{block_k}, 1, WB], x_desc.layout))
+        else:
+            box = x_bufs.index(s).{reinterpret}(x_bufs.dtype, [R, {block_k}, WB], x_desc.layout)
+            {tma_load}(x_desc, [oh0, row0 + i * {block_k}, 0], ready.index(s), box)
         {tma_load}(w_desc, [k0, i * {block_k}], ready.index(s), w_bufs.index(s))
 
 
@@ -108,13 +121,12 @@ def _compute(
     P: gl.constexpr = R * WB
     acc = gl.zeros((64, P), gl.float32, gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, P, 16]))
-    # the box's R chunks of [64 channels, WB columns] as one [64, R * WB] operand along its pixels
-    b_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * WB, element_bitwidth=16, rank=2)
     for i in range(C // {block_k}):
         s = i % NUM_STAGES
         mbarrier.wait(ready.index(s), (i // NUM_STAGES) & 1)
         w = w_bufs.index(s).slice(CONSUMER * 64, 64)
-        b = x_bufs.index(s).{reinterpret}(x_bufs.dtype, [{block_k}, P], b_layout)
+        # the stage's R chunks of [64 channels, WB columns] as one [64, R * WB] operand along its pixels
+        b = x_bufs.index(s).{reinterpret}(x_bufs.dtype, [{block_k}, P], x_bufs.type.layout)
         acc = warpgroup_mma(w, b, acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index(s))
@@ -143,9 +155,11 @@ def _compute(
 def even_rows_gemm_kernel(
     x_desc, w_desc, y_ptr, bias_ptr, C, K,
     NUM_STAGES: gl.constexpr, R: gl.constexpr, WB: gl.constexpr, OH: gl.constexpr, OW: gl.constexpr,
-    TILES_H: gl.constexpr,
+    TILES_H: gl.constexpr, ROW_BOXES: gl.constexpr,
 ):
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES, R, {block_k}, WB], x_desc.layout)
+    # rows of WB columns (WB * 2 bytes, swizzled as wide), R * 64 of them a stage
+    flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=2 * WB, element_bitwidth=16, rank=2)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES, R * {block_k}, WB], flat)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, {block_n}, {block_k}], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -157,7 +171,7 @@ def even_rows_gemm_kernel(
         [
             (_compute, (x_bufs, w_bufs, ready, empty, y_ptr, bias_ptr, C, K, NUM_STAGES, 0, R, WB, OH, OW, TILES_H)),
             (_compute, (x_bufs, w_bufs, ready, empty, y_ptr, bias_ptr, C, K, NUM_STAGES, 1, R, WB, OH, OW, TILES_H)),
-            (_load, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, C, NUM_STAGES, R, TILES_H)),
+            (_load, (x_desc, w_desc, x_bufs, w_bufs, ready, empty, C, NUM_STAGES, R, WB, TILES_H, ROW_BOXES)),
         ],
         [4, 1],
         [232, 40],
@@ -176,19 +190,31 @@ def build():
     return load_module(render(), "even_rows_gemm")[0].even_rows_gemm_kernel
 
 
-def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int) -> None:
-    """y = relu(conv1x1(x, w, stride 2) + bias): x [N, C, H, W] and y [N, K, OH, OW] NCHW, 16-bit."""
+def input_descriptor(x, geo: Geometry, row_boxes: bool):
+    """The even input rows: the view [OH, N * C, W] in boxes [R, 64, WB], or (``row_boxes``) the view
+    [N * C, OH, W] in boxes [64, 1, WB]."""
     from fusionplan.solvers.gluon_window import gluon_descriptor
 
     n, c, h, w = x.shape
+    if row_boxes:
+        return gluon_descriptor(x, [n * c, geo.oh, w], [h * w, 2 * w, 1], [BLOCK_K, 1, geo.wb], 2 * geo.wb, 16)
+    return gluon_descriptor(x, [geo.oh, n * c, w], [2 * w, h * w, 1], [geo.rows, BLOCK_K, geo.wb], 2 * geo.wb, 16)
+
+
+def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int, row_boxes: bool = False) -> None:
+    """y = relu(conv1x1(x, w, stride 2) + bias): x [N, C, H, W] and y [N, K, OH, OW] NCHW, 16-bit."""
+    from fusionplan.solvers.gluon_window import gluon_descriptor
+
+    n, c = x.shape[:2]
     k = w2d.shape[0]
-    x_desc = gluon_descriptor(x, [geo.oh, n * c, w], [2 * w, h * w, 1], [geo.rows, BLOCK_K, geo.wb], 2 * geo.wb, 16)
+    x_desc = input_descriptor(x, geo, row_boxes)
     w_desc = gluon_descriptor(w2d, [k, c], [c, 1], [BLOCK_N, BLOCK_K], 2 * BLOCK_K, 16)
     grid = (n * geo.tiles_h, k // BLOCK_N)
-    kernel[grid](x_desc, w_desc, y, bias, c, k, stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h, num_warps=4)
+    constants = (stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h, row_boxes)
+    kernel[grid](x_desc, w_desc, y, bias, c, k, *constants, num_warps=4)
 
 
-def measure(layer: str, pixels: int, stages: int) -> None:
+def measure(layer: str, pixels: int, stages: int, row_boxes: bool) -> None:
     from fusionplan.shapes import resnet50_layer
 
     s = resnet50_layer(layer)
@@ -204,38 +230,42 @@ def measure(layer: str, pixels: int, stages: int) -> None:
     bias = torch.randn(s.k, device="cuda")
     y = torch.full((32, s.k, oh, ow), float("nan"), device="cuda", dtype=torch.float16)
     kernel, w2d = build(), w.reshape(s.k, s.c).contiguous()
-    launch(kernel, geo, x, w2d, bias, y, stages)
+    launch(kernel, geo, x, w2d, bias, y, stages, row_boxes)
     expected = torch.relu(torch.nn.functional.conv2d(x.float(), w.float(), stride=2) + bias[None, :, None, None])
     err = ((y.float() - expected).norm() / expected.norm()).item()
-    probe = graph_time_us(lambda: launch(kernel, geo, x, w2d, bias, y, stages))
+    probe = graph_time_us(lambda: launch(kernel, geo, x, w2d, bias, y, stages, row_boxes))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half(), stride=2)))
     times = fusionplan_times(s, x)
+    boxes = "row boxes" if row_boxes else "one box"
+    (nchw_solver, nchw_us), (nhwc_solver, nhwc_us) = times["NCHW"], times["NHWC"]
     print(
-        f"{layer} ({pixels}-pixel tiles, {stages} stages): probe {probe:.2f} us (rel. error {err:.1e}, NaN left "
-        f"{int(y.isnan().sum())}); fusionplan NCHW {times['NCHW'][0]} {times['NCHW'][1]:.2f}, NHWC "
-        f"{times['NHWC'][0]} {times['NHWC'][1]:.2f}; cuDNN conv+bias+relu (unfused calls, NCHW) {cudnn:.2f}"
+        f"{layer} ({pixels}-pixel tiles, {stages} stages, {boxes}): probe {probe:.2f} us "
+        f"(rel. error {err:.1e}, NaN left {int(y.isnan().sum())}); fusionplan NCHW {nchw_solver} {nchw_us:.2f}, "
+        f"NHWC {nhwc_solver} {nhwc_us:.2f}; cuDNN conv+bias+relu (unfused calls, NCHW) {cudnn:.2f}"
     )
 
 
-def print_sass(name: str, geo: Geometry, stages: int) -> None:
+def print_sass(name: str, geo: Geometry, stages: int, row_boxes: bool) -> None:
     from triton.experimental.gluon import language as gl
 
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * geo.wb, element_bitwidth=16, rank=3)
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_K, element_bitwidth=16, rank=2)
+    box = f"{BLOCK_K},1,{geo.wb}" if row_boxes else f"{geo.rows},{BLOCK_K},{geo.wb}"
     signature = {
-        "x_desc": f"tensordesc<fp16[{geo.rows},{BLOCK_K},{geo.wb}],{x_layout!r}>",
+        "x_desc": f"tensordesc<fp16[{box}],{x_layout!r}>",
         "w_desc": f"tensordesc<fp16[{BLOCK_N},{BLOCK_K}],{w_layout!r}>",
         "y_ptr": "*fp16",
         "bias_ptr": "*fp32",
         "C": "i32",
         "K": "i32",
-    } | {p: "constexpr" for p in ("NUM_STAGES", "R", "WB", "OH", "OW", "TILES_H")}
-    values = (stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h)
+    } | {p: "constexpr" for p in ("NUM_STAGES", "R", "WB", "OH", "OW", "TILES_H", "ROW_BOXES")}
+    values = (stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h, row_boxes)
     constexprs = {(6 + i,): v for i, v in enumerate(values)}
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
     info = compile_summary(build(), signature, constexprs, {(2,): aligned, (3,): aligned})
     expects, boxes = info["bytes barriers expect (TTGIR)"], sum(info["tensor loads' box bytes (TTGIR)"])
-    print(f"{name} even rows:", summary_line(info), "expects", expects, "boxes", boxes)
+    kind = "row boxes" if row_boxes else "one box"
+    print(f"{name} even rows ({kind}):", summary_line(info), "expects", expects, "boxes", boxes)
 
 
 #: The strided 1x1 layers of ResNet-50 the probe compiles for (input width, output plane).
@@ -247,14 +277,15 @@ def main() -> None:
     p.add_argument("--layers", default="r50_08,r50_14")
     p.add_argument("--pixels", type=int, default=128, choices=(64, 128, 256), help="computed pixels a program")
     p.add_argument("--stages", type=int, default=3, help="ring stages (32 KB each at 128 pixels)")
+    p.add_argument("--row-boxes", action="store_true", help="a box per output row (the view [N * C, OH, W])")
     p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
     a = p.parse_args()
     if a.sass or not torch.cuda.is_available():
         for name, geo in GEOMETRIES.items():
-            print_sass(name, Geometry(geo.w, geo.oh, geo.ow, a.pixels), a.stages)
+            print_sass(name, Geometry(geo.w, geo.oh, geo.ow, a.pixels), a.stages, a.row_boxes)
         return
     for layer in a.layers.split(","):
-        measure(layer, a.pixels, a.stages)
+        measure(layer, a.pixels, a.stages, a.row_boxes)
 
 
 if __name__ == "__main__":
