@@ -33,7 +33,20 @@ def test_cpu_run_writes_every_output(tmp_path, capsys):
         assert row["fused_ms"] > 0 and row["eager_ms"] > 0 and row["unfused_ms"] > 0, row
         assert row["errors"] == ""
     assert (out / "results.csv").read_text().count("\n") == 13
-    assert "Geometric means" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "Geometric means" in summary
+    # the NCHW target's number: CBNA and CBA timed in both layouts (NA, a pointwise chain, too)
+    ratios = data["layout_ratios"]
+    assert set(ratios) == {"fp32 CBNA", "fp32 CBA", "fp32 NA"} and all(r["layers"] == 2 for r in ratios.values())
+    for key, r in ratios.items():
+        fused = {
+            (row["layer"], row["layout"]): row["fused_ms"]
+            for row in data["rows"]
+            if f"{row['precision']} {row['mode']}" == key
+        }
+        per_layer = [fused[(layer, "NCHW")] / fused[(layer, "NHWC")] for layer in ("r50_01", "r50_22")]
+        assert r["nchw_over_nhwc"] == pytest.approx((per_layer[0] * per_layer[1]) ** 0.5)
+        assert f"NCHW time over NHWC time, {key}: {r['nchw_over_nhwc']:.3f}x" in text and key in summary
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert "speedup_fused_vs_unfused.png" in pngs and "bandwidth_bn_activation.png" in pngs
 

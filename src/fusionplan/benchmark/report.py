@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 import fusionplan
-from fusionplan.benchmark.runner import Row, geomeans
+from fusionplan.benchmark.runner import Row, geomeans, layout_ratios
 
 SHOWN = ("unfused", "eager", "cudnn", "compile", "compile-max")
 
@@ -62,6 +62,14 @@ def _geomean_text(stats: dict[str, float]) -> str:
     return ", ".join(parts)
 
 
+def _layout_ratio_lines(rows: list[Row]) -> list[str]:
+    """'NCHW time over NHWC time, fp16 CBNA: 1.368x (geometric mean of 23 layers)' per group timed in both."""
+    return [
+        f"NCHW time over NHWC time, {key}: {r['nchw_over_nhwc']:.3f}x (geometric mean of {r['layers']} layers)"
+        for key, r in layout_ratios(rows).items()
+    ]
+
+
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None else format(v, spec)
 
@@ -107,6 +115,8 @@ def print_table(rows: list[Row], peaks: dict) -> None:
         Console(width=250).print(table)
     for key, stats in geomeans(rows).items():
         print(f"geometric means, {key}: {_geomean_text(stats)}")
+    for line in _layout_ratio_lines(rows):
+        print(line)
     for precision, p in peaks.items():
         print(f"peaks ({precision}): matmul {p['matmul_tflops']:.3g} TFLOP/s, copy {p['copy_gbps']:.0f} GB/s")
     for r in rows:
@@ -132,7 +142,16 @@ def write_outputs(rows: list[Row], peaks: dict, env: dict, out_dir: Path, plots:
         writer.writerows(dicts)
     summary = geomeans(rows)
     written[1].write_text(
-        json.dumps({"environment": env, "peaks": peaks, "geomeans": summary, "rows": dicts}, indent=1)
+        json.dumps(
+            {
+                "environment": env,
+                "peaks": peaks,
+                "geomeans": summary,
+                "layout_ratios": layout_ratios(rows),
+                "rows": dicts,
+            },
+            indent=1,
+        )
     )
     written[2].write_text(markdown_summary(rows, peaks, env, summary))
     if plots:
@@ -150,6 +169,9 @@ def markdown_summary(rows: list[Row], peaks: dict, env: dict, summary: dict) -> 
     ]
     lines += ["", "## Geometric means of fused's speed-up (baseline time / fused time)", ""]
     lines += [f"- {k}: " + ", ".join(f"vs {n} {v:.2f}x" for n, v in s.items()) for k, s in summary.items()]
+    ratios = _layout_ratio_lines(rows)
+    if ratios:
+        lines += ["", "## Layouts", "", *[f"- {line}" for line in ratios]]
     lines += ["", "## Cases", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c) + " |" for c in body]
     failures = [f"- {r.case.name}: {k}: {v}" for r in rows for k, v in r.errors.items()]

@@ -172,6 +172,22 @@ def run_suite(
     return rows, {k: vars(v) for k, v in peaks.items()}
 
 
+def layout_ratios(rows: list[Row]) -> dict[str, dict[str, float]]:
+    """Per (precision, mode) group timed in both layouts: the geometric mean over its layers of the
+    NCHW fused time over the NHWC fused time (issue 6's NCHW target: at most 1.2), and the layers
+    it covers."""
+    fused: dict[tuple[str, str, int, str], dict[str, float]] = {}
+    for row in rows:
+        if row.fused_ms:
+            c = row.case
+            fused.setdefault((c.precision, c.mode, c.batch, c.layer.name), {})[c.layout] = row.fused_ms
+    groups: dict[str, list[float]] = {}
+    for (precision, mode, _, _), times in fused.items():
+        if {"NCHW", "NHWC"} <= set(times):
+            groups.setdefault(f"{precision} {mode}", []).append(times["NCHW"] / times["NHWC"])
+    return {k: {"nchw_over_nhwc": statistics.geometric_mean(v), "layers": len(v)} for k, v in groups.items()}
+
+
 def geomeans(rows: list[Row]) -> dict[str, dict[str, float]]:
     """Per (precision, layout, mode) group: the geometric mean of fused's speed-up over each baseline."""
     groups: dict[str, list[Row]] = {}
