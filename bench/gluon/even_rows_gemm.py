@@ -5,6 +5,7 @@ without a GPU).
 
     python bench/gluon/even_rows_gemm.py --layers r50_08,r50_14 [--row-boxes] [--pixels 256 --stages 4]
     python bench/gluon/even_rows_gemm.py --sass
+    python bench/gluon/even_rows_gemm.py --check-layouts   # the box is the operand (Triton's linear layouts)
 
 No tensor box takes every other column, and splitting boxes of row pairs in shared memory measured
 1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39). Here nothing is split: the
@@ -13,7 +14,7 @@ input seen as [OH, N * C, W] with strides [2W, H * W, 1] (the even rows only; th
 boxes [R rows, 64 channels, WB columns], WB the row's width rounded up to a power of two (TMA
 zero-fills the columns past W). Such a box lands in shared memory as R chunks of [64, WB], which
 is wgmma's MN-major B operand [64 channels, R * WB pixels] as an NVMMA layout of WB * 2-byte rows
-holds it, so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
+holds it (column chunks of WB outermost: `--check-layouts` compares the three views' linear layouts), so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
 products the output needs (r50_08: 64 / 28, 2.3x; about 15 GFLOP against 6.6). The epilogue keeps
 the even columns (a reshape and split of each thread's column pairs), adds the bias, applies ReLU
 and stores each channel's output rows by pointer. ``--row-boxes`` reads the same rows as R boxes
@@ -268,6 +269,48 @@ def print_sass(name: str, geo: Geometry, stages: int, row_boxes: bool) -> None:
     print(f"{name} even rows ({kind}):", summary_line(info), "expects", expects, "boxes", boxes)
 
 
+def offsets_to_coordinates(builder, layout, shape: list[int]) -> list[tuple[int, ...]]:
+    """Each shared-memory offset's element under ``layout``: Triton's linear layout of it (the XOR
+    of the bases of the offset's set bits)."""
+    bases = builder.to_linear_layout(layout._to_ir(builder), shape).offset_bases
+    coordinates = []
+    for offset in range(1 << len(bases)):
+        coordinate = [0] * len(shape)
+        for bit, base in enumerate(bases):
+            if offset >> bit & 1:
+                coordinate = [a ^ b for a, b in zip(coordinate, base)]
+        coordinates.append(tuple(coordinate))
+    return coordinates
+
+
+def check_layouts() -> None:
+    """Whether a stage [R * 64, WB] holds at every offset the same element seen as the box
+    [R, 64, WB] and as the operand [64, R * WB] (channel c, pixel r * WB + col): 'agree WBxR' per
+    geometry, or why it cannot be told."""
+    from triton._C.libtriton import gluon_ir, ir
+    from triton.experimental.gluon import language as gl
+
+    context = ir.context()
+    ir.load_dialects(context)
+    builder = gluon_ir.GluonOpBuilder(context)
+    if not hasattr(builder, "to_linear_layout"):
+        print("this Triton cannot give a shared layout's linear layout")
+        return
+    for wb, rows in ((64, 2), (32, 4), (64, 4)):
+
+        def layout(rank, wb=wb):
+            return gl.NVMMASharedLayout(swizzle_byte_width=2 * wb, element_bitwidth=16, rank=rank)
+
+        flat = offsets_to_coordinates(builder, layout(2), [rows * BLOCK_K, wb])
+        box = offsets_to_coordinates(builder, layout(3), [rows, BLOCK_K, wb])
+        operand = offsets_to_coordinates(builder, layout(2), [BLOCK_K, rows * wb])
+        same = len(flat) == len(box) == len(operand) == rows * BLOCK_K * wb and all(
+            (row, col) == (r * BLOCK_K + c, col3) and (c2, pixel) == (c, r * wb + col3)
+            for (row, col), (r, c, col3), (c2, pixel) in zip(flat, box, operand)
+        )
+        print("agree" if same else "DIFFER", f"{wb}x{rows}")
+
+
 #: The strided 1x1 layers of ResNet-50 the probe compiles for (input width, output plane).
 GEOMETRIES = {"r50_08": Geometry(56, 28, 28), "r50_14": Geometry(28, 14, 14)}
 
@@ -279,7 +322,13 @@ def main() -> None:
     p.add_argument("--stages", type=int, default=3, help="ring stages (32 KB each at 128 pixels)")
     p.add_argument("--row-boxes", action="store_true", help="a box per output row (the view [N * C, OH, W])")
     p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
+    p.add_argument(
+        "--check-layouts", action="store_true", help="whether a stage is the box and the operand at once (no GPU)"
+    )
     a = p.parse_args()
+    if a.check_layouts:
+        check_layouts()
+        return
     if a.sass or not torch.cuda.is_available():
         for name, geo in GEOMETRIES.items():
             print_sass(name, Geometry(geo.w, geo.oh, geo.ow, a.pixels), a.stages, a.row_boxes)
