@@ -14,7 +14,8 @@ input seen as [OH, N * C, W] with strides [2W, H * W, 1] (the even rows only; th
 boxes [R rows, 64 channels, WB columns], WB the row's width rounded up to a power of two (TMA
 zero-fills the columns past W). Such a box lands in shared memory as R chunks of [64, WB], which
 is wgmma's MN-major B operand [64 channels, R * WB pixels] as an NVMMA layout of WB * 2-byte rows
-holds it (column chunks of WB outermost: `--check-layouts` compares the three views' linear layouts), so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
+holds it (column chunks of WB outermost: `--check-layouts` compares the three views' linear
+layouts), so the product [output channels, R * WB] runs on the raw boxes: 2 * WB / W times the
 products the output needs (r50_08: 64 / 28, 2.3x; about 15 GFLOP against 6.6). The epilogue keeps
 the even columns (a reshape and split of each thread's column pairs), adds the bias, applies ReLU
 and stores each channel's output rows by pointer. ``--row-boxes`` reads the same rows as R boxes
