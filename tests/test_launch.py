@@ -511,7 +511,7 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
     assert calls == [(1234, 9, 62)]  # 144,668 of 233,472 bytes
     Launcher(lambda: None)._loaded(Kernel())
     unloaded = Kernel()
-    unloaded.function = None  # compile_ahead keeps a kernel before loading it
+    unloaded.function = None  # a kernel whose binary is not on the device yet
     fitting._loaded(unloaded)
     assert len(calls) == 1
     monkeypatch.setattr(launch, "_cuda_driver", lambda: None)

@@ -238,9 +238,8 @@ class Launcher:
             )
             if kernel is None or not hasattr(kernel, "run"):
                 return None
-            self._keep(key, kernel, record)
             kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
-            self._loaded(kernel)
+            self._keep(key, kernel, record)
         return kernel
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
@@ -264,7 +263,7 @@ class Launcher:
 
     def _loaded(self, kernel) -> None:
         """A kept kernel's attributes on the device, once its binary is loaded (by Triton's first
-        launch or a record's load before it is kept; compile_ahead loads it after)."""
+        launch, a record's load or compile_ahead, each before the kernel is kept)."""
         if self.fit_carveout and getattr(kernel, "function", None):
             fit_shared_carveout(kernel)
 
