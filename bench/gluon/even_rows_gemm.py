@@ -40,8 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups import compile_summary  # noqa: E402
-from plane_groups_gemm import fusionplan_times, graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -253,18 +252,13 @@ def print_sass(name: str, geo: Geometry, stages: int, row_boxes: bool) -> None:
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * geo.wb, element_bitwidth=16, rank=3)
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * BLOCK_K, element_bitwidth=16, rank=2)
     box = f"{BLOCK_K},1,{geo.wb}" if row_boxes else f"{geo.rows},{BLOCK_K},{geo.wb}"
-    signature = {
+    descriptors = {
         "x_desc": f"tensordesc<fp16[{box}],{x_layout!r}>",
         "w_desc": f"tensordesc<fp16[{BLOCK_N},{BLOCK_K}],{w_layout!r}>",
-        "y_ptr": "*fp16",
-        "bias_ptr": "*fp32",
-        "C": "i32",
-        "K": "i32",
-    } | {p: "constexpr" for p in ("NUM_STAGES", "R", "WB", "OH", "OW", "TILES_H", "ROW_BOXES")}
+    }
+    names = ("NUM_STAGES", "R", "WB", "OH", "OW", "TILES_H", "ROW_BOXES")
     values = (stages, geo.rows, geo.wb, geo.oh, geo.ow, geo.tiles_h, row_boxes)
-    constexprs = {(6 + i,): v for i, v in enumerate(values)}
-    aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    info = compile_summary(build(), signature, constexprs, {(2,): aligned, (3,): aligned})
+    info = compile_probe(build(), descriptors, dict(zip(names, values)))
     expects, boxes = info["bytes barriers expect (TTGIR)"], sum(info["tensor loads' box bytes (TTGIR)"])
     kind = "row boxes" if row_boxes else "one box"
     print(f"{name} even rows ({kind}):", summary_line(info), "expects", expects, "boxes", boxes)

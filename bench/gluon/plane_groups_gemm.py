@@ -360,24 +360,20 @@ def print_sass(geo: Geometry) -> None:
         "x_desc": f"tensordesc<fp16[{geo.groups},64],{x_layout!r}>",
         "w_desc": f"tensordesc<fp16[{BLOCK_K},{geo.groups}],{w_layout!r}>",
     }
-    print(f"{geo.plane}-pixel planes:", summary_line(compile_probe(build(geo), signature, geo.stages(), geo.plane)))
+    info = compile_probe(build(geo), signature, {"NUM_STAGES": geo.stages(), "PLANE": geo.plane})
+    print(f"{geo.plane}-pixel planes:", summary_line(info))
 
 
-def compile_probe(kernel, descriptors: dict, stages: int, plane: int) -> dict:
+def compile_probe(kernel, descriptors: dict, constexprs: dict) -> dict:
     """The SASS summary (plane_groups.compile_summary) of a probe kernel whose parameters are
-    ``descriptors`` then (y_ptr, bias_ptr, C, K, NUM_STAGES, PLANE), as a launch specializes them."""
-    signature = descriptors | {
-        "y_ptr": "*fp16",
-        "bias_ptr": "*fp32",
-        "C": "i32",
-        "K": "i32",
-        "NUM_STAGES": "constexpr",
-        "PLANE": "constexpr",
-    }
+    ``descriptors`` then (y_ptr, bias_ptr, C, K) then ``constexprs`` (name: value), as a launch
+    specializes them."""
+    signature = descriptors | {"y_ptr": "*fp16", "bias_ptr": "*fp32", "C": "i32", "K": "i32"}
     first = len(descriptors)
+    values = {(len(signature) + i,): v for i, v in enumerate(constexprs.values())}
+    signature |= {name: "constexpr" for name in constexprs}
     aligned = [["tt.divisibility", 16]]  # as a launch specializes 16-byte aligned pointers
-    constexprs = {(first + 4,): stages, (first + 5,): plane}
-    return compile_summary(kernel, signature, constexprs, {(first,): aligned, (first + 1,): aligned})
+    return compile_summary(kernel, signature, values, {(first,): aligned, (first + 1,): aligned})
 
 
 def summary_line(info: dict) -> str:

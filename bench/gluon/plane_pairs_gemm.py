@@ -279,7 +279,7 @@ def print_sass() -> None:
     w_layout = gl.NVMMASharedLayout(swizzle_byte_width=2 * PAIRS, element_bitwidth=16, rank=2)
     descriptors = {f"x_desc{q}": box(width) for q, width in enumerate(PARTS)}
     descriptors |= {"n_desc": box(NEIGHBOUR), "w_desc": f"tensordesc<fp16[{BLOCK_K},{PAIRS}],{w_layout!r}>"}
-    info = compile_probe(build(), descriptors, stages(), PLANE)
+    info = compile_probe(build(), descriptors, {"NUM_STAGES": stages(), "PLANE": PLANE})
     expects, boxes = info["bytes barriers expect (TTGIR)"], sum(info["tensor loads' box bytes (TTGIR)"])
     print("14x14 plane pairs:", summary_line(info), "expects", expects, "boxes", boxes)
 

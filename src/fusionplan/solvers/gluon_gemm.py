@@ -23,10 +23,11 @@ wgmma's B operand as TMA leaves them (the pixels contiguous); each image's pixel
 whole tiles (plane_rows) so that no box crosses into the next image, and the output goes along the
 planes: by TMA from the tile written transposed to shared memory, or by pointer 16 bytes a thread
 (H100, fp16, batch 32: r50_03 29.6 us on triton-gemm-nchw -> 24.5, 24.7 on NHWC; bench/NOTES.md
-section 38). Planes that start inside 16-byte units (14x14: 392 bytes, where no box may start;
-tuning.GLUON_GEMM_PLANE_COPIES, off until measured: plane_copies) come by 8-byte asynchronous
-copies from a partition of copying warps into the same swizzled [channels, pixels] buffers, the
-batch's pixels flat (a copy never straddles two images), the output by pointer 8 bytes a thread.
+section 38). Planes that start inside 16-byte units (14x14: 392 bytes, where no box may start)
+come by 8-byte asynchronous copies from a partition of copying warps into the same swizzled
+[channels, pixels] buffers, the batch's pixels flat (a copy never straddles two images), the output
+by pointer 8 bytes a thread; planes of whole 16-byte units come by 16-byte copies where measured
+faster than the boxes (tuning.GLUON_GEMM_PLANE_COPIES: plane_copies; sections 40 and 41).
 
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
