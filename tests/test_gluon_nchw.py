@@ -182,16 +182,11 @@ def test_reductions_split_where_the_grid_leaves_half_the_gpu_idle(programs, dept
     assert gluon_nchw.gather_split(programs, depth, H100_SMS) == split
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_shared_tiles_sum_fp32_partials(stream):
-    """A tile shared by programs (r50_22: its reduction split in two, or streamed over the H100's 132
-    programs, whose runs reach into two tiles: a loop over them, the product's four wgmma once in
-    the code) stores its fp32 partial in 8-byte pieces (a thread's neighbouring values), counts its
-    arrival with an atomic, and keeps the gathering side of the whole tile (no spills)."""
-    build = f"fp.tuning.GLUON_NCHW_STREAM_K = {stream}\n" + layer_build("r50_22", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-nchw")
-    assert "STREAM_K: gl.constexpr" in info["source"] and "gl.atomic_add(cnt_ptr + tile" in info["source"]
-    assert info["HGMMA"] == 4
+def test_split_kernel_sums_fp32_partials_of_the_tile():
+    """A split tile stores its fp32 partial in 8-byte pieces (a thread's neighbouring values), counts
+    its arrival with an atomic, and keeps the gathering side of the whole tile (no spills)."""
+    info = compile_sm90(layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw")
+    assert "SPLIT_K: gl.constexpr" in info["source"] and "gl.atomic_add(cnt_ptr + pid" in info["source"]
     assert info["global stores by bytes"].get("8", 0) > 0
     assert "LOCAL:0" in info["resources"]
 
@@ -203,8 +198,7 @@ def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     """Warp-specialized (register reallocations), the weights by a tensor load in each gathering
     partition (64 x 128 tiles: three; 64 x 256: two, the ring's four stages), the input by plain
     loads (no asynchronous copies: 2-byte elements), products with one in flight, no spills,
-    within sm_90's shared memory (streamed grids too: r50_21's 100 tiles and r50_16's 98 on the
-    H100's 132 multiprocessors, whose runs loop over two tiles)."""
+    within sm_90's shared memory."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "gluon-nchw")
     assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
@@ -221,8 +215,7 @@ def test_weights_requested_before_the_gathers_fence(early, order):
     weights load before the proxy fence that waits for its gathers, and the stage's ready barrier
     counts the stores' arrival besides the load's; without it, the load after the fence (the first
     fence: the barriers' initialization)."""
-    build = f"fp.tuning.GLUON_NCHW_EARLY_WEIGHTS = {early}\nfp.tuning.GLUON_NCHW_STREAM_K = False\n"
-    build += layer_build("r50_22", "float16", layout="NCHW")
+    build = f"fp.tuning.GLUON_NCHW_EARLY_WEIGHTS = {early}\n" + layer_build("r50_22", "float16", layout="NCHW")
     info = compile_sm90(build, "gluon-nchw")
     assert info["tensor loads (T) and fences (F) in order"] == order
     assert ("mbarrier.init(ready.index(i), count=2)" in info["source"]) and "LOCAL:0" in info["resources"]

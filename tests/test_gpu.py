@@ -721,8 +721,7 @@ def gluon_nchw_case(case: str, dtype):
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
     output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
-    in 2 or 3 parts or (every other tile) streamed over as many programs as tiles, one more, twice as
-    many and one more, or a program a step, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
+    in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
     either reduction order, the product either way round, the weights requested before or after the
     gathers' stores), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
@@ -735,18 +734,14 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     assert plan.compile(handle, solver="gluon-nchw") == "gluon-nchw"
     kernel = plan._entry(handle).kernel
     rng = random.Random(case + precision)
-    for index, (pixels, block_n) in enumerate(gluon_nchw.GATHER_TILES):
+    for pixels, block_n in gluon_nchw.GATHER_TILES:
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided plans' steps)
         # rings of 6 stages let three partitions run (shared_ring: two stages or more each); 64 x 256
         # tiles of 128-byte steps hold four in tuning.GLUON_NCHW_RING_BYTES
         fitting = [s for s in (2, 3, 4, 6) if s * (pixels + block_n) * row <= tuning.GLUON_NCHW_RING_BYTES]
         cfg = tuning.ConvConfig(pixels, block_n, row // x.element_size(), 8, 4, rng.choice(fitting), 1)
-        tiles, steps = kernel.programs_and_steps(cfg)  # a split reduction: parts of 1 step or more
-        if index % 2:  # stream-K: each tile whole in one run, runs across two tiles, runs of one step
-            runs = [p for p in (tiles, tiles + 1, 2 * tiles + 1, tiles * steps) if tiles <= p <= tiles * steps]
-            kernel.config = replace(cfg, stream_k=rng.choice(runs))
-        else:
-            kernel.config = replace(cfg, split_k=rng.choice([k for k in (1, 2, 3) if k <= steps]))
+        steps = kernel.programs_and_steps(cfg)[1]  # a split reduction: parts of 1 step or more
+        kernel.config = replace(cfg, split_k=rng.choice([k for k in (1, 2, 3) if k <= steps]))
         warps, parts = rng.choice(((4, 1), (4, 2), (4, 3), (8, 1)))  # at most 12 gathering warps
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)

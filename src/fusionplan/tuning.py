@@ -29,7 +29,6 @@ class ConvConfig:
     num_stages: int
     split_k: int = 1  # programs that share a tile's reduction (partials summed by the last one)
     consumers: int = 1  # computing warpgroups taking a program's tiles in turn (gluon-gemm: 2, ping-pong)
-    stream_k: int = 0  # programs taking equal runs of all tiles' reduction steps (gluon-nchw; 0: a program a tile)
 
 
 @dataclass(frozen=True)
@@ -499,15 +498,6 @@ GLUON_NCHW_WIDE = True
 #: GLUON_NCHW_SPLIT_MIN_DEPTH products (solvers/gluon_nchw.py gather_split).
 GLUON_NCHW_SPLIT = True
 GLUON_NCHW_SPLIT_MIN_DEPTH = 2048
-
-#: Where gluon-nchw's grid (tiles x split) leaves multiprocessors idle, a program per
-#: multiprocessor takes an equal run of all the tiles' reduction steps instead (stream-K: a run
-#: ends one tile's reduction and starts the next; the tiles' fp32 partials summed by their last
-#: program, solvers/gluon_nchw.py stream_grid). Why: the gather kernels are latency-bound on each
-#: multiprocessor, so more programs cost little time (H100, fp16 NCHW CBNA, the same tiles at batch
-#: 42 against 32: 132 programs against 100, r50_22 31.8 against 31.7 us, r50_21 20.3 / 18.9,
-#: r50_18 34.5 / 33.4), and the grids of 98-100 tiles leave a quarter of the H100 idle.
-GLUON_NCHW_STREAM_K = True
 
 #: Bytes of a pixel's channels in one of gluon-nchw's reduction steps for strided convolutions (128
 #: for the others; gluon-nchw-regs for strided filters of several taps): half-size steps (32 fp16

@@ -25,14 +25,13 @@ compile it for sm_90).
 from __future__ import annotations
 
 from dataclasses import replace
-from textwrap import dedent, indent
 
 import torch
 
 from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64, split_workspace
+from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
@@ -142,7 +141,7 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 @gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
-    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, it0,
+    m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
@@ -155,41 +154,39 @@ def _gather_partition(
     # partition has about one step's loads in flight; GATHERERS partitions take the steps in
     # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
     # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
-    # kb counts from 0, kb_lo + kb is the step gathered and it0 + kb the ring's position (it0: the
-    # steps of the program's earlier runs, stream-K's first tile; the stages and phases). With
+    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
     # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
     # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
     # requested after the stores.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-    first = (PART + GATHERERS - it0 % GATHERERS) % GATHERERS  # this partition's first step: its ring positions
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
     )
     # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
     v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
-        dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + first + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
             dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     else:
         v2 = v1
-    for kb in range(first, kb_hi - kb_lo, GATHERERS):
+    for kb in range(PART, kb_hi - kb_lo, GATHERERS):
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
                 sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
-        stage = (it0 + kb) % NUM_STAGES
+        stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), (((it0 + kb) // NUM_STAGES) & 1) ^ 1)
+        mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence's wait for the loads
             _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
         a_bufs.index(stage).store(v0)
@@ -216,7 +213,7 @@ def _gather_partition(
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, steps, it0,
+    a_bufs, w_bufs, ready, empty, steps,
     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     PIXEL_ROWS: gl.constexpr,
 ):
@@ -231,99 +228,22 @@ def _mma_partition(
     )
     acc = gl.zeros((ROWS, COLS), gl.float32, acc_layout)
     for kb in range(steps):
-        stage = (it0 + kb) % NUM_STAGES  # the ring's position: it0 + kb
-        mbarrier.wait(ready.index(stage), ((it0 + kb) // NUM_STAGES) & 1)
+        stage = kb % NUM_STAGES
+        mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
         if PIXEL_ROWS:
             acc = warpgroup_mma(a_bufs.index(stage), w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         else:
             acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
         # the product of the step before has finished: its stage may be refilled
-        mbarrier.arrive(empty.index((it0 + kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+        mbarrier.arrive(empty.index((kb + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-    # the last stage is free too (for the program's next run, stream-K's second tile)
-    mbarrier.arrive(empty.index((it0 + gl.maximum(steps, 1) - 1) % NUM_STAGES), pred=steps > 0)
     return (acc,)
 
 
 @gluon.jit
-def _stream_run(pid, programs, tiles, tap_steps, segment):
-    # Stream-K: program pid's equal run [lo, hi) of all the tiles' tap_steps reduction steps, one
-    # after another; its segment-th part: 0 in the run's first tile, 1 in the next (empty where the
-    # run ends in the first; at least as many programs as tiles, so no run reaches a third). Returns
-    # the tile, its steps kb_lo .. kb_hi - 1, the run's steps before them (it0: the ring's
-    # position), the program's slot among the tile's programs and their number.
-    total = tiles * tap_steps
-    lo = pid * total // programs
-    hi = (pid + 1) * total // programs
-    tile = lo // tap_steps
-    kb_lo = lo - tile * tap_steps
-    kb_hi = gl.minimum(tap_steps, kb_lo + (hi - lo))
-    # the second part: the next tile's first steps, after the run's it0 in the first
-    it0 = segment * (kb_hi - kb_lo)
-    tile += segment
-    kb_hi = (1 - segment) * kb_hi + segment * (hi - lo - it0)
-    kb_lo = (1 - segment) * kb_lo
-    # the programs whose runs hold the tile's first and last steps (step g is in run ((g + 1) * programs - 1) // total)
-    first = ((tile * tap_steps + 1) * programs - 1) // total
-    last = ((tile + 1) * tap_steps * programs - 1) // total
-    return tile, kb_lo, kb_hi, it0, pid - first, last - first + 1
-
-
-@gluon.jit
-def _stream_gathers(
-    x_ptr, w_desc, a_bufs, w_bufs, ready, empty, tiles, n_tiles, M, C, H, W, OH, OW, sxn, sxh, sxw,
-    pad_h, pad_w, dil_h, dil_w, num_cb, tap_steps,
-    SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
-    PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    WARPS_M: gl.constexpr, IDX64: gl.constexpr, WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr,
-    PART: gl.constexpr, GATHERERS: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
-):
-    # a gathering partition of a stream-K program: its run's part in each of its two tiles, one
-    # after the other through the ring, while the computing warpgroup ends the first
-    for segment in range(2):
-        tile, kb_lo, kb_hi, it0, slot, parts = _stream_run(
-            gl.program_id(0), gl.num_programs(0), tiles, tap_steps, segment
-        )
-        _gather_partition(
-            x_ptr, w_desc, a_bufs, w_bufs, ready, empty, (tile // n_tiles) * PIXELS, (tile % n_tiles) * BLOCK_N,
-            M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, it0,
-            SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH,
-            PART, GATHERERS, TAPS_INNER, EARLY_WEIGHTS,
-        )
-
-
-@gluon.jit
-def _stream_partition(
-    a_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, ws_ptr, cnt_ptr, ws_slots,
-    {stage_params}
-    tiles, tap_steps, M, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-    PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
-    SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
-    {stage_flags}
-):
-    # the computing warpgroup of a stream-K program: the products of its run's part in each of its
-    # two tiles, each followed by the tile's end (its partial stored, the last of its programs
-    # summing them) and epilogue, while the gathering partitions fill the ring with the next part
-    n_tiles = gl.cdiv(K, BLOCK_N)
-    for segment in range(2):
-        tile, kb_lo, kb_hi, it0, slot, parts = _stream_run(
-            gl.program_id(0), gl.num_programs(0), tiles, tap_steps, segment
-        )
-        k0 = (tile % n_tiles) * BLOCK_N
-        m0 = (tile // n_tiles) * PIXELS
-        steps = kb_hi - kb_lo
-        (acc,) = _mma_partition(a_bufs, w_bufs, ready, empty, steps, it0, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS,
-                                PIXEL_ROWS)
-        if not PIXEL_ROWS:
-            acc = gl.permute(acc, (1, 0))  # [pixels, channels], the tile's end and its epilogue alike
-        if steps > 0:  # a run that ends in its first tile has no second part
-{stream_finish}
-
-@gluon.jit
 def gluon_nchw_kernel(
-    x_ptr, w_desc, y_ptr, prior_ptr, ws_ptr, cnt_ptr, ws_slots,
+    x_ptr, w_desc, y_ptr, prior_ptr, ws_ptr, cnt_ptr,
     {stage_params}
     M, C, K, H, W, OH, OW,
     sxn, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
@@ -332,16 +252,16 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    STREAM_K: gl.constexpr,
     EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
-    # channel blocks first, so that programs running side by side gather the same input pixels: a
-    # program a tile (SPLIT_K programs where its reduction is split, along the grid's third axis),
-    # or (STREAM_K) equal runs of all the tiles' steps, each program's in one tile or two.
+    # channel blocks first, so that programs running side by side gather the same input pixels.
+    pid = gl.program_id(0)
     n_tiles = gl.cdiv(K, BLOCK_N)
+    k0 = (pid % n_tiles) * BLOCK_N
+    m0 = (pid // n_tiles) * PIXELS
 
     flat: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=SWIZZLE, element_bitwidth=ELEM_BITS, rank=2)
     a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], flat)
@@ -357,53 +277,30 @@ def gluon_nchw_kernel(
     fence_async_shared()
 {grid_dependency}
     num_cb = gl.cdiv(C, BLOCK_K)
-    tap_steps = R * S * num_cb
-    if STREAM_K:
-        # the computing warpgroup (the default partition) ends each tile itself, the GATHERERS
-        # gathering partitions going on into the run's next tile
-        tiles = gl.cdiv(M, PIXELS) * n_tiles
-        if GATHERERS == 1:
-            gl.warp_specialize([{stream}, {stream_gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
-        elif GATHERERS == 2:
-            gl.warp_specialize(
-                [{stream}, {stream_gatherer_0_of_2}, {stream_gatherer_1_of_2}],
-                [GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS],
-            )
-        else:
-            gl.warp_specialize(
-                [{stream}, {stream_gatherer_0_of_3}, {stream_gatherer_1_of_3}, {stream_gatherer_2_of_3}],
-                [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS, GATHER_REGS],
-            )
+    # this program's part of the reduction's steps (all of them unless it is split)
+    pid_k = gl.program_id(2)
+    per_part = gl.cdiv(R * S * num_cb, SPLIT_K)
+    kb_lo = pid_k * per_part
+    kb_hi = gl.minimum(kb_lo + per_part, R * S * num_cb)
+    steps = kb_hi - kb_lo
+    # the computing warpgroup (the default partition) and GATHERERS gathering partitions
+    if GATHERERS == 1:
+        (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
+    elif GATHERERS == 2:
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
+        )
     else:
-        tile = gl.program_id(0)
-        k0 = (tile % n_tiles) * BLOCK_N
-        m0 = (tile // n_tiles) * PIXELS
-        # this program's part of the reduction's steps (all of them unless it is split)
-        slot = gl.program_id(2)
-        parts = SPLIT_K
-        per_part = gl.cdiv(tap_steps, SPLIT_K)
-        kb_lo = slot * per_part
-        kb_hi = gl.minimum(kb_lo + per_part, tap_steps)
-        steps = kb_hi - kb_lo
-        it0 = 0
-        # the computing warpgroup (the default partition) and GATHERERS gathering partitions
-        if GATHERERS == 1:
-            (acc,) = gl.warp_specialize([{mma}, {gatherer_0_of_1}], [GATHER_WARPS], [GATHER_REGS])
-        elif GATHERERS == 2:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_2}, {gatherer_1_of_2}], [GATHER_WARPS, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
-            )
-        else:
-            (acc,) = gl.warp_specialize(
-                [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
-                [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
-                [GATHER_REGS, GATHER_REGS, GATHER_REGS],
-            )
-        if not PIXEL_ROWS:
-            acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
-{finish}'''
+        (acc,) = gl.warp_specialize(
+            [{mma}, {gatherer_0_of_3}, {gatherer_1_of_3}, {gatherer_2_of_3}],
+            [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
+            [GATHER_REGS, GATHER_REGS, GATHER_REGS],
+        )
+
+{out_layout}    if not PIXEL_ROWS:
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]
+{split}{coordinates_in_acc}
+{tail}'''
 
 #: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
 OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
@@ -415,64 +312,40 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
     ohw = OH * OW
 """
 
-#: A shared tile's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of the tile's
-#: ``parts`` programs (SPLIT_K, or the stream-K runs that hold its steps) stores its fp32 partial
-#: of the accumulator in its slot; the last to arrive sums them in slot order (the same result
-#: whichever arrives last), resets the tile's counter for the next launch and runs the epilogue
-#: (``finish``); the others skip it.
-GLUON_SPLIT_REDUCE = """if SPLIT_K > 1 or STREAM_K:
-    # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
-    # thread's neighbouring values are one 8-byte store
-    tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
-    tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
-    if PIXEL_ROWS:
-        offs_tile = tile_px * BLOCK_N + tile_ch
-    else:
-        offs_tile = tile_px + tile_ch * PIXELS
-    tile_ws = ws_ptr + tile * (ws_slots * PIXELS * BLOCK_N)
-    gl.store(tile_ws + slot * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
-    {thread_barrier}()  # the whole partial is written before the arrival is counted
-    arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
-    finish = arrived == parts - 1
-    if finish:
+#: A split reduction's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
+#: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
+#: split order (the same result whichever arrives last), resets the tile's counter for the next
+#: launch and goes on to the epilogue; the others end here.
+GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
+        # the tile as wgmma left it ([pixels, channels] with PIXEL_ROWS, else [channels, pixels]): a
+        # thread's neighbouring values are one 8-byte store
+        tile_px = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, acc.type.layout))[:, None]
+        tile_ch = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))[None, :]
+        if PIXEL_ROWS:
+            offs_tile = tile_px * BLOCK_N + tile_ch
+        else:
+            offs_tile = tile_px + tile_ch * PIXELS
+        tile_ws = ws_ptr + pid * (SPLIT_K * PIXELS * BLOCK_N)
+        gl.store(tile_ws + pid_k * (PIXELS * BLOCK_N) + offs_tile, acc, cache_modifier=".cg")
+        {thread_barrier}()  # the whole partial is written before the arrival is counted
+        arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived < SPLIT_K - 1:
+            return
         acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
-        for part in range(1, parts):
+        for part in range(1, SPLIT_K):
             acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
-        gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-else:
-    finish = True
+        gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 """
 
-#: After a run's product (gluon-nchw): the tile's end where it is shared, then its epilogue, the
-#: chain in the accumulator's own layout (made [pixels, channels] before).
-_FINISH = """{out_layout}{split}if finish:
-{epilogue}"""
+#: The computing partition and its arguments.
+_MMA = "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
 
-
-#: The computing partition and its arguments: a program a tile, or stream-K's (which ends its tiles).
-_MMA = (
-    "(_mma_partition, (a_bufs, w_bufs, ready, empty, steps, it0, BLOCK_N, PIXELS, NUM_STAGES, ELEM_BITS, PIXEL_ROWS))"
-)
-_STREAM = """(
-                _stream_partition,
-                (a_bufs, w_bufs, ready, empty, y_ptr, prior_ptr, ws_ptr, cnt_ptr, ws_slots, {stage_args}
-                 tiles, tap_steps, M, K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw,
-                 PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, SPLIT_K, STREAM_K, PIXEL_ROWS, IDX64, HAS_PRIOR,
-                 OUT_PIXEL_MAJOR, {flag_args}),
-            )"""
-
-#: A gathering partition and its arguments: partition {part} of {parts}; a program a tile, or stream-K's.
+#: A gathering partition and its arguments: partition {part} of {parts}.
 _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, it0, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K,
-                 NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
-            )"""
-_STREAM_GATHERER = """(
-                _stream_gathers,
-                (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, tiles, n_tiles, M, C, H, W, OH, OW, sxn, sxh, sxw,
-                 pad_h, pad_w, dil_h, dil_w, num_cb, tap_steps, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_N, BLOCK_K,
-                 NUM_STAGES, WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
+                 pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -560,35 +433,13 @@ def gather_regs(warps: int, gatherers: int) -> int:
 
 
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names, after the
-    kernel's products (a program a tile) and in stream-K's computing partition."""
-    gatherers = {}
-    for n in (1, 2, 3):
-        for i in range(n):
-            gatherers[f"gatherer_{i}_of_{n}"] = _GATHERER.format(part=i, parts=n)
-            gatherers[f"stream_gatherer_{i}_of_{n}"] = _STREAM_GATHERER.format(part=i, parts=n)
+    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
+    gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
     names = gluon_names()
-    finish = _FINISH.format(
-        out_layout=dedent(OUT_LAYOUT),
-        split=GLUON_SPLIT_REDUCE.format(**names),
-        epilogue=epilogue.pop("coordinates_in_acc") + "\n" + epilogue.pop("tail"),
-    )
-
-    def at(spaces: int) -> str:
-        return indent(finish, " " * spaces, lambda line: line.strip() != "")
-
-    stream = _STREAM.format(stage_args=epilogue["stage_args"], flag_args=epilogue["flag_args"])
-    return _TEMPLATE.format(
-        mma=_MMA,
-        stream=stream,
-        gather_step=GATHER_STEP,
-        finish=at(8),
-        stream_finish=at(12),
-        **gatherers,
-        **epilogue,
-        **names,
-    )
+    split = GLUON_SPLIT_REDUCE.format(**names)
+    return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
 
 
 def gather_why_not(spec: PlanSpec) -> str | None:
@@ -698,35 +549,6 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
     return split
 
 
-def stream_grid(programs: int, tiles: int, steps: int, multiprocessors: int) -> int:
-    """Programs of a stream-K launch over ``tiles`` of ``steps`` reduction steps each, or 0 (a
-    program a tile, or SPLIT_K of them): with tuning.GLUON_NCHW_STREAM_K, one a multiprocessor where
-    the grid of ``programs`` leaves some idle, so long as each run is within one tile's steps and
-    holds at least one (the kernel's runs reach into two tiles at most)."""
-    if not tuning.GLUON_NCHW_STREAM_K or programs >= multiprocessors:
-        return 0
-    return multiprocessors if tiles <= multiprocessors <= tiles * steps else 0
-
-
-def stream_slots(programs: int, tiles: int, steps: int) -> int:
-    """The most stream-K runs that share one tile (each stores its partial in a slot of the tile's)."""
-    total = tiles * steps
-
-    def run_of(step: int) -> int:  # the run that holds a step (as the kernel's _stream_run counts)
-        return ((step + 1) * programs - 1) // total
-
-    return max(run_of((t + 1) * steps - 1) - run_of(t * steps) + 1 for t in range(tiles))
-
-
-def check_stream(programs: int, tiles: int, steps: int) -> None:
-    """Raise ValueError unless a stream-K launch of ``programs`` over ``tiles`` of ``steps`` steps
-    gives every program one step or more within two tiles."""
-    if not tiles <= programs <= tiles * steps:
-        raise ValueError(
-            f"stream-K over {tiles} tiles of {steps} steps: {programs} programs (needs {tiles} to {tiles * steps})"
-        )
-
-
 #: gluon-nchw's tiles (pixels x output channels) in order of preference. 64 x 256 first: each
 #: pixel tile reads its channel tile's weights from L2, each channel tile its gathered input, and
 #: a tile twice as wide reads the input half as often (H100, fp16 CBNA, batch 32, warm L2: r50_16
@@ -783,14 +605,11 @@ class GluonNchwKernel(TritonConvKernel):
         return self.taps * self.geometry[1]
 
     def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-        """``cfg`` with its reduction split as gather_split decides for its grid, or streamed over
-        the multiprocessors where that grid leaves some idle (stream_grid)."""
+        """``cfg`` with its reduction split as gather_split decides for its grid."""
         if not self.splits_reduction:
             return cfg
-        tiles, steps = self.programs_and_steps(cfg)
-        sms = multiprocessors(self._handle)
-        split = gather_split(tiles, self.depth, sms)
-        return replace(cfg, split_k=split, stream_k=stream_grid(tiles * split, tiles, steps, sms))
+        programs = self.programs_and_steps(cfg)[0]
+        return replace(cfg, split_k=gather_split(programs, self.depth, multiprocessors(self._handle)))
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), self.depth, self.strided)
@@ -835,17 +654,12 @@ class GluonNchwKernel(TritonConvKernel):
             gather_regs(warps, parts),
             prefetch,
             parts,
-            1 if cfg.stream_k else cfg.split_k,
-            cfg.stream_k > 0,
+            cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
         )
-        tiles, steps = self.programs_and_steps(cfg)
-        if cfg.stream_k:
-            check_stream(cfg.stream_k, tiles, steps)
-        slots = stream_slots(cfg.stream_k, tiles, steps) if cfg.stream_k else cfg.split_k
-        partials = tiles * slots * cfg.block_m * cfg.block_n if slots > 1 or cfg.stream_k else 1
-        workspace = (*split_workspace(x.device, partials, tiles if partials > 1 else 1), slots)
+        tiles = self.programs_and_steps(cfg)[0]
+        workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
         return self.gather_launch(
             cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
         )
@@ -870,8 +684,8 @@ class GluonNchwKernel(TritonConvKernel):
         shapes and strides, then the constants in the templates' order: the plan's and the tile's
         (``stages`` in the ring), the kernel's ``own``, the index width, prior, whole channel
         blocks, output layout, reduction order and the chain's flags. ``workspace``: a split
-        reduction's partial sums, counters and slots a tile (gluon-nchw's), after the prior;
-        ``cfg.split_k`` programs along the grid's third axis, or ``cfg.stream_k`` programs in all."""
+        reduction's partial sums and counters (gluon-nchw's), after the prior; ``cfg.split_k``
+        programs along the grid's third axis."""
         c, k = self.geometry[1:3]  # input and output channels
         r, s = self.conv.w_desc.dims[2:]
         bits = x.element_size() * 8
@@ -898,7 +712,7 @@ class GluonNchwKernel(TritonConvKernel):
             tuning.GLUON_NCHW_TAPS_INNER,
             *flags.values(),
         )
-        grid = (cfg.stream_k, 1, 1) if cfg.stream_k else (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
+        grid = (self.programs_and_steps(cfg)[0], 1, cfg.split_k)
         runtime_strides = (strides[0], *strides[2:])  # the channel stride is a constant
         args = [x, w_desc, out, p, *workspace, *values, *self.geometry, *runtime_strides, *pads, *dilations, *consts]
         return grid, cfg, args

@@ -570,7 +570,7 @@ class TritonConvKernel(Repeating, Kernel):
             y.copy_(out)
         else:
             slots = self.pointer_slots(args)
-            split = cfg.split_k > 1 or cfg.stream_k > 0  # its workspace is the current stream's
+            split = cfg.split_k > 1  # its workspace is the current stream's
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)
 
