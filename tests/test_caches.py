@@ -337,3 +337,26 @@ def test_conv_heuristic_takes_small_tiles_for_small_grids(m, k, groups, taps, ti
     cfg = tuning.conv_heuristic(m, k, 256, torch.float16, False, groups, taps)
     assert (cfg.block_m, cfg.block_n) == tile
     assert tuning.conv_heuristic(m, k, 256, torch.float16, True, groups, taps) == tuning.CONV_INTERPRETER
+
+
+@pytest.mark.parametrize(
+    ("plane", "channels", "fitted"),
+    [
+        (49, 2048, (64, 64)),  # 7x7: 49 of 64 pixel slots, 64 planes a program
+        (196, 1024, (256, 16)),  # 14x14
+        (784, 512, (1024, 4)),  # 28x28: the unfitted tile
+        (3136, 256, (1024, 4)),  # 56x56: four pixel tiles a plane
+        (1, 3, (16, 4)),  # 1x1 planes of 3 channels: the smallest tile
+    ],
+)
+def test_nchw_pointwise_tiles_fit_the_plane(plane, channels, fitted, monkeypatch):
+    """NCHW pointwise tiles: 1024 pixels x 4 channels, or (tuning.POINTWISE_NCHW_PLANE_TILES) the
+    plane's pixels rounded up to a power of two by channels up to 4096 elements; NHWC tiles and the
+    interpreter's are the same either way."""
+    assert tuning.pointwise_heuristic(False, channels, False, plane) == tuning.PointwiseConfig(1024, 4, 8)
+    nhwc = tuning.pointwise_heuristic(True, channels, False, plane)
+    monkeypatch.setattr(tuning, "POINTWISE_NCHW_PLANE_TILES", True)
+    cfg = tuning.pointwise_heuristic(False, channels, False, plane)
+    assert (cfg.block_p, cfg.block_c) == fitted and cfg.block_p * cfg.block_c <= 4096
+    assert tuning.pointwise_heuristic(True, channels, False, plane) == nhwc
+    assert tuning.pointwise_heuristic(False, channels, True, plane) == tuning.POINTWISE_INTERPRETER

@@ -242,6 +242,20 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
 
 
+@pytest.mark.parametrize("tile", [(64, 8), (16, 4)], ids=["plane-64x8", "16x4"])
+def test_pointwise_nchw_tiles_past_the_plane(tile):
+    """NCHW tiles with more pixel slots than a 7x7 plane holds (64: one pixel tile, 15 slots past
+    the plane) or fewer (16: four, the last with one pixel), channels past C=12 masked too."""
+    x = make_input((2, 12, 7, 7), torch.float16, "NCHW")
+    plan = add_chain(
+        plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="float"
+    )
+    handle = compile_triton(plan)
+    kernel = plan._entry(handle).kernel
+    kernel.config = dataclasses.replace(kernel.config, block_p=tile[0], block_c=tile[1])
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))
+
+
 def test_pointwise_in_place_and_strided():
     x = torch.randn(2, 3, 5, 6)
     plan = add_chain(

@@ -885,13 +885,28 @@ def find_config(
     return best
 
 
-def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool) -> PointwiseConfig:
-    """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW."""
+#: NCHW pointwise tiles fitted to the plane (off: 1024 pixels x 4 channels whatever the plane):
+#: the plane's pixels rounded up to a power of two (16 to 1024) by as many channels as make 4096
+#: elements. Why: a 7x7 plane fills 49 of a tile's 1024 pixel slots, so NA on NCHW 7x7 planes ran at
+#: 355-417 GB/s against 1100-2100 on NHWC (3.1-5.1x its NHWC time; 14x14 planes 1.35-1.63x; H100,
+#: fp16, batch 32, bench/results/2026-11-26-h100-stream-k-38/targets-na.csv). Predicted: those
+#: layers near their NHWC times (r50_19 31.1 -> about 7 us, r50_21 9.1 -> about 3.5). Not yet
+#: measured on a GPU: the A/B is `fusionplan-bench --modes NA --layouts NCHW --graph --tuning
+#: POINTWISE_NCHW_PLANE_TILES=0,1`.
+POINTWISE_NCHW_PLANE_TILES = False
+
+
+def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, plane: int = 1024) -> PointwiseConfig:
+    """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW (planes of ``plane``
+    pixels: POINTWISE_NCHW_PLANE_TILES)."""
     if interpret:
         return POINTWISE_INTERPRETER
     if channels_last:
         block_c = _pow2_at_least(channels, 16, 128)
         return PointwiseConfig(max(8192 // block_c, 16), block_c, 8)
+    if POINTWISE_NCHW_PLANE_TILES:
+        block_p = _pow2_at_least(plane, 16, 1024)
+        return PointwiseConfig(block_p, min(4096 // block_p, _pow2_at_least(channels, 4, 256)), 8)
     return PointwiseConfig(1024, 4, 8)
 
 

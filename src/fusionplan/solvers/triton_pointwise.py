@@ -99,7 +99,7 @@ class TritonPointwiseKernel(Repeating, Kernel):
         n, c, h, w = spec.input_desc.dims
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
-        self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active())
+        self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active(), h * w)
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
 
