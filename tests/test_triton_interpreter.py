@@ -245,7 +245,8 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
 @pytest.mark.parametrize("tile", [(64, 8), (16, 4)], ids=["plane-64x8", "16x4"])
 def test_pointwise_nchw_tiles_past_the_plane(tile):
     """NCHW tiles with more pixel slots than a 7x7 plane holds (64: one pixel tile, 15 slots past
-    the plane) or fewer (16: four, the last with one pixel), channels past C=12 masked too."""
+    the plane; 8 channels, the second tile half past C=12) or fewer (16: four pixel tiles, the last
+    with one pixel)."""
     x = make_input((2, 12, 7, 7), torch.float16, "NCHW")
     plan = add_chain(
         plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="float"
