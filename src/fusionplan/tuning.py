@@ -896,7 +896,7 @@ def find_config(
 POINTWISE_NCHW_PLANE_TILES = False
 
 
-def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, plane: int = 1024) -> PointwiseConfig:
+def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, plane: int) -> PointwiseConfig:
     """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW (planes of ``plane``
     pixels: POINTWISE_NCHW_PLANE_TILES)."""
     if interpret:
