@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan import tuning
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.testing import add_chain
 
@@ -255,6 +256,60 @@ def test_pointwise_nchw_tiles_past_the_plane(tile):
     kernel = plan._entry(handle).kernel
     kernel.config = dataclasses.replace(kernel.config, block_p=tile[0], block_c=tile[1])
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))
+
+
+def flat_plan(shape, layout, chain, bn_mode, monkeypatch):
+    """A pointwise plan with flat runs on, and the list that records each flat launch's order
+    (True: channels last)."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT", True)
+    x = make_input(shape, torch.float16, layout)
+    plan = add_chain(plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.ELU, param_dtype="float")
+    handle = compile_triton(plan)
+    kernel = plan._entry(handle).kernel
+    launches = []
+    launch = kernel._flat_launch
+    monkeypatch.setattr(kernel, "_flat_launch", lambda *a: launches.append(a[-1]) or launch(*a))
+    return plan, handle, x, launches
+
+
+@pytest.mark.parametrize("chain", ["NA", "NAN", "ABNA"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+def test_pointwise_flat_runs(chain, layout, bn_mode, monkeypatch):
+    """Flat runs over dense tensors: 210 elements are four runs of 64, the last with 18; the
+    channel of each element from its index in either order, per-element batch norm from both."""
+    plan, handle, x, launches = flat_plan((2, 5, 7, 3), layout, chain, bn_mode, monkeypatch)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+    assert launches == [layout == "NHWC"]
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_pointwise_flat_runs_blend_a_prior(layout, monkeypatch):
+    plan, handle, x, launches = flat_plan((2, 6, 5, 4), layout, "NAB", BatchNormMode.SPATIAL, monkeypatch)
+    rng = random.Random(3)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    prior = make_input(plan.output_desc.dims, torch.float16, layout)
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, layout), prior=prior)
+    assert launches == [layout == "NHWC"]
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 5, 6), (4, 7, 1, 1)], ids=["one-channel", "one-pixel"])
+def test_pointwise_flat_runs_where_both_orders_are_dense(shape, monkeypatch):
+    """One channel or one pixel: a tensor is dense in both orders, and the NCHW formula serves."""
+    plan, handle, x, launches = flat_plan(shape, "NHWC", "NA", BatchNormMode.SPATIAL, monkeypatch)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
+    assert launches == [False]
+
+
+def test_pointwise_tiles_where_orders_differ(monkeypatch):
+    """An NCHW input into an NHWC output, or into a strided view: the [pixels, channels] tiles."""
+    plan, handle, x, launches = flat_plan((2, 5, 7, 3), "NCHW", "NA", BatchNormMode.SPATIAL, monkeypatch)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
+    view = torch.full((2, 5, 9, 4), float("nan"), dtype=torch.float16)[:, :, 1:8, :3]
+    check_against_reference(plan, handle, x, random_args(plan), view)
+    assert launches == []
 
 
 def test_pointwise_in_place_and_strided():

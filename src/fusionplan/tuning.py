@@ -910,6 +910,28 @@ def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, pla
     return PointwiseConfig(1024, 4, 8)
 
 
+#: Pointwise chains over tensors dense in one element order (input, output and prior all contiguous
+#: NCHW, or all channels-last NHWC) run as flat runs of POINTWISE_FLAT_BLOCK consecutive elements,
+#: each element's channel computed from its index (the plane size and channel count are constants
+#: of the kernel, so the division is a multiply and a shift). Why: every access is 16 bytes wide
+#: whatever the plane; the [pixels, channels] tiles read a 7x7 NCHW plane in 2-byte accesses and
+#: fill 49 of 1024 pixel slots. Off: the tiles above, which also serve every strided tensor.
+POINTWISE_FLAT = False
+POINTWISE_FLAT_BLOCK = 4096
+POINTWISE_FLAT_WARPS = 8
+#: The interpreter's flat runs: short, so that the small test tensors have several and a tail.
+POINTWISE_FLAT_INTERPRETER = PointwiseConfig(64, 1, 4)
+
+
+def pointwise_flat_config(interpret: bool) -> PointwiseConfig | None:
+    """The flat runs' config (block_p elements per program, block_c 1), None when they are off."""
+    if not POINTWISE_FLAT:
+        return None
+    if interpret:
+        return POINTWISE_FLAT_INTERPRETER
+    return PointwiseConfig(POINTWISE_FLAT_BLOCK, 1, POINTWISE_FLAT_WARPS)
+
+
 # ---- overrides of the constants above, for experiments (tile_sweep's and fusionplan-bench's --tuning) ----
 def parse_override(text: str) -> tuple[str, int | float]:
     """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', True): a value for a numeric

@@ -69,6 +69,39 @@ def pointwise_kernel(
         p = 0.0
 {epilogue}
     tl.store(y_ptr + n * syn + y_pix[:, None] + offs_c[None, :] * syc, h.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def pointwise_flat_kernel(
+    x_ptr, y_ptr, prior_ptr,
+    {stage_params}
+    TOTAL,
+    BLOCK: tl.constexpr, C: tl.constexpr, HW: tl.constexpr, CHANNELS_LAST: tl.constexpr, IDX64: tl.constexpr,
+    HAS_PRIOR: tl.constexpr,
+    {stage_flags}
+):
+    # Input, output and prior are dense in one element order: the tile is a [1, BLOCK] run of
+    # consecutive elements (16-byte accesses whatever the plane), each element's channel computed.
+    pid = tl.program_id(0)
+    if IDX64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    at = offs[None, :]
+    mask = at < TOTAL
+    ch_mask = offs < TOTAL
+    if CHANNELS_LAST:
+        ch = offs % C
+        elem = ch[None, :] * HW + (at // C) % HW
+    else:
+        ch = (offs // HW) % C
+        elem = at % (C * HW)
+    h = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    if HAS_PRIOR:
+        p = tl.load(prior_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    else:
+        p = 0.0
+{epilogue}
+    tl.store(y_ptr + at, h.to(y_ptr.dtype.element_ty), mask=mask)
 '''
 
 
@@ -87,6 +120,16 @@ def _hw_flat(t: Tensor) -> bool:
     return t.shape[2] == 1 or t.shape[3] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
 
 
+def _dense_order(*tensors: Tensor) -> bool | None:
+    """False when every tensor is dense in NCHW order, True when every one is dense in NHWC order
+    (channels last), None otherwise: then element i of one is element i of the others."""
+    if all(t.is_contiguous() for t in tensors):
+        return False
+    if all(t.is_contiguous(memory_format=torch.channels_last) for t in tensors):
+        return True
+    return None
+
+
 class TritonPointwiseKernel(Repeating, Kernel):
     solver_name = "triton-pointwise"
 
@@ -96,10 +139,12 @@ class TritonPointwiseKernel(Repeating, Kernel):
         self._source = render_pointwise_source(spec, self.stages)
         module, self.path = load_module(self._source, "pointwise")
         self.launcher = Launcher(module.pointwise_kernel)
+        self.flat_launcher = Launcher(module.pointwise_flat_kernel)
         n, c, h, w = spec.input_desc.dims
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
         self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active(), h * w)
+        self.flat_config = tuning.pointwise_flat_config(interpreter_active())
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
 
@@ -114,6 +159,23 @@ class TritonPointwiseKernel(Repeating, Kernel):
         out = torch.empty_like(y) if aliased else y
         has_prior = prior is not None and reads_prior(flags)
         p = prior if has_prior else out
+        order = _dense_order(x, out, p) if self.flat_config else None
+        if order is None:
+            launcher, grid, args = self._tiled_launch(x, out, p, values, flags, has_prior)
+            kernel = launcher(grid, self.config, args, self.config.num_warps, 1)
+        else:
+            launcher, grid, args = self._flat_launch(x, out, p, values, flags, has_prior, order)
+            kernel = launcher(grid, self.flat_config, args, self.flat_config.num_warps, 1)
+        if out is not y:
+            y.copy_(out)
+        else:
+            same = x.stride() == y.stride()  # in place on the same elements is safe, see above
+            repeat = repeat_for(launcher, kernel, grid, args, (0, 1, 2), x, y, records, prior, same, has_prior)
+            self._repeats.put(repeat)
+
+    def _tiled_launch(self, x: Tensor, out: Tensor, p: Tensor, values: list, flags: dict, has_prior: bool):
+        """[pixels, channels] tiles of one image, each tensor read or written in its own strides."""
+        n, c, h, w = self.dims
         cfg = self.config
         num_pb = triton_cdiv(h * w, cfg.block_p)
         grid = (n * num_pb, triton_cdiv(c, cfg.block_c), 1)
@@ -126,14 +188,17 @@ class TritonPointwiseKernel(Repeating, Kernel):
             has_prior,
             *flags.values(),
         )
-        args = [x, out, p, *values, c, h * w, w, num_pb, *strides, *consts]
-        kernel = self.launcher(grid, cfg, args, cfg.num_warps, 1)
-        if out is not y:
-            y.copy_(out)
-        else:
-            same = x.stride() == y.stride()  # in place on the same elements is safe, see above
-            repeat = repeat_for(self.launcher, kernel, grid, args, (0, 1, 2), x, y, records, prior, same, has_prior)
-            self._repeats.put(repeat)
+        return self.launcher, grid, [x, out, p, *values, c, h * w, w, num_pb, *strides, *consts]
+
+    def _flat_launch(
+        self, x: Tensor, out: Tensor, p: Tensor, values: list, flags: dict, has_prior: bool, channels_last: bool
+    ):
+        """Runs of consecutive elements over tensors dense in one element order."""
+        _, c, h, w = self.dims
+        block = self.flat_config.block_p
+        total = x.numel()
+        consts = (block, c, h * w, channels_last, needs_int64(x, out, p), has_prior, *flags.values())
+        return self.flat_launcher, (triton_cdiv(total, block), 1, 1), [x, out, p, *values, total, *consts]
 
 
 class TritonPointwiseSolver(Solver):
