@@ -202,13 +202,28 @@ def test_activations(act, precision):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
-def test_pointwise_chains(chain, layout, precision, bn_mode):
+@pytest.mark.parametrize("shape", [(8, 64, 28, 28), (8, 96, 7, 7)], ids=["28x28", "7x7"])
+def test_pointwise_chains(chain, layout, precision, bn_mode, shape):
+    """Dense tensors: flat runs (NHWC, and NCHW 7x7 planes) or tiles (NCHW 28x28 planes)."""
     dtype = PRECISIONS[precision][0]
-    x = input_tensor((8, 64, 28, 28), dtype, layout)
+    x = input_tensor(shape, dtype, layout)
     plan = add_chain(
         plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.LEAKYRELU, param_dtype=DT_NAME[dtype]
     )
     run_and_check(plan, precision, x, layout)
+
+
+@pytest.mark.parametrize("in_layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("plane", [7, 28])
+def test_pointwise_tiles_into_other_strides(in_layout, plane):
+    """Outputs in the other layout, or a strided view: the [pixels, channels] tiles."""
+    x = input_tensor((4, 48, plane, plane), torch.float16, in_layout)
+    plan = add_chain(
+        plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="half"
+    )
+    run_and_check(plan, "fp16", x, "NHWC" if in_layout == "NCHW" else "NCHW")
+    view = torch.full((4, 48, plane + 3, plane + 1), float("nan"), dtype=torch.float16, device="cuda")
+    run_and_check(plan, "fp16", x, "NCHW", y=view[:, :, 2 : plane + 2, 1:])
 
 
 def test_pointwise_large_tensor():

@@ -244,10 +244,11 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
 
 
 @pytest.mark.parametrize("tile", [(64, 8), (16, 4)], ids=["plane-64x8", "16x4"])
-def test_pointwise_nchw_tiles_past_the_plane(tile):
+def test_pointwise_nchw_tiles_past_the_plane(tile, monkeypatch):
     """NCHW tiles with more pixel slots than a 7x7 plane holds (64: one pixel tile, 15 slots past
     the plane; 8 channels, the second tile half past C=12) or fewer (16: four pixel tiles, the last
     with one pixel)."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT", False)
     x = make_input((2, 12, 7, 7), torch.float16, "NCHW")
     plan = add_chain(
         plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="float"
@@ -301,6 +302,14 @@ def test_pointwise_flat_runs_where_both_orders_are_dense(shape, monkeypatch):
     plan, handle, x, launches = flat_plan(shape, "NHWC", "NA", BatchNormMode.SPATIAL, monkeypatch)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
     assert launches == [False]
+
+
+def test_pointwise_tiles_on_large_nchw_planes(monkeypatch):
+    """NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more: the tiles, dense or not."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_NCHW_PLANES_BELOW", 30)
+    plan, handle, x, launches = flat_plan((2, 3, 6, 5), "NCHW", "NA", BatchNormMode.SPATIAL, monkeypatch)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))
+    assert launches == []
 
 
 def test_pointwise_tiles_where_orders_differ(monkeypatch):

@@ -887,13 +887,11 @@ def find_config(
 
 #: NCHW pointwise tiles fitted to the plane (off: 1024 pixels x 4 channels whatever the plane):
 #: the plane's pixels rounded up to a power of two (16 to 1024) by as many channels as make 4096
-#: elements. Why: a 7x7 plane fills 49 of a tile's 1024 pixel slots, so NA on NCHW 7x7 planes ran at
-#: 355-417 GB/s against 1100-2100 on NHWC (3.1-5.1x its NHWC time; 14x14 planes 1.35-1.63x; H100,
-#: fp16, batch 32, bench/results/2026-11-26-h100-stream-k-38/targets-na.csv). Predicted: those
-#: layers near their NHWC times (r50_19 31.1 -> about 7 us, r50_21 9.1 -> about 3.5). Not yet
-#: measured on a GPU: the A/B is `fusionplan-bench --modes NA --layouts NCHW --graph --tuning
-#: POINTWISE_NCHW_PLANE_TILES=0,1`.
-POINTWISE_NCHW_PLANE_TILES = False
+#: elements. Why: a 7x7 plane fills 49 of a tile's 1024 pixel slots. Measured (H100, fp16, batch 32,
+#: NA, bench/results/2026-11-26-h100-pointwise-flat-39/ab-na.csv): r50_19 31.0 -> 7.5 us, r50_13
+#: 16.8 -> 12.3, r50_18 9.1 -> 3.8, planes of 28x28 and more unchanged. Dense tensors take the
+#: flat runs below (faster still); these tiles serve NCHW tensors in other strides.
+POINTWISE_NCHW_PLANE_TILES = True
 
 
 def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, plane: int) -> PointwiseConfig:
@@ -914,18 +912,25 @@ def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, pla
 #: NCHW, or all channels-last NHWC) run as flat runs of POINTWISE_FLAT_BLOCK consecutive elements,
 #: each element's channel computed from its index (the plane size and channel count are constants
 #: of the kernel, so the division is a multiply and a shift). Why: every access is 16 bytes wide
-#: whatever the plane; the [pixels, channels] tiles read a 7x7 NCHW plane in 2-byte accesses and
-#: fill 49 of 1024 pixel slots. Off: the tiles above, which also serve every strided tensor.
-POINTWISE_FLAT = False
-POINTWISE_FLAT_BLOCK = 4096
+#: whatever the plane. Measured (H100, fp16, batch 32, NA, ab-na.csv and ab-block.csv of
+#: bench/results/2026-11-26-h100-pointwise-flat-39/): NCHW r50_19 31.0 -> 6.8 us (NHWC 6.4),
+#: r50_13 16.8 -> 11.6, r50_18 9.1 -> 3.2; NHWC 2 % faster (geometric mean), r50_03 37.2 -> 35.8.
+#: Runs of 2048 beat 1024 and 4096 (4096: NCHW 56x56 planes 8 % slower than the tiles), 8192 lost
+#: everywhere. NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more keep the tiles: there
+#: each element's channel is a separate 4-byte load of each parameter, where a tile loads 4
+#: channels' parameters once (28x28 planes: 6.5 us tiled against 6.8 flat).
+POINTWISE_FLAT = True
+POINTWISE_FLAT_BLOCK = 2048
 POINTWISE_FLAT_WARPS = 8
+POINTWISE_FLAT_NCHW_PLANES_BELOW = 512
 #: The interpreter's flat runs: short, so that the small test tensors have several and a tail.
 POINTWISE_FLAT_INTERPRETER = PointwiseConfig(64, 1, 4)
 
 
-def pointwise_flat_config(interpret: bool) -> PointwiseConfig | None:
-    """The flat runs' config (block_p elements per program, block_c 1), None when they are off."""
-    if not POINTWISE_FLAT:
+def pointwise_flat_config(interpret: bool, channels_last: bool, plane: int) -> PointwiseConfig | None:
+    """The flat runs' config (block_p elements per program, block_c 1) for a plan of this layout and
+    plane size, None where the tiles serve better or flat runs are off."""
+    if not POINTWISE_FLAT or (not channels_last and plane >= POINTWISE_FLAT_NCHW_PLANES_BELOW):
         return None
     if interpret:
         return POINTWISE_FLAT_INTERPRETER

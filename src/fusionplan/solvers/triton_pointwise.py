@@ -144,7 +144,7 @@ class TritonPointwiseKernel(Repeating, Kernel):
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
         self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active(), h * w)
-        self.flat_config = tuning.pointwise_flat_config(interpreter_active())
+        self.flat_config = tuning.pointwise_flat_config(interpreter_active(), channels_last, h * w)
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
 
