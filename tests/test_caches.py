@@ -367,10 +367,38 @@ def test_flat_pointwise_runs_where_they_are_faster(monkeypatch):
     pixels (the tiles are faster on larger ones); the interpreter's short runs; none when off."""
     below = tuning.POINTWISE_FLAT_NCHW_PLANES_BELOW
     flat = tuning.PointwiseConfig(tuning.POINTWISE_FLAT_BLOCK, 1, tuning.POINTWISE_FLAT_WARPS)
-    assert tuning.pointwise_flat_config(False, False, below - 1) == flat
-    assert tuning.pointwise_flat_config(False, False, below) is None
-    assert tuning.pointwise_flat_config(False, True, 3136) == flat
-    assert tuning.pointwise_flat_config(True, False, 49) == tuning.POINTWISE_FLAT_INTERPRETER
-    assert tuning.pointwise_flat_config(True, False, below) is None
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", 0)
+    assert tuning.pointwise_flat_config(False, False, below - 1, 2) == flat
+    assert tuning.pointwise_flat_config(False, False, below, 2) is None
+    assert tuning.pointwise_flat_config(False, True, 3136, 2) == flat
+    assert tuning.pointwise_flat_config(True, False, 49, 2) == tuning.POINTWISE_FLAT_INTERPRETER
+    assert tuning.pointwise_flat_config(True, False, below, 2) is None
     monkeypatch.setattr(tuning, "POINTWISE_FLAT", False)
-    assert tuning.pointwise_flat_config(False, True, 49) is None
+    assert tuning.pointwise_flat_config(False, True, 49, 2) is None
+
+
+@pytest.mark.parametrize(
+    "plane, size, least, vec",
+    [
+        (3136, 2, 16, 8),
+        (784, 4, 16, 4),
+        (196, 2, 16, 1),
+        (196, 2, 8, 4),  # 14x14 fp16 in 8-byte vectors
+        (196, 4, 16, 4),
+        (49, 2, 8, 1),
+        (12544, 2, 16, 8),
+        (100, 8, 16, 2),
+        (100, 1, 4, 4),
+    ],
+)
+def test_flat_runs_on_large_nchw_planes_with_plane_vectors(plane, size, least, vec, monkeypatch):
+    """POINTWISE_FLAT_PLANE_VECTORS: NCHW planes of whole vectors (16 bytes, or at least the
+    setting's bytes) take vectors of one plane and run flat whatever their size; other planes, and
+    NHWC, elements one by one."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", least)
+    assert tuning.pointwise_plane_vector(False, plane, size) == vec
+    assert tuning.pointwise_plane_vector(True, plane, size) == 1
+    flat = tuning.pointwise_flat_config(False, False, plane, size)
+    assert (flat is not None) == (vec > 1 or plane < tuning.POINTWISE_FLAT_NCHW_PLANES_BELOW)
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", 0)
+    assert tuning.pointwise_plane_vector(False, plane, size) == 1

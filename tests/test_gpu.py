@@ -202,9 +202,9 @@ def test_activations(act, precision):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
 @pytest.mark.parametrize("bn_mode", list(BatchNormMode))
-@pytest.mark.parametrize("shape", [(8, 64, 28, 28), (8, 96, 7, 7)], ids=["28x28", "7x7"])
+@pytest.mark.parametrize("shape", [(8, 64, 28, 28), (4, 64, 14, 14), (8, 96, 7, 7)], ids=["28x28", "14x14", "7x7"])
 def test_pointwise_chains(chain, layout, precision, bn_mode, shape):
-    """Dense tensors: flat runs (NHWC, and NCHW 7x7 planes) or tiles (NCHW 28x28 planes)."""
+    """Dense tensors: flat runs (NHWC, and NCHW planes below 28x28 or of whole vectors) or tiles."""
     dtype = PRECISIONS[precision][0]
     x = input_tensor(shape, dtype, layout)
     plan = add_chain(

@@ -259,11 +259,11 @@ def test_pointwise_nchw_tiles_past_the_plane(tile, monkeypatch):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))
 
 
-def flat_plan(shape, layout, chain, bn_mode, monkeypatch):
+def flat_plan(shape, layout, chain, bn_mode, monkeypatch, dtype=torch.float16):
     """A pointwise plan with flat runs on, and the list that records each flat launch's order
     (True: channels last)."""
     monkeypatch.setattr(tuning, "POINTWISE_FLAT", True)
-    x = make_input(shape, torch.float16, layout)
+    x = make_input(shape, dtype, layout)
     plan = add_chain(plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.ELU, param_dtype="float")
     handle = compile_triton(plan)
     kernel = plan._entry(handle).kernel
@@ -304,8 +304,28 @@ def test_pointwise_flat_runs_where_both_orders_are_dense(shape, monkeypatch):
     assert launches == [False]
 
 
+@pytest.mark.parametrize("chain", ["NA", "NAN"])
+@pytest.mark.parametrize("bn_mode", list(BatchNormMode))
+@pytest.mark.parametrize(
+    "dtype, shape, least",
+    [(torch.float16, (3, 5, 4, 6), 16), (torch.float32, (2, 7, 2, 6), 16), (torch.float16, (2, 5, 2, 6), 8)],
+    ids=["fp16", "fp32", "fp16-8-bytes"],
+)
+def test_pointwise_flat_runs_in_plane_vectors(chain, bn_mode, dtype, shape, least, monkeypatch):
+    """NCHW planes of whole vectors (24 fp16 pixels: three of 8; 12 fp32: three of 4; 12 fp16 in
+    8-byte vectors: three of 4), each vector's parameters loaded once: 360, 168 and 120 elements,
+    runs of 64 with a tail."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", least)
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_NCHW_PLANES_BELOW", 8)
+    plan, handle, x, launches = flat_plan(shape, "NCHW", chain, bn_mode, monkeypatch, dtype)
+    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))
+    assert launches == [False]
+    assert tuning.pointwise_plane_vector(False, shape[2] * shape[3], x.element_size()) > 1
+
+
 def test_pointwise_tiles_on_large_nchw_planes(monkeypatch):
-    """NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more: the tiles, dense or not."""
+    """NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more, not of whole 16-byte
+    vectors: the tiles, dense or not."""
     monkeypatch.setattr(tuning, "POINTWISE_FLAT_NCHW_PLANES_BELOW", 30)
     plan, handle, x, launches = flat_plan((2, 3, 6, 5), "NCHW", "NA", BatchNormMode.SPATIAL, monkeypatch)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NCHW"))

@@ -923,14 +923,39 @@ POINTWISE_FLAT = True
 POINTWISE_FLAT_BLOCK = 2048
 POINTWISE_FLAT_WARPS = 8
 POINTWISE_FLAT_NCHW_PLANES_BELOW = 512
+#: NCHW planes whose pixels are a multiple of a vector's elements run flat whatever their size, each
+#: vector one plane's, so that each parameter is loaded once a vector, not once an element: vectors
+#: of 16 bytes, or of at least this many bytes where the plane holds no whole 16-byte ones (8: 14x14
+#: fp16 planes in 8-byte vectors); 0: off (the tiles above POINTWISE_FLAT_NCHW_PLANES_BELOW).
+#: Predicted: 28x28 and larger NCHW planes at their NHWC times (r50_03 38.4 -> about 36 us;
+#: r50_00's 112x112 at 91-94 % of the copy's bandwidth now). Not yet measured: `--tuning
+#: POINTWISE_FLAT_PLANE_VECTORS=0,16,8`.
+POINTWISE_FLAT_PLANE_VECTORS = 0
 #: The interpreter's flat runs: short, so that the small test tensors have several and a tail.
 POINTWISE_FLAT_INTERPRETER = PointwiseConfig(64, 1, 4)
 
 
-def pointwise_flat_config(interpret: bool, channels_last: bool, plane: int) -> PointwiseConfig | None:
-    """The flat runs' config (block_p elements per program, block_c 1) for a plan of this layout and
-    plane size, None where the tiles serve better or flat runs are off."""
-    if not POINTWISE_FLAT or (not channels_last and plane >= POINTWISE_FLAT_NCHW_PLANES_BELOW):
+def pointwise_plane_vector(channels_last: bool, plane: int, element_size: int) -> int:
+    """Elements of a flat run's vector that share one NCHW plane (POINTWISE_FLAT_PLANE_VECTORS):
+    the widest vector of at most 16 bytes, and at least that many, whose elements the plane holds
+    a whole number of; 1 where none (each element its own channel's parameters)."""
+    if channels_last or not POINTWISE_FLAT_PLANE_VECTORS:
+        return 1
+    vec = 16 // element_size
+    while vec > 1 and vec * element_size >= POINTWISE_FLAT_PLANE_VECTORS:
+        if plane % vec == 0:
+            return vec
+        vec //= 2
+    return 1
+
+
+def pointwise_flat_config(
+    interpret: bool, channels_last: bool, plane: int, element_size: int
+) -> PointwiseConfig | None:
+    """The flat runs' config (block_p elements per program, block_c 1) for a plan of this layout,
+    plane size and element size, None where the tiles serve better or flat runs are off."""
+    large_plane = plane >= POINTWISE_FLAT_NCHW_PLANES_BELOW and pointwise_plane_vector(False, plane, element_size) == 1
+    if not POINTWISE_FLAT or (not channels_last and large_plane):
         return None
     if interpret:
         return POINTWISE_FLAT_INTERPRETER

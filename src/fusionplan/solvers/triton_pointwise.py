@@ -76,25 +76,34 @@ def pointwise_flat_kernel(
     x_ptr, y_ptr, prior_ptr,
     {stage_params}
     TOTAL,
-    BLOCK: tl.constexpr, C: tl.constexpr, HW: tl.constexpr, CHANNELS_LAST: tl.constexpr, IDX64: tl.constexpr,
-    HAS_PRIOR: tl.constexpr,
+    BLOCK: tl.constexpr, C: tl.constexpr, HW: tl.constexpr, CHANNELS_LAST: tl.constexpr,
+    PLANE_VEC: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr,
     {stage_flags}
 ):
-    # Input, output and prior are dense in one element order: the tile is a [1, BLOCK] run of
-    # consecutive elements (16-byte accesses whatever the plane), each element's channel computed.
+    # Input, output and prior are dense in one element order: a program takes BLOCK consecutive
+    # elements (16-byte accesses whatever the plane), each one's channel computed from its index.
     pid = tl.program_id(0)
     if IDX64:
         pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    at = offs[None, :]
-    mask = at < TOTAL
-    ch_mask = offs < TOTAL
-    if CHANNELS_LAST:
-        ch = offs % C
-        elem = ch[None, :] * HW + (at // C) % HW
-    else:
-        ch = (offs // HW) % C
+    if PLANE_VEC > 1:
+        # NCHW planes of a multiple of PLANE_VEC pixels: the tile is [PLANE_VEC, BLOCK // PLANE_VEC],
+        # a column one 16-byte vector of one plane, so each parameter is loaded once a vector.
+        starts = pid * BLOCK + tl.arange(0, BLOCK // PLANE_VEC) * PLANE_VEC
+        at = tl.arange(0, PLANE_VEC)[:, None] + starts[None, :]
+        ch = (starts // HW) % C
+        ch_mask = starts < TOTAL
         elem = at % (C * HW)
+    else:
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        at = offs[None, :]
+        ch_mask = offs < TOTAL
+        if CHANNELS_LAST:
+            ch = offs % C
+            elem = ch[None, :] * HW + (at // C) % HW
+        else:
+            ch = (offs // HW) % C
+            elem = at % (C * HW)
+    mask = at < TOTAL
     h = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
     if HAS_PRIOR:
         p = tl.load(prior_ptr + at, mask=mask, other=0.0).to(tl.float32)
@@ -144,7 +153,8 @@ class TritonPointwiseKernel(Repeating, Kernel):
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
         self.config = tuning.pointwise_heuristic(channels_last, c, interpreter_active(), h * w)
-        self.flat_config = tuning.pointwise_flat_config(interpreter_active(), channels_last, h * w)
+        size = spec.input_desc.dtype.torch_dtype.itemsize
+        self.flat_config = tuning.pointwise_flat_config(interpreter_active(), channels_last, h * w, size)
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
 
@@ -197,7 +207,8 @@ class TritonPointwiseKernel(Repeating, Kernel):
         _, c, h, w = self.dims
         block = self.flat_config.block_p
         total = x.numel()
-        consts = (block, c, h * w, channels_last, needs_int64(x, out, p), has_prior, *flags.values())
+        vec = tuning.pointwise_plane_vector(channels_last, h * w, x.element_size())
+        consts = (block, c, h * w, channels_last, vec, needs_int64(x, out, p), has_prior, *flags.values())
         return self.flat_launcher, (triton_cdiv(total, block), 1, 1), [x, out, p, *values, total, *consts]
 
 
