@@ -916,9 +916,10 @@ def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, pla
 #: bench/results/2026-11-26-h100-pointwise-flat-39/): NCHW r50_19 31.0 -> 6.8 us (NHWC 6.4),
 #: r50_13 16.8 -> 11.6, r50_18 9.1 -> 3.2; NHWC 2 % faster (geometric mean), r50_03 37.2 -> 35.8.
 #: Runs of 2048 beat 1024 and 4096 (4096: NCHW 56x56 planes 8 % slower than the tiles), 8192 lost
-#: everywhere. NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more keep the tiles: there
-#: each element's channel is a separate 4-byte load of each parameter, where a tile loads 4
-#: channels' parameters once (28x28 planes: 6.5 us tiled against 6.8 flat).
+#: everywhere. NCHW planes of POINTWISE_FLAT_NCHW_PLANES_BELOW pixels or more keep the tiles unless
+#: they hold whole vectors (POINTWISE_FLAT_PLANE_VECTORS): with each element's channel a separate
+#: 4-byte load of each parameter, a tile that loads 4 channels' parameters once was faster there
+#: (28x28 planes: 6.5 us tiled against 6.8 flat).
 POINTWISE_FLAT = True
 POINTWISE_FLAT_BLOCK = 2048
 POINTWISE_FLAT_WARPS = 8
@@ -927,10 +928,11 @@ POINTWISE_FLAT_NCHW_PLANES_BELOW = 512
 #: vector one plane's, so that each parameter is loaded once a vector, not once an element: vectors
 #: of 16 bytes, or of at least this many bytes where the plane holds no whole 16-byte ones (8: 14x14
 #: fp16 planes in 8-byte vectors); 0: off (the tiles above POINTWISE_FLAT_NCHW_PLANES_BELOW).
-#: Predicted: 28x28 and larger NCHW planes at their NHWC times (r50_03 38.4 -> about 36 us;
-#: r50_00's 112x112 at 91-94 % of the copy's bandwidth now). Not yet measured: `--tuning
-#: POINTWISE_FLAT_PLANE_VECTORS=0,16,8`.
-POINTWISE_FLAT_PLANE_VECTORS = 0
+#: Measured (H100, batch 32, NA, `--tuning POINTWISE_FLAT_PLANE_VECTORS=0,16,8`, ab-vectors.csv of
+#: bench/results/2026-11-26-h100-pointwise-flat-39/): the NCHW planes at their NHWC times, fp16
+#: r50_00 (112x112) 38.0 -> 36.3 us (NHWC 36.1), r50_03 38.5 -> 36.2, r50_13 (14x14, 8-byte vectors
+#: only) 11.8 -> 10.7 (NHWC 10.5); fp32 r50_03 73.3 -> 70.4 (NHWC 70.3); 7x7 planes unchanged.
+POINTWISE_FLAT_PLANE_VECTORS = 8
 #: The interpreter's flat runs: short, so that the small test tensors have several and a tail.
 POINTWISE_FLAT_INTERPRETER = PointwiseConfig(64, 1, 4)
 
