@@ -15,6 +15,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.reference import run_reference
 from fusionplan.shapes import load_shapes
 from fusionplan.solvers import REGISTRY
 from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
@@ -233,6 +234,35 @@ def test_pointwise_large_tensor():
         plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="half"
     )
     run_and_check(plan, "fp16", x, "NHWC")
+
+
+@pytest.mark.parametrize("in_layout, out_layout", [("NCHW", "NCHW"), ("NHWC", "NHWC"), ("NCHW", "NHWC")])
+def test_pointwise_past_int32_offsets(in_layout, out_layout):
+    """2^31 + 2^21 fp16 elements (4.3 GB a tensor): 64-bit offsets in the flat runs (NCHW planes in
+    vectors, channels-last) and in the tiles (orders that differ); compared in slices of rows
+    against the reference in fp32, every element written."""
+    shape = (2, 64, 4096, 4100)
+    x = input_tensor(shape, torch.float16, in_layout)
+    plan = add_chain(
+        plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="float"
+    )
+    handle = fp.Handle("cuda")
+    plan.compile(handle)
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
+    y = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda").to(memory_format=fmt)
+    assert x.numel() > 2**31
+    plan.execute(handle, x, y, args)
+    records = [args.get(op) for op in plan.ops]
+    for h0 in range(0, shape[2], 1024):  # compared on the GPU: 2 GB of fp32 a slice
+        rows = slice(h0, h0 + 1024)
+        ref = run_reference(plan.ops, x[:, :, rows], records, None, torch.float32).output
+        out = y[:, :, rows]
+        assert torch.isfinite(out).all(), f"rows {h0}: elements not written"
+        rel_norm = ((out.float() - ref).norm() / ref.norm()).item()
+        assert rel_norm < 1e-2, f"rows {h0}: relative norm {rel_norm}"
+    del x, y
+    torch.cuda.empty_cache()
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
