@@ -265,6 +265,44 @@ def test_pointwise_past_int32_offsets(in_layout, out_layout):
     torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("r", [1, 3])
+def test_convolutions_past_int32_offsets(layout, r):
+    """CBNA on fp16 input and output of 33 x 64 x 1024 x 1024 (2.2e9 elements, 4.4 GB each): each
+    layout's 1x1 and 3x3 solvers with 64-bit offsets; compared image by image with the fp32
+    reference, every element written."""
+    shape = (33, 64, 1024, 1024)
+    x = input_tensor(shape, torch.float16, layout)
+    conv = fp.ConvolutionDescriptor(((r - 1) // 2,) * 2, (1, 1), (1, 1), 1)
+    plan = add_chain(
+        plan_for(x),
+        "CBNA",
+        conv=conv,
+        k=64,
+        r=r,
+        s=r,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="float",
+    )
+    handle = fp.Handle("cuda")
+    solver = plan.compile(handle)
+    assert solver in TRITON_SOLVERS and x.numel() > 2**31
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    y = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda").to(memory_format=fmt)
+    plan.execute(handle, x, y, args)
+    records = [args.get(op) for op in plan.ops]
+    for n in range(0, shape[0], 3):  # compared on the GPU, three images at a time
+        ref = run_reference(plan.ops, x[n : n + 3], records, None, torch.float32).output
+        out = y[n : n + 3]
+        assert torch.isfinite(out).all(), f"{solver}, images {n}-{n + 2}: elements not written"
+        rel_norm = ((out.float() - ref).norm() / ref.norm()).item()
+        assert rel_norm < 1e-2, f"{solver}, images {n}-{n + 2}: relative norm {rel_norm}"
+    del x, y
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_alpha_beta_prior(precision):
     dtype = PRECISIONS[precision][0]
