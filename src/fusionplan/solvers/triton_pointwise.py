@@ -1,10 +1,14 @@
 """Triton pointwise solver: any chain of bias, batch-norm inference and activations without a
 convolution (NA, BA, NAN, AA, ...) in one pass over memory.
 
-Tiles are [pixels, channels] of one image, long along the contiguous axis (channels for NHWC,
-pixels for NCHW); input, output and prior are read and written in their own strides. Runs of
-affine operators are folded into one scale and shift per channel (or per element) once per
-argument set, so the kernel does one multiply-add per run.
+Two kernels from one generated chain. Where input, output and prior are dense in one element
+order (all contiguous NCHW, or all channels-last NHWC), flat runs of consecutive elements with
+16-byte accesses, each element's channel computed from its index, a vector's parameters loaded
+once where the NCHW plane holds whole vectors (tuning.POINTWISE_FLAT*). Otherwise tiles of
+[pixels, channels] of one image, long along the contiguous axis (channels for NHWC, the plane's
+pixels for NCHW), each tensor read and written in its own strides. Runs of affine operators are
+folded into one scale and shift per channel (or per element) once per argument set, so the kernel
+does one multiply-add per run.
 """
 
 from __future__ import annotations
@@ -81,13 +85,14 @@ def pointwise_flat_kernel(
     {stage_flags}
 ):
     # Input, output and prior are dense in one element order: a program takes BLOCK consecutive
-    # elements (16-byte accesses whatever the plane), each one's channel computed from its index.
+    # elements (16-byte accesses whatever the plane), each one's channel computed from its index
+    # (columns of the tile are channels, as the generated stages expect).
     pid = tl.program_id(0)
     if IDX64:
         pid = pid.to(tl.int64)
     if PLANE_VEC > 1:
         # NCHW planes of a multiple of PLANE_VEC pixels: the tile is [PLANE_VEC, BLOCK // PLANE_VEC],
-        # a column one 16-byte vector of one plane, so each parameter is loaded once a vector.
+        # a column one vector (8 or 16 bytes) of one plane, so each parameter is loaded once a vector.
         starts = pid * BLOCK + tl.arange(0, BLOCK // PLANE_VEC) * PLANE_VEC
         at = tl.arange(0, PLANE_VEC)[:, None] + starts[None, :]
         ch = (starts // HW) % C
