@@ -456,6 +456,12 @@ GLUON_STEM_JOINED_PLANES = True
 #: memory) instead of by pointer after a layout change.
 GLUON_WINDOW_TMA_STORE = True
 
+#: gluon-window: the first round of weights tiles (a ring's worth) requested before the wait for
+#: the kernel before it, as gluon-stem's filter (GLUON_STEM_FILTER_FIRST). Measured once on every
+#: window (bench/NOTES.md section 36): r50_22 19.94 -> 19.77 us fp16, but r50_16 17.78 -> 18.34 and
+#: r50_12 1.7-2.0 % slower. Off until measured again.
+GLUON_WINDOW_WEIGHTS_FIRST = False
+
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024

@@ -70,14 +70,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty,
-    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
+    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb, first_weights,
     S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
 ):
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+        # the first first_weights steps' weights, and their stages' bytes, were requested before
+        fresh = kb >= first_weights
+        if fresh:
+            mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         t = kb // num_cb
         c0 = (kb % num_cb) * BLOCK_K
         dh = (t // S) * dil_h - pad_h
@@ -90,7 +93,8 @@ def _load_partition(
             x_desc, [n0, oh0 + (dh - ph) // STR_H, ph, ow0 + (dw - pw) // STR_W, pw * C + c0],
             ready.index(stage), x_bufs.index(stage),
         )
-        {tma_load}(w_desc, [k0, t * C + c0], ready.index(stage), w_bufs.index(stage))
+        if fresh:
+            {tma_load}(w_desc, [k0, t * C + c0], ready.index(stage), w_bufs.index(stage))
 
 
 @gluon.jit
@@ -129,6 +133,7 @@ def gluon_window_kernel(
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr, TMA_STORE: gl.constexpr,
+    WEIGHTS_FIRST: gl.constexpr,
     {stage_flags}
 ):
     # y_desc (TMA_STORE): the output as [N, OH, OW, K], boxes of a window and 64 channels (a token
@@ -151,9 +156,17 @@ def gluon_window_kernel(
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
-{grid_dependency}
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
+    # WEIGHTS_FIRST: the first round of weights tiles requested before the wait for the kernel
+    # before this one, so that their latency runs under its end; no kernel that may still run
+    # writes them (the packed weights are written by plain stream-ordered copies)
+    first_weights = gl.minimum(steps, NUM_STAGES * WEIGHTS_FIRST)
+    for i in gl.static_range(NUM_STAGES * WEIGHTS_FIRST):
+        if i < steps:
+            mbarrier.expect(ready.index(i), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            {tma_load}(w_desc, [k0, (i // num_cb) * C + (i % num_cb) * BLOCK_K], ready.index(i), w_bufs.index(i))
+{grid_dependency}
     (acc,) = gl.warp_specialize(
         [
             (
@@ -163,7 +176,7 @@ def gluon_window_kernel(
             (
                 _load_partition,
                 (x_desc, w_desc, x_bufs, w_bufs, ready, empty, n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w,
-                 steps, num_cb, S, STR_H, STR_W, BLOCK_K, NUM_STAGES),
+                 steps, num_cb, first_weights, S, STR_H, STR_W, BLOCK_K, NUM_STAGES),
             ),
         ],
         [1],
@@ -447,6 +460,12 @@ def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) 
     return 2 if size == 4 and fp32_acc_stores else 1
 
 
+def window_weights_first(cfg: tuning.ConvConfig) -> int:
+    """1 where gluon-window requests its first round of weights tiles before the grid-dependency
+    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST), else 0."""
+    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST)
+
+
 def window_epilogue_mode(size: int) -> int:
     """gluon-window's epilogue_mode (tuning.GLUON_WINDOW_MMA_EPILOGUE)."""
     return epilogue_mode(size, tuning.GLUON_WINDOW_MMA_EPILOGUE)
@@ -499,6 +518,7 @@ class GluonWindowKernel(TritonWindowKernel):
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             tma_store,
+            window_weights_first(cfg),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
