@@ -276,9 +276,11 @@ def test_triton_kernels_wait_for_the_kernel_before_them(name, solver, layout):
 )
 def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):
     """The Gluon templates wait for the kernel before them (a no-op in a plain launch) before any
-    global memory access: launched with programmatic dependent launch only with
-    tuning.GRID_DEPENDENCY. The warp-specialized ones wait before their partitions start (the
-    SASS places the partitions' loads apart from the start, hence the check in the source)."""
+    global memory access but their packed weights' (gluon-stem's filter, r50_22's first round of
+    gluon-window's weights: written by stream-ordered copies, never by a kernel that may still
+    run): launched with programmatic dependent launch only with tuning.GRID_DEPENDENCY. The
+    warp-specialized ones wait before their partitions start (the SASS places the partitions'
+    loads apart from the start, hence the check in the source)."""
     on = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout=layout), solver)
     source = on["source"]
     assert on["programmatic dependent launch"]

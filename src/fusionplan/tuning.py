@@ -457,10 +457,15 @@ GLUON_STEM_JOINED_PLANES = True
 GLUON_WINDOW_TMA_STORE = True
 
 #: gluon-window: the first round of weights tiles (a ring's worth) requested before the wait for
-#: the kernel before it, as gluon-stem's filter (GLUON_STEM_FILTER_FIRST). Measured once on every
-#: window (bench/NOTES.md section 36): r50_22 19.94 -> 19.77 us fp16, but r50_16 17.78 -> 18.34 and
-#: r50_12 1.7-2.0 % slower. Off until measured again.
-GLUON_WINDOW_WEIGHTS_FIRST = False
+#: the kernel before it, as gluon-stem's filter (GLUON_STEM_FILTER_FIRST), for 64-pixel windows of
+#: one computing warpgroup (gluon_window.window_weights_first). Measured (H100, batch 32, CBNA, 5
+#: rounds, `--tuning GLUON_WINDOW_WEIGHTS_FIRST=1` on every window,
+#: bench/results/2026-11-26-h100-pointwise-flat-39/ab-weights-first.csv): the 64 x 128 windows
+#: faster, r50_22 20.22 -> 19.73 us fp16 (1.082x -> 1.055x cuDNN's time), 20.11 -> 19.69 bf16,
+#: r50_18 20.04 -> 19.50 / 20.16 -> 19.73; the others not, r50_16's 64 x 256 windows over two
+#: warpgroups 3 % slower (17.21 -> 17.72), r50_10 and r50_12 within 0.6 % (as in bench/NOTES.md
+#: section 36, where r50_16 and r50_12 lost 2-5 %).
+GLUON_WINDOW_WEIGHTS_FIRST = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

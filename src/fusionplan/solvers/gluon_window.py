@@ -460,10 +460,12 @@ def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) 
     return 2 if size == 4 and fp32_acc_stores else 1
 
 
-def window_weights_first(cfg: tuning.ConvConfig) -> int:
+def window_weights_first(cfg: tuning.ConvConfig, itemsize: int) -> int:
     """1 where gluon-window requests its first round of weights tiles before the grid-dependency
-    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST), else 0."""
-    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST)
+    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 16-bit data in 64-pixel windows of one computing
+    warpgroup, where it measured faster (TF32 was not measured); else 0."""
+    one_warpgroup_64 = cfg.block_m == 64 and cfg.num_warps == 4
+    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64 and itemsize == 2)
 
 
 def window_epilogue_mode(size: int) -> int:
@@ -518,7 +520,7 @@ class GluonWindowKernel(TritonWindowKernel):
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             tma_store,
-            window_weights_first(cfg),
+            window_weights_first(cfg, self.spec.dtype.torch_dtype.itemsize),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
