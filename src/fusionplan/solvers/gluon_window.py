@@ -8,6 +8,8 @@ warpgroups wait for each stage, issue its wgmma with one product in flight and f
 before it. Triton 3.6 does not generate this for sm_90: its pipeliner issues the loads from the
 computing warps, between the products (bench/NOTES.md, section 15: on ResNet-50 at batch 32,
 8-29 % faster than triton-window on the layers with the longest reductions, as fast on the others).
+Where it measured faster (window_weights_first), the first ring of weights tiles is requested
+before the wait for the kernel before this one.
 
 The input is read through one 5-D view, [N, H/s, s, W/s, s*C] (stride 1: [N, H, 1, W, C]), as
 triton-window reads strided convolutions: tap (r, s) of a window of outputs reads one box of it,
