@@ -151,15 +151,18 @@ def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype, first
 def test_first_weights_before_the_wait_where_they_measured_faster(dtype, monkeypatch):
     """tuning.GLUON_WINDOW_WEIGHTS_FIRST: 16-bit 64 x 128 windows of one warpgroup (r50_22, r50_18)
     request their first weights before the grid-dependency wait; r50_16's 64 x 256 windows over two
-    warpgroups, the 128-pixel r50_12, TF32 and the switch off do not."""
+    warpgroups, the 128-pixel r50_12, TF32 (unless GLUON_WINDOW_WEIGHTS_FIRST_TF32) and the switch
+    off do not."""
     first = {
         name: gluon_window.window_weights_first(gluon_window.gluon_config(layer(name, dtype).spec()), dtype.itemsize)
         for name in ("r50_22", "r50_18", "r50_16", "r50_12")
     }
     sixteen = int(dtype.itemsize == 2)
     assert first == {"r50_22": sixteen, "r50_18": sixteen, "r50_16": 0, "r50_12": 0}
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST", False)
     cfg = gluon_window.gluon_config(layer("r50_22", dtype).spec())
+    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST_TF32", True)
+    assert gluon_window.window_weights_first(cfg, dtype.itemsize) == 1
+    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST", False)
     assert gluon_window.window_weights_first(cfg, dtype.itemsize) == 0
 
 

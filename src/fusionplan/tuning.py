@@ -466,6 +466,11 @@ GLUON_WINDOW_TMA_STORE = True
 #: warpgroups 3 % slower (17.21 -> 17.72), r50_10 and r50_12 within 0.6 % (as in bench/NOTES.md
 #: section 36, where r50_16 and r50_12 lost 2-5 %).
 GLUON_WINDOW_WEIGHTS_FIRST = True
+#: The same for TF32's 64-pixel windows of one warpgroup (32-channel steps: a stage of 24 KB, 16 KB
+#: of it weights, as in 16-bit; compiled for sm_90: 8 tensor loads, no spills). Not yet measured:
+#: `fusionplan-bench --layers r50_15,r50_18,r50_19,r50_21,r50_22 --precisions tf32 --layouts NHWC
+#: --graph --rounds 5 --tuning GLUON_WINDOW_WEIGHTS_FIRST_TF32=0,1`.
+GLUON_WINDOW_WEIGHTS_FIRST_TF32 = False
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

@@ -464,10 +464,12 @@ def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) 
 
 def window_weights_first(cfg: tuning.ConvConfig, itemsize: int) -> int:
     """1 where gluon-window requests its first round of weights tiles before the grid-dependency
-    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 16-bit data in 64-pixel windows of one computing
-    warpgroup, where it measured faster (TF32 was not measured); else 0."""
+    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 64-pixel windows of one computing warpgroup, where
+    16-bit data measured faster, of 16-bit data or (tuning.GLUON_WINDOW_WEIGHTS_FIRST_TF32, not
+    yet measured) TF32's; else 0."""
     one_warpgroup_64 = cfg.block_m == 64 and cfg.num_warps == 4
-    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64 and itemsize == 2)
+    data = itemsize == 2 or tuning.GLUON_WINDOW_WEIGHTS_FIRST_TF32
+    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64 and data)
 
 
 def window_epilogue_mode(size: int) -> int:
