@@ -227,6 +227,28 @@ def test_pointwise_tiles_into_other_strides(in_layout, plane):
     run_and_check(plan, "fp16", x, "NCHW", y=view[:, :, 2 : plane + 2, 1:])
 
 
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("shape", [(4, 64, 28, 28), (4, 96, 7, 7)], ids=["28x28", "7x7"])
+@pytest.mark.parametrize("prior_layout", ["same", "other"])
+def test_pointwise_chains_blend_a_prior(layout, shape, prior_layout):
+    """alpha and beta on every operator; the prior in the output's layout (flat runs) or in the
+    other one (the tiles)."""
+    x = input_tensor(shape, torch.float16, layout)
+    plan = add_chain(
+        plan_for(x), "NAB", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.ELU, param_dtype="float"
+    )
+    rng = random.Random(shape[3] + len(layout) + len(prior_layout))
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        record = random_record(
+            op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)
+        )
+        args.set(op, record)
+    other = "NHWC" if layout == "NCHW" else "NCHW"
+    prior = input_tensor(plan.output_desc.dims, torch.float16, layout if prior_layout == "same" else other)
+    run_and_check(plan, "fp16", x, layout, args=args, prior=prior)
+
+
 def test_pointwise_large_tensor():
     """A 1 GiB fp16 tensor (2^29 elements) through an NA chain."""
     x = input_tensor((64, 256, 128, 256), torch.float16, "NHWC")
