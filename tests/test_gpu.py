@@ -237,13 +237,7 @@ def test_pointwise_chains_blend_a_prior(layout, shape, prior_layout):
     plan = add_chain(
         plan_for(x), "NAB", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.ELU, param_dtype="float"
     )
-    rng = random.Random(shape[3] + len(layout) + len(prior_layout))
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        record = random_record(
-            op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)
-        )
-        args.set(op, record)
+    args = seeded_alpha_beta_args(plan, shape[3] + len(layout) + len(prior_layout))
     other = "NHWC" if layout == "NCHW" else "NCHW"
     prior = input_tensor(plan.output_desc.dims, torch.float16, layout if prior_layout == "same" else other)
     run_and_check(plan, "fp16", x, layout, args=args, prior=prior)
@@ -336,12 +330,7 @@ def test_alpha_beta_prior(precision):
         activation=ActivationMode.TANH,
         param_dtype=DT_NAME[dtype],
     )
-    rng = random.Random(5)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(
-            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
-        )
+    args = seeded_alpha_beta_args(plan, 5)
     y = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, "NHWC", args=args, y=y)
     # priors of other dtypes and layouts, one after the other: each needs its own compiled kernel
