@@ -129,13 +129,20 @@ def test_wide_windows_compile_pipelined_within_shared_memory(dtype):
 
 @pytest.mark.parametrize(
     "name, dtype, first_weights",
-    [("r50_22", "float16", 6), ("r50_18", "bfloat16", 6), ("r50_10", "float16", 0), ("r50_15", "float32", 0)],
+    [
+        ("r50_22", "float16", 6),
+        ("r50_18", "bfloat16", 6),
+        ("r50_22", "float32", 6),
+        ("r50_10", "float16", 0),
+        ("r50_15", "float32", 0),
+    ],
 )
 def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype, first_weights):
     """A loading partition beside the computing one (register reallocation between them), tensor
     loads (each stage's expect counts its window's box and the weights'), wgmma from shared memory
-    with one group in flight. 16-bit 64-pixel windows of one warpgroup request the first round of
-    weights (a stage's tile each) before the partitions, each with its stage's expect of both boxes."""
+    with one group in flight. 64-pixel windows of one warpgroup (16-bit and TF32) request the first
+    round of weights (a stage's tile each) before the partitions, each with its stage's expect of
+    both boxes."""
     info = compile_sm90(layer_build(name, dtype), "gluon-window")
     assert info["HGMMA"] > 0 and info["LDSM (operand through registers)"] == 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
@@ -149,21 +156,19 @@ def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype, first
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_first_weights_before_the_wait_where_they_measured_faster(dtype, monkeypatch):
-    """tuning.GLUON_WINDOW_WEIGHTS_FIRST: 16-bit 64 x 128 windows of one warpgroup (r50_22, r50_18)
-    request their first weights before the grid-dependency wait; r50_16's 64 x 256 windows over two
-    warpgroups, the 128-pixel r50_12, TF32 (unless GLUON_WINDOW_WEIGHTS_FIRST_TF32) and the switch
-    off do not."""
-    first = {
-        name: gluon_window.window_weights_first(gluon_window.gluon_config(layer(name, dtype).spec()), dtype.itemsize)
-        for name in ("r50_22", "r50_18", "r50_16", "r50_12")
-    }
-    sixteen = int(dtype.itemsize == 2)
-    assert first == {"r50_22": sixteen, "r50_18": sixteen, "r50_16": 0, "r50_12": 0}
-    cfg = gluon_window.gluon_config(layer("r50_22", dtype).spec())
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST_TF32", True)
-    assert gluon_window.window_weights_first(cfg, dtype.itemsize) == 1
+    """tuning.GLUON_WINDOW_WEIGHTS_FIRST: 64 x 128 windows of one warpgroup (r50_22, r50_18), 16-bit
+    or TF32, request their first weights before the grid-dependency wait; r50_16's 64 x 256 windows
+    over two warpgroups, the 128-pixel r50_12 and the switch off do not."""
+
+    def first() -> dict[str, int]:
+        return {
+            name: gluon_window.window_weights_first(gluon_window.gluon_config(layer(name, dtype).spec()))
+            for name in ("r50_22", "r50_18", "r50_16", "r50_12")
+        }
+
+    assert first() == {"r50_22": 1, "r50_18": 1, "r50_16": 0, "r50_12": 0}
     monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST", False)
-    assert gluon_window.window_weights_first(cfg, dtype.itemsize) == 0
+    assert set(first().values()) == {0}
 
 
 def test_every_epilogue_operator_compiles_in_gluon():

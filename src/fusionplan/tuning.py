@@ -464,13 +464,11 @@ GLUON_WINDOW_TMA_STORE = True
 #: faster, r50_22 20.22 -> 19.73 us fp16 (1.082x -> 1.055x cuDNN's time), 20.11 -> 19.69 bf16,
 #: r50_18 20.04 -> 19.50 / 20.16 -> 19.73; the others not, r50_16's 64 x 256 windows over two
 #: warpgroups 3 % slower (17.21 -> 17.72), r50_10 and r50_12 within 0.6 % (as in bench/NOTES.md
-#: section 36, where r50_16 and r50_12 lost 2-5 %).
+#: section 36, where r50_16 and r50_12 lost 2-5 %). TF32's windows are the same shapes (32-channel
+#: steps: a stage of 24 KB, 16 KB of it weights) and faster too (5 rounds, CBNA / CBA,
+#: bench/results/2026-11-26-h100-tf32-weights-first-40/ab-tf32-wf.csv): r50_22 37.98 -> 37.13 us /
+#: 37.96 -> 37.21, r50_18 38.11 -> 37.39 / 38.05 -> 37.32.
 GLUON_WINDOW_WEIGHTS_FIRST = True
-#: The same for TF32's 64-pixel windows of one warpgroup (32-channel steps: a stage of 24 KB, 16 KB
-#: of it weights, as in 16-bit; compiled for sm_90: 8 tensor loads, no spills). Not yet measured:
-#: `fusionplan-bench --layers r50_15,r50_18,r50_19,r50_21,r50_22 --precisions tf32 --layouts NHWC
-#: --graph --rounds 5 --tuning GLUON_WINDOW_WEIGHTS_FIRST_TF32=0,1`.
-GLUON_WINDOW_WEIGHTS_FIRST_TF32 = False
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).

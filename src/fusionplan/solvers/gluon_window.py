@@ -462,14 +462,12 @@ def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) 
     return 2 if size == 4 and fp32_acc_stores else 1
 
 
-def window_weights_first(cfg: tuning.ConvConfig, itemsize: int) -> int:
+def window_weights_first(cfg: tuning.ConvConfig) -> int:
     """1 where gluon-window requests its first round of weights tiles before the grid-dependency
-    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 64-pixel windows of one computing warpgroup, where
-    16-bit data measured faster, of 16-bit data or (tuning.GLUON_WINDOW_WEIGHTS_FIRST_TF32, not
-    yet measured) TF32's; else 0."""
+    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 64-pixel windows of one computing warpgroup, the
+    windows where it measured faster (16-bit and TF32); else 0."""
     one_warpgroup_64 = cfg.block_m == 64 and cfg.num_warps == 4
-    data = itemsize == 2 or tuning.GLUON_WINDOW_WEIGHTS_FIRST_TF32
-    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64 and data)
+    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64)
 
 
 def window_epilogue_mode(size: int) -> int:
@@ -524,7 +522,7 @@ class GluonWindowKernel(TritonWindowKernel):
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             tma_store,
-            window_weights_first(cfg, self.spec.dtype.torch_dtype.itemsize),
+            window_weights_first(cfg),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
