@@ -72,15 +72,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 @gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty,
-    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb, first_weights,
+    n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
     S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+    WEIGHTS_FIRST: gl.constexpr,
 ):
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-        # the first first_weights steps' weights, and their stages' bytes, were requested before
-        fresh = kb >= first_weights
+        # with WEIGHTS_FIRST, the first round's weights and their stages' bytes were requested
+        # before the partitions (the steps of that round past `steps` never run)
+        if WEIGHTS_FIRST:
+            fresh = kb >= NUM_STAGES
+        else:
+            fresh = True
         if fresh:
             mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
         t = kb // num_cb
@@ -163,7 +168,6 @@ def gluon_window_kernel(
     # WEIGHTS_FIRST: the first round of weights tiles requested before the wait for the kernel
     # before this one, so that their latency runs under its end; no kernel that may still run
     # writes them (the packed weights are written by plain stream-ordered copies)
-    first_weights = gl.minimum(steps, NUM_STAGES * WEIGHTS_FIRST)
     for i in gl.static_range(NUM_STAGES * WEIGHTS_FIRST):
         if i < steps:
             mbarrier.expect(ready.index(i), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
@@ -178,7 +182,7 @@ def gluon_window_kernel(
             (
                 _load_partition,
                 (x_desc, w_desc, x_bufs, w_bufs, ready, empty, n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w,
-                 steps, num_cb, first_weights, S, STR_H, STR_W, BLOCK_K, NUM_STAGES),
+                 steps, num_cb, S, STR_H, STR_W, BLOCK_K, NUM_STAGES, WEIGHTS_FIRST),
             ),
         ],
         [1],
