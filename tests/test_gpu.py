@@ -20,7 +20,7 @@ from fusionplan.shapes import load_shapes
 from fusionplan.solvers import REGISTRY
 from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
-from .util import CONV_SHAPES, DT_NAME, TAP_SHAPES, plan_for, random_conv_plan, shape_plan
+from .util import CONV_SHAPES, DT_NAME, TAP_SHAPES, plan_for, random_conv_plan, seeded_alpha_beta_args, shape_plan
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -40,17 +40,6 @@ def triton_only(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
 
 
-def seeded_alpha_beta_args(plan, seed) -> fp.OperatorArgs:
-    """Random arguments of every operator with alpha in [0.5, 2) and beta in [-1, 1), from ``seed``."""
-    rng = random.Random(seed)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(
-            op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1))
-        )
-    return args
-
-
 def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out_layout, in_layout="NHWC"):
     """``solver`` forced on a convolution of ``dims`` input (``in_layout``) and ``chain`` (ELU
     activation) against the float64 reference, the output NaN-filled in ``out_layout``; then with
@@ -61,7 +50,7 @@ def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out
     verdict = next(v for v in plan.explain(fp.Handle("cuda")) if v.solver == solver)
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, out_layout, solver=solver)
-    args = seeded_alpha_beta_args(plan, case)
+    args = seeded_alpha_beta_args(plan, case, "cuda", torch.float32)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, out_layout, args=args, prior=prior, solver=solver)
 
@@ -237,7 +226,7 @@ def test_pointwise_chains_blend_a_prior(layout, shape, prior_layout):
     plan = add_chain(
         plan_for(x), "NAB", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.ELU, param_dtype="float"
     )
-    args = seeded_alpha_beta_args(plan, shape[3] + len(layout) + len(prior_layout))
+    args = seeded_alpha_beta_args(plan, shape[3] + len(layout) + len(prior_layout), "cuda", torch.float32)
     other = "NHWC" if layout == "NCHW" else "NCHW"
     prior = input_tensor(plan.output_desc.dims, torch.float16, layout if prior_layout == "same" else other)
     run_and_check(plan, "fp16", x, layout, args=args, prior=prior)
@@ -330,7 +319,7 @@ def test_alpha_beta_prior(precision):
         activation=ActivationMode.TANH,
         param_dtype=DT_NAME[dtype],
     )
-    args = seeded_alpha_beta_args(plan, 5)
+    args = seeded_alpha_beta_args(plan, 5, "cuda", torch.float32)
     y = torch.randn(plan.output_desc.dims, device="cuda").to(dtype)
     run_and_check(plan, precision, x, "NHWC", args=args, y=y)
     # priors of other dtypes and layouts, one after the other: each needs its own compiled kernel
@@ -511,7 +500,7 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, tma_store, mon
     verdict = next(v for v in plan.explain(fp.Handle("cuda", allow_tf32=True)) if v.solver == "gluon-window")
     assert verdict.applicable, str(verdict)
     run_and_check(plan, precision, x, "NHWC", solver="gluon-window")
-    args = seeded_alpha_beta_args(plan, case)
+    args = seeded_alpha_beta_args(plan, case, "cuda", torch.float32)
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype).to(memory_format=torch.channels_last)
     run_and_check(plan, precision, x, "NHWC", args=args, prior=prior, solver="gluon-window")
     if tma_store:  # an NCHW output at launch: stored by pointer

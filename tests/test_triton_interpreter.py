@@ -26,6 +26,7 @@ from .util import (
     random_args,
     random_conv_plan,
     random_record,
+    seeded_alpha_beta_args,
     shape_plan,
 )
 
@@ -166,10 +167,7 @@ def test_alpha_beta_and_prior(chain):
         param_dtype="float",
     )
     handle = compile_triton(plan)
-    rng = random.Random(3)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    args = seeded_alpha_beta_args(plan, 3)
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
     check_against_reference(plan, handle, x, args, poisoned(plan.output_desc), prior=torch.randn(plan.output_desc.dims))
 
@@ -287,10 +285,7 @@ def test_pointwise_flat_runs(chain, layout, bn_mode, monkeypatch):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_pointwise_flat_runs_blend_a_prior(layout, monkeypatch):
     plan, handle, x, launches = flat_plan((2, 6, 5, 4), layout, "NAB", BatchNormMode.SPATIAL, monkeypatch)
-    rng = random.Random(3)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    args = seeded_alpha_beta_args(plan, 3)
     prior = make_input(plan.output_desc.dims, torch.float16, layout)
     check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, layout), prior=prior)
     assert launches == [layout == "NHWC"]
@@ -406,10 +401,7 @@ def test_gemm_chains_with_alpha_beta(solver, layout, chain, bn_mode):
     kw = dict(bn_mode=bn_mode, activation=ActivationMode.ELU)
     plan, x = gemm_plan(2, 16, 3, 5, 24, torch.float32, chain, layout, **kw)
     handle = compile_named(plan, solver)
-    rng = random.Random(len(chain))
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    args = seeded_alpha_beta_args(plan, len(chain))
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
 
 
@@ -881,10 +873,7 @@ def test_window_chains_with_alpha_beta_and_misaligned_input(chain, dims):
     conv = fp.ConvolutionDescriptor((1, 1))
     plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=3, s=3, bn_mode=BatchNormMode.PER_ACTIVATION)
     handle = compile_named(plan, "triton-window")  # on the GPU small grids go to triton-conv
-    rng = random.Random(len(chain))
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    args = seeded_alpha_beta_args(plan, len(chain))
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims))
     shifted = torch.empty(x.numel() + 1)[1:].view(n, h, w, 128).permute(0, 3, 1, 2)  # 4 bytes into its storage
     shifted.copy_(x)
@@ -963,10 +952,7 @@ def test_stem_chains_with_alpha_beta_and_misaligned_input(chain):
     plan = add_chain(plan_for(x), chain, conv=conv, k=16, r=7, s=7, param_dtype="half")
     handle = compile_triton(plan)
     assert plan.compiled_solver(handle) == "triton-stem"
-    rng = random.Random(len(chain))
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1), param_dtype=torch.float16))
+    args = seeded_alpha_beta_args(plan, len(chain), param_dtype=torch.float16)
     check_against_reference(plan, handle, x, args, torch.randn(plan.output_desc.dims).half())
     shifted = torch.empty(x.numel() + 1, dtype=torch.float16)[1:].view(n, h, w, c).permute(0, 3, 1, 2)
     shifted.copy_(x)
@@ -1109,10 +1095,7 @@ def test_launches_that_do_not_fit_the_device_run_narrower_or_on_triton_conv(wide
             return self.real(grid, cfg, args, num_warps, num_stages)
 
     kernel.launcher = TooLargeFirst(kernel.launcher)
-    rng = random.Random(3)
-    args = fp.OperatorArgs()
-    for op in plan.ops:
-        args.set(op, random_record(op, "cpu", alpha=rng.uniform(0.5, 2), beta=rng.uniform(-1, 1)))
+    args = seeded_alpha_beta_args(plan, 3)
     prior = torch.randn(plan.output_desc.dims).half().to(memory_format=torch.channels_last)
     check_against_reference(plan, handle, x, args, prior.clone(), prior=prior)
     assert tried == ([64, 32] if wide else [kernel.config.block_n])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 
@@ -38,6 +39,19 @@ def make_input(shape, dtype, layout: str = "NCHW", device="cpu", gen=None) -> to
     if layout == "NHWC":
         x = x.to(memory_format=torch.channels_last)
     return x.to(device)
+
+
+def seeded_alpha_beta_args(
+    plan: fp.FusionPlan, seed: int, device: str = "cpu", param_dtype: torch.dtype | None = None
+) -> fp.OperatorArgs:
+    """Random arguments of every operator on ``device`` with alpha in [0.5, 2) and beta in [-1, 1),
+    drawn from ``seed`` (alpha, then beta, operator by operator)."""
+    rng = random.Random(seed)
+    args = fp.OperatorArgs()
+    for op in plan.ops:
+        alpha, beta = rng.uniform(0.5, 2), rng.uniform(-1, 1)
+        args.set(op, random_record(op, device, param_dtype=param_dtype, alpha=alpha, beta=beta))
+    return args
 
 
 def plan_for(x: torch.Tensor) -> fp.FusionPlan:
