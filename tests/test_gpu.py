@@ -20,7 +20,16 @@ from fusionplan.shapes import load_shapes
 from fusionplan.solvers import REGISTRY
 from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
-from .util import CONV_SHAPES, DT_NAME, TAP_SHAPES, plan_for, random_conv_plan, seeded_alpha_beta_args, shape_plan
+from .util import (
+    CONV_SHAPES,
+    DT_NAME,
+    TAP_SHAPES,
+    plan_for,
+    poisoned,
+    random_conv_plan,
+    seeded_alpha_beta_args,
+    shape_plan,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -267,8 +276,7 @@ def test_pointwise_past_int32_offsets(in_layout, out_layout):
     handle = fp.Handle("cuda")
     plan.compile(handle)
     args = random_args(plan, "cuda", param_dtype=torch.float32)
-    fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
-    y = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda").to(memory_format=fmt)
+    y = poisoned(plan.output_desc, out_layout, "cuda")
     assert x.numel() > 2**31
     plan.execute(handle, x, y, args)
     check_in_slices(plan, x, y, args, [(slice(None), slice(None), slice(h, h + 1024)) for h in range(0, 4096, 1024)])
@@ -298,8 +306,7 @@ def test_convolutions_past_int32_offsets(layout, r):
     solver = plan.compile(handle)
     assert solver in TRITON_SOLVERS and x.numel() > 2**31
     args = random_args(plan, "cuda", param_dtype=torch.float32)
-    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
-    y = torch.full(shape, float("nan"), dtype=torch.float16, device="cuda").to(memory_format=fmt)
+    y = poisoned(plan.output_desc, layout, "cuda")
     plan.execute(handle, x, y, args)
     check_in_slices(plan, x, y, args, [slice(n, n + 3) for n in range(0, shape[0], 3)], solver)
 
