@@ -5,7 +5,9 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan.sass import captured_launch
 from fusionplan.shapes import resnet50_layer
+from fusionplan.solvers import solver_named
 from fusionplan.solvers.triton_window import window_defer_why, window_tiles
 from fusionplan.testing import add_chain, layer_plan
 
@@ -40,6 +42,33 @@ def layer(name: str, dtype=torch.float16, batch: int = 32, layout: str = "NHWC",
 )
 def test_why_not_names_what_is_missing(plan_args, tf32, reason):
     assert reason in verdict(layer(*plan_args), tf32).reason
+
+
+def test_takes_tensors_past_2_to_the_31_elements():
+    """Host descriptors read the input and the output's offsets go 64-bit (IDX64), so gluon-window
+    takes what triton-window's 32-bit views cannot: here 2.2e9 elements in one image."""
+    x = torch.empty(1, 128, 4096, 4160, dtype=torch.float16, device="meta").to(memory_format=torch.channels_last)
+    plan = add_chain(plan_for(x), "CBA", conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype="float")
+    assert x.numel() > 2**31 and "needs a Hopper GPU" in verdict(plan).reason
+    assert gluon_window.gluon_defer_why(plan.spec()) is None
+    kernel = solver_named("gluon-window").build(plan.spec(), fp.Handle("cpu"))
+    args = captured_launch(kernel)[2]
+    assert dict(zip((p.name for p in kernel.launcher.fn.params), args))["IDX64"] is True
+
+
+@pytest.mark.parametrize("tma_store", [True, False])
+def test_kernel_past_2_to_the_31_elements_compiles(tma_store):
+    """The one-image plan above (its output's offsets in an image pass 2^31) with 64-bit offsets,
+    its output stored by TMA or by pointer: builds for sm_90 without spills."""
+    build = (
+        f"fp.tuning.GLUON_WINDOW_TMA_STORE = {tma_store}\n"
+        "x = torch.empty(1, 128, 4096, 4160, dtype=torch.float16, device='meta')\n"
+        "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x.to(memory_format=torch.channels_last)))\n"
+        "add_chain(plan, 'CBNA', conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype='float')"
+    )
+    info = compile_sm90(build, "gluon-window")
+    assert info["HGMMA"] > 0 and (info["tensor stores (UTMASTG)"] > 0) == tma_store
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
 
 
 def test_strided_inputs_must_split_into_whole_stride_classes():

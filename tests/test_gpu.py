@@ -252,12 +252,14 @@ def test_pointwise_large_tensor():
 
 def check_in_slices(plan, x, y, args, slices, context: str = "") -> None:
     """Compare fp16 ``y`` with the fp32 reference on the GPU, slice by slice of ``slices`` (indices
-    into x and y), for tensors too large for run_and_check's float64 copies on the CPU: every
-    element written, the relative norm below 1e-2."""
+    into x and y, or (x's, y's, the reference's) where a slice of x's rows carries a halo), for
+    tensors too large for run_and_check's float64 copies on the CPU: every element written, the
+    relative norm below 1e-2."""
     records = [args.get(op) for op in plan.ops]
     for index in slices:
-        ref = run_reference(plan.ops, x[index], records, None, torch.float32).output
-        out = y[index]
+        x_index, y_index, ref_index = index if isinstance(index, list) else (index, index, ...)
+        ref = run_reference(plan.ops, x[x_index], records, None, torch.float32).output[ref_index]
+        out = y[y_index]
         assert torch.isfinite(out).all(), f"{context} {index}: elements not written"
         rel_norm = ((out.float() - ref).norm() / ref.norm()).item()
         assert rel_norm < 1e-2, f"{context} {index}: relative norm {rel_norm}"
@@ -309,6 +311,56 @@ def test_convolutions_past_int32_offsets(layout, r):
     y = poisoned(plan.output_desc, layout, "cuda")
     plan.execute(handle, x, y, args)
     check_in_slices(plan, x, y, args, [slice(n, n + 3) for n in range(0, shape[0], 3)], solver)
+
+
+def row_blocks_with_halo(rows: int, block: int, halo: int) -> list[list]:
+    """check_in_slices' slices of a stride-1 convolution padded by ``halo`` rows (a filter of 2 *
+    halo + 1 rows): each block of output rows from the input rows it reads, the halo's rows of the
+    reference dropped."""
+    slices = []
+    for h0 in range(0, rows, block):
+        h1, lo = min(h0 + block, rows), max(h0 - halo, 0)
+        hi = min(h1 + halo, rows)
+        rows_of = (slice(None), slice(None))
+        slices.append([(*rows_of, slice(lo, hi)), (*rows_of, slice(h0, h1)), (*rows_of, slice(h0 - lo, h1 - lo))])
+    return slices
+
+
+@pytest.mark.parametrize(
+    "shape, tma_store",
+    [((17, 128, 1024, 1024), True), ((1, 128, 4096, 4160), True), ((1, 128, 4096, 4160), False)],
+    ids=["images", "one-image", "one-image-pointer-stores"],
+)
+def test_windows_past_int32_offsets(shape, tma_store, monkeypatch):
+    """CBNA 3x3 on fp16 channels-last tensors past 2^31 elements (4.4 GB each) on gluon-window
+    (host descriptors for the input, 64-bit offsets for the output): many images, and one image
+    whose own offsets pass 2^31, its output stored by TMA and by pointer; compared block by block
+    of rows with the fp32 reference, every element written."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "GLUON_WINDOW_TMA_STORE", tma_store)
+    x = input_tensor(shape, torch.float16, "NHWC")
+    plan = add_chain(
+        plan_for(x),
+        "CBNA",
+        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
+        k=128,
+        r=3,
+        s=3,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="float",
+    )
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle) == "gluon-window" and x.numel() > 2**31
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = poisoned(plan.output_desc, "NHWC", "cuda")
+    plan.execute(handle, x, y, args)
+    if shape[0] > 1:
+        slices = [slice(n, n + 3) for n in range(0, shape[0], 3)]
+    else:
+        slices = row_blocks_with_halo(shape[2], 512, 1)
+    check_in_slices(plan, x, y, args, slices, "gluon-window")
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))

@@ -1055,12 +1055,13 @@ def test_small_grids_defer_where_measured_slower(layer, batch, solver, deferred)
     assert verdict.deferred == deferred if deferred is None else deferred in verdict.deferred
 
 
-def test_window_solver_leaves_tensors_past_2_to_the_31_elements_to_triton_conv():
+def test_triton_window_leaves_tensors_past_2_to_the_31_elements_to_the_64_bit_kernels():
     big = fp.TensorDescriptor.packed("half", (1, 128, 4096, 4096), "NHWC")
     plan = fp.FusionPlan(big)
     plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("half", (128, 128, 3, 3)))
-    verdict = next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "triton-window")
-    assert "2^31" in verdict.reason
+    verdicts = {v.solver: v.reason for v in plan.explain(fp.Handle("cpu"))}
+    assert "2^31" in verdicts["triton-window"] and "gluon-window" in verdicts["triton-window"]
+    assert "2^31" not in verdicts["gluon-window"]  # there, only the device is missing
 
 
 def out_of_resources():

@@ -142,8 +142,10 @@ oh = oh0 + (offs_m // TILE_W) % TILE_H
 ow = ow0 + offs_m % TILE_W
 m_mask = (n_img < N) & (oh < OH) & (ow < OW)
 n_mask = offs_n < K
-if IDX64:  # offsets of outputs past 2^31 elements
+if IDX64:  # offsets of outputs past 2^31 elements, an image's among them
     n_img = n_img.to({lang}.int64)
+    oh = oh.to({lang}.int64)
+    ow = ow.to({lang}.int64)
     offs_n = offs_n.to({lang}.int64)
 pix = oh * OW + ow
 ch = offs_n"""
@@ -164,6 +166,15 @@ def window_area(spec: PlanSpec) -> tuple[int, int, int]:
     return spec.input_desc.dims[0], min(oh, h // str_h), min(ow, w // str_w)
 
 
+def offsets_32_bit_why_not(spec: PlanSpec) -> str | None:
+    """Why triton-window's 32-bit offsets do not reach the plan's tensors, or None: the kernel
+    computes its views' strides (H*W*C) and bases in 32-bit integers. gluon-window takes such
+    tensors (host descriptors, 64-bit output offsets)."""
+    if spec.input_desc.numel >= 2**31 or spec.output_desc.numel >= 2**31:
+        return "tensors of 2^31 elements or more are read by gluon-window on Hopper, else triton-conv (64-bit offsets)"
+    return None
+
+
 def window_why_not(spec: PlanSpec) -> str | None:
     """Why the plan's convolution cannot run over windows, or None when it can."""
     _, conv, _ = split_at_conv(spec.ops)
@@ -176,11 +187,6 @@ def window_why_not(spec: PlanSpec) -> str | None:
     why = descriptor_input_why_not(spec, "read in boxes")
     if why:
         return why
-    x = spec.input_desc
-    n, c, h, w = x.dims
-    if n * c * h * w >= 2**31 or spec.output_desc.numel >= 2**31:
-        # the kernel computes the views' strides (H*W*C) and bases in 32-bit integers
-        return "tensors of 2^31 elements or more are read by triton-conv (64-bit offsets)"
     images, rows, cols = window_area(spec)
     if tuning.largest_window(images, rows, cols) < 64:
         return (
@@ -429,7 +435,12 @@ class TritonWindowSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
-        return conv_plan_why_not(spec) or window_why_not(spec) or device_why_not(handle, spec.dtype)
+        return (
+            conv_plan_why_not(spec)
+            or window_why_not(spec)
+            or offsets_32_bit_why_not(spec)
+            or device_why_not(handle, spec.dtype)
+        )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
         return window_defer_why(spec)
