@@ -65,13 +65,12 @@ def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out
 
 
 def run_and_check(plan, precision, x, out_layout, args=None, prior=None, y=None, solver=None):
-    dtype, tf32, tol, eps = PRECISIONS[precision]
+    _, tf32, tol, eps = PRECISIONS[precision]
     handle = fp.Handle("cuda", allow_tf32=tf32)
     assert plan.compile(handle, solver=solver) in TRITON_SOLVERS
     args = args or random_args(plan, "cuda", param_dtype=torch.float32)
-    fmt = torch.channels_last if out_layout == "NHWC" else torch.contiguous_format
     if y is None:
-        y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda").to(memory_format=fmt)
+        y = poisoned(plan.output_desc, out_layout, "cuda")
     records = [args.get(op) for op in plan.ops]
     needs_prior = any(r.beta != 0 for r in records)
     ref = reference_output(plan, x, args, (prior if prior is not None else y.clone()) if needs_prior else None)
@@ -87,15 +86,13 @@ def check_random_records(plan, handle, x, precision, rng, with_prior, out_layout
     """Execute ``plan`` on ``x`` with random records (alpha in [0.5, 2]; with a prior, beta in [-1, 1]
     and a random prior output), the output NaN-filled in ``out_layout``, and compare it with the
     reference; ``context`` goes into the failure's message."""
-    dtype, _, tol, eps = PRECISIONS[precision]
+    dtype, _, tol, eps = PRECISIONS[precision]  # dtype: the prior's
     args = fp.OperatorArgs()
     for op in plan.ops:
         beta = rng.uniform(-1, 1) if with_prior else 0.0
         args.set(op, random_record(op, "cuda", param_dtype=torch.float32, alpha=rng.uniform(0.5, 2), beta=beta))
     prior = torch.randn(plan.output_desc.dims, device="cuda").to(dtype) if with_prior else None
-    y = torch.full(plan.output_desc.dims, float("nan"), dtype=dtype, device="cuda")
-    if out_layout == "NHWC":
-        y = y.to(memory_format=torch.channels_last)
+    y = poisoned(plan.output_desc, out_layout, "cuda")
     plan.execute(handle, x, y, args, prior=prior)
     result = compare(y, reference_output(plan, x, args, prior), eps)
     assert result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok, (context, with_prior, result)

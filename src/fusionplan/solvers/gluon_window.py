@@ -70,6 +70,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
+def _request_stage(x_desc, w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, BLOCK_K: gl.constexpr):
+    # the stage's expect (both boxes' bytes) and its weights tile of step kb ([K, R*S*C]: a tap's
+    # C channels after another's); the input box follows
+    mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+    {tma_load}(w_desc, [k0, (kb // num_cb) * C + (kb % num_cb) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+
+
+@gluon.jit
 def _load_partition(
     x_desc, w_desc, x_bufs, w_bufs, ready, empty,
     n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
@@ -87,7 +95,7 @@ def _load_partition(
         else:
             fresh = True
         if fresh:
-            mbarrier.expect(ready.index(stage), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
+            _request_stage(x_desc, w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, BLOCK_K)
         t = kb // num_cb
         c0 = (kb % num_cb) * BLOCK_K
         dh = (t // S) * dil_h - pad_h
@@ -100,8 +108,6 @@ def _load_partition(
             x_desc, [n0, oh0 + (dh - ph) // STR_H, ph, ow0 + (dw - pw) // STR_W, pw * C + c0],
             ready.index(stage), x_bufs.index(stage),
         )
-        if fresh:
-            {tma_load}(w_desc, [k0, t * C + c0], ready.index(stage), w_bufs.index(stage))
 
 
 @gluon.jit
@@ -170,8 +176,7 @@ def gluon_window_kernel(
     # writes them (the packed weights are written by plain stream-ordered copies)
     for i in gl.static_range(NUM_STAGES * WEIGHTS_FIRST):
         if i < steps:
-            mbarrier.expect(ready.index(i), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
-            {tma_load}(w_desc, [k0, (i // num_cb) * C + (i % num_cb) * BLOCK_K], ready.index(i), w_bufs.index(i))
+            _request_stage(x_desc, w_desc, w_bufs, ready, i, k0, i, num_cb, C, BLOCK_K)
 {grid_dependency}
     (acc,) = gl.warp_specialize(
         [
