@@ -177,8 +177,8 @@ def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype, first
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
     assert info["tensor loads (UTMALDG)"] == 2 + first_weights
     loads, expects = info["tensor loads' box bytes (TTGIR)"], info["bytes barriers expect (TTGIR)"]
-    weights, box = loads[-2:]  # the loading partition's two loads a step
-    assert loads == [weights] * first_weights + [weights, box]
+    box, weights = loads[-2:]  # the loading partition's two loads a step
+    assert loads == [weights] * first_weights + [box, weights]
     assert expects == [box + weights] * (first_weights + 1)
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
 

@@ -7,6 +7,7 @@ NaN-poisoned first, with FUSIONPLAN_BACKEND=triton so nothing falls back silentl
     python -m pytest -m gpu tests/test_gpu.py -n 12      # pytest-xdist: many kernels compile
 """
 
+import os
 import random
 from dataclasses import replace
 
@@ -47,6 +48,24 @@ TRITON_SOLVERS = {s.name for s in REGISTRY if s.family == "triton"}
 @pytest.fixture(autouse=True)
 def triton_only(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+
+
+@pytest.fixture
+def gigabytes():
+    """For tests of several GB each: a lock of the host's, so that parallel workers (pytest -n)
+    run them one at a time (four at once exhaust an 80 GB GPU), each worker's cached memory handed
+    back before the next one starts."""
+    import fcntl
+    import tempfile
+
+    with open(os.path.join(tempfile.gettempdir(), "fusionplan-gpu-tests-gigabytes.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def check_forced_solver(solver, case, dims, conv, k, r, s, precision, chain, out_layout, in_layout="NHWC"):
@@ -238,7 +257,7 @@ def test_pointwise_chains_blend_a_prior(layout, shape, prior_layout):
     run_and_check(plan, "fp16", x, layout, args=args, prior=prior)
 
 
-def test_pointwise_large_tensor():
+def test_pointwise_large_tensor(gigabytes):
     """A 1 GiB fp16 tensor (2^29 elements) through an NA chain."""
     x = input_tensor((64, 256, 128, 256), torch.float16, "NHWC")
     plan = add_chain(
@@ -263,7 +282,7 @@ def check_in_slices(plan, x, y, args, slices, context: str = "") -> None:
 
 
 @pytest.mark.parametrize("in_layout, out_layout", [("NCHW", "NCHW"), ("NHWC", "NHWC"), ("NCHW", "NHWC")])
-def test_pointwise_past_int32_offsets(in_layout, out_layout):
+def test_pointwise_past_int32_offsets(in_layout, out_layout, gigabytes):
     """2^31 + 2^21 fp16 elements (4.3 GB a tensor): 64-bit offsets in the flat runs (NCHW planes in
     vectors, channels-last) and in the tiles (orders that differ); compared in slices of rows
     against the reference in fp32, every element written."""
@@ -283,7 +302,7 @@ def test_pointwise_past_int32_offsets(in_layout, out_layout):
 
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("r", [1, 3])
-def test_convolutions_past_int32_offsets(layout, r):
+def test_convolutions_past_int32_offsets(layout, r, gigabytes):
     """CBNA on fp16 input and output of 33 x 64 x 1024 x 1024 (2.2e9 elements, 4.4 GB each): each
     layout's 1x1 and 3x3 solvers with 64-bit offsets; compared image by image with the fp32
     reference, every element written."""
@@ -328,7 +347,7 @@ def row_blocks_with_halo(rows: int, block: int, halo: int) -> list[list]:
     [((17, 128, 1024, 1024), True), ((1, 128, 4096, 4160), True), ((1, 128, 4096, 4160), False)],
     ids=["images", "one-image", "one-image-pointer-stores"],
 )
-def test_windows_past_int32_offsets(shape, tma_store, monkeypatch):
+def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
     """CBNA 3x3 on fp16 channels-last tensors past 2^31 elements (4.4 GB each) on gluon-window
     (host descriptors for the input, 64-bit offsets for the output): many images, and one image
     whose own offsets pass 2^31, its output stored by TMA and by pointer; compared block by block
