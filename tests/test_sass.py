@@ -291,3 +291,39 @@ def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):
     else:
         assert on[ORDER] == "WPG", on[ORDER]
     assert not compile_sm90(layer_build(name, "float16", layout=layout), solver)["programmatic dependent launch"]
+
+
+#: A plan of 1x1 channel planes (NCHW) beyond one wave: gluon-gemm's persistent tiles of one
+#: computing warpgroup, whose epilogue's buffers took the memory of the second warpgroup's unused
+#: turn barriers (bench/NOTES.md section 45).
+PERSISTENT_PLANES = (
+    "x = torch.empty(33, 64, 1024, 1024, dtype=torch.float16, device='meta')\n"
+    "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"
+    "add_chain(plan, 'CBNA', conv=fp.ConvolutionDescriptor((0, 0)), k=64, r=1, s=1, param_dtype='float')"
+)
+
+
+@pytest.mark.parametrize(
+    "build, solver",
+    [
+        (PERSISTENT_PLANES, "gluon-gemm"),
+        (layer_build("r50_19", "float16"), "gluon-gemm"),
+        (layer_build("r50_03", "float16", layout="NCHW"), "gluon-gemm"),
+        (layer_build("r50_22", "float16"), "gluon-window"),
+        (layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw"),
+        (layer_build("r50_10", "float16", layout="NCHW"), "gluon-nchw-regs"),
+        (layer_build("r50_02", "float16"), "gluon-rows"),
+        (layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows"),
+        (layer_build("r50_00", "float16"), "gluon-stem"),
+    ],
+    ids=["gemm-persistent-planes", "gemm", "gemm-planes", "window", "nchw", "nchw-regs", "rows", "rows-planes", "stem"],
+)
+def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):
+    """PTX lets an mbarrier's memory serve nothing else until the barrier is invalidated, and
+    Triton's allocator hands a barrier's memory to later buffers (an epilogue's) once the barrier
+    is dead: so each kernel initializes only the barriers it uses and invalidates every one after
+    its last use (on a GPU shared by several processes, an epilogue buffer over an initialized
+    barrier came back corrupted)."""
+    info = compile_sm90(build, solver)
+    inits = info["barriers initialized (PTX mbarrier.init)"]
+    assert inits > 0 and info["barriers invalidated (PTX mbarrier.inval)"] == inits

@@ -168,6 +168,8 @@ def summarize(compiled) -> dict:
         "bytes barriers expect (TTGIR)": expected_bytes(ttgir),
         "tensor loads' box bytes (TTGIR)": tensor_load_boxes(ttgir),
         "programmatic dependent launch": bool(getattr(compiled.metadata, "launch_pdl", False)),
+        "barriers initialized (PTX mbarrier.init)": len(re.findall(r"\bmbarrier\.init\.", compiled.asm["ptx"])),
+        "barriers invalidated (PTX mbarrier.inval)": len(re.findall(r"\bmbarrier\.inval\.", compiled.asm["ptx"])),
         "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
         "sass": sass,
     }

@@ -221,6 +221,21 @@ def _mma_tile(
 
 
 @gluon.jit
+def _invalidate_barriers(ready, empty, copied, turn, NUM_STAGES: gl.constexpr, COPIES: gl.constexpr,
+                         CONSUMERS: gl.constexpr):
+    # After the partitions' last use: PTX lets an mbarrier's memory serve nothing else until it is
+    # invalidated, and the allocator may give it to the epilogue's buffers once the barrier is dead.
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+        if COPIES:
+            mbarrier.invalidate(copied.index(i))
+    if CONSUMERS > 1:
+        for i in gl.static_range(2):
+            mbarrier.invalidate(turn.index(i))
+
+
+@gluon.jit
 def _mma_partition(
     a0_bufs, a1_bufs, a2_bufs, w_bufs, ready, copied, empty, steps,
     BLOCK_N: gl.constexpr, P0: gl.constexpr, P1: gl.constexpr, P2: gl.constexpr, PARTS: gl.constexpr,
@@ -322,8 +337,9 @@ def gluon_gemm_kernel(
     else:
         copied = ready  # a stand-in, never waited on
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # CONSUMERS = 2
-    for i in gl.static_range(2):
-        mbarrier.init(turn.index(i), count=1)
+    if CONSUMERS > 1:  # initialized only where used: a dead barrier's memory goes to other buffers
+        for i in gl.static_range(2):
+            mbarrier.init(turn.index(i), count=1)
     # persistent TMA stores (TMA_STORE 2): a buffer per computing warpgroup for its tile's output,
     # beside the ring (tokens of one 64-channel block of 8 rows otherwise)
     y0_blocks: gl.constexpr = BLOCK_N // 64 if TMA_STORE == 2 else 1
@@ -339,6 +355,8 @@ def gluon_gemm_kernel(
         )
     elif PERSISTENT:
         gl.warp_specialize([{consumer_0_of_1}, {loader}], [{load_warps}], [LOAD_REGS])
+    if PERSISTENT:
+        _invalidate_barriers(ready, empty, copied, turn, NUM_STAGES, COPIES, CONSUMERS)
     else:
         acc0, acc1, acc2 = gl.warp_specialize(
             [
@@ -352,6 +370,7 @@ def gluon_gemm_kernel(
             [{load_warps}],
             [LOAD_REGS],
         )
+        _invalidate_barriers(ready, empty, copied, turn, NUM_STAGES, COPIES, CONSUMERS)
         tile = gl.program_id(0)
 {epilogue}
 '''

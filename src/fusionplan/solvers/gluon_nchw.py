@@ -296,6 +296,11 @@ def gluon_nchw_kernel(
             [GATHER_WARPS, GATHER_WARPS, GATHER_WARPS],
             [GATHER_REGS, GATHER_REGS, GATHER_REGS],
         )
+    # the ring's barriers invalidated after their last use, before the epilogue's buffers may take
+    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 
 {out_layout}    if not PIXEL_ROWS:
         acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [pixels, channels]

@@ -202,6 +202,10 @@ def gluon_nchw_regs_kernel(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
                 SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
+    # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
+    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
 
 {out_layout}{coordinates_in_acc}
 {tail}'''

@@ -312,7 +312,13 @@ def gluon_rows_kernel(
         [4, 1{shifter_warps}],
         [CONSUMER_REGS, LOAD_REGS{shifter_regs}],
     )
-'''
+    # every barrier invalidated after the partitions (PTX lets an mbarrier's memory serve nothing
+    # else until it is invalidated)
+    mbarrier.invalidate(w_ready)
+    for i in gl.static_range(NUM_SLOTS):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+{exchange_inval}{shifted_inval}'''
 
 #: The loading partition and its arguments.
 _LOADER = """(
@@ -377,6 +383,9 @@ _SHIFTED_ALLOC = """
     shifted = gl.allocate_shared_memory(gl.int64, [NUM_SLOTS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_SLOTS):
         mbarrier.init(shifted.index(i), count=1)"""
+_SHIFTED_INVAL = """    for i in gl.static_range(NUM_SLOTS):
+        mbarrier.invalidate(shifted.index(i))
+"""
 
 _SHIFT_PARTITION = """@gluon.jit
 def _shift_partition(
@@ -546,6 +555,10 @@ _EXCHANGE_ALLOC = """    plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, 
     for i in gl.static_range(2):
         mbarrier.init(full.index(i), count=1)
         mbarrier.init(free.index(i), count=1)"""
+_EXCHANGE_INVAL = """    for i in gl.static_range(2):
+        mbarrier.invalidate(full.index(i))
+        mbarrier.invalidate(free.index(i))
+"""
 
 #: The store, after the output's layout change (the chain ran in the accumulator's layout).
 ROW_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
@@ -614,6 +627,7 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage], mode: int) -> 
         rows="start, end" if halves else "start + CONSUMER, end, 2",
         row_end=_HALVES_ROW_END.format(row_end=row_end) if halves else row_end,
         exchange_alloc=_EXCHANGE_ALLOC if halves else "",
+        exchange_inval=_EXCHANGE_INVAL if halves else "",
         row_run=ROW_RUN,
         exchange_params=exchange,
         shifted_params=shifted,
@@ -644,7 +658,7 @@ def tap_rows(r_taps: int, s_taps: int, row: str, product: str, **fields: str) ->
 
 
 #: The template's shifter fields of plans without one (plane_mode 0 and 1).
-NO_SHIFTER = dict(shift_functions="", shifter="", shifter_warps="", shifter_regs="", shifted_alloc="")
+NO_SHIFTER = dict(shift_functions="", shifter="", shifter_warps="", shifter_regs="", shifted_alloc="", shifted_inval="")
 
 
 def shifter_fields(spec: PlanSpec, names: dict[str, str]) -> dict[str, str]:
@@ -664,6 +678,7 @@ def shifter_fields(spec: PlanSpec, names: dict[str, str]) -> dict[str, str]:
         shifter_warps=f", {shifter_warps(spec.input_desc.dims[1])}",
         shifter_regs=f", {SHIFTER_REGS}",
         shifted_alloc=_SHIFTED_ALLOC,
+        shifted_inval=_SHIFTED_INVAL,
     )
 
 

@@ -296,6 +296,12 @@ def gluon_stem_kernel(
         [{worker_warps}LOAD_WARPS],
         [{worker_regs}LOAD_REGS],
     )
+    # every barrier invalidated after the partitions (PTX lets an mbarrier's memory serve nothing
+    # else until it is invalidated)
+    mbarrier.invalidate(w_ready)
+    for i in gl.static_range(NUM_SLOTS):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 '''
 
 #: The loading partition and its arguments.

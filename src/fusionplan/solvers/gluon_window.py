@@ -194,6 +194,11 @@ def gluon_window_kernel(
         [1],
         [LOAD_REGS],
     )
+    # the ring's barriers invalidated after their last use, before the epilogue's buffers may take
+    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
