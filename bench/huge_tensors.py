@@ -21,10 +21,11 @@ SHAPES = ((17, 128, 1024, 1024), (1, 128, 4096, 4160))
 SOLVERS = ("gluon-window", "triton-conv")
 
 
-def cbna_plan(x: torch.Tensor) -> fp.FusionPlan:
-    k = x.shape[1]
+def cbna_plan(x: torch.Tensor, r: int = 3) -> fp.FusionPlan:
+    """CBNA-ReLU on fp16 ``x``: an r x r filter padded to keep the size, as many channels out as in."""
+    k, pad = x.shape[1], (r - 1) // 2
     plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
-    plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("half", (k, k, 3, 3)))
+    plan.add_conv_forward(fp.ConvolutionDescriptor((pad, pad)), fp.TensorDescriptor.packed("half", (k, k, r, r)))
     plan.add_bias_forward(fp.TensorDescriptor.packed("half", (1, k, 1, 1)))
     plan.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, fp.TensorDescriptor.packed("float", (1, k, 1, 1)))
     plan.add_activation_forward(fp.ActivationMode.RELU)

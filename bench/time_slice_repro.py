@@ -18,6 +18,7 @@ import sys
 import time
 
 import torch
+from huge_tensors import cbna_plan  # bench/ is the script's directory
 
 import fusionplan as fp
 from fusionplan.testing import random_args
@@ -31,16 +32,6 @@ LOAD = (
     "        a = (a @ a).clamp_(-1, 1)\n"
     "    torch.cuda.synchronize()\n"
 )
-
-
-def cbna_plan(x: torch.Tensor) -> fp.FusionPlan:
-    k = x.shape[1]
-    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
-    plan.add_conv_forward(fp.ConvolutionDescriptor((0, 0)), fp.TensorDescriptor.packed("half", (k, k, 1, 1)))
-    plan.add_bias_forward(fp.TensorDescriptor.packed("half", (1, k, 1, 1)))
-    plan.add_batchnorm_inference(fp.BatchNormMode.SPATIAL, fp.TensorDescriptor.packed("float", (1, k, 1, 1)))
-    plan.add_activation_forward(fp.ActivationMode.RELU)
-    return plan
 
 
 def repeats(label: str, plan, handle, x, args, first, iters: int) -> int:
@@ -73,7 +64,7 @@ def main() -> None:
     opts = parser.parse_args()
     torch.manual_seed(0)
     x = torch.randn((33, 64, 1024, 1024), device="cuda").half()
-    plan, handle = cbna_plan(x), fp.Handle("cuda")
+    plan, handle = cbna_plan(x, r=1), fp.Handle("cuda")
     solver = plan.compile(handle, solver=opts.solver)
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; solver {solver}", flush=True)
     args = random_args(plan, "cuda", param_dtype=torch.float32)

@@ -300,6 +300,24 @@ def test_pointwise_past_int32_offsets(in_layout, out_layout, gigabytes):
     check_in_slices(plan, x, y, args, [(slice(None), slice(None), slice(h, h + 1024)) for h in range(0, 4096, 1024)])
 
 
+def same_size_cbna(x: torch.Tensor, r: int) -> fp.FusionPlan:
+    """CBNA-ReLU (spatial batch norm, fp32 parameters) on ``x`` with an r x r filter padded to keep
+    the size, as many channels out as in."""
+    pad = (r - 1) // 2
+    conv = fp.ConvolutionDescriptor((pad, pad), (1, 1), (1, 1), 1)
+    return add_chain(
+        plan_for(x),
+        "CBNA",
+        conv=conv,
+        k=x.shape[1],
+        r=r,
+        s=r,
+        bn_mode=BatchNormMode.SPATIAL,
+        activation=ActivationMode.RELU,
+        param_dtype="float",
+    )
+
+
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
 @pytest.mark.parametrize("r", [1, 3])
 def test_convolutions_past_int32_offsets(layout, r, gigabytes):
@@ -308,18 +326,7 @@ def test_convolutions_past_int32_offsets(layout, r, gigabytes):
     reference, every element written."""
     shape = (33, 64, 1024, 1024)
     x = input_tensor(shape, torch.float16, layout)
-    conv = fp.ConvolutionDescriptor(((r - 1) // 2,) * 2, (1, 1), (1, 1), 1)
-    plan = add_chain(
-        plan_for(x),
-        "CBNA",
-        conv=conv,
-        k=64,
-        r=r,
-        s=r,
-        bn_mode=BatchNormMode.SPATIAL,
-        activation=ActivationMode.RELU,
-        param_dtype="float",
-    )
+    plan = same_size_cbna(x, r)
     handle = fp.Handle("cuda")
     solver = plan.compile(handle)
     assert solver in TRITON_SOLVERS and x.numel() > 2**31
@@ -356,17 +363,7 @@ def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
 
     monkeypatch.setattr(tuning, "GLUON_WINDOW_TMA_STORE", tma_store)
     x = input_tensor(shape, torch.float16, "NHWC")
-    plan = add_chain(
-        plan_for(x),
-        "CBNA",
-        conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1),
-        k=128,
-        r=3,
-        s=3,
-        bn_mode=BatchNormMode.SPATIAL,
-        activation=ActivationMode.RELU,
-        param_dtype="float",
-    )
+    plan = same_size_cbna(x, 3)
     handle = fp.Handle("cuda")
     assert plan.compile(handle) == "gluon-window" and x.numel() > 2**31
     args = random_args(plan, "cuda", param_dtype=torch.float32)
