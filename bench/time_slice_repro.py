@@ -13,25 +13,13 @@ how many NaN, which channels, the first values.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
-import time
 
 import torch
 from huge_tensors import cbna_plan  # bench/ is the script's directory
 
 import fusionplan as fp
+from fusionplan.benchmark.contention import other_processes_on_the_gpu
 from fusionplan.testing import random_args
-
-LOAD = (
-    "import torch, time\n"
-    "a = torch.randn(4096, 4096, device='cuda', dtype=torch.float16)\n"
-    "end = time.time() + {seconds}\n"
-    "while time.time() < end:\n"
-    "    for _ in range(20):\n"
-    "        a = (a @ a).clamp_(-1, 1)\n"
-    "    torch.cuda.synchronize()\n"
-)
 
 
 def repeats(label: str, plan, handle, x, args, first, iters: int) -> int:
@@ -71,12 +59,8 @@ def main() -> None:
     first = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16)
     plan.execute(handle, x, first, args)
     repeats("alone", plan, handle, x, args, first, opts.iters)
-    seconds = 10 + opts.iters
-    load = [subprocess.Popen([sys.executable, "-c", LOAD.format(seconds=seconds)]) for _ in range(opts.load)]
-    time.sleep(5)  # the load's contexts up and running
-    repeats(f"with {opts.load} processes", plan, handle, x, args, first, opts.iters)
-    for process in load:
-        process.kill()
+    with other_processes_on_the_gpu(opts.load, seconds=10 + opts.iters):
+        repeats(f"with {opts.load} processes", plan, handle, x, args, first, opts.iters)
 
 
 if __name__ == "__main__":

@@ -205,3 +205,15 @@ def test_part_option_splits_the_selected_tests(tmp_path):
     assert ran("-k", "not case3", "--part", "1/2")[1] == [0, 2, 5]
     code, _ = ran("--part", "4/3")
     assert code == 4  # pytest's usage error
+
+
+def test_other_processes_run_for_the_body_and_are_killed_after():
+    """The load processes of fusionplan.benchmark.contention (here a sleep, no GPU needed) run
+    while the body does and are gone after it, even when it raises."""
+    from fusionplan.benchmark.contention import other_processes_on_the_gpu
+
+    sleeper = "import time\ntime.sleep({seconds})\n"
+    with pytest.raises(RuntimeError), other_processes_on_the_gpu(2, 60, start_s=0, load=sleeper) as processes:
+        assert len(processes) == 2 and all(p.poll() is None for p in processes)
+        raise RuntimeError("the body fails")
+    assert all(p.poll() is not None for p in processes)

@@ -376,6 +376,31 @@ def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
     check_in_slices(plan, x, y, args, slices, "gluon-window")
 
 
+def test_repeats_agree_bit_for_bit_while_other_processes_share_the_gpu(gigabytes):
+    """gluon-gemm's persistent tiles on 2.2e9-element NCHW planes (about 5 ms a launch, so the GPU
+    switches to the other processes' contexts inside it), repeated with the same arguments beside
+    4 processes running matrix products: each output bit for bit the first's, taken alone. An
+    epilogue buffer over initialized barriers came back corrupted there (channel 0, NaN and
+    garbage) in every repeat (bench/NOTES.md section 45)."""
+    from fusionplan.benchmark.contention import other_processes_on_the_gpu
+
+    x = input_tensor((33, 64, 1024, 1024), torch.float16, "NCHW")
+    plan = same_size_cbna(x, 1)
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle) == "gluon-gemm"
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    first = poisoned(plan.output_desc, "NCHW", "cuda")
+    plan.execute(handle, x, first, args)
+    assert torch.isfinite(first).all()
+    y = torch.empty_like(first)
+    with other_processes_on_the_gpu(4, seconds=60):
+        for repeat in range(10):
+            y.fill_(float("nan"))
+            plan.execute(handle, x, y, args)
+            differ = int((y != first).sum())
+            assert differ == 0, f"repeat {repeat}: {differ} elements differ from the first output"
+
+
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_alpha_beta_prior(precision):
     dtype = PRECISIONS[precision][0]
