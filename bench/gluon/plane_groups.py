@@ -55,6 +55,7 @@ def plane_groups_kernel(x_desc, w_desc, y_ptr, FIRST_BOX: gl.constexpr):
         {tma_load}(x_desc, [0, FIRST_BOX + 64 * k], bar, boxes.index(k))
     {tma_load}(w_desc, [0, 0], bar, w)
     mbarrier.wait(bar, 0)
+    mbarrier.invalidate(bar)  # before its memory may serve anything else (PTX)
     rows: gl.constexpr = gl.BlockedLayout([1, 64], [32, 1], [gl.num_warps(), 1], [1, 0])
     for k in gl.static_range(4):
         moved.index(k).store(_moved(boxes.index(k).load(rows), boxes.index(k + 1).load(rows)))

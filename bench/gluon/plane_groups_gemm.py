@@ -188,6 +188,10 @@ def plane_groups_gemm_kernel(
         [4, 1, 1],
         [208, 96, 96],
     )
+    for i in gl.static_range(NUM_STAGES):  # after their last use (PTX, before the memory serves anything else)
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+        mbarrier.invalidate(shifted.index(i))
 """
 
 

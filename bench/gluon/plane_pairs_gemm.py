@@ -147,6 +147,9 @@ def plane_pairs_gemm_kernel(
         [4, 1],
         [232, 40],
     )
+    for i in gl.static_range(NUM_STAGES):  # after their last use (PTX, before the memory serves anything else)
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 """
 
 

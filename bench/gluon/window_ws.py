@@ -158,6 +158,9 @@ def window_ws_kernel(
         [1],
         [40],
     )
+    for i in gl.static_range(NUM_STAGES):  # after their last use (PTX, before the memory serves anything else)
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
 
     # epilogue: per-channel scale and shift, ReLU, NHWC store ([channels, pixels] tile)
     out_layout: gl.constexpr = gl.BlockedLayout([8, 1], [16, 2], [1, NUM_WARPS], [0, 1])
