@@ -309,6 +309,8 @@ PERSISTENT_PLANES = (
         (PERSISTENT_PLANES, "gluon-gemm"),
         (layer_build("r50_19", "float16"), "gluon-gemm"),
         (layer_build("r50_03", "float16", layout="NCHW"), "gluon-gemm"),
+        (layer_build("r50_13", "float16"), "gluon-gemm"),
+        (layer_build("r50_13", "float16", layout="NCHW"), "gluon-gemm"),
         (layer_build("r50_22", "float16"), "gluon-window"),
         (layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw"),
         (layer_build("r50_10", "float16", layout="NCHW"), "gluon-nchw-regs"),
@@ -316,7 +318,19 @@ PERSISTENT_PLANES = (
         (layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows"),
         (layer_build("r50_00", "float16"), "gluon-stem"),
     ],
-    ids=["gemm-persistent-planes", "gemm", "gemm-planes", "window", "nchw", "nchw-regs", "rows", "rows-planes", "stem"],
+    ids=[
+        "gemm-persistent-planes",
+        "gemm",
+        "gemm-planes",
+        "gemm-pingpong",
+        "gemm-copied-planes",
+        "window",
+        "nchw",
+        "nchw-regs",
+        "rows",
+        "rows-planes",
+        "stem",
+    ],
 )
 def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):
     """PTX lets an mbarrier's memory serve nothing else until the barrier is invalidated, and
