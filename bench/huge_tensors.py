@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
+from fusionplan.benchmark.timing import median_ms
 from fusionplan.testing import random_args
 
 SHAPES = ((17, 128, 1024, 1024), (1, 128, 4096, 4160))
@@ -32,18 +33,10 @@ def cbna_plan(x: torch.Tensor, r: int = 3) -> fp.FusionPlan:
     return plan
 
 
-def median_ms(run, iters: int = 10, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+def gpu_ms(run) -> float:
+    """fusionplan.benchmark.timing's CUDA-event median of ``run``, 10 runs after 2 (each launch is
+    milliseconds: no rotated inputs or graph replay needed)."""
+    return median_ms(lambda i: run(), torch.device("cuda"), iters=10, warmup=2)
 
 
 def report(shape: tuple[int, ...]) -> None:
@@ -61,13 +54,13 @@ def report(shape: tuple[int, ...]) -> None:
             first, diff = y.clone(), 0.0
         else:
             diff = ((y.float() - first.float()).abs().max() / first.float().abs().max()).item()
-        ms = median_ms(lambda: plan.execute(handle, x, y, args))
+        ms = gpu_ms(lambda: plan.execute(handle, x, y, args))
         print(f"| {shape} | {solver} | {ms:.2f} | {diff:.1e} |")
     del first
     conv = plan.ops[0]
     w = args.get(conv).weight
     try:
-        ms = median_ms(lambda: F.conv2d(x, w, padding=1))
+        ms = gpu_ms(lambda: F.conv2d(x, w, padding=1))
         print(f"| {shape} | cuDNN convolution alone | {ms:.2f} | |")
     except RuntimeError as error:  # cuDNN's limits on tensor sizes, where it has them
         print(f"| {shape} | cuDNN convolution alone | {str(error).splitlines()[0][:80]} | |")
