@@ -2,7 +2,7 @@
 asynchronous copies, the input channels split by parity, against cuDNN and fusionplan's own
 kernels for the layer (CUDA only; `--sass` compiles for sm_90 without a GPU).
 
-    python bench/gluon/odd_planes_gemm.py --layers r50_19,r50_21 [--consumers 1|2] [--stages 3]
+    python bench/gluon/odd_planes_gemm.py --layers r50_19,r50_21 [--consumers 1|2] [--stages 3,4]
     python bench/gluon/odd_planes_gemm.py --sass
 
 A 7x7 plane is 49 16-bit pixels: no tensor box starts on it (16-byte units) and no copy of 4
@@ -264,7 +264,9 @@ def launch(kernel, geo: Geometry, x, packed, bias, y, consumers: int, stages: in
     kernel[grid](w_desc, y, bias, c, k, x, n, *constants, num_warps=4)
 
 
-def measure(layer: str, consumers: int, stages: int) -> None:
+def measure(layer: str, variants: list[tuple[int, int]]) -> None:
+    """The probe's time and error on ``layer`` for each (computing warpgroups, stages), beside
+    fusionplan's NCHW and NHWC plans of it and cuDNN."""
     from fusionplan.shapes import resnet50_layer
 
     s = resnet50_layer(layer)
@@ -277,20 +279,23 @@ def measure(layer: str, consumers: int, stages: int) -> None:
     x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
     w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
     bias = torch.randn(s.k, device="cuda")
-    y = torch.full((32, s.k, s.h, s.w), float("nan"), device="cuda", dtype=torch.float16)
-    kernel, packed = build(), pack_weights(w.reshape(s.k, s.c))
-    launch(kernel, geo, x, packed, bias, y, consumers, stages)
     expected = torch.relu(torch.nn.functional.conv2d(x.float(), w.float()) + bias[None, :, None, None])
-    err = ((y.float() - expected).norm() / expected.norm()).item()
-    probe = graph_time_us(lambda: launch(kernel, geo, x, packed, bias, y, consumers, stages))
+    kernel, packed = build(), pack_weights(w.reshape(s.k, s.c))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half())))
-    times = fusionplan_times(s, x)
-    (nchw_solver, nchw_us), (nhwc_solver, nhwc_us) = times["NCHW"], times["NHWC"]
+    (nchw_solver, nchw_us), (nhwc_solver, nhwc_us) = fusionplan_times(s, x).values()
     print(
-        f"{layer} ({consumers} computing warpgroups, {stages} stages): probe {probe:.2f} us "
-        f"(rel. error {err:.1e}, NaN left {int(y.isnan().sum())}); fusionplan NCHW {nchw_solver} {nchw_us:.2f}, "
-        f"NHWC {nhwc_solver} {nhwc_us:.2f}; cuDNN conv+bias+relu (unfused calls, NCHW) {cudnn:.2f}"
+        f"{layer}: fusionplan NCHW {nchw_solver} {nchw_us:.2f} us, NHWC {nhwc_solver} {nhwc_us:.2f}; "
+        f"cuDNN conv+bias+relu (unfused calls, NCHW) {cudnn:.2f}"
     )
+    for consumers, stages in variants:
+        y = torch.full((32, s.k, s.h, s.w), float("nan"), device="cuda", dtype=torch.float16)
+        launch(kernel, geo, x, packed, bias, y, consumers, stages)
+        err = ((y.float() - expected).norm() / expected.norm()).item()
+        probe = graph_time_us(lambda c=consumers, d=stages, out=y: launch(kernel, geo, x, packed, bias, out, c, d))
+        print(
+            f"{layer} probe ({consumers} computing warpgroups, {stages} stages): {probe:.2f} us "
+            f"(rel. error {err:.1e}, NaN left {int(y.isnan().sum())})"
+        )
 
 
 def print_sass(name: str, geo: Geometry, consumers: int, stages: int) -> None:
@@ -327,17 +332,19 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="r50_19,r50_21")
     p.add_argument("--consumers", type=int, default=0, choices=(0, 1, 2), help="computing warpgroups (0: both)")
-    p.add_argument("--stages", type=int, default=3, help="ring stages (16 KB of input, 8 KB of weights a warpgroup)")
+    p.add_argument(
+        "--stages", default="3,4", help="ring stages, comma-separated (16 KB of input, 8 KB of weights a warpgroup)"
+    )
     p.add_argument("--sass", action="store_true", help="compile for sm_90 and print the SASS summaries")
     a = p.parse_args()
     consumers = (1, 2) if a.consumers == 0 else (a.consumers,)
+    stages = [int(x) for x in a.stages.split(",")]
     if a.sass or not torch.cuda.is_available():
         for n in consumers:
-            print_sass("7x7", Geometry(49), n, a.stages)
+            print_sass("7x7", Geometry(49), n, stages[0])
         return
     for layer in a.layers.split(","):
-        for n in consumers:
-            measure(layer, n, a.stages)
+        measure(layer, [(n, depth) for n in consumers for depth in stages])
 
 
 if __name__ == "__main__":
