@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, layer_tensors, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -229,9 +229,7 @@ def measure(layer: str, pixels: int, stages: int, row_boxes: bool) -> None:
     if why:
         print(f"{layer}: {why}")
         return
-    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
-    w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
-    bias = torch.randn(s.k, device="cuda")
+    x, w, bias = layer_tensors(s)
     y = torch.full((32, s.k, oh, ow), float("nan"), device="cuda", dtype=torch.float16)
     kernel, w2d = build(), w.reshape(s.k, s.c).contiguous()
     launch(kernel, geo, x, w2d, bias, y, stages, row_boxes)

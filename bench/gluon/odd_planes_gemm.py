@@ -46,7 +46,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups import compile_summary  # noqa: E402
-from plane_groups_gemm import fusionplan_times, graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import fusionplan_times, graph_time_us, layer_tensors, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -276,9 +276,7 @@ def measure(layer: str, variants: list[tuple[int, int]]) -> None:
     if why:
         print(f"{layer}: {why}")
         return
-    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
-    w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
-    bias = torch.randn(s.k, device="cuda")
+    x, w, bias = layer_tensors(s)
     expected = torch.relu(torch.nn.functional.conv2d(x.float(), w.float()) + bias[None, :, None, None])
     kernel, packed = build(), pack_weights(w.reshape(s.k, s.c))
     cudnn = graph_time_us(lambda: torch.relu(torch.nn.functional.conv2d(x, w, bias.half())))

@@ -302,6 +302,14 @@ def graph_time_us(fn, reps: int = 20, rounds: int = 15) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def layer_tensors(shape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A 1x1 layer's fresh random NCHW fp16 input at batch 32, its filter [K, C, 1, 1] (fp16, scaled
+    by 1 / sqrt(C)) and an fp32 bias, on the GPU."""
+    x = torch.randn(32, shape.c, shape.h, shape.w, device="cuda").half()
+    w = (torch.randn(shape.k, shape.c, 1, 1, device="cuda") / shape.c**0.5).half()
+    return x, w, torch.randn(shape.k, device="cuda")
+
+
 def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
     """fusionplan's CBA plan of the layer ``shape`` on ``x`` (NCHW) and on x channels-last: for each
     layout, the solver compile picked and its time (graph_time_us)."""
@@ -332,9 +340,7 @@ def measure(layer: str, images_7x7: int) -> None:
     assert geo and (s.r, s.stride) == (1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 or 7x7 planes"
     if geo.plane == 49:
         geo = replace(geo, images=images_7x7)
-    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
-    w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
-    bias = torch.randn(s.k, device="cuda")
+    x, w, bias = layer_tensors(s)
     y = torch.full((32, s.k, s.h, s.w), float("nan"), device="cuda", dtype=torch.float16)
     kernel = build(geo)
     launch(kernel, geo, x, w, bias, y)

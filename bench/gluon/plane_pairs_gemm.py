@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, summary_line  # noqa: E402
+from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, layer_tensors, summary_line  # noqa: E402
 
 from fusionplan.codegen import load_module  # noqa: E402
 
@@ -254,9 +254,7 @@ def measure(layer: str) -> None:
 
     s = resnet50_layer(layer)
     assert (s.h, s.w, s.r, s.stride) == (14, 14, 1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 planes"
-    x = torch.randn(32, s.c, s.h, s.w, device="cuda").half()
-    w = (torch.randn(s.k, s.c, 1, 1, device="cuda") / s.c**0.5).half()
-    bias = torch.randn(s.k, device="cuda")
+    x, w, bias = layer_tensors(s)
     y = torch.full((32, s.k, s.h, s.w), float("nan"), device="cuda", dtype=torch.float16)
     kernel, packed = build(), pack_by_parity(w)
     launch(kernel, x, packed, bias, y)
