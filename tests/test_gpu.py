@@ -979,6 +979,52 @@ def test_gluon_nchw_regs_layers(layer):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-nchw-regs")
 
 
+#: gluon-odd-planes' cases: (N, C, H, W, K) of 1x1 filters on odd NCHW planes: 7x7 with an odd
+#: batch (the last program's second image absent), 5x5 (4 images a program), 3x3 over two programs
+#: (12 images each), 7x7 with 320 output channels (64-channel tiles only), one and several steps.
+ODD_PLANES_CASES = {
+    "7x7-odd-batch": (3, 128, 7, 7, 128),
+    "5x5-one-step": (2, 64, 5, 5, 192),
+    "3x3-two-programs": (13, 192, 3, 3, 128),
+    "7x7-k320": (4, 256, 7, 7, 320),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(ODD_PLANES_CASES))
+def test_gluon_odd_planes_tiles(case, precision):
+    """gluon-odd-planes over both tile widths (64 output channels, one computing warpgroup; 128, two)
+    and rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last, with and without a
+    prior."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_odd_planes as odd
+
+    n, c, h, w, k = ODD_PLANES_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-odd-planes") == "gluon-odd-planes"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "odd")
+    for block_n in (64, 128) if k % 128 == 0 else (64,):
+        stages = rng.choice((2, 3, 4))
+        kernel.config = tuning.ConvConfig(odd.SLOTS, block_n, odd.BLOCK_K, 8, block_n // 16, stages, 1)
+        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
+            kernel._repeats._by_records.clear()
+            x.normal_()
+            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+
+
+@pytest.mark.parametrize("name", ["r50_19", "r50_21"])
+def test_gluon_odd_planes_layers(name):
+    """gluon-odd-planes on ResNet-50's 1x1 layers of 7x7 planes, fp16 NCHW input and output, batch 3."""
+    layer = next(s for s in LAYERS if s.name == name)
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
+    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((0, 0)), k=layer.k, param_dtype="float")
+    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

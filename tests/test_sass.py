@@ -317,6 +317,7 @@ PERSISTENT_PLANES = (
         (layer_build("r50_02", "float16"), "gluon-rows"),
         (layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows"),
         (layer_build("r50_00", "float16"), "gluon-stem"),
+        (layer_build("r50_21", "float16", layout="NCHW"), "gluon-odd-planes"),
     ],
     ids=[
         "gemm-persistent-planes",
@@ -330,6 +331,7 @@ PERSISTENT_PLANES = (
         "rows",
         "rows-planes",
         "stem",
+        "odd-planes",
     ],
 )
 def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):

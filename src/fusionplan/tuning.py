@@ -569,6 +569,16 @@ GLUON_NCHW_PIXEL_ROWS = True
 #: r50_18 92.5 -> 75.8, r50_16 55.3 -> 49.0, r50_22 57.5 -> 53.2.
 GLUON_NCHW_TAPS_INNER = True
 
+#: gluon-odd-planes (1x1 filters on NCHW planes of an odd pixel count, 7x7 above all, by 4-byte
+#: copies of channel-parity pairs: solvers/gluon_odd_planes.py) takes its plans: off until measured
+#: against the gather kernels (r50_21 18.6 us on gluon-nchw, r50_19 17.3 on gluon-nchw-regs, 9.2 and
+#: 9.5 on NHWC; predicted 11-14: bench/NOTES.md section 46). Its ring's stages (32 KB each at 128
+#: output channels, 24 at 64), and its tile's output channels (0: odd_planes_config's choice, else
+#: 64 or 128).
+GLUON_ODD_PLANES = False
+GLUON_ODD_PLANES_STAGES = 4
+GLUON_ODD_PLANES_BLOCK_N = 0
+
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->
