@@ -1025,6 +1025,55 @@ def test_gluon_odd_planes_layers(name):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
 
 
+#: gluon-column-pairs' cases: (N, C, H, W, K) of 3x3 filters at stride 2 with padding 1 on NCHW
+#: input of even width: 14x14 to 7x7 (tiles across images, a partial last one), an odd height
+#: (the last output row's third filter row past the input), a non-square plane, 320 output
+#: channels (64-channel tiles only), one to four channel blocks.
+COLUMN_PAIRS_CASES = {
+    "14x14": (3, 64, 14, 14, 128),
+    "odd-height": (2, 32, 7, 10, 64),
+    "28x20": (2, 128, 28, 20, 128),
+    "k320": (1, 96, 8, 8, 320),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(COLUMN_PAIRS_CASES))
+def test_gluon_column_pairs_tiles(case, precision):
+    """gluon-column-pairs over each of its tiles (128 x 128, 64 x 128, 64 x 64) and rings of 2 to 4
+    stages, CBNA-ELU, output in planes and channels-last, with and without a prior."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_column_pairs as pairs
+
+    n, c, h, w, k = COLUMN_PAIRS_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "pairs")
+    for pixels, block_n, warps in pairs.PAIR_TILES:
+        if k % block_n:
+            continue
+        stages = rng.choice((2, 3, 4))
+        kernel.config = tuning.ConvConfig(pixels, block_n, pairs.BLOCK_K, 8, warps, stages, 1)
+        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
+            kernel._repeats._by_records.clear()
+            x.normal_()
+            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+
+
+@pytest.mark.parametrize("name", ["r50_06", "r50_12", "r50_18"])
+def test_gluon_column_pairs_layers(name):
+    """gluon-column-pairs on ResNet-50's strided 3x3 layers, fp16 NCHW input and output, batch 3."""
+    layer = next(s for s in LAYERS if s.name == name)
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
+    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
+    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-column-pairs")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

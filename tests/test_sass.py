@@ -318,6 +318,7 @@ PERSISTENT_PLANES = (
         (layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows"),
         (layer_build("r50_00", "float16"), "gluon-stem"),
         (layer_build("r50_21", "float16", layout="NCHW"), "gluon-odd-planes"),
+        (layer_build("r50_18", "float16", layout="NCHW"), "gluon-column-pairs"),
     ],
     ids=[
         "gemm-persistent-planes",
@@ -332,6 +333,7 @@ PERSISTENT_PLANES = (
         "rows-planes",
         "stem",
         "odd-planes",
+        "column-pairs",
     ],
 )
 def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):

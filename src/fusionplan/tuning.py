@@ -578,6 +578,13 @@ GLUON_NCHW_TAPS_INNER = True
 GLUON_ODD_PLANES = False
 GLUON_ODD_PLANES_STAGES = 4
 GLUON_ODD_PLANES_BLOCK_N = 0
+#: gluon-column-pairs (3x3 filters at stride 2 on NCHW input of even width by 4-byte copies of
+#: input column pairs: solvers/gluon_column_pairs.py) takes its plans: off until measured against
+#: the gather kernels (r50_18 36.7 us on gluon-nchw, r50_12 27.8, r50_06 31.8 on gluon-nchw-regs;
+#: 19.2, 18.0 and 21.6 on NHWC; bench/NOTES.md section 46). Its ring's stages (32 KB each at 128
+#: pixels x 128 channels).
+GLUON_COLUMN_PAIRS = False
+GLUON_COLUMN_PAIRS_STAGES = 4
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
