@@ -25,25 +25,26 @@ def reason(plan) -> str | None:
     return next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "gluon-column-pairs").reason
 
 
-def strided(c=32, h=14, w=14, k=64, dtype=torch.float16, stride=2, pad=1, r=3, groups=1, dil=1):
+def three_by_three(c=32, h=14, w=14, k=64, dtype=torch.float16, stride=2, pad=1, r=3, groups=1, dil=1):
     x = torch.empty(2, c, h, w, dtype=dtype)
     conv = fp.ConvolutionDescriptor((pad, pad), (stride, stride), (dil, dil), groups=groups)
     return add_chain(plan_for(x), "CBA", conv=conv, k=k, r=r, s=r, param_dtype="float")
 
 
 def test_why_not_names_what_is_missing():
-    for name in ("r50_06", "r50_12", "r50_18"):
+    for name in ("r50_06", "r50_12", "r50_18", "r50_10", "r50_16", "r50_02"):
         assert "needs a Hopper GPU" in reason(layer(name))  # the plan fits: only the device is missing
     assert "needs a Hopper GPU" in reason(layer("r50_18", torch.bfloat16))
     assert "FLOAT data: the copies pair 16-bit columns" in reason(layer("r50_18", torch.float32))
-    assert "3x3 filters at stride 2, padding 1" in reason(layer("r50_22"))  # stride 1
-    assert "3x3 filters at stride 2, padding 1" in reason(layer("r50_20"))  # 1x1
-    assert "3x3 filters at stride 2, padding 1" in reason(strided(dil=2, pad=2))
-    assert "grouped convolutions (groups=2)" in reason(strided(groups=2))
+    assert "input rows of 7 pixels" in reason(layer("r50_22"))  # 7x7 planes
+    assert "3x3 filters at stride 1 or 2, padding 1" in reason(layer("r50_20"))  # 1x1
+    assert "3x3 filters at stride 1 or 2, padding 1" in reason(three_by_three(dil=2, pad=2))
+    assert "3x3 filters at stride 1 or 2, padding 1" in reason(three_by_three(stride=3))
+    assert "grouped convolutions (groups=2)" in reason(three_by_three(groups=2))
     assert "packed NCHW planes only" in reason(layer("r50_18", layout="NHWC"))
-    assert "input rows of 15 pixels" in reason(strided(w=15))
-    assert "48 input and 64 output channels" in reason(strided(c=48))
-    assert "32 input and 96 output channels" in reason(strided(k=96))
+    assert "input rows of 15 pixels" in reason(three_by_three(w=15))
+    assert "48 input and 64 output channels" in reason(three_by_three(c=48))
+    assert "32 input and 96 output channels" in reason(three_by_three(k=96))
 
 
 def test_off_until_measured(monkeypatch):
@@ -64,64 +65,81 @@ def test_tiles():
     assert pairs.pairs_config(100, 64, H100_SMS).block_n == 64  # a small grid: the last tile
 
 
-def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, pixels: int) -> torch.Tensor:
-    """The kernel's programs in float64: each step's operand [pixels, 64] copied unit by unit as
-    _copy_step computes the addresses (every unit 4-byte aligned and inside the input, both its
-    halves under one mask), the product with the packed weights' step, the stores' mask; unwritten
-    outputs stay NaN."""
+def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:
+    """The kernel's programs in float64: for each class of output columns (stride 1: even, odd;
+    stride 2: all), each step's operand [pixels, 64] copied unit by unit as _copy_step computes the
+    addresses (every unit 4-byte aligned and inside the input row, both its halves under one
+    mask), the product with the class's packed weights, the stores' mask and coordinates;
+    unwritten outputs stay NaN."""
     n, c, h, wd = x.shape
     k = w.shape[0]
-    oh_, ow_ = (h - 1) // 2 + 1, wd // 2
-    m_total, hw, sxn = n * oh_ * ow_, h * wd, c * h * wd
-    flat, packed = x.reshape(-1), pairs.pack_pairs(w)
+    oh_, ow_ = (h - 1) // stride + 1, (wd - 1) // stride + 1
+    classes = pairs.column_classes(stride)
+    owc = ow_ // classes
+    m_class, hw, sxn = n * oh_ * owc, h * wd, c * h * wd
+    flat, packed = x.reshape(-1), pairs.pack_pairs(w, stride)
     steps = (c // pairs.STEP_CHANNELS) * 3 * 2
-    assert packed.shape == (k, steps * pairs.BLOCK_K)
-    y = torch.full((n, k, oh_ * ow_), float("nan"), dtype=torch.float64)
-    for m0 in range(0, m_total, pixels):
-        acc = torch.zeros(pixels, k, dtype=torch.float64)
-        for kb in range(steps):
-            cb, dh, kind = kb // 6, (kb // 2) % 3, kb % 2
-            operand = torch.zeros(pixels, pairs.BLOCK_K, dtype=torch.float64)
+    assert packed.shape == (classes * k, steps * pairs.BLOCK_K)
+    y = torch.full((n, k, oh_, ow_), float("nan"), dtype=torch.float64)
+    for par in range(classes):
+        weights = packed[par * k : (par + 1) * k]
+        for m0 in range(0, m_class, pixels):
+            acc = torch.zeros(pixels, k, dtype=torch.float64)
+            for kb in range(steps):
+                cb, dh, kind = kb // 6, (kb // 2) % 3, kb % 2
+                operand = torch.zeros(pixels, pairs.BLOCK_K, dtype=torch.float64)
+                for i in range(pixels):
+                    m = m0 + i
+                    image, pix = m // (oh_ * owc), m % (oh_ * owc)
+                    ih = stride * (pix // owc) + dh - 1
+                    col = 2 * (pix % owc) + 2 * kind * (2 * par - 1)
+                    if not (m < m_class and 0 <= ih < h and 0 <= col < wd):
+                        continue
+                    assert col % 2 == 0 and col + 1 < wd  # both halves of the unit in the row
+                    for e in range(0, pairs.BLOCK_K, 2):
+                        start = image * sxn + (cb * pairs.STEP_CHANNELS + e // 2) * hw + ih * wd + col
+                        assert start % 2 == 0 and start + 1 < flat.numel()
+                        operand[i, e : e + 2] = flat[start : start + 2]
+                acc += operand @ weights[:, kb * pairs.BLOCK_K : (kb + 1) * pairs.BLOCK_K].T
+            out = torch.relu(acc + bias[None, :])
             for i in range(pixels):
                 m = m0 + i
-                image, pix = m // (oh_ * ow_), m % (oh_ * ow_)
-                ih, col = 2 * (pix // ow_) + dh - 1, 2 * (pix % ow_) - 2 * kind
-                if not (m < m_total and 0 <= ih < h and col >= 0):
-                    continue
-                assert col + 1 < wd  # both halves of the unit in the row
-                for e in range(0, pairs.BLOCK_K, 2):
-                    start = image * sxn + (cb * pairs.STEP_CHANNELS + e // 2) * hw + ih * wd + col
-                    assert start % 2 == 0 and start + 1 < flat.numel()
-                    operand[i, e : e + 2] = flat[start : start + 2]
-            acc += operand @ packed[:, kb * pairs.BLOCK_K : (kb + 1) * pairs.BLOCK_K].T
-        out = torch.relu(acc + bias[None, :])
-        for i in range(pixels):
-            m = m0 + i
-            if m < m_total:  # the stores' mask
-                y[m // (oh_ * ow_), :, m % (oh_ * ow_)] = out[i]
-    return y.view(n, k, oh_, ow_)
+                if m < m_class:  # the stores' mask, then the coordinates
+                    y[m // (oh_ * owc), :, (m // owc) % oh_, (m % owc) * classes + par] = out[i]
+    return y
 
 
-@pytest.mark.parametrize("n, c, h, w, pixels", [(2, 32, 14, 14, 64), (1, 64, 8, 8, 128), (2, 32, 7, 10, 64)])
-def test_column_pairs_compute_the_strided_convolution(n, c, h, w, pixels):
-    """7x7 and 4x4 outputs, an odd input height (7 rows: the last output row's third filter row
-    past the input), tiles across images with a partial last one, one and two channel blocks:
-    every output written, equal to relu(conv3x3 stride 2 pad 1 + bias)."""
+@pytest.mark.parametrize(
+    "n, c, h, w, stride, pixels",
+    [
+        (2, 32, 14, 14, 2, 64),
+        (1, 64, 8, 8, 2, 128),
+        (2, 32, 7, 10, 2, 64),
+        (2, 32, 6, 6, 1, 64),
+        (1, 64, 5, 8, 1, 64),
+    ],
+)
+def test_column_pairs_compute_the_convolution(n, c, h, w, stride, pixels):
+    """Stride 2 (7x7 and 4x4 outputs, an odd input height: the last output row's third filter row
+    past the input) and stride 1 (even and odd output columns apart, an odd height), tiles across
+    images with a partial last one, one and two channel blocks: every output written, equal to
+    relu(conv3x3 padding 1 + bias)."""
     x = torch.randn(n, c, h, w, dtype=torch.float64)
     weight = torch.randn(8, c, 3, 3, dtype=torch.float64)
     bias = torch.randn(8, dtype=torch.float64)
-    y = emulate(x, weight, bias, pixels)
-    expected = torch.relu(torch.nn.functional.conv2d(x, weight, stride=2, padding=1) + bias[None, :, None, None])
+    y = emulate(x, weight, bias, stride, pixels)
+    conv = torch.nn.functional.conv2d(x, weight, stride=stride, padding=1)
+    expected = torch.relu(conv + bias[None, :, None, None])
     assert not y.isnan().any()
     assert torch.allclose(y, expected)
 
 
-@pytest.mark.parametrize("name, pixels, copies", [("r50_18", 64, 16), ("r50_12", 128, 32)])
-def test_sm90_kernel_copies_column_pairs(name, pixels, copies):
-    """r50_18 (64 x 128 tiles) and r50_12 (128 x 128): one product a step (4 HGMMA of k16) with one
-    in flight, the weights' box a step whose bytes the stage's barrier expects, each copying thread's
-    copies of 4 bytes a step, the output stored 2 bytes a thread along the planes, every barrier
-    invalidated, no spills."""
+@pytest.mark.parametrize("name, copies", [("r50_18", 16), ("r50_12", 32), ("r50_16", 32)])
+def test_sm90_kernel_copies_column_pairs(name, copies):
+    """r50_18 (64 x 128 tiles), r50_12 and the stride-1 r50_16 (128 x 128): one product a step (4
+    HGMMA of k16) with one in flight, the weights' box a step whose bytes the stage's barrier
+    expects, each copying thread's copies of 4 bytes a step, the output stored 2 bytes a thread
+    along the planes, every barrier invalidated, no spills."""
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "gluon-column-pairs")
     assert info["HGMMA"] == 4 and info["wgmma waits (outstanding groups allowed)"] == ["0x1", "0x0"]
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"] == [128 * 128]

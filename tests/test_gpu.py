@@ -1025,29 +1025,32 @@ def test_gluon_odd_planes_layers(name):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
 
 
-#: gluon-column-pairs' cases: (N, C, H, W, K) of 3x3 filters at stride 2 with padding 1 on NCHW
-#: input of even width: 14x14 to 7x7 (tiles across images, a partial last one), an odd height
-#: (the last output row's third filter row past the input), a non-square plane, 320 output
-#: channels (64-channel tiles only), one to four channel blocks.
+#: gluon-column-pairs' cases: (N, C, H, W, K, stride) of 3x3 filters with padding 1 on NCHW input
+#: of even width: at stride 2, 14x14 to 7x7 (tiles across images, a partial last one), an odd
+#: height (the last output row's third filter row past the input), a non-square plane, 320 output
+#: channels (64-channel tiles only); at stride 1 (even and odd output columns apart), 14x14 and an
+#: odd height; one to four channel blocks.
 COLUMN_PAIRS_CASES = {
-    "14x14": (3, 64, 14, 14, 128),
-    "odd-height": (2, 32, 7, 10, 64),
-    "28x20": (2, 128, 28, 20, 128),
-    "k320": (1, 96, 8, 8, 320),
+    "s2-14x14": (3, 64, 14, 14, 128, 2),
+    "s2-odd-height": (2, 32, 7, 10, 64, 2),
+    "s2-28x20": (2, 128, 28, 20, 128, 2),
+    "s2-k320": (1, 96, 8, 8, 320, 2),
+    "s1-14x14": (3, 64, 14, 14, 128, 1),
+    "s1-odd-height": (2, 32, 7, 10, 64, 1),
 }
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(COLUMN_PAIRS_CASES))
 def test_gluon_column_pairs_tiles(case, precision):
-    """gluon-column-pairs over each of its tiles (128 x 128, 64 x 128, 64 x 64) and rings of 2 to 4
-    stages, CBNA-ELU, output in planes and channels-last, with and without a prior."""
+    """gluon-column-pairs at stride 1 and 2 over each of its tiles (128 x 128, 64 x 128, 64 x 64) and
+    rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last, with and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_column_pairs as pairs
 
-    n, c, h, w, k = COLUMN_PAIRS_CASES[case]
+    n, c, h, w, k, stride = COLUMN_PAIRS_CASES[case]
     x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    conv = fp.ConvolutionDescriptor((1, 1), (stride, stride))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
@@ -1064,12 +1067,12 @@ def test_gluon_column_pairs_tiles(case, precision):
             check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
 
 
-@pytest.mark.parametrize("name", ["r50_06", "r50_12", "r50_18"])
+@pytest.mark.parametrize("name", ["r50_02", "r50_06", "r50_10", "r50_12", "r50_16", "r50_18"])
 def test_gluon_column_pairs_layers(name):
-    """gluon-column-pairs on ResNet-50's strided 3x3 layers, fp16 NCHW input and output, batch 3."""
+    """gluon-column-pairs on ResNet-50's 3x3 layers of even width, fp16 NCHW input and output, batch 3."""
     layer = next(s for s in LAYERS if s.name == name)
     x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
+    conv = fp.ConvolutionDescriptor((1, 1), (layer.stride, layer.stride))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-column-pairs")
 

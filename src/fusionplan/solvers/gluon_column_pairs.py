@@ -1,27 +1,33 @@
-"""Gluon column-pairs solver: a convolution of 3x3 filters at stride 2 with padding 1 on packed
-NCHW input of even width (ResNet's strided 3x3 layers, r50_06, r50_12, r50_18), followed by any
-chain of bias, batch-norm inference and activations, as ONE warp-specialized kernel (Hopper only).
+"""Gluon column-pairs solver: a convolution of 3x3 filters at stride 1 or 2 with padding 1 on
+packed NCHW input of even width (ResNet's 3x3 layers but the 7x7 one: r50_02, r50_06, r50_10,
+r50_12, r50_16, r50_18), followed by any chain of bias, batch-norm inference and activations, as
+ONE warp-specialized kernel (Hopper only).
 
-At stride 2 an output pixel's filter row meets input columns 2 * ow - 1, 2 * ow and 2 * ow + 1 of
-one input row: no tensor box takes every other column, and the gather kernels load each element
-alone (r50_18 at 1.91x its NHWC time on gluon-nchw; bench/NOTES.md sections 41-42). But with the
-rows even (W even, so every row and plane starts on an even element), the columns (2 * ow, 2 * ow
-+ 1) are one aligned 4-byte unit, and it holds two of the pixel's taps (filter columns 1 and 2);
-the unit before it, (2 * ow - 2, 2 * ow - 1), holds the third (filter column 0) beside a column
-the filter never meets. ``cp.async`` copies such units whole, and a unit is one pixel's two
-neighbouring reduction elements in wgmma's K-major operand [pixels, K] (K = a channel's pair
-after another's): a reduction step is 32 input channels of one filter row, their "main" units
-(filter columns 1 and 2) or their "left" units (0, and a zero weight): 4 reduction elements for
-3 taps, 4/3 of the products. Both halves of a unit share their mask (the same input row, both
-columns inside it), so the filter's padding is a whole unit zero-filled.
+An output pixel's filter row meets three neighbouring input columns (stride 2: 2 * ow - 1 .. 2 *
+ow + 1): no tensor box starts on a column of an NCHW plane's row unless it is whole 16-byte units
+away, nor takes every other column, and the gather kernels load each element alone (r50_18 at
+1.91x its NHWC time on gluon-nchw; bench/NOTES.md sections 41-42). But with the rows even (W
+even, so every row and plane starts on an even element), the columns (2j, 2j + 1) are one
+aligned 4-byte unit. At stride 2 the unit j = ow holds two of the pixel's taps (filter columns 1
+and 2), and the unit before it the third (column 0) beside a column the filter never meets. At
+stride 1, for even output columns ow = 2j the same (units j and j - 1); for odd ones ow = 2j + 1
+unit j holds filter columns 0 and 1, and the unit after it column 2 beside an unused one: the two
+classes of output columns take different weights, so each program computes one class (stride 1:
+two classes, their programs side by side). ``cp.async`` copies such units whole, and a unit is
+one pixel's two neighbouring reduction elements in wgmma's K-major operand [pixels, K] (K = a
+channel's pair after another's): a reduction step is 32 input channels of one filter row, their
+"main" units or their other ones: 4 reduction elements for 3 taps, 4/3 of the products. Both
+halves of a unit share their mask (the same input row, both columns inside it), so the filter's
+padding is a whole unit zero-filled.
 
-The weights are packed to match ([K, R * (C / 32) * 2 * 64]: for each 32-channel block, filter row
-and kind, each channel's pair of weights, a zero for the left units' unused column). A partition
-of COPY_WARPS warps requests each step's weights by TMA and copies its input units (lanes along
-the pixels: a warp's copies are 32 neighbouring output pixels' units, 4 bytes apart along an
-input row), every copying thread arriving on the stage's ``copied`` barrier once its copies have
-landed; the computing warps run the products [pixels, channels] with one step in flight. Tiles of
-flat output pixels (any images, rows and columns) x output channels, gluon-nchw's epilogue.
+The weights are packed to match ([classes * K, R * (C / 32) * 2 * 64]: for each class, 32-channel
+block, filter row and kind, each channel's pair of weights, a zero for the unused column). A
+partition of COPY_WARPS warps requests each step's weights by TMA and copies its input units
+(lanes along the pixels: a warp's copies are 32 neighbouring output pixels' units, 4 bytes apart
+along an input row at stride 2, 8 at stride 1), every copying thread arriving on the stage's
+``copied`` barrier once its copies have landed; the computing warps run the products [pixels,
+channels] with one step in flight. Tiles of a class's flat output pixels (any images, rows and
+columns) x output channels; gluon-nchw's epilogue and stores.
 
 Off until measured (tuning.GLUON_COLUMN_PAIRS): `fusionplan-bench --tuning GLUON_COLUMN_PAIRS=0,1`.
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
@@ -37,7 +43,7 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
-from fusionplan.solvers.gluon_nchw import _COORDINATES, _STORE, OUT_LAYOUT
+from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT
 from fusionplan.solvers.gluon_window import gluon_descriptor, gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import TritonConvKernel, conv_plan_why_not, triton_cdiv
 
@@ -70,23 +76,25 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _copy_step(
-    x_ptr, buf, m0, kb, M, H, W, OH, OW, sxn, HW: gl.constexpr, R: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
+    x_ptr, buf, m0, par, kb, M, H, W, OH, OWC, sxn, HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr,
+    PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
 ):
-    # step kb's [PIXELS, BLOCK_K] operand: its 32-channel block, filter row and kind (0: the main
-    # units, columns 2 * ow and 2 * ow + 1; 1: the left units, 2 * ow - 2 and 2 * ow - 1), each
-    # pixel's units of the block's channels side by side; lanes along the pixels, a unit a thread
-    # (WARPS_M warps along the pixels, the rest along the channels)
+    # step kb's [PIXELS, BLOCK_K] operand: its 32-channel block, filter row and kind, each pixel's
+    # units of the block's channels side by side. The tile's pixels are output columns j of its
+    # class (stride 2: every column; stride 1: columns 2 * j + par). Kind 0, the main units:
+    # columns (2 * j, 2 * j + 1); kind 1: the unit before (stride 2, and stride 1's even columns)
+    # or after (stride 1's odd columns). Lanes along the pixels, a unit a thread (WARPS_M warps
+    # along the pixels, the rest along the channels).
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     cb = kb // (2 * R)
     dh = (kb // 2) % R
     kind = kb % 2
     m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
-    image = m // (OH * OW)
-    pix = m % (OH * OW)
-    ih = 2 * (pix // OW) + dh - 1
-    col = 2 * (pix % OW) - 2 * kind
-    live = (m < M) & (ih >= 0) & (ih < H) & (col >= 0)
+    image = m // (OH * OWC)
+    pix = m % (OH * OWC)
+    ih = STRIDE * (pix // OWC) + dh - 1
+    col = 2 * (pix % OWC) + 2 * kind * (2 * par - 1)
+    live = (m < M) & (ih >= 0) & (ih < H) & (col >= 0) & (col < W)
     pixels = gl.multiple_of(image.to(gl.int64) * sxn + ih * W + col, 2)  # W, HW and sxn even: even elements
     e = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
     channels = (cb * (BLOCK_K // 2) + e // 2).to(gl.int64) * HW + e % 2
@@ -96,9 +104,9 @@ def _copy_step(
 
 @gluon.jit
 def _load_partition(
-    x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, k0, M, H, W, OH, OW, sxn, steps,
-    HW: gl.constexpr, R: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
-    WARPS_M: gl.constexpr,
+    x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, w_row, M, H, W, OH, OWC, sxn, steps,
+    HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
 ):
     # a step's weights by TMA on ``ready``, its input units by copies, each copying thread's
     # arrival on ``copied`` once they have landed
@@ -107,8 +115,10 @@ def _load_partition(
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, kb * BLOCK_K], ready.index(stage), w_bufs.index(stage))
-        _copy_step(x_ptr, x_bufs.index(stage), m0, kb, M, H, W, OH, OW, sxn, HW, R, PIXELS, BLOCK_K, WARPS_M)
+        {tma_load}(w_desc, [w_row, kb * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+        _copy_step(
+            x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, STRIDE, PIXELS, BLOCK_K, WARPS_M
+        )
         async_copy.mbarrier_arrive(copied.index(stage), increment_count=False)
 
 
@@ -140,19 +150,22 @@ def _mma_partition(
 def gluon_column_pairs_kernel(
     x_ptr, w_desc, y_ptr, prior_ptr,
     {stage_params}
-    M, C, K, H, W, OH, OW,
+    M, C, K, H, W, OH, OW, OWC,
     sxn, syn, syc, syh, syw, spn, spc, sph, spw,
-    HW: gl.constexpr, R: gl.constexpr, PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, CLASSES: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, COPY_WARPS: gl.constexpr, COPY_REGS: gl.constexpr, COPY_WARPS_M: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
-    # w_desc: the packed weights [K, steps * BLOCK_K], boxes of [BLOCK_N, BLOCK_K]. Channel tiles
-    # first, so that programs running side by side copy the same input rows.
+    # w_desc: the packed weights [CLASSES * K, steps * BLOCK_K] (a class's after another's), boxes
+    # of [BLOCK_N, BLOCK_K]. M: the output pixels of a class (N * OH * OWC). Channel tiles first,
+    # then the classes, so that programs running side by side copy the same input rows.
     pid = gl.program_id(0)
     n_tiles = gl.cdiv(K, BLOCK_N)
     k0 = (pid % n_tiles) * BLOCK_N
-    m0 = (pid // n_tiles) * PIXELS
+    par = (pid // n_tiles) % CLASSES
+    m0 = (pid // (n_tiles * CLASSES)) * PIXELS
     steps = (C // (BLOCK_K // 2)) * R * 2
 
     units: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -170,8 +183,8 @@ def gluon_column_pairs_kernel(
     (acc,) = gl.warp_specialize(
         [
             (_mma_partition, (x_bufs, w_bufs, ready, copied, empty, steps, PIXELS, BLOCK_N, NUM_STAGES)),
-            (_load_partition, (x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, k0, M, H, W, OH, OW, sxn,
-                               steps, HW, R, PIXELS, BLOCK_K, NUM_STAGES, COPY_WARPS_M)),
+            (_load_partition, (x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, par * K + k0, M,
+                               H, W, OH, OWC, sxn, steps, HW, R, STRIDE, PIXELS, BLOCK_K, NUM_STAGES, COPY_WARPS_M)),
         ],
         [COPY_WARPS],
         [COPY_REGS],
@@ -187,29 +200,54 @@ def gluon_column_pairs_kernel(
 {tail}'''
 
 
+#: The tile's pixels and channels in ``{layout}``: pixel m of the class is output column
+#: CLASSES * (m % OWC) + par of row (m // OWC) % OH of image m // (OH * OWC).
+_COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
+offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
+m_mask = offs_m < M
+n_mask = offs_n < K
+if IDX64:  # offsets of outputs past 2^31 elements
+    offs_m = offs_m.to(gl.int64)
+    offs_n = offs_n.to(gl.int64)
+n_img = offs_m // (OH * OWC)
+oh = (offs_m // OWC) % OH
+ow = (offs_m % OWC) * CLASSES + par
+pix = oh * OW + ow
+ch = offs_n"""
+
+
 def render_gluon_column_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
     return _TEMPLATE.format(out_layout=OUT_LAYOUT, **epilogue, **gluon_names())
 
 
-def pack_pairs(weight: Tensor) -> Tensor:
-    """The R x 3 filter [K, C, R, 3] as [K, (C / 32) * R * 2 * 64]: for each 32-channel block,
-    filter row and kind (main, then left), each channel's two weights (main: filter columns 1 and
-    2; left: a zero, then column 0), in the filter's dtype."""
+def pack_pairs(weight: Tensor, stride: int = 2) -> Tensor:
+    """The R x 3 filter [K, C, R, 3] as [classes * K, (C / 32) * R * 2 * 64], in the filter's
+    dtype: for each 32-channel block, filter row and kind, each channel's two weights. Even output
+    columns (every column at stride 2): main (filter columns 1, 2), left (a zero, column 0); at
+    stride 1 the odd output columns' after them: main (columns 0, 1), right (column 2, a zero)."""
     k, c, r, _ = weight.shape
     w = weight.reshape(k, c // STEP_CHANNELS, STEP_CHANNELS, r, 3).permute(0, 1, 3, 2, 4)  # [K, block, row, ch, col]
-    main = w[..., 1:3]
-    left = torch.stack((torch.zeros_like(w[..., 0]), w[..., 0]), dim=-1)
-    packed = torch.stack((main, left), dim=3)  # [K, block, row, kind, ch, pair]
-    return packed.reshape(k, -1).contiguous()
+    zero = torch.zeros_like(w[..., 0])
+    even = torch.stack((w[..., 1:3], torch.stack((zero, w[..., 0]), dim=-1)), dim=3)  # [K, block, row, kind, ch, 2]
+    classes = [even]
+    if stride == 1:
+        classes.append(torch.stack((w[..., 0:2], torch.stack((w[..., 2], zero), dim=-1)), dim=3))
+    return torch.cat([packing.reshape(k, -1) for packing in classes]).contiguous()
+
+
+def column_classes(stride: int) -> int:
+    """Programs' classes of output columns: at stride 1 the even and the odd ones (their units
+    hold different taps), at stride 2 one."""
+    return 2 if stride == 1 else 1
 
 
 def column_pairs_why_not(spec: PlanSpec) -> str | None:
     """Why the kernel cannot run the plan's convolution, or None: 16-bit data, an ungrouped 3x3
-    filter at stride 2 with padding 1, no dilation; packed NCHW input of even width (every input
-    row and plane starts on an even element); input channels a multiple of 32, output channels of
-    64."""
+    filter at stride 1 or 2 with padding 1, no dilation; packed NCHW input of even width (every
+    input row and plane starts on an even element); input channels a multiple of 32, output
+    channels of 64."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, c, r, s = conv.w_desc.dims
@@ -217,10 +255,11 @@ def column_pairs_why_not(spec: PlanSpec) -> str | None:
         return f"{spec.dtype.name} data: the copies pair 16-bit columns (fp16, bf16)"
     if conv.groups != 1:
         return f"grouped convolutions (groups={conv.groups}) are not paired"
-    if (r, s) != (3, 3) or conv.conv.strides != (2, 2) or conv.conv.pads != (1, 1) or conv.conv.dilations != (1, 1):
+    square = conv.conv.strides in ((1, 1), (2, 2))
+    if (r, s) != (3, 3) or not square or conv.conv.pads != (1, 1) or conv.conv.dilations != (1, 1):
         return (
             f"a {r}x{s} filter, stride {conv.conv.strides}, padding {conv.conv.pads}, dilation "
-            f"{conv.conv.dilations}: 3x3 filters at stride 2, padding 1 and no dilation only"
+            f"{conv.conv.dilations}: 3x3 filters at stride 1 or 2, padding 1 and no dilation only"
         )
     x = spec.input_desc
     _, _, h, w = x.dims
@@ -266,7 +305,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
         return render_gluon_column_pairs_source(spec, stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
-        return pairs_config(m, k_per_group, multiprocessors(self._handle))
+        return pairs_config(m, k_per_group, multiprocessors(self._handle))  # m: the classes' pixels together
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -274,13 +313,19 @@ class GluonColumnPairsKernel(TritonConvKernel):
         stages = tuning.GLUON_COLUMN_PAIRS_STAGES
         return [tuning.ConvConfig(p, n, BLOCK_K, 8, w, stages, 1) for p, n, w in PAIR_TILES]
 
+    @property
+    def classes(self) -> int:
+        """Classes of output columns (column_classes)."""
+        return column_classes(self.conv_args[2])
+
     def pack(self, weight: Tensor) -> Tensor:
-        return pack_pairs(weight)
+        return pack_pairs(weight, self.conv_args[2])
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         m, c, k = self.geometry[:3]
         r = self.conv.w_desc.dims[2]
-        return triton_cdiv(m, cfg.block_m) * triton_cdiv(k, cfg.block_n), (c // STEP_CHANNELS) * r * 2
+        tiles = self.classes * triton_cdiv(m // self.classes, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+        return tiles, (c // STEP_CHANNELS) * r * 2
 
     def _launch_args(
         self,
@@ -295,13 +340,16 @@ class GluonColumnPairsKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        c, k, h, w = self.geometry[1:5]
+        m, c, k, h, w, oh, ow = self.geometry
+        classes = self.classes
         columns = self.programs_and_steps(cfg)[1] * BLOCK_K  # pack_pairs' columns
-        w_desc = gluon_descriptor(packed, [k, columns], [columns, 1], [cfg.block_n, BLOCK_K], 128, 16)
+        w_desc = gluon_descriptor(packed, [classes * k, columns], [columns, 1], [cfg.block_n, BLOCK_K], 128, 16)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (
             h * w,
             self.conv.w_desc.dims[2],
+            self.conv_args[2],  # the stride
+            classes,
             cfg.block_m,
             cfg.block_n,
             BLOCK_K,
@@ -315,7 +363,8 @@ class GluonColumnPairsKernel(TritonConvKernel):
             *flags.values(),
         )
         grid = (self.programs_and_steps(cfg)[0], 1, 1)
-        args = [x, w_desc, out, p, *values, *self.geometry, strides[0], *strides[4:], *consts]
+        geometry = (m // classes, c, k, h, w, oh, ow, ow // classes)  # M and OWC: a class's
+        args = [x, w_desc, out, p, *values, *geometry, strides[0], *strides[4:], *consts]
         return grid, cfg, args
 
 
