@@ -44,17 +44,22 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT
+from fusionplan.solvers.gluon_odd_planes import (
+    COPY_REGS,
+    COPY_RING,
+    COPY_RING_INVALIDATION,
+    COPY_WARPS,
+    off_until_measured,
+    packed_nchw_why_not,
+)
 from fusionplan.solvers.gluon_window import gluon_descriptor, gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import TritonConvKernel, conv_plan_why_not, triton_cdiv
 
 Tensor = torch.Tensor
 
-#: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel), the
-#: copying partition's warps and registers.
+#: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel).
 STEP_CHANNELS = 32
 BLOCK_K = 2 * STEP_CHANNELS
-COPY_WARPS = 4
-COPY_REGS = 56
 
 #: Tiles (output pixels, output channels, warps: a warpgroup per 64 pixels) in order of preference:
 #: the first whose grid fills half the multiprocessors.
@@ -171,15 +176,7 @@ def gluon_column_pairs_kernel(
     units: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], units)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
-    ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    copied = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(copied.index(i), count=COPY_WARPS * 32)  # every copying thread's arrival
-        mbarrier.init(empty.index(i), count=1)
-    fence_async_shared()
-{grid_dependency}
+{copy_ring}{grid_dependency}
     (acc,) = gl.warp_specialize(
         [
             (_mma_partition, (x_bufs, w_bufs, ready, copied, empty, steps, PIXELS, BLOCK_N, NUM_STAGES)),
@@ -189,13 +186,7 @@ def gluon_column_pairs_kernel(
         [COPY_WARPS],
         [COPY_REGS],
     )
-    # the ring's barriers invalidated after their last use, before the epilogue's buffers may take
-    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(copied.index(i))
-        mbarrier.invalidate(empty.index(i))
-
+{copy_ring_invalidation}
 {out_layout}{coordinates_in_acc}
 {tail}'''
 
@@ -219,7 +210,13 @@ ch = offs_n"""
 def render_gluon_column_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
-    return _TEMPLATE.format(out_layout=OUT_LAYOUT, **epilogue, **gluon_names())
+    return _TEMPLATE.format(
+        out_layout=OUT_LAYOUT,
+        copy_ring=COPY_RING,
+        copy_ring_invalidation=COPY_RING_INVALIDATION,
+        **epilogue,
+        **gluon_names(),
+    )
 
 
 def pack_pairs(weight: Tensor, stride: int = 2) -> Tensor:
@@ -261,21 +258,14 @@ def column_pairs_why_not(spec: PlanSpec) -> str | None:
             f"a {r}x{s} filter, stride {conv.conv.strides}, padding {conv.conv.pads}, dilation "
             f"{conv.conv.dilations}: 3x3 filters at stride 1 or 2, padding 1 and no dilation only"
         )
-    x = spec.input_desc
-    _, _, h, w = x.dims
-    if tuple(x.strides) != (c * h * w, h * w, w, 1):
-        return f"input strides {tuple(x.strides)}: packed NCHW planes only"
+    why = packed_nchw_why_not(spec)
+    if why:
+        return why
+    w = spec.input_desc.dims[3]
     if w % 2:
         return f"input rows of {w} pixels: an even width (column pairs on 4-byte units) only"
     if c % STEP_CHANNELS or k % 64:
         return f"{c} input and {k} output channels: multiples of {STEP_CHANNELS} and 64"
-    return None
-
-
-def column_pairs_defer_why(spec: PlanSpec) -> str | None:
-    """Off until measured on a GPU (tuning.GLUON_COLUMN_PAIRS)."""
-    if not tuning.GLUON_COLUMN_PAIRS:
-        return "off (tuning.GLUON_COLUMN_PAIRS) until measured faster than the gather kernels"
     return None
 
 
@@ -376,7 +366,7 @@ class GluonColumnPairsSolver(Solver):
         return conv_plan_why_not(spec) or column_pairs_why_not(spec) or gluon_why_not() or hopper_why_not(handle)
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return column_pairs_defer_why(spec)
+        return off_until_measured("GLUON_COLUMN_PAIRS")
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return GluonColumnPairsKernel(spec, handle)
