@@ -29,7 +29,12 @@ along an input row at stride 2, 8 at stride 1), every copying thread arriving on
 channels] with one step in flight. Tiles of a class's flat output pixels (any images, rows and
 columns) x output channels; gluon-nchw's epilogue and stores.
 
-Off until measured (tuning.GLUON_COLUMN_PAIRS): `fusionplan-bench --tuning GLUON_COLUMN_PAIRS=0,1`.
+Not exact for non-finite input: the unused column of a unit meets a zero weight, and 0 x Inf
+(or NaN) is NaN, so a NaN or Inf in the input also reaches the output column beside the ones whose
+windows hold it. To settle before the kernel is switched on by default: zero the unused halves in
+shared memory once the copies land (each copying thread its own, before its arrival), if the
+copies' overlap survives it. Off until measured (tuning.GLUON_COLUMN_PAIRS): `fusionplan-bench
+--tuning GLUON_COLUMN_PAIRS=0,1`.
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
 
