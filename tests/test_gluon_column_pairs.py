@@ -69,8 +69,8 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
     """The kernel's programs in float64: for each class of output columns (stride 1: even, odd;
     stride 2: all), each step's operand [pixels, 64] copied unit by unit as _copy_step computes the
     addresses (every unit 4-byte aligned and inside the input row, both its halves under one
-    mask), the product with the class's packed weights, the stores' mask and coordinates;
-    unwritten outputs stay NaN."""
+    mask), the unused half of kind 1's units zeroed as _land_step does, the product with the
+    class's packed weights, the stores' mask and coordinates; unwritten outputs stay NaN."""
     n, c, h, wd = x.shape
     k = w.shape[0]
     oh_, ow_ = (h - 1) // stride + 1, (wd - 1) // stride + 1
@@ -100,6 +100,8 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
                         start = image * sxn + (cb * pairs.STEP_CHANNELS + e // 2) * hw + ih * wd + col
                         assert start % 2 == 0 and start + 1 < flat.numel()
                         operand[i, e : e + 2] = flat[start : start + 2]
+                        if kind == 1:  # _land_step: the column no tap reads zeroed
+                            operand[i, e + par] = 0.0
                 acc += operand @ weights[:, kb * pairs.BLOCK_K : (kb + 1) * pairs.BLOCK_K].T
             out = torch.relu(acc + bias[None, :])
             for i in range(pixels):
@@ -132,6 +134,25 @@ def test_column_pairs_compute_the_convolution(n, c, h, w, stride, pixels):
     expected = torch.relu(conv + bias[None, :, None, None])
     assert not y.isnan().any()
     assert torch.allclose(y, expected)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_non_finite_input_reaches_only_the_windows_that_hold_it(stride):
+    """An Inf and a NaN in the input (even and odd columns, inside and at a row's end): the outputs
+    whose windows hold them are non-finite, every other output finite and equal to the
+    convolution's, as with the unused halves zeroed (without, 0 x Inf would be NaN beside them)."""
+    x = torch.randn(2, 32, 6, 8, dtype=torch.float64)
+    x[0, 3, 2, 4] = float("inf")
+    x[1, 7, 5, 7] = float("nan")
+    x[1, 30, 0, 2] = float("-inf")
+    weight = torch.randn(8, 32, 3, 3, dtype=torch.float64)
+    bias = torch.randn(8, dtype=torch.float64)
+    y = emulate(x, weight, bias, stride, 64)
+    expected = torch.relu(torch.nn.functional.conv2d(x, weight, stride=stride, padding=1) + bias[None, :, None, None])
+    finite = torch.isfinite(expected)
+    assert (~finite).any() and finite.any()
+    assert torch.equal(torch.isfinite(y), finite)
+    assert torch.allclose(y[finite], expected[finite])
 
 
 @pytest.mark.parametrize("name, copies", [("r50_18", 16), ("r50_12", 32), ("r50_16", 32)])

@@ -1067,6 +1067,29 @@ def test_gluon_column_pairs_tiles(case, precision):
             check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
 
 
+@pytest.mark.parametrize("stride", [1, 2])
+def test_gluon_column_pairs_non_finite_input(stride):
+    """An Inf and a NaN in the input (even and odd columns, inside and at a row's end): the outputs
+    whose windows hold them non-finite as in the reference, every other output finite and close (a
+    unit's unused column is zeroed before its zero weight meets it: 0 x Inf would be NaN)."""
+    x = input_tensor((2, 32, 14, 14), torch.float16, "NCHW")
+    x[0, 3, 2, 4] = float("inf")
+    x[1, 7, 5, 13] = float("nan")
+    x[1, 30, 0, 2] = float("-inf")
+    conv = fp.ConvolutionDescriptor((1, 1), (stride, stride))
+    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=3, s=3, param_dtype="float")  # no ReLU to eat a NaN
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = poisoned(plan.output_desc, "NCHW", "cuda")
+    plan.execute(handle, x, y, args)
+    expected = reference_output(plan, x, args)
+    finite = torch.isfinite(expected).cpu()
+    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
+    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
+    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
+
+
 @pytest.mark.parametrize("name", ["r50_02", "r50_06", "r50_10", "r50_12", "r50_16", "r50_18"])
 def test_gluon_column_pairs_layers(name):
     """gluon-column-pairs on ResNet-50's 3x3 layers of even width, fp16 NCHW input and output, batch 3."""

@@ -25,15 +25,15 @@ block, filter row and kind, each channel's pair of weights, a zero for the unuse
 partition of COPY_WARPS warps requests each step's weights by TMA and copies its input units
 (lanes along the pixels: a warp's copies are 32 neighbouring output pixels' units, 4 bytes apart
 along an input row at stride 2, 8 at stride 1), every copying thread arriving on the stage's
-``copied`` barrier once its copies have landed; the computing warps run the products [pixels,
+``copied`` barrier once its copies have landed and its unused halves are zeroed; the computing warps run the products [pixels,
 channels] with one step in flight. Tiles of a class's flat output pixels (any images, rows and
 columns) x output channels; gluon-nchw's epilogue and stores.
 
-Not exact for non-finite input: the unused column of a unit meets a zero weight, and 0 x Inf
-(or NaN) is NaN, so a NaN or Inf in the input also reaches the output column beside the ones whose
-windows hold it. To settle before the kernel is switched on by default: zero the unused halves in
-shared memory once the copies land (each copying thread its own, before its arrival), if the
-copies' overlap survives it. Off until measured (tuning.GLUON_COLUMN_PAIRS): `fusionplan-bench
+A unit's unused column meets a zero weight, and 0 x Inf (or NaN) is NaN: so that a NaN or Inf in
+the input reaches only the outputs whose windows hold it, each copying thread waits for its copies
+of a step once it has issued the next step's, zeroes the unused halves of its own units in shared
+memory, and only then is the step announced (one arrival after a barrier of the copying warps).
+Off until measured (tuning.GLUON_COLUMN_PAIRS): `fusionplan-bench
 --tuning GLUON_COLUMN_PAIRS=0,1`.
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
@@ -50,7 +50,6 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT
 from fusionplan.solvers.gluon_odd_planes import (
-    COPY_REGS,
     COPY_RING,
     COPY_RING_INVALIDATION,
     COPY_WARPS,
@@ -62,9 +61,12 @@ from fusionplan.solvers.triton_conv import TritonConvKernel, conv_plan_why_not, 
 
 Tensor = torch.Tensor
 
-#: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel).
+#: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel), and
+#: the copying partition's registers (its threads also hold a step's units to zero their unused
+#: halves: 32 words at 128 pixels; at 56 registers the newest Triton's ptxas spilled 8 bytes).
 STEP_CHANNELS = 32
 BLOCK_K = 2 * STEP_CHANNELS
+COPY_REGS = 72
 
 #: Tiles (output pixels, output channels, warps: a warpgroup per 64 pixels) in order of preference:
 #: the first whose grid fills half the multiprocessors.
@@ -118,8 +120,8 @@ def _load_partition(
     HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
 ):
-    # a step's weights by TMA on ``ready``, its input units by copies, each copying thread's
-    # arrival on ``copied`` once they have landed
+    # a step's weights by TMA on ``ready``, its input units by copies; a step is announced on
+    # ``copied`` once the next one's copies are issued and its own have landed (_land_step)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -129,7 +131,32 @@ def _load_partition(
         _copy_step(
             x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, STRIDE, PIXELS, BLOCK_K, WARPS_M
         )
-        async_copy.mbarrier_arrive(copied.index(stage), increment_count=False)
+        async_copy.commit_group()
+        if kb > 0:
+            _land_step(x_bufs, copied, kb - 1, par, 1, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+    _land_step(x_bufs, copied, steps - 1, par, 0, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+
+
+@gluon.jit
+def _land_step(
+    x_bufs, copied, kb, par, OUTSTANDING: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
+):
+    # Step kb's copies landed (each thread's own: OUTSTANDING later groups may still fly); in its
+    # units of kind 1 the column no tap reads (the first half, or at stride 1's odd columns the
+    # second) zeroed, so that its zero weight never meets an Inf or NaN (0 x Inf is NaN): each thread
+    # its own units, seen as 32-bit words (the same bytes and swizzle), then the step announced.
+    async_copy.wait_group(OUTSTANDING)
+    stage = kb % NUM_STAGES
+    if kb % 2 == 1:
+        words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
+        units = x_bufs.index(stage).{reinterpret}(gl.int32, [PIXELS, BLOCK_K // 2], words)
+        mine: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
+        keep = gl.where(par == 0, -65536, 65535)  # 0xFFFF0000: the second half; 0x0000FFFF: the first
+        units.store(units.load(mine) & keep)
+        fence_async_shared()  # the stores (generic proxy), before wgmma reads them through the async proxy
+    {thread_barrier}()  # every copying thread's units, before the step is announced
+    mbarrier.arrive(copied.index(stage))
 
 
 @gluon.jit
@@ -177,6 +204,7 @@ def gluon_column_pairs_kernel(
     par = (pid // n_tiles) % CLASSES
     m0 = (pid // (n_tiles * CLASSES)) * PIXELS
     steps = (C // (BLOCK_K // 2)) * R * 2
+    COPIED_ARRIVALS: gl.constexpr = 1  # _land_step's, once every copying thread's units are in place
 
     units: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], units)

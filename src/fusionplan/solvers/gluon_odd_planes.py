@@ -53,15 +53,15 @@ COPY_WARPS = 4
 COPY_REGS = 56
 
 #: The ring's barriers in the templates of the copying kernels (this one's, gluon-column-pairs'):
-#: ``ready`` (the weights' TMA), ``copied`` (every copying thread's arrival once its copies have
-#: landed), ``empty`` (the products done); and their invalidation after the partitions.
+#: ``ready`` (the weights' TMA), ``copied`` (the copies landed: COPIED_ARRIVALS arrivals, each
+#: template's own), ``empty`` (the products done); and their invalidation after the partitions.
 COPY_RING = """\
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     copied = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(copied.index(i), count=COPY_WARPS * 32)  # every copying thread's arrival
+        mbarrier.init(copied.index(i), count=COPIED_ARRIVALS)
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 """
@@ -174,6 +174,7 @@ def gluon_odd_planes_kernel(
     n_tiles = gl.cdiv(K, BLOCK_N)
     k0 = (pid % n_tiles) * BLOCK_N
     n0 = (pid // n_tiles) * IMAGES
+    COPIED_ARRIVALS: gl.constexpr = COPY_WARPS * 32  # every copying thread's, as its copies land
 
     planes: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, BLOCK_K, SLOTS], planes)
