@@ -24,10 +24,11 @@ The weights are packed to match ([classes * K, R * (C / 32) * 2 * 64]: for each 
 block, filter row and kind, each channel's pair of weights, a zero for the unused column). A
 partition of COPY_WARPS warps requests each step's weights by TMA and copies its input units
 (lanes along the pixels: a warp's copies are 32 neighbouring output pixels' units, 4 bytes apart
-along an input row at stride 2, 8 at stride 1), every copying thread arriving on the stage's
-``copied`` barrier once its copies have landed and its unused halves are zeroed; the computing warps run the products [pixels,
-channels] with one step in flight. Tiles of a class's flat output pixels (any images, rows and
-columns) x output channels; gluon-nchw's epilogue and stores.
+along an input row at stride 2, 8 at stride 1), and the stage's ``copied`` barrier announces the
+step once every copying thread's copies have landed and its unused halves are zeroed; the
+computing warps run the products [pixels, channels] with one step in flight. Tiles of a class's
+flat output pixels (any images, rows and columns) x output channels; gluon-nchw's epilogue and
+stores.
 
 A unit's unused column meets a zero weight, and 0 x Inf (or NaN) is NaN: so that a NaN or Inf in
 the input reaches only the outputs whose windows hold it, each copying thread waits for its copies
