@@ -55,14 +55,17 @@ def test_off_until_measured(monkeypatch):
 
 def test_tiles(monkeypatch):
     """128 output channels where that grid fills half the GPU (r50_19: 16 image pairs x 16), else 64
-    (r50_21: 16 x 4 = 64 programs of 128 channels, so 128 of 64); the switch sets it."""
-    assert odd.odd_planes_config(32, 2048, H100_SMS).block_n == 128
-    cfg = odd.odd_planes_config(32, 512, H100_SMS)
+    (r50_21: 16 x 4 = 64 programs of 128 channels, so 128 of 64; 3x3 planes: 12 images a program);
+    the switch sets it."""
+    assert odd.odd_planes_config(32, 49, 2048, H100_SMS).block_n == 128
+    cfg = odd.odd_planes_config(32, 49, 512, H100_SMS)
     assert (cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps) == (odd.SLOTS, 64, odd.BLOCK_K, 4)
     assert cfg.num_stages == tuning.GLUON_ODD_PLANES_STAGES
-    assert odd.odd_planes_config(32, 320, H100_SMS).block_n == 64
+    assert odd.odd_planes_config(32, 49, 320, H100_SMS).block_n == 64
+    assert odd.odd_planes_config(132 * 12, 9, 128, H100_SMS).block_n == 128  # 132 programs of 12 images
+    assert odd.odd_planes_config(132 * 5, 9, 128, H100_SMS).block_n == 64  # 55 programs of 128: below half
     monkeypatch.setattr(tuning, "GLUON_ODD_PLANES_BLOCK_N", 128)
-    assert odd.odd_planes_config(32, 512, H100_SMS).num_warps == 8
+    assert odd.odd_planes_config(32, 49, 512, H100_SMS).num_warps == 8
     assert [odd.images_per_program(hw) for hw in (49, 25, 9, 3)] == [2, 4, 12, 32]
 
 

@@ -292,14 +292,15 @@ def off_until_measured(switch: str) -> str | None:
     return None
 
 
-def odd_planes_config(images: int, k: int, multiprocessors: int) -> tuning.ConvConfig:
+def odd_planes_config(images: int, hw: int, k: int, multiprocessors: int) -> tuning.ConvConfig:
     """128 output channels (two computing warpgroups) where that grid fills half the
     multiprocessors, else 64 (one): r50_21's 512 channels over 16 image pairs, 64 programs of 128
     or 128 of 64 (tuning.GLUON_ODD_PLANES_BLOCK_N sets it); a ring of tuning.GLUON_ODD_PLANES_STAGES
-    stages."""
+    stages. ``images`` of ``hw``-pixel planes."""
     block_n = tuning.GLUON_ODD_PLANES_BLOCK_N
     if not block_n:
-        wide = k % 128 == 0 and triton_cdiv(images, 2) * (k // 128) >= multiprocessors // 2
+        programs = triton_cdiv(images, images_per_program(hw)) * (k // 128)
+        wide = k % 128 == 0 and programs >= multiprocessors // 2
         block_n = 128 if wide else 64
     return tuning.ConvConfig(SLOTS, block_n, BLOCK_K, 8, block_n // 16, tuning.GLUON_ODD_PLANES_STAGES, 1)
 
@@ -324,7 +325,7 @@ class GluonOddPlanesKernel(TritonConvKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         images = self.spec.input_desc.dims[0]
-        return odd_planes_config(images, k_per_group, multiprocessors(self._handle))
+        return odd_planes_config(images, self.plane, k_per_group, multiprocessors(self._handle))
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
