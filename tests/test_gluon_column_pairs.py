@@ -65,6 +65,20 @@ def test_tiles():
     assert pairs.pairs_config(100, 64, H100_SMS).block_n == 64  # a small grid: the last tile
 
 
+@pytest.mark.parametrize("stages", [2, 3, 4, 6, 8])
+def test_copies_announced_late_enough_to_run_and_early_enough_to_end(stages):
+    """The copying side announces a step once it has issued announce_lag(stages) later ones: the
+    ring's protocol ends for any number of steps, and one step more of lag would leave both sides
+    waiting for ever (the stage it waits for frees only after that step's product)."""
+    lag = pairs.announce_lag(stages)
+    assert lag == min(2, stages - 2)
+    for steps in (1, 2, 5, 6, 48, 96):
+        assert pairs.pipeline_finishes(stages, lag, steps)
+    assert not pairs.pipeline_finishes(stages, stages - 1, 48)
+    with pytest.raises(ValueError, match="2 or more"):
+        pairs.announce_lag(1)
+
+
 def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:
     """The kernel's programs in float64: for each class of output columns (stride 1: even, odd;
     stride 2: all), each step's operand [pixels, 64] copied unit by unit as _copy_step computes the

@@ -119,10 +119,11 @@ def _copy_step(
 def _load_partition(
     x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, w_row, M, H, W, OH, OWC, sxn, steps,
     HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
+    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, LAG: gl.constexpr,
 ):
     # a step's weights by TMA on ``ready``, its input units by copies; a step is announced on
-    # ``copied`` once the next one's copies are issued and its own have landed (_land_step)
+    # ``copied`` (_land_step) once its own copies have landed and LAG later steps' are issued, so
+    # that LAG + 1 steps' copies are in flight (announce_lag: at most NUM_STAGES - 2)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -133,9 +134,10 @@ def _load_partition(
             x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, STRIDE, PIXELS, BLOCK_K, WARPS_M
         )
         async_copy.commit_group()
-        if kb > 0:
-            _land_step(x_bufs, copied, kb - 1, par, 1, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
-    _land_step(x_bufs, copied, steps - 1, par, 0, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+        if kb >= LAG:
+            _land_step(x_bufs, copied, kb - LAG, par, LAG, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+    for j in gl.static_range(LAG):  # the last LAG steps, each with one group fewer left in flight
+        _land_step(x_bufs, copied, steps - LAG + j, par, LAG - 1 - j, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
 
 
 @gluon.jit
@@ -143,7 +145,7 @@ def _land_step(
     x_bufs, copied, kb, par, OUTSTANDING: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
 ):
-    # Step kb's copies landed (each thread's own: OUTSTANDING later groups may still fly); in its
+    # Step kb's copies landed (each thread's own: OUTSTANDING later steps' groups may still fly); in its
     # units of kind 1 the column no tap reads (the first half, or at stride 1's odd columns the
     # second) zeroed, so that its zero weight never meets an Inf or NaN (0 x Inf is NaN): each thread
     # its own units, seen as 32-bit words (the same bytes and swizzle), then the step announced.
@@ -193,7 +195,7 @@ def gluon_column_pairs_kernel(
     HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, CLASSES: gl.constexpr, PIXELS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, COPY_WARPS: gl.constexpr, COPY_REGS: gl.constexpr, COPY_WARPS_M: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    LAG: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the packed weights [CLASSES * K, steps * BLOCK_K] (a class's after another's), boxes
@@ -215,7 +217,8 @@ def gluon_column_pairs_kernel(
         [
             (_mma_partition, (x_bufs, w_bufs, ready, copied, empty, steps, PIXELS, BLOCK_N, NUM_STAGES)),
             (_load_partition, (x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, par * K + k0, M,
-                               H, W, OH, OWC, sxn, steps, HW, R, STRIDE, PIXELS, BLOCK_K, NUM_STAGES, COPY_WARPS_M)),
+                               H, W, OH, OWC, sxn, steps, HW, R, STRIDE, PIXELS, BLOCK_K, NUM_STAGES, COPY_WARPS_M,
+                               LAG)),
         ],
         [COPY_WARPS],
         [COPY_REGS],
@@ -315,6 +318,36 @@ def pairs_config(m: int, k: int, multiprocessors: int) -> tuning.ConvConfig:
     return tuning.ConvConfig(pixels, block_n, BLOCK_K, 8, warps, tuning.GLUON_COLUMN_PAIRS_STAGES, 1)
 
 
+def announce_lag(stages: int) -> int:
+    """How many later steps' copies the copying partition issues before it announces a step (so
+    that lag + 1 steps' copies fly at once): at most 2, and at most ``stages`` - 2. It waits for a
+    stage before issuing into it, and the stage frees only once the products have moved past the
+    step it held, stages - 1 behind; that step must already be announced, or both sides wait for
+    ever (pipeline_finishes)."""
+    if stages < 2:
+        raise ValueError(f"a ring of {stages} stages: gluon-column-pairs needs 2 or more")
+    return min(2, stages - 2)
+
+
+def pipeline_finishes(stages: int, lag: int, steps: int) -> bool:
+    """Whether the ring's protocol as the kernel runs it ends, step by step: the copying side waits
+    for a stage to be free (``empty``), issues the step, then announces the step ``lag`` behind
+    (the rest after its last); the computing side waits for a step's announcement, issues its
+    product and frees the stage of the step before (the last stage after the last). False where
+    neither side can move before the end."""
+    issued = announced = products = freed = 0
+    while products < steps:
+        if issued < steps and issued - freed < stages:  # the stage of step ``issued`` is free
+            issued += 1
+            announced = max(announced, min(issued - lag, steps) if issued < steps else steps)
+        elif products < announced:  # the next product's step is announced
+            products += 1
+            freed = products - 1 if products < steps else steps
+        else:
+            return False
+    return True
+
+
 class GluonColumnPairsKernel(TritonConvKernel):
     solver_name = "gluon-column-pairs"
     stem = "gluon_column_pairs"
@@ -381,6 +414,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
             COPY_WARPS,
             COPY_REGS,
             min(COPY_WARPS, cfg.block_m // 32),  # copying warps along the pixels
+            announce_lag(cfg.num_stages),
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             strides[5] != 1,  # output channels apart: lanes along the pixels
