@@ -23,8 +23,10 @@ padding is a whole unit zero-filled.
 The weights are packed to match ([classes * K, R * (C / 32) * 2 * 64]: for each class, 32-channel
 block, filter row and kind, each channel's pair of weights, a zero for the unused column). A
 partition of COPY_WARPS warps requests each step's weights by TMA and copies its input units
-(lanes along the pixels: a warp's copies are 32 neighbouring output pixels' units, 4 bytes apart
-along an input row at stride 2, 8 at stride 1), and the stage's ``copied`` barrier announces the
+(a warp's copies: 8 neighbouring output pixels' units of 4 channels, each channel's 8 units one
+32-byte run of an input row, each pixel's 4 units 16 bytes of its operand row, so that the rows'
+swizzle spreads the 8 pixels over every shared-memory bank), and the stage's ``copied`` barrier
+announces the
 step once every copying thread's copies have landed and its unused halves are zeroed; the
 computing warps run the products [pixels, channels] with one step in flight. Tiles of a class's
 flat output pixels (any images, rows and columns) x output channels; gluon-nchw's epilogue and
@@ -96,9 +98,11 @@ def _copy_step(
     # units of the block's channels side by side. The tile's pixels are output columns j of its
     # class (stride 2: every column; stride 1: columns 2 * j + par). Kind 0, the main units:
     # columns (2 * j, 2 * j + 1); kind 1: the unit before (stride 2, and stride 1's even columns)
-    # or after (stride 1's odd columns). Lanes along the pixels, a unit a thread (WARPS_M warps
-    # along the pixels, the rest along the channels).
-    layout: gl.constexpr = gl.BlockedLayout([1, 2], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
+    # or after (stride 1's odd columns). A unit a thread; a warp's lanes 8 pixels x 4 channels (a
+    # channel's 8 units are 32 contiguous bytes of an input row; a pixel's 4 units 16 bytes of its
+    # swizzled operand row, the 8 rows in 8 different 16-byte columns: no bank conflicts), WARPS_M
+    # warps along the pixels, the rest along the channels.
+    layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     cb = kb // (2 * R)
     dh = (kb // 2) % R
     kind = kb % 2
@@ -154,7 +158,7 @@ def _land_step(
     if kb % 2 == 1:
         words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
         units = x_bufs.index(stage).{reinterpret}(gl.int32, [PIXELS, BLOCK_K // 2], words)
-        mine: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
+        mine: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
         keep = gl.where(par == 0, -65536, 65535)  # 0xFFFF0000: the second half; 0x0000FFFF: the first
         units.store(units.load(mine) & keep)
         fence_async_shared()  # the stores (generic proxy), before wgmma reads them through the async proxy
@@ -413,7 +417,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
             cfg.num_stages,
             COPY_WARPS,
             COPY_REGS,
-            min(COPY_WARPS, cfg.block_m // 32),  # copying warps along the pixels
+            min(COPY_WARPS, cfg.block_m // 8),  # copying warps along the pixels (8 a warp)
             announce_lag(cfg.num_stages),
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
