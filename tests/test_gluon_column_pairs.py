@@ -32,14 +32,15 @@ def three_by_three(c=32, h=14, w=14, k=64, dtype=torch.float16, stride=2, pad=1,
 
 
 def test_why_not_names_what_is_missing():
-    for name in ("r50_06", "r50_12", "r50_18", "r50_10", "r50_16", "r50_02"):
+    for name in ("r50_06", "r50_12", "r50_18", "r50_10", "r50_16", "r50_02", "r50_08", "r50_14", "r50_20"):
         assert "needs a Hopper GPU" in reason(layer(name))  # the plan fits: only the device is missing
     assert "needs a Hopper GPU" in reason(layer("r50_18", torch.bfloat16))
     assert "FLOAT data: the copies pair 16-bit columns" in reason(layer("r50_18", torch.float32))
     assert "input rows of 7 pixels" in reason(layer("r50_22"))  # 7x7 planes
-    assert "3x3 filters at stride 1 or 2, padding 1" in reason(layer("r50_20"))  # 1x1
-    assert "3x3 filters at stride 1 or 2, padding 1" in reason(three_by_three(dil=2, pad=2))
-    assert "3x3 filters at stride 1 or 2, padding 1" in reason(three_by_three(stride=3))
+    assert "3x3 filters at stride 1 or 2 with padding 1, or 1x1 at stride 2" in reason(layer("r50_21"))  # 1x1 stride 1
+    assert "or 1x1 at stride 2 without" in reason(three_by_three(dil=2, pad=2))
+    assert "or 1x1 at stride 2 without" in reason(three_by_three(stride=3))
+    assert "or 1x1 at stride 2 without" in reason(three_by_three(r=1, pad=1))
     assert "grouped convolutions (groups=2)" in reason(three_by_three(groups=2))
     assert "packed NCHW planes only" in reason(layer("r50_18", layout="NHWC"))
     assert "input rows of 15 pixels" in reason(three_by_three(w=15))
@@ -83,16 +84,18 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
     """The kernel's programs in float64: for each class of output columns (stride 1: even, odd;
     stride 2: all), each step's operand [pixels, 64] copied unit by unit as _copy_step computes the
     addresses (every unit 4-byte aligned and inside the input row, both its halves under one
-    mask), the unused half of kind 1's units zeroed as _land_step does, the product with the
-    class's packed weights, the stores' mask and coordinates; unwritten outputs stay NaN."""
+    mask), the unused half zeroed as _land_step does, the product with the class's packed weights,
+    the stores' mask and coordinates; unwritten outputs stay NaN. 3x3 filters with padding 1, or
+    1x1 at stride 2."""
     n, c, h, wd = x.shape
-    k = w.shape[0]
-    oh_, ow_ = (h - 1) // stride + 1, (wd - 1) // stride + 1
+    k, _, r, cols = w.shape
+    pad, kinds = r // 2, pairs.unit_kinds(cols)
+    oh_, ow_ = (h + 2 * pad - r) // stride + 1, (wd + 2 * pad - cols) // stride + 1
     classes = pairs.column_classes(stride)
     owc = ow_ // classes
     m_class, hw, sxn = n * oh_ * owc, h * wd, c * h * wd
     flat, packed = x.reshape(-1), pairs.pack_pairs(w, stride)
-    steps = (c // pairs.STEP_CHANNELS) * 3 * 2
+    steps = (c // pairs.STEP_CHANNELS) * r * kinds
     assert packed.shape == (classes * k, steps * pairs.BLOCK_K)
     y = torch.full((n, k, oh_, ow_), float("nan"), dtype=torch.float64)
     for par in range(classes):
@@ -100,12 +103,12 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
         for m0 in range(0, m_class, pixels):
             acc = torch.zeros(pixels, k, dtype=torch.float64)
             for kb in range(steps):
-                cb, dh, kind = kb // 6, (kb // 2) % 3, kb % 2
+                cb, dh, kind = kb // (kinds * r), (kb // kinds) % r, kb % kinds
                 operand = torch.zeros(pixels, pairs.BLOCK_K, dtype=torch.float64)
                 for i in range(pixels):
                     m = m0 + i
                     image, pix = m // (oh_ * owc), m % (oh_ * owc)
-                    ih = stride * (pix // owc) + dh - 1
+                    ih = stride * (pix // owc) + dh - pad
                     col = 2 * (pix % owc) + 2 * kind * (2 * par - 1)
                     if not (m < m_class and 0 <= ih < h and 0 <= col < wd):
                         continue
@@ -114,7 +117,9 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
                         start = image * sxn + (cb * pairs.STEP_CHANNELS + e // 2) * hw + ih * wd + col
                         assert start % 2 == 0 and start + 1 < flat.numel()
                         operand[i, e : e + 2] = flat[start : start + 2]
-                        if kind == 1:  # _land_step: the column no tap reads zeroed
+                        if kinds == 1:  # _land_step: the odd column zeroed
+                            operand[i, e + 1] = 0.0
+                        elif kind == 1:  # the column no tap reads zeroed
                             operand[i, e + par] = 0.0
                 acc += operand @ weights[:, kb * pairs.BLOCK_K : (kb + 1) * pairs.BLOCK_K].T
             out = torch.relu(acc + bias[None, :])
@@ -126,32 +131,34 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, p
 
 
 @pytest.mark.parametrize(
-    "n, c, h, w, stride, pixels",
+    "n, c, h, w, r, stride, pixels",
     [
-        (2, 32, 14, 14, 2, 64),
-        (1, 64, 8, 8, 2, 128),
-        (2, 32, 7, 10, 2, 64),
-        (2, 32, 6, 6, 1, 64),
-        (1, 64, 5, 8, 1, 64),
+        (2, 32, 14, 14, 3, 2, 64),
+        (1, 64, 8, 8, 3, 2, 128),
+        (2, 32, 7, 10, 3, 2, 64),
+        (2, 32, 6, 6, 3, 1, 64),
+        (1, 64, 5, 8, 3, 1, 64),
+        (2, 32, 14, 14, 1, 2, 64),
+        (1, 64, 7, 6, 1, 2, 64),
     ],
 )
-def test_column_pairs_compute_the_convolution(n, c, h, w, stride, pixels):
-    """Stride 2 (7x7 and 4x4 outputs, an odd input height: the last output row's third filter row
-    past the input) and stride 1 (even and odd output columns apart, an odd height), tiles across
-    images with a partial last one, one and two channel blocks: every output written, equal to
-    relu(conv3x3 padding 1 + bias)."""
+def test_column_pairs_compute_the_convolution(n, c, h, w, r, stride, pixels):
+    """3x3 at stride 2 (7x7 and 4x4 outputs, an odd input height: the last output row's third
+    filter row past the input) and stride 1 (even and odd output columns apart, an odd height), 1x1
+    at stride 2 (an odd height too), tiles across images with a partial last one, one and two
+    channel blocks: every output written, equal to relu(conv + bias)."""
     x = torch.randn(n, c, h, w, dtype=torch.float64)
-    weight = torch.randn(8, c, 3, 3, dtype=torch.float64)
+    weight = torch.randn(8, c, r, r, dtype=torch.float64)
     bias = torch.randn(8, dtype=torch.float64)
     y = emulate(x, weight, bias, stride, pixels)
-    conv = torch.nn.functional.conv2d(x, weight, stride=stride, padding=1)
+    conv = torch.nn.functional.conv2d(x, weight, stride=stride, padding=r // 2)
     expected = torch.relu(conv + bias[None, :, None, None])
     assert not y.isnan().any()
     assert torch.allclose(y, expected)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_non_finite_input_reaches_only_the_windows_that_hold_it(stride):
+@pytest.mark.parametrize("r, stride", [(3, 1), (3, 2), (1, 2)])
+def test_non_finite_input_reaches_only_the_windows_that_hold_it(r, stride):
     """An Inf and a NaN in the input (even and odd columns, inside and at a row's end): the outputs
     whose windows hold them are non-finite, every other output finite and equal to the
     convolution's, as with the unused halves zeroed (without, 0 x Inf would be NaN beside them)."""
@@ -159,19 +166,21 @@ def test_non_finite_input_reaches_only_the_windows_that_hold_it(stride):
     x[0, 3, 2, 4] = float("inf")
     x[1, 7, 5, 7] = float("nan")
     x[1, 30, 0, 2] = float("-inf")
-    weight = torch.randn(8, 32, 3, 3, dtype=torch.float64)
+    x[0, 5, 2, 3] = float("inf")  # an odd column: read by 1x1 filters at stride 2 only as a unit's other half
+    weight = torch.randn(8, 32, r, r, dtype=torch.float64)
     bias = torch.randn(8, dtype=torch.float64)
     y = emulate(x, weight, bias, stride, 64)
-    expected = torch.relu(torch.nn.functional.conv2d(x, weight, stride=stride, padding=1) + bias[None, :, None, None])
+    conv = torch.nn.functional.conv2d(x, weight, stride=stride, padding=r // 2)
+    expected = torch.relu(conv + bias[None, :, None, None])
     finite = torch.isfinite(expected)
     assert (~finite).any() and finite.any()
     assert torch.equal(torch.isfinite(y), finite)
     assert torch.allclose(y[finite], expected[finite])
 
 
-@pytest.mark.parametrize("name, copies", [("r50_18", 16), ("r50_12", 32), ("r50_16", 32)])
+@pytest.mark.parametrize("name, copies", [("r50_18", 16), ("r50_12", 32), ("r50_16", 32), ("r50_08", 32)])
 def test_sm90_kernel_copies_column_pairs(name, copies):
-    """r50_18 (64 x 128 tiles), r50_12 and the stride-1 r50_16 (128 x 128): one product a step (4
+    """r50_18 (64 x 128 tiles), r50_12, the stride-1 r50_16 and the 1x1 r50_08 (128 x 128): one product a step (4
     HGMMA of k16) with one in flight, the weights' box a step whose bytes the stage's barrier
     expects, each copying thread's copies of 4 bytes a step, the output stored 2 bytes a thread
     along the planes, every barrier invalidated, no spills."""

@@ -1025,33 +1025,37 @@ def test_gluon_odd_planes_layers(name):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
 
 
-#: gluon-column-pairs' cases: (N, C, H, W, K, stride) of 3x3 filters with padding 1 on NCHW input
-#: of even width: at stride 2, 14x14 to 7x7 (tiles across images, a partial last one), an odd
+#: gluon-column-pairs' cases: (N, C, H, W, K, filter side, stride) on NCHW input of even width:
+#: 3x3 with padding 1 at stride 2, 14x14 to 7x7 (tiles across images, a partial last one), an odd
 #: height (the last output row's third filter row past the input), a non-square plane, 320 output
 #: channels (64-channel tiles only); at stride 1 (even and odd output columns apart), 14x14 and an
-#: odd height; one to four channel blocks.
+#: odd height; 1x1 at stride 2, 14x14 and an odd height; one to four channel blocks.
 COLUMN_PAIRS_CASES = {
-    "s2-14x14": (3, 64, 14, 14, 128, 2),
-    "s2-odd-height": (2, 32, 7, 10, 64, 2),
-    "s2-28x20": (2, 128, 28, 20, 128, 2),
-    "s2-k320": (1, 96, 8, 8, 320, 2),
-    "s1-14x14": (3, 64, 14, 14, 128, 1),
-    "s1-odd-height": (2, 32, 7, 10, 64, 1),
+    "s2-14x14": (3, 64, 14, 14, 128, 3, 2),
+    "s2-odd-height": (2, 32, 7, 10, 64, 3, 2),
+    "s2-28x20": (2, 128, 28, 20, 128, 3, 2),
+    "s2-k320": (1, 96, 8, 8, 320, 3, 2),
+    "s1-14x14": (3, 64, 14, 14, 128, 3, 1),
+    "s1-odd-height": (2, 32, 7, 10, 64, 3, 1),
+    "1x1-s2-14x14": (3, 64, 14, 14, 128, 1, 2),
+    "1x1-s2-odd-height": (2, 96, 7, 10, 64, 1, 2),
 }
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(COLUMN_PAIRS_CASES))
 def test_gluon_column_pairs_tiles(case, precision):
-    """gluon-column-pairs at stride 1 and 2 over each of its tiles (128 x 128, 64 x 128, 64 x 64) and
-    rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last, with and without a prior."""
+    """gluon-column-pairs (3x3 at stride 1 and 2, 1x1 at stride 2) over each of its tiles (128 x
+    128, 64 x 128, 64 x 64) and rings of 2 to 4 stages, CBNA-ELU, output in planes and
+    channels-last, with and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_column_pairs as pairs
 
-    n, c, h, w, k, stride = COLUMN_PAIRS_CASES[case]
+    n, c, h, w, k, side, stride = COLUMN_PAIRS_CASES[case]
     x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1), (stride, stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
+    conv = fp.ConvolutionDescriptor((side // 2, side // 2), (stride, stride))
+    chain = dict(k=k, r=side, s=side, activation=ActivationMode.ELU, param_dtype="float")
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, **chain)
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
     kernel = plan._entry(handle).kernel
@@ -1067,8 +1071,8 @@ def test_gluon_column_pairs_tiles(case, precision):
             check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
-def test_gluon_column_pairs_non_finite_input(stride):
+@pytest.mark.parametrize("side, stride", [(3, 1), (3, 2), (1, 2)])
+def test_gluon_column_pairs_non_finite_input(side, stride):
     """An Inf and a NaN in the input (even and odd columns, inside and at a row's end): the outputs
     whose windows hold them non-finite as in the reference, every other output finite and close (a
     unit's unused column is zeroed before its zero weight meets it: 0 x Inf would be NaN)."""
@@ -1076,8 +1080,9 @@ def test_gluon_column_pairs_non_finite_input(stride):
     x[0, 3, 2, 4] = float("inf")
     x[1, 7, 5, 13] = float("nan")
     x[1, 30, 0, 2] = float("-inf")
-    conv = fp.ConvolutionDescriptor((1, 1), (stride, stride))
-    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=3, s=3, param_dtype="float")  # no ReLU to eat a NaN
+    x[0, 5, 2, 3] = float("inf")  # an odd column: a 1x1 filter at stride 2 reads it only as a unit's other half
+    conv = fp.ConvolutionDescriptor((side // 2, side // 2), (stride, stride))
+    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=side, s=side, param_dtype="float")  # no ReLU to eat a NaN
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
     args = random_args(plan, "cuda", param_dtype=torch.float32)
@@ -1090,13 +1095,16 @@ def test_gluon_column_pairs_non_finite_input(stride):
     assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
 
 
-@pytest.mark.parametrize("name", ["r50_02", "r50_06", "r50_10", "r50_12", "r50_16", "r50_18"])
+@pytest.mark.parametrize(
+    "name", ["r50_02", "r50_06", "r50_08", "r50_10", "r50_12", "r50_14", "r50_16", "r50_18", "r50_20"]
+)
 def test_gluon_column_pairs_layers(name):
-    """gluon-column-pairs on ResNet-50's 3x3 layers of even width, fp16 NCHW input and output, batch 3."""
+    """gluon-column-pairs on ResNet-50's 3x3 layers of even width and its strided 1x1 layers, fp16
+    NCHW input and output, batch 3."""
     layer = next(s for s in LAYERS if s.name == name)
     x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1), (layer.stride, layer.stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
+    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-column-pairs")
 
 

@@ -578,11 +578,13 @@ GLUON_NCHW_TAPS_INNER = True
 GLUON_ODD_PLANES = False
 GLUON_ODD_PLANES_STAGES = 4
 GLUON_ODD_PLANES_BLOCK_N = 0
-#: gluon-column-pairs (3x3 filters at stride 1 or 2 on NCHW input of even width by 4-byte copies of
-#: input column pairs: solvers/gluon_column_pairs.py) takes its plans: off until measured against
-#: the gather kernels (r50_18 36.7 us on gluon-nchw, r50_12 27.8, r50_16 20.9, r50_06 31.8 and r50_10
-#: 27.3 on gluon-nchw-regs; 19.2, 18.0, 16.4, 21.6 and 18.7 on NHWC; r50_02 20.4 on gluon-rows, 18.3
-#: on NHWC; bench/NOTES.md section 46). Its ring's stages (32 KB each at 128 pixels x 128 channels).
+#: gluon-column-pairs (3x3 filters at stride 1 or 2, 1x1 at stride 2, on NCHW input of even width
+#: by 4-byte copies of input column pairs: solvers/gluon_column_pairs.py) takes its plans: off until
+#: measured against the kernels that run them now (r50_18 36.7 us on gluon-nchw, r50_12 27.8, r50_16
+#: 20.9, r50_06 31.8 and r50_10 27.3 on gluon-nchw-regs; 19.2, 18.0, 16.4, 21.6 and 18.7 on NHWC;
+#: r50_02 20.4 on gluon-rows, 18.3 on NHWC; r50_08 37.8 and r50_14 30.6 on triton-gemm-nchw, r50_20
+#: 28.8 on gluon-nchw-regs; 19.3, 16.1, 15.5 on NHWC; bench/NOTES.md section 46). Its ring's
+#: stages (32 KB each at 128 pixels x 128 channels).
 GLUON_COLUMN_PAIRS = False
 GLUON_COLUMN_PAIRS_STAGES = 4
 

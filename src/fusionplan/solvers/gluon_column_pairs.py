@@ -1,7 +1,8 @@
-"""Gluon column-pairs solver: a convolution of 3x3 filters at stride 1 or 2 with padding 1 on
-packed NCHW input of even width (ResNet's 3x3 layers but the 7x7 one: r50_02, r50_06, r50_10,
-r50_12, r50_16, r50_18), followed by any chain of bias, batch-norm inference and activations, as
-ONE warp-specialized kernel (Hopper only).
+"""Gluon column-pairs solver: a convolution of 3x3 filters at stride 1 or 2 with padding 1, or of
+1x1 filters at stride 2, on packed NCHW input of even width (ResNet's 3x3 layers but the 7x7 one:
+r50_02, r50_06, r50_10, r50_12, r50_16, r50_18; its strided 1x1 layers r50_08, r50_14, r50_20),
+followed by any chain of bias, batch-norm inference and activations, as ONE warp-specialized
+kernel (Hopper only).
 
 An output pixel's filter row meets three neighbouring input columns (stride 2: 2 * ow - 1 .. 2 *
 ow + 1): no tensor box starts on a column of an NCHW plane's row unless it is whole 16-byte units
@@ -18,7 +19,9 @@ one pixel's two neighbouring reduction elements in wgmma's K-major operand [pixe
 channel's pair after another's): a reduction step is 32 input channels of one filter row, their
 "main" units or their other ones: 4 reduction elements for 3 taps, 4/3 of the products. Both
 halves of a unit share their mask (the same input row, both columns inside it), so the filter's
-padding is a whole unit zero-filled.
+padding is a whole unit zero-filled. A 1x1 filter at stride 2 reads column 2 * ow alone: its
+unit (2 * ow, 2 * ow + 1) is the one kind, the odd column's weight zero (twice the products, where
+the gathers load each element alone).
 
 The weights are packed to match ([classes * K, R * (C / 32) * 2 * 64]: for each class, 32-channel
 block, filter row and kind, each channel's pair of weights, a zero for the unused column). A
@@ -66,10 +69,11 @@ Tensor = torch.Tensor
 
 #: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel), and
 #: the copying partition's registers (its threads also hold a step's units to zero their unused
-#: halves: 32 words at 128 pixels; at 56 registers the newest Triton's ptxas spilled 8 bytes).
+#: halves, 32 words at 128 pixels: at 56 registers ptxas spilled 8 bytes, at 72 the 1x1 filters'
+#: kernel, zeroing every step, 24-48; none at 96, Triton 3.6 and 3.9).
 STEP_CHANNELS = 32
 BLOCK_K = 2 * STEP_CHANNELS
-COPY_REGS = 72
+COPY_REGS = 96
 
 #: Tiles (output pixels, output channels, warps: a warpgroup per 64 pixels) in order of preference:
 #: the first whose grid fills half the multiprocessors.
@@ -91,8 +95,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 @gluon.jit
 def _copy_step(
-    x_ptr, buf, m0, par, kb, M, H, W, OH, OWC, sxn, HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr,
-    PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
+    x_ptr, buf, m0, par, kb, M, H, W, OH, OWC, sxn, HW: gl.constexpr, R: gl.constexpr, KINDS: gl.constexpr,
+    STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
 ):
     # step kb's [PIXELS, BLOCK_K] operand: its 32-channel block, filter row and kind, each pixel's
     # units of the block's channels side by side. The tile's pixels are output columns j of its
@@ -103,13 +107,13 @@ def _copy_step(
     # swizzled operand row, the 8 rows in 8 different 16-byte columns: no bank conflicts), WARPS_M
     # warps along the pixels, the rest along the channels.
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-    cb = kb // (2 * R)
-    dh = (kb // 2) % R
-    kind = kb % 2
+    cb = kb // (KINDS * R)
+    dh = (kb // KINDS) % R
+    kind = kb % KINDS
     m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
     image = m // (OH * OWC)
     pix = m % (OH * OWC)
-    ih = STRIDE * (pix // OWC) + dh - 1
+    ih = STRIDE * (pix // OWC) + dh - R // 2  # padding R // 2: 1 for 3x3 filters, 0 for 1x1
     col = 2 * (pix % OWC) + 2 * kind * (2 * par - 1)
     live = (m < M) & (ih >= 0) & (ih < H) & (col >= 0) & (col < W)
     pixels = gl.multiple_of(image.to(gl.int64) * sxn + ih * W + col, 2)  # W, HW and sxn even: even elements
@@ -122,8 +126,8 @@ def _copy_step(
 @gluon.jit
 def _load_partition(
     x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, w_row, M, H, W, OH, OWC, sxn, steps,
-    HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, LAG: gl.constexpr,
+    HW: gl.constexpr, R: gl.constexpr, KINDS: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, LAG: gl.constexpr,
 ):
     # a step's weights by TMA on ``ready``, its input units by copies; a step is announced on
     # ``copied`` (_land_step) once its own copies have landed and LAG later steps' are issued, so
@@ -135,31 +139,36 @@ def _load_partition(
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
         {tma_load}(w_desc, [w_row, kb * BLOCK_K], ready.index(stage), w_bufs.index(stage))
         _copy_step(
-            x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, STRIDE, PIXELS, BLOCK_K, WARPS_M
+            x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, KINDS, STRIDE, PIXELS, BLOCK_K,
+            WARPS_M,
         )
         async_copy.commit_group()
         if kb >= LAG:
-            _land_step(x_bufs, copied, kb - LAG, par, LAG, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+            _land_step(x_bufs, copied, kb - LAG, par, LAG, KINDS, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
     for j in gl.static_range(LAG):  # the last LAG steps, each with one group fewer left in flight
-        _land_step(x_bufs, copied, steps - LAG + j, par, LAG - 1 - j, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
+        _land_step(x_bufs, copied, steps - LAG + j, par, LAG - 1 - j, KINDS, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
 
 
 @gluon.jit
 def _land_step(
-    x_bufs, copied, kb, par, OUTSTANDING: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
+    x_bufs, copied, kb, par, OUTSTANDING: gl.constexpr, KINDS: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr,
 ):
-    # Step kb's copies landed (each thread's own: OUTSTANDING later steps' groups may still fly); in its
-    # units of kind 1 the column no tap reads (the first half, or at stride 1's odd columns the
-    # second) zeroed, so that its zero weight never meets an Inf or NaN (0 x Inf is NaN): each thread
-    # its own units, seen as 32-bit words (the same bytes and swizzle), then the step announced.
+    # Step kb's copies landed (each thread's own: OUTSTANDING later steps' groups may still fly);
+    # the column no tap reads zeroed, so that its zero weight never meets an Inf or NaN (0 x Inf is
+    # NaN): in units of kind 1 the first half (at stride 1's odd columns the second), in a 1x1
+    # filter's every unit the second (the odd column). The units seen as 32-bit words (the same
+    # bytes and swizzle); then the step announced.
     async_copy.wait_group(OUTSTANDING)
     stage = kb % NUM_STAGES
-    if kb % 2 == 1:
+    if (kb % 2 == 1) | (KINDS == 1):
         words: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
         units = x_bufs.index(stage).{reinterpret}(gl.int32, [PIXELS, BLOCK_K // 2], words)
         mine: gl.constexpr = gl.BlockedLayout([1, 1], [8, 4], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-        keep = gl.where(par == 0, -65536, 65535)  # 0xFFFF0000: the second half; 0x0000FFFF: the first
+        if KINDS == 1:
+            keep = 65535  # 0x0000FFFF: the first half kept
+        else:
+            keep = gl.where(par == 0, -65536, 65535)  # 0xFFFF0000: the second half kept; or the first
         units.store(units.load(mine) & keep)
         fence_async_shared()  # the stores (generic proxy), before wgmma reads them through the async proxy
     {thread_barrier}()  # every copying thread's units, before the step is announced
@@ -196,7 +205,8 @@ def gluon_column_pairs_kernel(
     {stage_params}
     M, C, K, H, W, OH, OW, OWC,
     sxn, syn, syc, syh, syw, spn, spc, sph, spw,
-    HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, CLASSES: gl.constexpr, PIXELS: gl.constexpr,
+    HW: gl.constexpr, R: gl.constexpr, KINDS: gl.constexpr, STRIDE: gl.constexpr, CLASSES: gl.constexpr,
+    PIXELS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, COPY_WARPS: gl.constexpr, COPY_REGS: gl.constexpr, COPY_WARPS_M: gl.constexpr,
     LAG: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
@@ -210,7 +220,7 @@ def gluon_column_pairs_kernel(
     k0 = (pid % n_tiles) * BLOCK_N
     par = (pid // n_tiles) % CLASSES
     m0 = (pid // (n_tiles * CLASSES)) * PIXELS
-    steps = (C // (BLOCK_K // 2)) * R * 2
+    steps = (C // (BLOCK_K // 2)) * R * KINDS
     COPIED_ARRIVALS: gl.constexpr = 1  # _land_step's, once every copying thread's units are in place
 
     units: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -221,7 +231,8 @@ def gluon_column_pairs_kernel(
         [
             (_mma_partition, (x_bufs, w_bufs, ready, copied, empty, steps, PIXELS, BLOCK_N, NUM_STAGES)),
             (_load_partition, (x_ptr, w_desc, x_bufs, w_bufs, ready, copied, empty, m0, par, k0, par * K + k0, M,
-                               H, W, OH, OWC, sxn, steps, HW, R, STRIDE, PIXELS, BLOCK_K, NUM_STAGES, COPY_WARPS_M,
+                               H, W, OH, OWC, sxn, steps, HW, R, KINDS, STRIDE, PIXELS, BLOCK_K, NUM_STAGES,
+                               COPY_WARPS_M,
                                LAG)),
         ],
         [COPY_WARPS],
@@ -264,8 +275,12 @@ def pack_pairs(weight: Tensor, stride: int = 2) -> Tensor:
     """The R x 3 filter [K, C, R, 3] as [classes * K, (C / 32) * R * 2 * 64], in the filter's
     dtype: for each 32-channel block, filter row and kind, each channel's two weights. Even output
     columns (every column at stride 2): main (filter columns 1, 2), left (a zero, column 0); at
-    stride 1 the odd output columns' after them: main (columns 0, 1), right (column 2, a zero)."""
-    k, c, r, _ = weight.shape
+    stride 1 the odd output columns' after them: main (columns 0, 1), right (column 2, a zero).
+    A 1x1 filter (stride 2) as [K, (C / 32) * 64]: each channel's weight, then a zero."""
+    k, c, r, s = weight.shape
+    if s == 1:
+        w = weight.reshape(k, c)
+        return torch.stack((w, torch.zeros_like(w)), dim=-1).reshape(k, -1).contiguous()
     w = weight.reshape(k, c // STEP_CHANNELS, STEP_CHANNELS, r, 3).permute(0, 1, 3, 2, 4)  # [K, block, row, ch, col]
     zero = torch.zeros_like(w[..., 0])
     even = torch.stack((w[..., 1:3], torch.stack((zero, w[..., 0]), dim=-1)), dim=3)  # [K, block, row, kind, ch, 2]
@@ -273,6 +288,12 @@ def pack_pairs(weight: Tensor, stride: int = 2) -> Tensor:
     if stride == 1:
         classes.append(torch.stack((w[..., 0:2], torch.stack((w[..., 2], zero), dim=-1)), dim=3))
     return torch.cat([packing.reshape(k, -1) for packing in classes]).contiguous()
+
+
+def unit_kinds(filter_cols: int) -> int:
+    """Kinds of units a filter row takes: 3 columns, the main units and the others; 1 column (a 1x1
+    filter at stride 2), the main units (the column and its odd neighbour, which no tap reads)."""
+    return 2 if filter_cols == 3 else 1
 
 
 def column_classes(stride: int) -> int:
@@ -293,11 +314,13 @@ def column_pairs_why_not(spec: PlanSpec) -> str | None:
         return f"{spec.dtype.name} data: the copies pair 16-bit columns (fp16, bf16)"
     if conv.groups != 1:
         return f"grouped convolutions (groups={conv.groups}) are not paired"
-    square = conv.conv.strides in ((1, 1), (2, 2))
-    if (r, s) != (3, 3) or not square or conv.conv.pads != (1, 1) or conv.conv.dilations != (1, 1):
+    strides, pads, dilations = conv.conv.strides, conv.conv.pads, conv.conv.dilations
+    three = (r, s) == (3, 3) and strides in ((1, 1), (2, 2)) and pads == (1, 1)
+    one = (r, s) == (1, 1) and strides == (2, 2) and pads == (0, 0)
+    if not (three or one) or dilations != (1, 1):
         return (
-            f"a {r}x{s} filter, stride {conv.conv.strides}, padding {conv.conv.pads}, dilation "
-            f"{conv.conv.dilations}: 3x3 filters at stride 1 or 2, padding 1 and no dilation only"
+            f"a {r}x{s} filter, stride {strides}, padding {pads}, dilation {dilations}: 3x3 filters at "
+            "stride 1 or 2 with padding 1, or 1x1 at stride 2 without, and no dilation only"
         )
     why = packed_nchw_why_not(spec)
     if why:
@@ -386,7 +409,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
         m, c, k = self.geometry[:3]
         r = self.conv.w_desc.dims[2]
         tiles = self.classes * triton_cdiv(m // self.classes, cfg.block_m) * triton_cdiv(k, cfg.block_n)
-        return tiles, (c // STEP_CHANNELS) * r * 2
+        return tiles, (c // STEP_CHANNELS) * r * unit_kinds(self.conv.w_desc.dims[3])
 
     def _launch_args(
         self,
@@ -409,6 +432,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
         consts = (
             h * w,
             self.conv.w_desc.dims[2],
+            unit_kinds(self.conv.w_desc.dims[3]),
             self.conv_args[2],  # the stride
             classes,
             cfg.block_m,
