@@ -70,10 +70,11 @@ Tensor = torch.Tensor
 #: Input channels a reduction step (their units: 64 reduction elements, 128 bytes a pixel), and
 #: the copying partition's registers (its threads also hold a step's units to zero their unused
 #: halves, 32 words at 128 pixels: at 56 registers ptxas spilled 8 bytes, at 72 the 1x1 filters'
-#: kernel, zeroing every step, 24-48; none at 96, Triton 3.6 and 3.9).
+#: kernel, zeroing every step, 24-48, at 96 with rings of 2 or 3 stages 16-32; none at 112 for
+#: any tile and ring of 2 to 4 stages, Triton 3.6 and 3.9).
 STEP_CHANNELS = 32
 BLOCK_K = 2 * STEP_CHANNELS
-COPY_REGS = 96
+COPY_REGS = 112
 
 #: Tiles (output pixels, output channels, warps: a warpgroup per 64 pixels) in order of preference:
 #: the first whose grid fills half the multiprocessors.
