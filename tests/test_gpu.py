@@ -1025,6 +1025,64 @@ def test_gluon_odd_planes_layers(name):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
 
 
+#: gluon-odd-windows' cases: (N, C, H, W, K) of 3x3 filters, stride 1, padding 1, on odd NCHW
+#: planes: 7x7 with an odd batch, 5x5 (4 images a program), 3x3 over two programs, 7x7 with 320
+#: output channels and 512 input channels (the most a program holds).
+ODD_WINDOWS_CASES = {
+    "7x7-odd-batch": (3, 128, 7, 7, 128),
+    "5x5": (2, 64, 5, 5, 192),
+    "3x3-two-programs": (13, 64, 3, 3, 64),
+    "7x7-c512-k320": (2, 512, 7, 7, 320),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(ODD_WINDOWS_CASES))
+def test_gluon_odd_windows_tiles(case, precision):
+    """gluon-odd-windows with rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last,
+    with and without a prior."""
+    from fusionplan.solvers import gluon_odd_windows as windows
+
+    n, c, h, w, k = ODD_WINDOWS_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((1, 1))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-odd-windows") == "gluon-odd-windows"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "windows")
+    for stages in (2, 3, 4):
+        kernel.config = windows.odd_windows_config(stages)
+        out_layout, with_prior = rng.choice((("NCHW", False), ("NHWC", False), ("NCHW", True)))
+        kernel._repeats._by_records.clear()
+        x.normal_()
+        check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+
+
+def test_gluon_odd_windows_r50_22_and_non_finite_input():
+    """r50_22 at batch 3, fp16 NCHW CBNA, against the reference; then with an Inf and a NaN in the
+    input (conv and bias only: no ReLU to eat a NaN): non-finite outputs exactly where the
+    reference's are (the padding is a select, never a product)."""
+    layer = next(s for s in LAYERS if s.name == "r50_22")
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
+    conv = fp.ConvolutionDescriptor((1, 1))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
+    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-windows")
+    x[0, 3, 2, 6] = float("inf")
+    x[2, 100, 0, 0] = float("nan")
+    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=3, s=3, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-odd-windows") == "gluon-odd-windows"
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = poisoned(plan.output_desc, "NCHW", "cuda")
+    plan.execute(handle, x, y, args)
+    expected = reference_output(plan, x, args)
+    finite = torch.isfinite(expected).cpu()
+    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
+    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
+    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
+
+
 #: gluon-column-pairs' cases: (N, C, H, W, K, filter side, stride) on NCHW input of even width:
 #: 3x3 with padding 1 at stride 2, 14x14 to 7x7 (tiles across images, a partial last one), an odd
 #: height (the last output row's third filter row past the input), a non-square plane, 320 output

@@ -319,6 +319,7 @@ PERSISTENT_PLANES = (
         (layer_build("r50_00", "float16"), "gluon-stem"),
         (layer_build("r50_21", "float16", layout="NCHW"), "gluon-odd-planes"),
         (layer_build("r50_18", "float16", layout="NCHW"), "gluon-column-pairs"),
+        (layer_build("r50_22", "float16", layout="NCHW"), "gluon-odd-windows"),
     ],
     ids=[
         "gemm-persistent-planes",
@@ -334,6 +335,7 @@ PERSISTENT_PLANES = (
         "stem",
         "odd-planes",
         "column-pairs",
+        "odd-windows",
     ],
 )
 def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):

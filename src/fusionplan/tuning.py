@@ -578,6 +578,12 @@ GLUON_NCHW_TAPS_INNER = True
 GLUON_ODD_PLANES = False
 GLUON_ODD_PLANES_STAGES = 4
 GLUON_ODD_PLANES_BLOCK_N = 0
+#: gluon-odd-windows (3x3 filters of stride 1 on NCHW planes of an odd pixel count, the copied
+#: planes held whole and the taps taken in turn: solvers/gluon_odd_windows.py) takes its plans:
+#: off until measured (r50_22 32.1 us on gluon-nchw, 19.0 on NHWC; predicted about 20: bench/NOTES.md
+#: section 46). Its weights ring's stages (8 KB each; the planes take 128 KB).
+GLUON_ODD_WINDOWS = False
+GLUON_ODD_WINDOWS_STAGES = 4
 #: gluon-column-pairs (3x3 filters at stride 1 or 2, 1x1 at stride 2, on NCHW input of even width
 #: by 4-byte copies of input column pairs: solvers/gluon_column_pairs.py) takes its plans: off until
 #: measured against the kernels that run them now (r50_18 36.7 us on gluon-nchw, r50_12 27.8, r50_16
