@@ -339,8 +339,19 @@ class GluonOddPlanesKernel(TritonConvKernel):
         stages = tuning.GLUON_ODD_PLANES_STAGES
         return [tuning.ConvConfig(SLOTS, n, BLOCK_K, 8, n // 16, stages, 1) for n in (64, 128) if self.k % n == 0]
 
+    #: Registers of the copying warps (COPY_REGS; a subclass's own)
+    copy_regs = COPY_REGS
+
     def pack(self, weight: Tensor) -> Tensor:
         return pack_parity(weight)
+
+    def weight_columns(self) -> int:
+        """Columns of the packed weights (the input channels; a subclass's taps' too)."""
+        return self.geometry[1]
+
+    def ring_constants(self) -> tuple[int, ...]:
+        """The template's constants after NUM_STAGES (a subclass's own; none here)."""
+        return ()
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         images = self.spec.input_desc.dims[0]
@@ -361,7 +372,8 @@ class GluonOddPlanesKernel(TritonConvKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         c, k = self.geometry[1:3]
-        w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, BLOCK_K // 2], BLOCK_K, 16)
+        columns = self.weight_columns()
+        w_desc = gluon_descriptor(packed, [k, columns], [columns, 1], [cfg.block_n, BLOCK_K // 2], BLOCK_K, 16)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (
             self.plane,
@@ -371,8 +383,9 @@ class GluonOddPlanesKernel(TritonConvKernel):
             cfg.block_n,
             BLOCK_K,
             cfg.num_stages,
+            *self.ring_constants(),
             COPY_WARPS,
-            COPY_REGS,
+            self.copy_regs,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             strides[5] != 1,  # output channels apart: lanes along the pixels

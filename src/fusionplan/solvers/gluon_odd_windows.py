@@ -27,23 +27,20 @@ import torch
 from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT
 from fusionplan.solvers.gluon_odd_planes import (
     _COORDINATES,
     BLOCK_K,
-    COPY_WARPS,
     PARITY_COPY_STEP,
     SLOTS,
-    images_per_program,
+    GluonOddPlanesKernel,
     off_until_measured,
     pack_parity,
     packed_nchw_why_not,
-    slot_stride,
 )
-from fusionplan.solvers.gluon_window import gluon_descriptor, gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
-from fusionplan.solvers.triton_conv import TritonConvKernel, conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.gluon_window import gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
+from fusionplan.solvers.triton_conv import conv_plan_why_not
 
 Tensor = torch.Tensor
 
@@ -255,23 +252,16 @@ def odd_windows_config(stages: int | None = None) -> tuning.ConvConfig:
     return tuning.ConvConfig(SLOTS, 64, BLOCK_K, 8, 8, stages, 1)
 
 
-class GluonOddWindowsKernel(TritonConvKernel):
+class GluonOddWindowsKernel(GluonOddPlanesKernel):
+    """gluon-odd-planes' kernel with the taps in turn: its own template, tap packing, ring and tile."""
+
     solver_name = "gluon-odd-windows"
     stem = "gluon_odd_windows"
-    splits_reduction = False
-
-    def __init__(self, spec: PlanSpec, handle) -> None:
-        self._handle = handle
-        super().__init__(spec, handle)
+    copy_regs = COPY_REGS
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_odd_windows_source(spec, stages)
-
-    @property
-    def plane(self) -> int:
-        """The input plane's pixels (H*W, odd)."""
-        return self.geometry[3] * self.geometry[4]
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         return odd_windows_config()  # one tile shape: the grid is the batch's image groups x 64-channel tiles
@@ -284,47 +274,15 @@ class GluonOddWindowsKernel(TritonConvKernel):
     def pack(self, weight: Tensor) -> Tensor:
         return pack_taps(weight)
 
-    def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        images = self.spec.input_desc.dims[0]
-        programs = triton_cdiv(images, images_per_program(self.plane)) * triton_cdiv(self.k, cfg.block_n)
-        return programs, 9 * (self.geometry[1] // BLOCK_K)
+    def weight_columns(self) -> int:
+        return 9 * self.geometry[1]
 
-    def _launch_args(
-        self,
-        cfg: tuning.ConvConfig,
-        x: Tensor,
-        packed: Tensor,
-        out: Tensor,
-        p: Tensor,
-        values: list,
-        flags: dict[str, bool],
-        has_prior: bool,
-        strides: tuple[int, ...] | None = None,
-        idx64: bool | None = None,
-    ) -> tuple[tuple[int, int, int], tuple, list]:
-        c, k = self.geometry[1:3]
-        w_desc = gluon_descriptor(packed, [k, 9 * c], [9 * c, 1], [cfg.block_n, BLOCK_K // 2], BLOCK_K, 16)
-        strides = strides or (*x.stride(), *out.stride(), *p.stride())
-        consts = (
-            self.plane,
-            slot_stride(self.plane),
-            images_per_program(self.plane),
-            SLOTS,
-            cfg.block_n,
-            BLOCK_K,
-            cfg.num_stages,
-            c // BLOCK_K,
-            COPY_WARPS,
-            COPY_REGS,
-            needs_int64(x, out, p) if idx64 is None else idx64,
-            has_prior,
-            strides[5] != 1,  # output channels apart: lanes along the pixels
-            *flags.values(),
-        )
-        grid = (self.programs_and_steps(cfg)[0], 1, 1)
-        n = self.spec.input_desc.dims[0]
-        args = [x, w_desc, out, p, *values, n, c, k, *self.out_hw, strides[0], *strides[4:], *consts]
-        return grid, cfg, args
+    def ring_constants(self) -> tuple[int, ...]:
+        return (self.geometry[1] // BLOCK_K,)  # NUM_CB: the channel blocks a program holds
+
+    def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        programs = super().programs_and_steps(cfg)[0]
+        return programs, 9 * (self.geometry[1] // BLOCK_K)
 
 
 class GluonOddWindowsSolver(Solver):
