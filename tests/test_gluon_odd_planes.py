@@ -75,40 +75,67 @@ def test_packed_weights_hold_each_blocks_even_channels_then_its_odd_ones():
     assert torch.equal(odd.pack_parity(w), w.reshape(2, 128)[:, block + [64 + c for c in block]])
 
 
+def program_slots(n0: int, n: int, hw: int) -> tuple[list[int], list[bool]]:
+    """The program of images n0..'s slots: each slot's image, and whether it is copied (its image in
+    the batch, the slot within the program's images)."""
+    stride, images = odd.slot_stride(hw), odd.images_per_program(hw)
+    image = [n0 + slot // stride for slot in range(odd.SLOTS)]
+    return image, [slot < images * stride and image[slot] < n for slot in range(odd.SLOTS)]
+
+
+def parity_operands(x: torch.Tensor, n0: int) -> list[torch.Tensor]:
+    """The program of images n0..'s operand of every channel block, [BLOCK_K, SLOTS] each, copied
+    pair by pair as _copy_step computes the addresses: every copy whole (both slots live or
+    neither, contiguous), 4-byte aligned and inside the input; slots not copied stay zero."""
+    n, c, h, wd = x.shape
+    hw, stride, half = h * wd, odd.slot_stride(h * wd), odd.BLOCK_K // 2
+    flat = x.reshape(-1)
+    image, live = program_slots(n0, n, hw)
+    pixels = [image[slot] * c * hw + slot % stride for slot in range(odd.SLOTS)]
+    operands = []
+    for c0 in range(0, c, odd.BLOCK_K):
+        operand = torch.zeros(odd.BLOCK_K, odd.SLOTS, dtype=torch.float64)
+        for r in range(odd.BLOCK_K):
+            parity = r // half
+            row = (c0 + 2 * (r % half) + parity) * hw - parity
+            for slot in range(0, odd.SLOTS, 2):  # a copy: slots (slot, slot + 1)
+                assert live[slot] == live[slot + 1] and pixels[slot + 1] == pixels[slot] + 1
+                if live[slot]:
+                    start = row + pixels[slot]
+                    assert start % 2 == 0 and 0 <= start and start + 1 < flat.numel()
+                    operand[r, slot : slot + 2] = flat[start : start + 2]
+        operands.append(operand)
+    return operands
+
+
+def store_slots(y: torch.Tensor, out: torch.Tensor, n0: int) -> None:
+    """The program of images n0..'s stores into y [N, K, H*W]: slot s of out [K, SLOTS] where it
+    holds a pixel of an image in the batch (the stores' mask)."""
+    hw = y.shape[2]
+    stride = odd.slot_stride(hw)
+    image, live = program_slots(n0, y.shape[0], hw)
+    for slot in range(odd.SLOTS):
+        if slot % stride < hw and live[slot]:
+            y[image[slot], :, slot % stride] = out[:, slot]
+
+
 def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """The kernel's programs in float64: each step's operand copied pair by pair as _copy_step
-    computes the addresses (every copy checked whole, 4-byte aligned and inside the input), the
-    even rows' and odd rows' products apart over the packed weights, the odd one read a slot later,
-    the stores' mask; unwritten outputs stay NaN."""
+    """The kernel's programs in float64: each step's operand as parity_operands copies it, the even
+    rows' and odd rows' products apart over the packed weights, the odd one read a slot later, the
+    stores' mask; unwritten outputs stay NaN."""
     n, c, h, wd = x.shape
     hw, k = h * wd, w.shape[0]
-    stride, images = odd.slot_stride(hw), odd.images_per_program(hw)
-    flat, packed, half = x.reshape(-1), odd.pack_parity(w), odd.BLOCK_K // 2
+    packed, half = odd.pack_parity(w), odd.BLOCK_K // 2
     y = torch.full((n, k, hw), float("nan"), dtype=torch.float64)
-    for n0 in range(0, n, images):
-        image = [n0 + slot // stride for slot in range(odd.SLOTS)]
-        live = [slot < images * stride and image[slot] < n for slot in range(odd.SLOTS)]
-        pixels = [image[slot] * c * hw + slot % stride for slot in range(odd.SLOTS)]
+    for n0 in range(0, n, odd.images_per_program(hw)):
         acc_even = torch.zeros(k, odd.SLOTS, dtype=torch.float64)
         acc_odd = torch.zeros_like(acc_even)
-        for c0 in range(0, c, odd.BLOCK_K):
-            operand = torch.zeros(odd.BLOCK_K, odd.SLOTS, dtype=torch.float64)
-            for r in range(odd.BLOCK_K):
-                parity = r // half
-                row = (c0 + 2 * (r % half) + parity) * hw - parity
-                for slot in range(0, odd.SLOTS, 2):  # a copy: slots (slot, slot + 1)
-                    assert live[slot] == live[slot + 1] and pixels[slot + 1] == pixels[slot] + 1
-                    if live[slot]:
-                        start = row + pixels[slot]
-                        assert start % 2 == 0 and 0 <= start and start + 1 < flat.numel()
-                        operand[r, slot : slot + 2] = flat[start : start + 2]
+        for cb, operand in enumerate(parity_operands(x, n0)):
+            c0 = cb * odd.BLOCK_K
             acc_even += packed[:, c0 : c0 + half] @ operand[:half]
             acc_odd += packed[:, c0 + half : c0 + odd.BLOCK_K] @ operand[half:]
         after = [min(slot + 1, odd.SLOTS - 1) for slot in range(odd.SLOTS)]
-        out = torch.relu(acc_even + acc_odd[:, after] + bias[:, None])
-        for slot in range(odd.SLOTS):
-            if slot % stride < hw and live[slot]:  # the stores' mask
-                y[image[slot], :, slot % stride] = out[:, slot]
+        store_slots(y, torch.relu(acc_even + acc_odd[:, after] + bias[:, None]), n0)
     return y.view(n, k, h, wd)
 
 

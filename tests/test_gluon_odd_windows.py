@@ -11,6 +11,7 @@ from fusionplan import tuning
 from fusionplan.testing import add_chain
 
 from .test_gluon_nchw import layer
+from .test_gluon_odd_planes import parity_operands, store_slots
 from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
@@ -62,31 +63,15 @@ def test_packed_taps_hold_each_taps_channels_in_parity_order():
 
 def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The kernel's programs in float64: the images' planes copied once as gluon-odd-planes' copies
-    do (every copy whole, 4-byte aligned, inside the input), per tap the even rows' and odd rows'
-    products over the packed weights, then out[s] += even[s + o] + odd[s + o + 1] (o the tap's
-    offset in slots) where the tap's input pixel is inside the image, as selects; the stores'
-    mask; unwritten outputs stay NaN."""
+    do (parity_operands), per tap the even rows' and odd rows' products over the packed weights,
+    then out[s] += even[s + o] + odd[s + o + 1] (o the tap's offset in slots) where the tap's input
+    pixel is inside the image, as selects; the stores' mask; unwritten outputs stay NaN."""
     n, c, h, wd = x.shape
     hw, k = h * wd, w.shape[0]
-    stride, images = odd.slot_stride(hw), odd.images_per_program(hw)
-    flat, packed, half = x.reshape(-1), windows.pack_taps(w), odd.BLOCK_K // 2
-    slots = odd.SLOTS
+    stride, packed, half, slots = odd.slot_stride(hw), windows.pack_taps(w), odd.BLOCK_K // 2, odd.SLOTS
     y = torch.full((n, k, hw), float("nan"), dtype=torch.float64)
-    for n0 in range(0, n, images):
-        image = [n0 + s // stride for s in range(slots)]
-        live = [s < images * stride and image[s] < n for s in range(slots)]
-        operands = []
-        for c0 in range(0, c, odd.BLOCK_K):
-            operand = torch.zeros(odd.BLOCK_K, slots, dtype=torch.float64)
-            for r in range(odd.BLOCK_K):
-                parity = r // half
-                row = (c0 + 2 * (r % half) + parity) * hw - parity
-                for s in range(0, slots, 2):
-                    if live[s]:
-                        start = row + image[s] * c * hw + s % stride
-                        assert start % 2 == 0 and 0 <= start and start + 1 < flat.numel()
-                        operand[r, s : s + 2] = flat[start : start + 2]
-            operands.append(operand)
+    for n0 in range(0, n, odd.images_per_program(hw)):
+        operands = parity_operands(x, n0)
         out = torch.zeros(k, slots, dtype=torch.float64)
         for t in range(9):
             dh, dw = t // 3, t % 3
@@ -102,10 +87,7 @@ def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tenso
                 if p < hw and 0 <= ih < h and 0 <= iw < wd:
                     src = min(max(s + (dh - 1) * wd + (dw - 1), 0), slots - 2)
                     out[:, s] += even[:, src] + odd_sums[:, src + 1]
-        out = torch.relu(out + bias[:, None])
-        for s in range(slots):
-            if s % stride < hw and live[s]:  # the stores' mask
-                y[image[s], :, s % stride] = out[:, s]
+        store_slots(y, torch.relu(out + bias[:, None]), n0)
     return y.view(n, k, h, wd)
 
 
