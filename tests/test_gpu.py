@@ -117,6 +117,35 @@ def check_random_records(plan, handle, x, precision, rng, with_prior, out_layout
     assert result.nonfinite == 0 and result.rel_norm < tol and result.rms_ok, (context, with_prior, result)
 
 
+#: The output layouts and priors a kernel's tile tests run each configuration with.
+LAYOUTS_AND_PRIORS = (("NCHW", False), ("NHWC", False), ("NCHW", True))
+
+
+def check_kernel_config(plan, handle, kernel, x, precision, rng, combos=LAYOUTS_AND_PRIORS):
+    """check_random_records on fresh input for each (output layout, prior) of ``combos``, with the
+    compiled ``kernel``'s current configuration (a repeat recorded with another one dropped first)."""
+    for out_layout, with_prior in combos:
+        kernel._repeats._by_records.clear()
+        x.normal_()
+        check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+
+
+def check_non_finite_reach(plan, x, solver):
+    """``plan`` (without an activation that would eat a NaN) on ``x`` holding Inf or NaN, forced onto
+    ``solver``, fp16, NCHW output: non-finite outputs exactly where the reference's are, every other
+    output within the fp16 tolerance."""
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver=solver) == solver
+    args = random_args(plan, "cuda", param_dtype=torch.float32)
+    y = poisoned(plan.output_desc, "NCHW", "cuda")
+    plan.execute(handle, x, y, args)
+    expected = reference_output(plan, x, args)
+    finite = torch.isfinite(expected).cpu()
+    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
+    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
+    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
+
+
 def input_tensor(shape, dtype, layout):
     x = torch.randn(shape, device="cuda").to(dtype)
     return x.to(memory_format=torch.channels_last) if layout == "NHWC" else x
@@ -925,10 +954,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))
-        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
-            kernel._repeats._by_records.clear()
-            x.normal_()
-            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "tf32"])
@@ -964,10 +990,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)
-        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
-            kernel._repeats._by_records.clear()
-            x.normal_()
-            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
 @pytest.mark.parametrize("layer", [s for s in LAYERS if s.c > 3], ids=[s.name for s in LAYERS if s.c > 3])
@@ -1010,10 +1033,7 @@ def test_gluon_odd_planes_tiles(case, precision):
     for block_n in (64, 128) if k % 128 == 0 else (64,):
         stages = rng.choice((2, 3, 4))
         kernel.config = tuning.ConvConfig(odd.SLOTS, block_n, odd.BLOCK_K, 8, block_n // 16, stages, 1)
-        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
-            kernel._repeats._by_records.clear()
-            x.normal_()
-            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
 @pytest.mark.parametrize("name", ["r50_19", "r50_21"])
@@ -1053,10 +1073,7 @@ def test_gluon_odd_windows_tiles(case, precision):
     rng = random.Random(case + precision + "windows")
     for stages in (2, 3, 4):
         kernel.config = windows.odd_windows_config(stages)
-        out_layout, with_prior = rng.choice((("NCHW", False), ("NHWC", False), ("NCHW", True)))
-        kernel._repeats._by_records.clear()
-        x.normal_()
-        check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+        check_kernel_config(plan, handle, kernel, x, precision, rng, (rng.choice(LAYOUTS_AND_PRIORS),))
 
 
 def test_gluon_odd_windows_r50_22_and_non_finite_input():
@@ -1071,16 +1088,7 @@ def test_gluon_odd_windows_r50_22_and_non_finite_input():
     x[0, 3, 2, 6] = float("inf")
     x[2, 100, 0, 0] = float("nan")
     plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=3, s=3, param_dtype="float")
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-odd-windows") == "gluon-odd-windows"
-    args = random_args(plan, "cuda", param_dtype=torch.float32)
-    y = poisoned(plan.output_desc, "NCHW", "cuda")
-    plan.execute(handle, x, y, args)
-    expected = reference_output(plan, x, args)
-    finite = torch.isfinite(expected).cpu()
-    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
-    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
-    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
+    check_non_finite_reach(plan, x, "gluon-odd-windows")
 
 
 #: gluon-column-pairs' cases: (N, C, H, W, K, filter side, stride) on NCHW input of even width:
@@ -1123,10 +1131,7 @@ def test_gluon_column_pairs_tiles(case, precision):
             continue
         stages = rng.choice((2, 3, 4))
         kernel.config = tuning.ConvConfig(pixels, block_n, pairs.BLOCK_K, 8, warps, stages, 1)
-        for out_layout, with_prior in (("NCHW", False), ("NHWC", False), ("NCHW", True)):
-            kernel._repeats._by_records.clear()
-            x.normal_()
-            check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
 @pytest.mark.parametrize("side, stride", [(3, 1), (3, 2), (1, 2)])
@@ -1141,16 +1146,7 @@ def test_gluon_column_pairs_non_finite_input(side, stride):
     x[0, 5, 2, 3] = float("inf")  # an odd column: a 1x1 filter at stride 2 reads it only as a unit's other half
     conv = fp.ConvolutionDescriptor((side // 2, side // 2), (stride, stride))
     plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=side, s=side, param_dtype="float")  # no ReLU to eat a NaN
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
-    args = random_args(plan, "cuda", param_dtype=torch.float32)
-    y = poisoned(plan.output_desc, "NCHW", "cuda")
-    plan.execute(handle, x, y, args)
-    expected = reference_output(plan, x, args)
-    finite = torch.isfinite(expected).cpu()
-    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
-    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
-    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
+    check_non_finite_reach(plan, x, "gluon-column-pairs")
 
 
 @pytest.mark.parametrize(
