@@ -49,7 +49,6 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
@@ -61,6 +60,7 @@ from fusionplan.solvers.gluon_odd_planes import (
     COPY_WARPS,
     off_until_measured,
     packed_nchw_why_not,
+    paired_copies_why_not,
 )
 from fusionplan.solvers.gluon_window import gluon_descriptor, gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import TritonConvKernel, conv_plan_why_not, triton_cdiv
@@ -311,10 +311,9 @@ def column_pairs_why_not(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, c, r, s = conv.w_desc.dims
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: the copies pair 16-bit columns (fp16, bf16)"
-    if conv.groups != 1:
-        return f"grouped convolutions (groups={conv.groups}) are not paired"
+    why = paired_copies_why_not(spec, conv.groups, "columns")
+    if why:
+        return why
     strides, pads, dilations = conv.conv.strides, conv.conv.pads, conv.conv.dilations
     three = (r, s) == (3, 3) and strides in ((1, 1), (2, 2)) and pads == (1, 1)
     one = (r, s) == (1, 1) and strides == (2, 2) and pads == (0, 0)
@@ -427,7 +426,8 @@ class GluonColumnPairsKernel(TritonConvKernel):
     ) -> tuple[tuple[int, int, int], tuple, list]:
         m, c, k, h, w, oh, ow = self.geometry
         classes = self.classes
-        columns = self.programs_and_steps(cfg)[1] * BLOCK_K  # pack_pairs' columns
+        programs, steps = self.programs_and_steps(cfg)
+        columns = steps * BLOCK_K  # pack_pairs' columns
         w_desc = gluon_descriptor(packed, [classes * k, columns], [columns, 1], [cfg.block_n, BLOCK_K], 128, 16)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
         consts = (
@@ -449,7 +449,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
             strides[5] != 1,  # output channels apart: lanes along the pixels
             *flags.values(),
         )
-        grid = (self.programs_and_steps(cfg)[0], 1, 1)
+        grid = (programs, 1, 1)
         geometry = (m // classes, c, k, h, w, oh, ow, ow // classes)  # M and OWC: a class's
         args = [x, w_desc, out, p, *values, *geometry, strides[0], *strides[4:], *consts]
         return grid, cfg, args

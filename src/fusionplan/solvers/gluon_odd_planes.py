@@ -259,10 +259,9 @@ def odd_planes_why_not(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, c, r, s = conv.w_desc.dims
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: the copies pair 16-bit pixels (fp16, bf16)"
-    if conv.groups != 1:
-        return f"grouped convolutions (groups={conv.groups}): ungrouped 1x1 filters only"
+    why = paired_copies_why_not(spec, conv.groups, "pixels")
+    if why:
+        return why
     if (r, s) != (1, 1):
         return f"a {r}x{s} filter: 1x1 filters only"
     if conv.conv.strides != (1, 1) or conv.conv.pads != (0, 0):
@@ -277,6 +276,16 @@ def odd_planes_why_not(spec: PlanSpec) -> str | None:
         return f"planes of {h * w} pixels: at most {SLOTS // 2 - 1} (two images in {SLOTS} slots)"
     if c % BLOCK_K or k % 64:
         return f"{c} input and {k} output channels: multiples of {BLOCK_K} and 64"
+    return None
+
+
+def paired_copies_why_not(spec: PlanSpec, groups: int, units: str) -> str | None:
+    """Why the copying kernels cannot pair the plan's data, or None: 16-bit data (two ``units`` a
+    4-byte copy), an ungrouped convolution."""
+    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
+        return f"{spec.dtype.name} data: the copies pair 16-bit {units} (fp16, bf16)"
+    if groups != 1:
+        return f"grouped convolutions (groups={groups}) are not paired"
     return None
 
 

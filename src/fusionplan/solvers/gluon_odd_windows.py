@@ -25,7 +25,6 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT
@@ -38,6 +37,7 @@ from fusionplan.solvers.gluon_odd_planes import (
     off_until_measured,
     pack_parity,
     packed_nchw_why_not,
+    paired_copies_why_not,
 )
 from fusionplan.solvers.gluon_window import gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import conv_plan_why_not
@@ -226,10 +226,9 @@ def odd_windows_why_not(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, c, r, s = conv.w_desc.dims
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: the copies pair 16-bit pixels (fp16, bf16)"
-    if conv.groups != 1:
-        return f"grouped convolutions (groups={conv.groups}) are not paired"
+    why = paired_copies_why_not(spec, conv.groups, "pixels")
+    if why:
+        return why
     geometry = ((r, s), conv.conv.strides, conv.conv.pads, conv.conv.dilations)
     if geometry != ((3, 3), (1, 1), (1, 1), (1, 1)):
         return f"a {r}x{s} filter, stride, padding, dilation {geometry[1:]}: 3x3 at stride 1 with padding 1 only"
