@@ -68,16 +68,20 @@ def test_tiles():
 
 @pytest.mark.parametrize("stages", [2, 3, 4, 6, 8])
 def test_copies_announced_late_enough_to_run_and_early_enough_to_end(stages):
-    """The copying side announces a step once it has issued announce_lag(stages) later ones: the
-    ring's protocol ends for any number of steps, and one step more of lag would leave both sides
-    waiting for ever (the stage it waits for frees only after that step's product)."""
-    lag = pairs.announce_lag(stages)
-    assert lag == min(2, stages - 2)
-    for steps in (1, 2, 5, 6, 48, 96):
+    """The copying side announces a step once it has issued announce_lag(stages, steps) later
+    ones: the ring's protocol ends for any number of steps, every step is landed once and in order
+    (one step of a 1x1 filter on 32 channels too: a lag of 2 there landed step -1, a barrier
+    outside the ring), and one step more of lag would leave both sides waiting for ever (the stage
+    it waits for frees only after that step's product)."""
+    assert pairs.announce_lag(stages, 48) == min(2, stages - 2)
+    for steps in (1, 2, 3, 5, 6, 48, 96):
+        lag = pairs.announce_lag(stages, steps)
         assert pairs.pipeline_finishes(stages, lag, steps)
+        assert pairs.landed_steps(steps, lag) == list(range(steps))
     assert not pairs.pipeline_finishes(stages, stages - 1, 48)
+    assert pairs.landed_steps(1, 2) != [0]  # what the lag of 2 did on one step
     with pytest.raises(ValueError, match="2 or more"):
-        pairs.announce_lag(1)
+        pairs.announce_lag(1, 48)
 
 
 def emulate(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:
@@ -191,3 +195,20 @@ def test_sm90_kernel_copies_column_pairs(name, copies):
     assert info["global stores by bytes"] == {"2": 64}
     assert info["barriers invalidated (PTX mbarrier.inval)"] == info["barriers initialized (PTX mbarrier.init)"] > 0
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+
+
+def test_two_programs_a_multiprocessor_where_the_registers_allow():
+    """Registers for two programs of 8 warps (64-pixel tiles and the 4 copying warps): 128 a thread;
+    at 12 warps the 85 left are fewer than the copying warps take: none."""
+    assert pairs.two_programs_registers(8) == 128
+    assert pairs.two_programs_registers(12) is None
+
+
+def test_sm90_kernel_of_many_waves_fits_two_programs_a_multiprocessor():
+    """r50_02 (1568 programs of 64 x 64 pixels, far more than a wave): compiled for 128 registers a
+    thread (Triton would give its 8 warps 255, one program a multiprocessor), no spills; the
+    copying warps hold their registers (the computing ones take the rest of the 128 x 8 warps)."""
+    info = compile_sm90(layer_build("r50_02", "float16", layout="NCHW"), "gluon-column-pairs")
+    assert "REG:128" in info["resources"]
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+    assert info["async copies by bytes"] == {"4": 16}

@@ -95,32 +95,48 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 @gluon.jit
-def _copy_step(
-    x_ptr, buf, m0, par, kb, M, H, W, OH, OWC, sxn, HW: gl.constexpr, R: gl.constexpr, KINDS: gl.constexpr,
-    STRIDE: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
+def _tile_pixels(
+    m0, par, M, OH, OWC, W, sxn, HW: gl.constexpr, R: gl.constexpr, STRIDE: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_K: gl.constexpr, WARPS_M: gl.constexpr,
 ):
-    # step kb's [PIXELS, BLOCK_K] operand: its 32-channel block, filter row and kind, each pixel's
-    # units of the block's channels side by side. The tile's pixels are output columns j of its
-    # class (stride 2: every column; stride 1: columns 2 * j + par). Kind 0, the main units:
-    # columns (2 * j, 2 * j + 1); kind 1: the unit before (stride 2, and stride 1's even columns)
-    # or after (stride 1's odd columns). A unit a thread; a warp's lanes 8 pixels x 4 channels (a
+    # what every step's copies share, computed once (a program's copying warps issue one step after
+    # another, a warp each scheduler: each instruction of a step is on their critical path): the
+    # tile's pixels (output columns j of its class; stride 1: columns 2 * j + par) as the first
+    # input row and column of their windows and the offset of their first main unit; the channels'
+    # offsets in a 32-channel block. A unit a thread; a warp's lanes 8 pixels x 4 channels (a
     # channel's 8 units are 32 contiguous bytes of an input row; a pixel's 4 units 16 bytes of its
     # swizzled operand row, the 8 rows in 8 different 16-byte columns: no bank conflicts), WARPS_M
     # warps along the pixels, the rest along the channels.
     layout: gl.constexpr = gl.BlockedLayout([1, 2], [8, 4], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
-    cb = kb // (KINDS * R)
-    dh = (kb // KINDS) % R
-    kind = kb % KINDS
     m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, layout))
     image = m // (OH * OWC)
     pix = m % (OH * OWC)
-    ih = STRIDE * (pix // OWC) + dh - R // 2  # padding R // 2: 1 for 3x3 filters, 0 for 1x1
-    col = 2 * (pix % OWC) + 2 * kind * (2 * par - 1)
-    live = (m < M) & (ih >= 0) & (ih < H) & (col >= 0) & (col < W)
-    pixels = gl.multiple_of(image.to(gl.int64) * sxn + ih * W + col, 2)  # W, HW and sxn even: even elements
+    ih0 = STRIDE * (pix // OWC) - R // 2  # padding R // 2: 1 for 3x3 filters, 0 for 1x1
+    col0 = 2 * (pix % OWC)
+    base = image.to(gl.int64) * sxn + ih0 * W + col0
     e = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
-    channels = (cb * (BLOCK_K // 2) + e // 2).to(gl.int64) * HW + e % 2
+    channels = (e // 2).to(gl.int64) * HW + e % 2
     channels = gl.max_contiguous(gl.multiple_of(channels, 2), 2)  # a channel's unit: two elements
+    return base, gl.where(m < M, ih0, -R - 1), col0, channels  # a pixel past the last: a row no step reads
+
+
+@gluon.jit
+def _copy_step(
+    x_ptr, buf, base, ih0, col0, channels, kb, par, H, W, HW: gl.constexpr, R: gl.constexpr, KINDS: gl.constexpr,
+    BLOCK_K: gl.constexpr,
+):
+    # step kb's [PIXELS, BLOCK_K] operand: its 32-channel block, filter row and kind, each pixel's
+    # units of the block's channels side by side. Kind 0, the main units: columns (2 * j, 2 * j +
+    # 1); kind 1: the unit before (stride 2, and stride 1's even columns) or after (stride 1's odd
+    # columns).
+    cb = kb // (KINDS * R)
+    dh = (kb // KINDS) % R
+    shift = 2 * (kb % KINDS) * (2 * par - 1)
+    ih = ih0 + dh
+    col = col0 + shift
+    live = (ih >= 0) & (ih < H) & (col >= 0) & (col < W)
+    offset = (cb * (BLOCK_K // 2)).to(gl.int64) * HW + dh * W + shift
+    pixels = gl.multiple_of(base + offset, 2)  # W, HW and sxn even: even elements
     {async_copy}(buf, x_ptr + pixels[:, None] + channels[None, :], mask=live[:, None])
 
 
@@ -133,16 +149,14 @@ def _load_partition(
     # a step's weights by TMA on ``ready``, its input units by copies; a step is announced on
     # ``copied`` (_land_step) once its own copies have landed and LAG later steps' are issued, so
     # that LAG + 1 steps' copies are in flight (announce_lag: at most NUM_STAGES - 2)
+    base, ih0, col0, channels = _tile_pixels(m0, par, M, OH, OWC, W, sxn, HW, R, STRIDE, PIXELS, BLOCK_K, WARPS_M)
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
         mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
         {tma_load}(w_desc, [w_row, kb * BLOCK_K], ready.index(stage), w_bufs.index(stage))
-        _copy_step(
-            x_ptr, x_bufs.index(stage), m0, par, kb, M, H, W, OH, OWC, sxn, HW, R, KINDS, STRIDE, PIXELS, BLOCK_K,
-            WARPS_M,
-        )
+        _copy_step(x_ptr, x_bufs.index(stage), base, ih0, col0, channels, kb, par, H, W, HW, R, KINDS, BLOCK_K)
         async_copy.commit_group()
         if kb >= LAG:
             _land_step(x_bufs, copied, kb - LAG, par, LAG, KINDS, PIXELS, BLOCK_K, NUM_STAGES, WARPS_M)
@@ -345,15 +359,30 @@ def pairs_config(m: int, k: int, multiprocessors: int) -> tuning.ConvConfig:
     return tuning.ConvConfig(pixels, block_n, BLOCK_K, 8, warps, tuning.GLUON_COLUMN_PAIRS_STAGES, 1)
 
 
-def announce_lag(stages: int) -> int:
+def announce_lag(stages: int, steps: int) -> int:
     """How many later steps' copies the copying partition issues before it announces a step (so
-    that lag + 1 steps' copies fly at once): at most 2, and at most ``stages`` - 2. It waits for a
-    stage before issuing into it, and the stage frees only once the products have moved past the
-    step it held, stages - 1 behind; that step must already be announced, or both sides wait for
-    ever (pipeline_finishes)."""
+    that lag + 1 steps' copies fly at once): at most 2, at most ``stages`` - 2, and fewer than the
+    steps (landed_steps: with more, its last loop would land steps before the first). It waits for
+    a stage before issuing into it, and the stage frees only once the products have moved past
+    the step it held, stages - 1 behind; that step must already be announced, or both sides wait
+    for ever (pipeline_finishes)."""
     if stages < 2:
         raise ValueError(f"a ring of {stages} stages: gluon-column-pairs needs 2 or more")
-    return min(2, stages - 2)
+    return max(0, min(2, stages - 2, steps - 1))
+
+
+def two_programs_registers(warps: int) -> int | None:
+    """Registers a thread may hold for two programs of ``warps`` warps to fit a multiprocessor's
+    65536 (a multiple of 8, as setmaxnreg counts them), or None where that leaves a thread fewer
+    than the copying warps take (COPY_REGS): 128 at 8 warps, none at 12."""
+    registers = 65536 // (2 * 32 * warps) // 8 * 8
+    return registers if registers > COPY_REGS else None
+
+
+def landed_steps(steps: int, lag: int) -> list[int]:
+    """The steps _load_partition lands, in its order: in its main loop each step ``lag`` behind the
+    one it issued, then the last ``lag`` ones."""
+    return [kb - lag for kb in range(lag, steps)] + [steps - lag + j for j in range(lag)]
 
 
 def pipeline_finishes(stages: int, lag: int, steps: int) -> bool:
@@ -411,6 +440,16 @@ class GluonColumnPairsKernel(TritonConvKernel):
         tiles = self.classes * triton_cdiv(m // self.classes, cfg.block_m) * triton_cdiv(k, cfg.block_n)
         return tiles, (c // STEP_CHANNELS) * r * unit_kinds(self.conv.w_desc.dims[3])
 
+    def registers(self, cfg: tuning.ConvConfig) -> int | None:
+        """Where the grid is more than a wave of 64-pixel tiles (r50_02: 1568 programs), room for two
+        programs a multiprocessor (two_programs_registers); else as Triton gives: it gives a
+        warp-specialized kernel the whole register file (255 a thread at 8 warps), one program a
+        multiprocessor, whose copying warps then issue alone, one warp a scheduler."""
+        programs, _ = self.programs_and_steps(cfg)
+        if programs <= multiprocessors(self._handle):
+            return None
+        return two_programs_registers(cfg.num_warps + COPY_WARPS)
+
     def _launch_args(
         self,
         cfg: tuning.ConvConfig,
@@ -443,7 +482,7 @@ class GluonColumnPairsKernel(TritonConvKernel):
             COPY_WARPS,
             COPY_REGS,
             min(COPY_WARPS, cfg.block_m // 8),  # copying warps along the pixels (8 a warp)
-            announce_lag(cfg.num_stages),
+            announce_lag(cfg.num_stages, steps),
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             strides[5] != 1,  # output channels apart: lanes along the pixels
