@@ -121,29 +121,14 @@ def check_random_records(plan, handle, x, precision, rng, with_prior, out_layout
 LAYOUTS_AND_PRIORS = (("NCHW", False), ("NHWC", False), ("NCHW", True))
 
 
-def check_kernel_config(plan, handle, kernel, x, precision, rng, combos=LAYOUTS_AND_PRIORS):
-    """check_random_records on fresh input for each (output layout, prior) of ``combos``, with the
-    compiled ``kernel``'s current configuration (a repeat recorded with another one dropped first)."""
-    for out_layout, with_prior in combos:
+def check_kernel_config(plan, handle, kernel, x, precision, rng):
+    """check_random_records on fresh input for each (output layout, prior) of LAYOUTS_AND_PRIORS,
+    with the compiled ``kernel``'s current configuration (a repeat recorded with another one
+    dropped first)."""
+    for out_layout, with_prior in LAYOUTS_AND_PRIORS:
         kernel._repeats._by_records.clear()
         x.normal_()
         check_random_records(plan, handle, x, precision, rng, with_prior, out_layout, kernel.config)
-
-
-def check_non_finite_reach(plan, x, solver):
-    """``plan`` (without an activation that would eat a NaN) on ``x`` holding Inf or NaN, forced onto
-    ``solver``, fp16, NCHW output: non-finite outputs exactly where the reference's are, every other
-    output within the fp16 tolerance."""
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver=solver) == solver
-    args = random_args(plan, "cuda", param_dtype=torch.float32)
-    y = poisoned(plan.output_desc, "NCHW", "cuda")
-    plan.execute(handle, x, y, args)
-    expected = reference_output(plan, x, args)
-    finite = torch.isfinite(expected).cpu()
-    assert (~finite).any() and torch.equal(torch.isfinite(y).cpu(), finite)
-    result = compare(y.cpu()[finite], expected.cpu()[finite], PRECISIONS["fp16"][3])
-    assert result.rel_norm < PRECISIONS["fp16"][2], str(result)
 
 
 def input_tensor(shape, dtype, layout):
@@ -1000,166 +985,6 @@ def test_gluon_nchw_regs_layers(layer):
     conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-nchw-regs")
-
-
-#: gluon-odd-planes' cases: (N, C, H, W, K) of 1x1 filters on odd NCHW planes: 7x7 with an odd
-#: batch (the last program's second image absent), 5x5 (4 images a program), 3x3 over two programs
-#: (12 images each), 7x7 with 320 output channels (64-channel tiles only), one and several steps.
-ODD_PLANES_CASES = {
-    "7x7-odd-batch": (3, 128, 7, 7, 128),
-    "5x5-one-step": (2, 64, 5, 5, 192),
-    "3x3-two-programs": (13, 192, 3, 3, 128),
-    "7x7-k320": (4, 256, 7, 7, 320),
-}
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", list(ODD_PLANES_CASES))
-def test_gluon_odd_planes_tiles(case, precision):
-    """gluon-odd-planes over both tile widths (64 output channels, one computing warpgroup; 128, two)
-    and rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last, with and without a
-    prior."""
-    from fusionplan import tuning
-    from fusionplan.solvers import gluon_odd_planes as odd
-
-    n, c, h, w, k = ODD_PLANES_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((0, 0))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-odd-planes") == "gluon-odd-planes"
-    kernel = plan._entry(handle).kernel
-    rng = random.Random(case + precision + "odd")
-    for block_n in (64, 128) if k % 128 == 0 else (64,):
-        stages = rng.choice((2, 3, 4))
-        kernel.config = tuning.ConvConfig(odd.SLOTS, block_n, odd.BLOCK_K, 8, block_n // 16, stages, 1)
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
-
-
-@pytest.mark.parametrize("name", ["r50_19", "r50_21"])
-def test_gluon_odd_planes_layers(name):
-    """gluon-odd-planes on ResNet-50's 1x1 layers of 7x7 planes, fp16 NCHW input and output, batch 3."""
-    layer = next(s for s in LAYERS if s.name == name)
-    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((0, 0)), k=layer.k, param_dtype="float")
-    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-planes")
-
-
-#: gluon-odd-windows' cases: (N, C, H, W, K) of 3x3 filters, stride 1, padding 1, on odd NCHW
-#: planes: 7x7 with an odd batch, 5x5 (4 images a program), 3x3 over two programs, 7x7 with 320
-#: output channels and 512 input channels (the most a program holds).
-ODD_WINDOWS_CASES = {
-    "7x7-odd-batch": (3, 128, 7, 7, 128),
-    "5x5": (2, 64, 5, 5, 192),
-    "3x3-two-programs": (13, 64, 3, 3, 64),
-    "7x7-c512-k320": (2, 512, 7, 7, 320),
-}
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", list(ODD_WINDOWS_CASES))
-def test_gluon_odd_windows_tiles(case, precision):
-    """gluon-odd-windows with rings of 2 to 4 stages, CBNA-ELU, output in planes and channels-last,
-    with and without a prior."""
-    from fusionplan.solvers import gluon_odd_windows as windows
-
-    n, c, h, w, k = ODD_WINDOWS_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-odd-windows") == "gluon-odd-windows"
-    kernel = plan._entry(handle).kernel
-    rng = random.Random(case + precision + "windows")
-    for stages in (2, 3, 4):
-        kernel.config = windows.odd_windows_config(stages)
-        check_kernel_config(plan, handle, kernel, x, precision, rng, (rng.choice(LAYOUTS_AND_PRIORS),))
-
-
-def test_gluon_odd_windows_r50_22_and_non_finite_input():
-    """r50_22 at batch 3, fp16 NCHW CBNA, against the reference; then with an Inf and a NaN in the
-    input (conv and bias only: no ReLU to eat a NaN): non-finite outputs exactly where the
-    reference's are (the padding is a select, never a product)."""
-    layer = next(s for s in LAYERS if s.name == "r50_22")
-    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
-    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-odd-windows")
-    x[0, 3, 2, 6] = float("inf")
-    x[2, 100, 0, 0] = float("nan")
-    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=3, s=3, param_dtype="float")
-    check_non_finite_reach(plan, x, "gluon-odd-windows")
-
-
-#: gluon-column-pairs' cases: (N, C, H, W, K, filter side, stride) on NCHW input of even width:
-#: 3x3 with padding 1 at stride 2, 14x14 to 7x7 (tiles across images, a partial last one), an odd
-#: height (the last output row's third filter row past the input), a non-square plane, 320 output
-#: channels (64-channel tiles only); at stride 1 (even and odd output columns apart), 14x14 and an
-#: odd height; 1x1 at stride 2, 14x14 and an odd height; one to four channel blocks.
-COLUMN_PAIRS_CASES = {
-    "s2-14x14": (3, 64, 14, 14, 128, 3, 2),
-    "s2-odd-height": (2, 32, 7, 10, 64, 3, 2),
-    "s2-28x20": (2, 128, 28, 20, 128, 3, 2),
-    "s2-k320": (1, 96, 8, 8, 320, 3, 2),
-    "s1-14x14": (3, 64, 14, 14, 128, 3, 1),
-    "s1-odd-height": (2, 32, 7, 10, 64, 3, 1),
-    "1x1-s2-14x14": (3, 64, 14, 14, 128, 1, 2),
-    "1x1-s2-odd-height": (2, 96, 7, 10, 64, 1, 2),
-}
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", list(COLUMN_PAIRS_CASES))
-def test_gluon_column_pairs_tiles(case, precision):
-    """gluon-column-pairs (3x3 at stride 1 and 2, 1x1 at stride 2) over each of its tiles (128 x
-    128, 64 x 128, 64 x 64) and rings of 2 to 4 stages, CBNA-ELU, output in planes and
-    channels-last, with and without a prior."""
-    from fusionplan import tuning
-    from fusionplan.solvers import gluon_column_pairs as pairs
-
-    n, c, h, w, k, side, stride = COLUMN_PAIRS_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((side // 2, side // 2), (stride, stride))
-    chain = dict(k=k, r=side, s=side, activation=ActivationMode.ELU, param_dtype="float")
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, **chain)
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-column-pairs") == "gluon-column-pairs"
-    kernel = plan._entry(handle).kernel
-    rng = random.Random(case + precision + "pairs")
-    for pixels, block_n, warps in pairs.PAIR_TILES:
-        if k % block_n:
-            continue
-        stages = rng.choice((2, 3, 4))
-        kernel.config = tuning.ConvConfig(pixels, block_n, pairs.BLOCK_K, 8, warps, stages, 1)
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
-
-
-@pytest.mark.parametrize("side, stride", [(3, 1), (3, 2), (1, 2)])
-def test_gluon_column_pairs_non_finite_input(side, stride):
-    """An Inf and a NaN in the input (even and odd columns, inside and at a row's end): the outputs
-    whose windows hold them non-finite as in the reference, every other output finite and close (a
-    unit's unused column is zeroed before its zero weight meets it: 0 x Inf would be NaN)."""
-    x = input_tensor((2, 32, 14, 14), torch.float16, "NCHW")
-    x[0, 3, 2, 4] = float("inf")
-    x[1, 7, 5, 13] = float("nan")
-    x[1, 30, 0, 2] = float("-inf")
-    x[0, 5, 2, 3] = float("inf")  # an odd column: a 1x1 filter at stride 2 reads it only as a unit's other half
-    conv = fp.ConvolutionDescriptor((side // 2, side // 2), (stride, stride))
-    plan = add_chain(plan_for(x), "CB", conv=conv, k=64, r=side, s=side, param_dtype="float")  # no ReLU to eat a NaN
-    check_non_finite_reach(plan, x, "gluon-column-pairs")
-
-
-@pytest.mark.parametrize(
-    "name", ["r50_02", "r50_06", "r50_08", "r50_10", "r50_12", "r50_14", "r50_16", "r50_18", "r50_20"]
-)
-def test_gluon_column_pairs_layers(name):
-    """gluon-column-pairs on ResNet-50's 3x3 layers of even width and its strided 1x1 layers, fp16
-    NCHW input and output, batch 3."""
-    layer = next(s for s in LAYERS if s.name == name)
-    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
-    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-column-pairs")
 
 
 @pytest.mark.parametrize("seed", range(24))

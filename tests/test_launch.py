@@ -158,18 +158,6 @@ def test_launcher_knows_its_kernels_constexpr_parameters():
     assert Launcher(JITFunction(kernel)).constexprs == frozenset({2, 3})
 
 
-def test_a_register_limit_is_a_compile_option_and_selects_its_own_kernel():
-    """maxnreg reaches Triton's options and the key that picks a kept kernel (a kernel compiled
-    without it is not reused with it); a launch without it keeps its earlier key."""
-    launcher = Launcher(lambda: None)
-    assert "maxnreg" not in launcher.compile_options(4, 3)
-    assert launcher.compile_options(4, 3, 128) == {"num_warps": 4, "num_stages": 3, "maxnreg": 128}
-    args = [torch.empty(4), 7]
-    plain = launcher._full_key(("cfg",), args, None)
-    assert plain == (("cfg",), specialization(args), False)
-    assert launcher._full_key(("cfg",), args, 128) != plain
-
-
 def test_own_scratch_serves_our_launches_whatever_allocator_is_set_and_restores_it():
     """Our kernels' descriptor scratch comes from fusionplan's per-stream buffers, in a fresh thread
     (no allocator) and under another library's allocator (torch Inductor sets one that allocates on

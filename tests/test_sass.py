@@ -317,9 +317,6 @@ PERSISTENT_PLANES = (
         (layer_build("r50_02", "float16"), "gluon-rows"),
         (layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows"),
         (layer_build("r50_00", "float16"), "gluon-stem"),
-        (layer_build("r50_21", "float16", layout="NCHW"), "gluon-odd-planes"),
-        (layer_build("r50_18", "float16", layout="NCHW"), "gluon-column-pairs"),
-        (layer_build("r50_22", "float16", layout="NCHW"), "gluon-odd-windows"),
     ],
     ids=[
         "gemm-persistent-planes",
@@ -333,9 +330,6 @@ PERSISTENT_PLANES = (
         "rows",
         "rows-planes",
         "stem",
-        "odd-planes",
-        "column-pairs",
-        "odd-windows",
     ],
 )
 def test_gluon_kernels_invalidate_every_barrier_they_initialize(build, solver):

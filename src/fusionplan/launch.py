@@ -192,20 +192,11 @@ class Launcher:
             not interpreter_active() and os.environ.get("FUSIONPLAN_DIRECT_LAUNCH", "1") != "0" and bool(self.names)
         )
 
-    def __call__(
-        self,
-        grid: tuple[int, int, int],
-        key: tuple,
-        args: list,
-        num_warps: int,
-        num_stages: int,
-        maxnreg: int | None = None,
-    ):
+    def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that
         needs more of the device than it has (Triton's OutOfResources: shared memory, registers)
-        raises that error, at once on later calls (no new compile). ``maxnreg``: the registers a
-        thread may hold (None: as many as Triton gives)."""
-        key = self._full_key(key, args, maxnreg)
+        raises that error, at once on later calls (no new compile)."""
+        key = (key, specialization(args, self.constexprs), self.grid_dependency)
         if key in self._too_large:
             raise self._too_large[key]
         kernel = self._compiled.get(key) if self.direct else None
@@ -218,7 +209,7 @@ class Launcher:
             launch = self.fn[grid]
             try:
                 kernel = with_own_scratch(
-                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages, maxnreg)
+                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
                 )
             except Exception as exc:
                 if is_out_of_resources(exc):
@@ -233,25 +224,17 @@ class Launcher:
             launch_compiled(kernel, grid, args)
         return kernel
 
-    def compile_ahead(
-        self,
-        grid: tuple[int, int, int],
-        key: tuple,
-        args: list,
-        num_warps: int,
-        num_stages: int,
-        maxnreg: int | None = None,
-    ):
+    def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
-        key = self._full_key(key, args, maxnreg)
+        key = (key, specialization(args, self.constexprs), self.grid_dependency)
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         record = self._record_path(key, num_warps, num_stages)
         kernel = self._load_recorded(key, record)
         if kernel is None:
             kernel = self.fn.warmup(
-                **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages, maxnreg)
+                **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
             )
             if kernel is None or not hasattr(kernel, "run"):
                 return None
@@ -259,20 +242,12 @@ class Launcher:
             self._keep(key, kernel, record)
         return kernel
 
-    def compile_options(self, num_warps: int, num_stages: int, maxnreg: int | None = None) -> dict:
+    def compile_options(self, num_warps: int, num_stages: int) -> dict:
         """Triton's compile options of a launch (sass.compile_for_hopper compiles with them too)."""
         options = {"num_warps": num_warps, "num_stages": num_stages}
         if self.grid_dependency:
             options["launch_pdl"] = True
-        if maxnreg is not None:
-            options["maxnreg"] = maxnreg
         return options
-
-    def _full_key(self, key: tuple, args: list, maxnreg: int | None) -> tuple:
-        """What selects the compiled kernel: the caller's key, the arguments' specialization and the
-        options beyond warps and stages (``maxnreg`` only where set: earlier records stay valid)."""
-        full = (key, specialization(args, self.constexprs), self.grid_dependency)
-        return full if maxnreg is None else (*full, ("maxnreg", maxnreg))
 
     def _keep(self, key: tuple, kernel, record: Path | None) -> None:
         self._compiled[key] = kernel

@@ -25,7 +25,7 @@ TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: 
 
 
 def captured_launch(kernel, with_prior: bool = False) -> tuple:
-    """The (grid, key, args, num_warps, num_stages, maxnreg) that compiling ahead would hand the launcher
+    """The (grid, key, args, num_warps, num_stages) that compiling ahead would hand the launcher
     (``with_prior``: for calls that read a prior output)."""
     seen: list[tuple] = []
     kernel.launcher.compile_ahead = lambda *a: seen.append(a)
@@ -181,10 +181,10 @@ def compile_for_hopper(kernel, with_prior: bool = False) -> tuple[tuple[int, int
     import triton
     from triton.backends.compiler import GPUTarget
 
-    grid, _, args, *options = captured_launch(kernel, with_prior)
+    grid, _, args, num_warps, num_stages = captured_launch(kernel, with_prior)
     compiled = triton.compile(
         ast_source(kernel.launcher.fn, args),
         target=GPUTarget("cuda", 90, 32),
-        options=kernel.launcher.compile_options(*options),
+        options=kernel.launcher.compile_options(num_warps, num_stages),
     )
     return grid, compiled

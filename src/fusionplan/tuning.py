@@ -569,31 +569,6 @@ GLUON_NCHW_PIXEL_ROWS = True
 #: r50_18 92.5 -> 75.8, r50_16 55.3 -> 49.0, r50_22 57.5 -> 53.2.
 GLUON_NCHW_TAPS_INNER = True
 
-#: gluon-odd-planes (1x1 filters on NCHW planes of an odd pixel count, 7x7 above all, by 4-byte
-#: copies of channel-parity pairs: solvers/gluon_odd_planes.py) takes its plans: off until measured
-#: against the gather kernels (r50_21 18.6 us on gluon-nchw, r50_19 17.3 on gluon-nchw-regs, 9.2 and
-#: 9.5 on NHWC; predicted 11-14: bench/NOTES.md section 46). Its ring's stages (32 KB each at 128
-#: output channels, 24 at 64), and its tile's output channels (0: odd_planes_config's choice, else
-#: 64 or 128).
-GLUON_ODD_PLANES = False
-GLUON_ODD_PLANES_STAGES = 4
-GLUON_ODD_PLANES_BLOCK_N = 0
-#: gluon-odd-windows (3x3 filters of stride 1 on NCHW planes of an odd pixel count, the copied
-#: planes held whole and the taps taken in turn: solvers/gluon_odd_windows.py) takes its plans:
-#: off until measured (r50_22 32.1 us on gluon-nchw, 19.0 on NHWC; predicted about 20: bench/NOTES.md
-#: section 46). Its weights ring's stages (8 KB each; the planes take 128 KB).
-GLUON_ODD_WINDOWS = False
-GLUON_ODD_WINDOWS_STAGES = 4
-#: gluon-column-pairs (3x3 filters at stride 1 or 2, 1x1 at stride 2, on NCHW input of even width
-#: by 4-byte copies of input column pairs: solvers/gluon_column_pairs.py) takes its plans: off until
-#: measured against the kernels that run them now (r50_18 36.7 us on gluon-nchw, r50_12 27.8, r50_16
-#: 20.9, r50_06 31.8 and r50_10 27.3 on gluon-nchw-regs; 19.2, 18.0, 16.4, 21.6 and 18.7 on NHWC;
-#: r50_02 20.4 on gluon-rows, 18.3 on NHWC; r50_08 37.8 and r50_14 30.6 on triton-gemm-nchw, r50_20
-#: 28.8 on gluon-nchw-regs; 19.3, 16.1, 15.5 on NHWC; bench/NOTES.md section 46). Its ring's
-#: stages (32 KB each at 128 pixels x 128 channels).
-GLUON_COLUMN_PAIRS = False
-GLUON_COLUMN_PAIRS_STAGES = 4
-
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->

@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING
 from fusionplan.errors import BadParmError, UnsupportedOpError
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
-from fusionplan.solvers.gluon_column_pairs import GluonColumnPairsSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
 from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
-from fusionplan.solvers.gluon_odd_planes import GluonOddPlanesSolver
-from fusionplan.solvers.gluon_odd_windows import GluonOddWindowsSolver
 from fusionplan.solvers.gluon_rows import GluonRowsSolver
 from fusionplan.solvers.gluon_stem import GluonStemSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
@@ -44,9 +41,6 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
-    GluonColumnPairsSolver(),  # Hopper: strided 3x3 filters on NCHW input by copies of input column pairs
-    GluonOddPlanesSolver(),  # Hopper: 1x1 filters on odd NCHW planes (7x7) by copies of channel-parity pairs
-    GluonOddWindowsSolver(),  # Hopper: 3x3 filters on odd NCHW planes (7x7), the planes held whole, taps in turn
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)

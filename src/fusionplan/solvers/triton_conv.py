@@ -565,7 +565,7 @@ class TritonConvKernel(Repeating, Kernel):
         has_prior = prior is not None and reads_prior(flags)
         p = prior if has_prior else out
         grid, key, args = self._launch_args(cfg, x, packed, out, p, values, flags, has_prior)
-        kernel = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages, self.registers(cfg))
+        kernel = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
         if out is not y:
             y.copy_(out)
         else:
@@ -634,14 +634,9 @@ class TritonConvKernel(Repeating, Kernel):
         itemsize = self.spec.dtype.torch_dtype.itemsize
         return tuning.conv_tap_bits_pay(r * s, itemsize, channels_last, self.out_hw[0] * self.out_hw[1])
 
-    def registers(self, cfg: tuning.ConvConfig) -> int | None:
-        """The registers a thread of the kernel may hold at ``cfg`` (Triton's maxnreg), or None: as
-        many as Triton gives it."""
-        return None
-
     def _launch(self, cfg: tuning.ConvConfig, x: Tensor, packed: Tensor, out: Tensor, values: list, flags) -> None:
         grid, key, args = self._launch_args(cfg, x, packed, out, out, values, flags, False)
-        self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages, self.registers(cfg))
+        self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
 
     def compile_ahead(self, device: torch.device, with_prior: bool = False) -> None:
         """Compile the kernel now for the plan's strides and arguments without beta (``with_prior``:
@@ -655,7 +650,7 @@ class TritonConvKernel(Repeating, Kernel):
         cfg = self.config
         tensors = (stand_in,) * 4  # x, packed weights, output, prior
         grid, key, args = self._launch_args(cfg, *tensors, values, flags, with_prior, strides, idx64)
-        self.launcher.compile_ahead(grid, key, args, cfg.num_warps, cfg.num_stages, self.registers(cfg))
+        self.launcher.compile_ahead(grid, key, args, cfg.num_warps, cfg.num_stages)
 
     def find(self, device: torch.device) -> tuning.ConvConfig:
         """NORMAL find mode: the perf database's winner for this kernel, or benchmark every
