@@ -200,6 +200,21 @@ def test_first_weights_before_the_wait_where_they_measured_faster(dtype, monkeyp
     assert set(first().values()) == {0}
 
 
+@pytest.mark.parametrize("name, late", [("r50_22", True), ("r50_10", False)])
+def test_64_pixel_windows_invalidate_their_barriers_after_the_epilogue(name, late, monkeypatch):
+    """tuning.GLUON_WINDOW_LATE_INVALIDATION: r50_22's 64-pixel windows invalidate the ring's
+    barriers at the kernel's end, after the output's stores (in the PTX every invalidation after every
+    store; ptxas may then schedule some among the stores), r50_10's larger windows right after the
+    partitions join (every one before the first store); every barrier invalidated either way."""
+    info = compile_sm90(layer_build(name, "float16"), "gluon-window")
+    assert info["barrier invalidations (I) and global stores (S) in order (PTX)"] == ("SI" if late else "IS")
+    assert info["barriers invalidated (PTX mbarrier.inval)"] == info["barriers initialized (PTX mbarrier.init)"]
+    cfg = gluon_window.gluon_config(layer(name, torch.float16).spec())
+    assert gluon_window.window_late_invalidation(cfg) is late
+    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_LATE_INVALIDATION", False)
+    assert gluon_window.window_late_invalidation(cfg) is False
+
+
 def test_every_epilogue_operator_compiles_in_gluon():
     """All ten activations, per-channel and per-element batch norm and a blend with the prior output
     (beta) in one chain: the generated epilogue in Gluon's names builds."""

@@ -95,6 +95,15 @@ def loads_and_fences(sass: str) -> str:
     return "".join("T" if op == "UTMALDG" else "F" for pred, op in found if op == "UTMALDG" or not pred)
 
 
+def invalidations_and_stores(ptx: str) -> str:
+    """The kernel's barrier invalidations (I: mbarrier.inval) and global stores (S: st.global and
+    tensor stores) in the PTX's order (the program's, before ptxas schedules them), runs of one
+    kind as one letter: whether the barriers are invalidated before the epilogue's stores or after."""
+    found = re.findall(r"\b(mbarrier\.inval|st\.global|cp\.async\.bulk\.tensor\.\w+\.global\.shared)", ptx)
+    letters = ["I" if op.startswith("mbarrier") else "S" for op in found]
+    return "".join(x for i, x in enumerate(letters) if i == 0 or x != letters[i - 1])
+
+
 def grid_dependency_order(sass: str) -> str:
     """The order in the SASS text of the first griddepcontrol wait (W, ACQBULK), trigger (P, PREEXIT)
     and global memory access (G: loads, stores, asynchronous and tensor copies, atomics). In a
@@ -171,6 +180,7 @@ def summarize(compiled) -> dict:
         "barriers initialized (PTX mbarrier.init)": len(re.findall(r"\bmbarrier\.init\.", compiled.asm["ptx"])),
         "barriers invalidated (PTX mbarrier.inval)": len(re.findall(r"\bmbarrier\.inval\.", compiled.asm["ptx"])),
         "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
+        "barrier invalidations (I) and global stores (S) in order (PTX)": invalidations_and_stores(compiled.asm["ptx"]),
         "sass": sass,
     }
 

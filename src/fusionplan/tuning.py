@@ -470,6 +470,17 @@ GLUON_WINDOW_TMA_STORE = True
 #: 37.96 -> 37.21, r50_18 38.11 -> 37.39 / 38.05 -> 37.32.
 GLUON_WINDOW_WEIGHTS_FIRST = True
 
+#: gluon-window invalidates its ring's barriers at the kernel's end, after the epilogue, rather
+#: than right after the partitions join, for 64-pixel windows (gluon_window.window_late_invalidation;
+#: PTX lets an mbarrier's memory serve nothing else until it is invalidated: live to the end, no
+#: buffer takes it). Between the join and the epilogue the invalidations cost 5 CTA barriers, and
+#: the window layers ran 2-3 % slower after they came (r50_22 19.0 -> 19.5 us, r50_18 19.0 -> 19.6
+#: across suites). H100 A/B, batch 32, 5 rounds, fp16 / bf16, CBNA and CBA
+#: (bench/results/2026-11-26-h100-nchw-copies-43/ab-late-invalidation.csv): r50_22 19.53 -> 19.30,
+#: 19.62 -> 19.16, 19.57 -> 19.32, 19.51 -> 19.24 us; r50_18 1-1.7 % faster, r50_16 0.2-1 %; the
+#: larger windows not (r50_10 0.6-2 % slower in three of four, r50_12 within 0.3 %).
+GLUON_WINDOW_LATE_INVALIDATION = True
+
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024

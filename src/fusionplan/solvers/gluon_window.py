@@ -136,6 +136,13 @@ def _mma_partition(
 
 
 @gluon.jit
+def _invalidate_ring(ready, empty, NUM_STAGES: gl.constexpr):
+    for i in gl.static_range(NUM_STAGES):
+        mbarrier.invalidate(ready.index(i))
+        mbarrier.invalidate(empty.index(i))
+
+
+@gluon.jit
 def gluon_window_kernel(
     x_desc, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
@@ -146,7 +153,7 @@ def gluon_window_kernel(
     TILE_N: gl.constexpr, TILE_H: gl.constexpr, TILE_W: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     NUM_STAGES: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, LOAD_REGS: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, MMA_EPILOGUE: gl.constexpr, TMA_STORE: gl.constexpr,
-    WEIGHTS_FIRST: gl.constexpr,
+    WEIGHTS_FIRST: gl.constexpr, LATE_INVALIDATION: gl.constexpr,
     {stage_flags}
 ):
     # y_desc (TMA_STORE): the output as [N, OH, OW, K], boxes of a window and 64 channels (a token
@@ -195,10 +202,11 @@ def gluon_window_kernel(
         [LOAD_REGS],
     )
     # the ring's barriers invalidated after their last use, before the epilogue's buffers may take
-    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
-    for i in gl.static_range(NUM_STAGES):
-        mbarrier.invalidate(ready.index(i))
-        mbarrier.invalidate(empty.index(i))
+    # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated); or
+    # (LATE_INVALIDATION, window_late_invalidation) at the kernel's end, the barriers live until
+    # then so that no buffer takes their memory
+    if not LATE_INVALIDATION:
+        _invalidate_ring(ready, empty, NUM_STAGES)
 
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
@@ -209,7 +217,10 @@ def gluon_window_kernel(
     else:
         acc = gl.convert_layout(gl.permute(acc, (1, 0)), out_layout)
 {coordinates_in_out}
-{tail}'''
+{tail}
+    if LATE_INVALIDATION:
+        _invalidate_ring(ready, empty, NUM_STAGES)
+'''
 
 #: The output window's pixels and channels in ``{layout}``: masks, image, row, column, offsets.
 _COORDINATES = WINDOW_COORDINATES.format(
@@ -485,6 +496,14 @@ def window_weights_first(cfg: tuning.ConvConfig) -> int:
     return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64)
 
 
+def window_late_invalidation(cfg: tuning.ConvConfig) -> bool:
+    """Whether gluon-window invalidates its ring's barriers at the kernel's end rather than right
+    after its partitions join (tuning.GLUON_WINDOW_LATE_INVALIDATION): 64-pixel windows, where the
+    barriers and invalidations between the join and the epilogue measured 1-2 % of the time; the
+    larger windows measured the same or slower at the end."""
+    return bool(tuning.GLUON_WINDOW_LATE_INVALIDATION and cfg.block_m == 64)
+
+
 def window_epilogue_mode(size: int) -> int:
     """gluon-window's epilogue_mode (tuning.GLUON_WINDOW_MMA_EPILOGUE)."""
     return epilogue_mode(size, tuning.GLUON_WINDOW_MMA_EPILOGUE)
@@ -538,6 +557,7 @@ class GluonWindowKernel(TritonWindowKernel):
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             tma_store,
             window_weights_first(cfg),
+            window_late_invalidation(cfg),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
