@@ -14,8 +14,9 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "inspect_sass.py"
 
 
 def inspect(*args: str) -> dict[str, str]:
-    lines = [line.strip() for line in compiling_process([str(SCRIPT), *args]).splitlines() if line.startswith("  ")]
-    return dict(line.split(": ", 1) for line in lines)
+    # an empty value keeps its key's ": " (a summary line "  key: ")
+    lines = [line.lstrip() for line in compiling_process([str(SCRIPT), *args]).splitlines() if line.startswith("  ")]
+    return {key: value.strip() for key, value in (line.split(": ", 1) for line in lines)}
 
 
 pytest.importorskip("triton")
@@ -133,10 +134,15 @@ def test_strided_nchw_row_pairs_are_read_as_boxes(name):
     rows): the input's row pairs and the weights by tensor boxes alone, the even columns kept
     before the product (half the wgmma work of a product over whole rows), pipelined; nothing in
     local memory. r50_14's 256 x 256 tiles keep 128 accumulator registers a thread and a stack
-    frame beside them with Triton 3.9 (measured faster than 128 channels: tuning)."""
+    frame beside them with Triton 3.9 (measured faster than 128 channels: tuning). Triton 3.6 waits
+    for each product whose operand passed through registers (the even columns), so there the
+    products run one at a time (what the H100 measurements of bench/NOTES.md ran)."""
+    import triton
+
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
     assert info["tensor loads (UTMALDG)"] > 0 and info["async copies (LDGSTS)"] == 0, info
-    assert info["HGMMA"] > 0 and set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}  # pipelined
+    pipelined = set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}
+    assert info["HGMMA"] > 0 and (pipelined or triton.__version__.startswith("3.6."))
     stack = int(re.search(r"STACK:(\d+)", info["resources"]).group(1))
     assert "LOCAL:0" in info["resources"] and stack <= 512, info["resources"]
     assert info["shared bytes (dynamic)"] <= HOPPER_SHARED_BYTES

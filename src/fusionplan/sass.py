@@ -90,9 +90,19 @@ def longest_loop(sass: str) -> int:
 def loads_and_fences(sass: str) -> str:
     """The kernel's tensor loads (T: UTMALDG) and unpredicated CTA memory barriers (F: MEMBAR.ALL.CTA,
     the first half of a proxy fence) in the order of the code: whether a load is issued before or
-    after a fence."""
-    found = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(@\S+\s+)?(UTMALDG|MEMBAR\.ALL\.CTA)", sass, re.MULTILINE)
-    return "".join("T" if op == "UTMALDG" else "F" for pred, op in found if op == "UTMALDG" or not pred)
+    after a fence. The fence that follows the barriers' initialization (SYNCS.EXCH) is left out:
+    Triton versions place the default partition's code before or after the workers'."""
+    found = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(@\S+\s+)?(UTMALDG|MEMBAR\.ALL\.CTA|SYNCS\.EXCH)", sass, re.MULTILINE)
+    letters, after_init = [], False
+    for pred, op in found:
+        if op.startswith("SYNCS"):
+            after_init = True
+        elif op == "UTMALDG":
+            letters.append("T")
+        elif not pred:
+            letters.append("" if after_init else "F")
+            after_init = False
+    return "".join(letters)
 
 
 def invalidations_and_stores(ptx: str) -> str:
