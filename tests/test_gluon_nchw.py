@@ -268,31 +268,3 @@ def test_each_stage_has_one_gathering_partition(stages, parts, ring):
     """The ring's stages a multiple of the partitions (a partition filling a stage after another's
     could pass its one-bit phase wait a round early), two stages or more per partition."""
     assert gluon_nchw.shared_ring(stages, parts) == ring
-
-
-@pytest.mark.parametrize(
-    "name, solver, plane_bytes",
-    [
-        ("r50_21", "gluon-nchw", 98),
-        ("r50_22", "gluon-nchw", 98),
-        ("r50_19", "gluon-nchw-regs", 98),
-        ("r50_10", "gluon-nchw-regs", 1568),
-    ],
-)
-def test_input_lines_prefetched_into_l1(name, solver, plane_bytes):
-    """With tuning.GLUON_NCHW_L1_AHEAD the gather kernels prefetch their input lines into L1
-    (CCTL.E.PF1), a thread's 8 channels one address and offsets of the plane's bytes (ptxas folds
-    the additions into the instructions), no spills; none without it."""
-    plan = layer_build(name, "float16", layout="NCHW")
-    off = compile_sm90("fp.tuning.GLUON_NCHW_L1_AHEAD = 0\n" + plan, solver)
-    on = compile_sm90("fp.tuning.GLUON_NCHW_L1_AHEAD = 2\n" + plan, solver)
-    assert off["L1 prefetches (CCTL.E.PF1)"] == 0 and on["L1 prefetches (CCTL.E.PF1)"] >= 8
-    offsets = on["L1 prefetches' address offsets"]
-    assert max(offsets) > 0 and all(x % plane_bytes == 0 for x in offsets), offsets
-    assert "LOCAL:0" in on["resources"]
-
-
-def test_no_l1_prefetch_past_the_channels(monkeypatch):
-    """Only whole channel blocks are prefetched (a line past C could lie past the tensor)."""
-    monkeypatch.setattr(tuning, "GLUON_NCHW_L1_AHEAD", 3)
-    assert gluon_nchw.l1_ahead(512, 64) == 3 and gluon_nchw.l1_ahead(40, 64) == 0

@@ -913,9 +913,8 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
     in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
     either reduction order, the product either way round, the weights requested before or after the
-    gathers' stores, input lines prefetched into L1 0 to 4 steps ahead), output in planes and
-    channels-last, with and without a prior (three launches of a split tile: its arrival counters
-    reset by each)."""
+    gathers' stores), output in planes and channels-last, with and without a prior (three launches
+    of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw
 
@@ -940,7 +939,6 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_L1_AHEAD", rng.choice((0, 1, 2, 4)))
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
@@ -960,8 +958,8 @@ def test_gluon_nchw_layers(layer, precision):
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
-    stages), loads 1 to 3 steps ahead, input lines prefetched into L1 0 to 4 steps ahead, either
-    reduction order, output in planes and channels-last, with and without a prior."""
+    stages), loads 1 to 3 steps ahead, either reduction order, output in planes and channels-last, with
+    and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw_regs
 
@@ -975,7 +973,6 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", rng.choice((2, 3, 4, 6, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_L1_AHEAD", rng.choice((0, 1, 2, 4)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
@@ -988,23 +985,6 @@ def test_gluon_nchw_regs_layers(layer):
     conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-nchw-regs")
-
-
-@pytest.mark.parametrize("solver", ["gluon-nchw", "gluon-nchw-regs"])
-@pytest.mark.parametrize("name", ["r50_06", "r50_10", "r50_18", "r50_19", "r50_21", "r50_22"])
-def test_gather_kernels_prefetch_into_l1(name, solver, monkeypatch):
-    """Both gather kernels with the input lines prefetched into L1 two steps ahead of their loads
-    (tuning.GLUON_NCHW_L1_AHEAD) on the layers they run, fp16 NCHW, batch 3: the prefetches
-    change no result."""
-    from fusionplan import tuning
-    from fusionplan.shapes import resnet50_layer
-
-    monkeypatch.setattr(tuning, "GLUON_NCHW_L1_AHEAD", 2)
-    layer = resnet50_layer(name)
-    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
-    run_and_check(plan, "fp16", x, "NCHW", solver=solver)
 
 
 @pytest.mark.parametrize("seed", range(24))

@@ -176,10 +176,6 @@ def summarize(compiled) -> dict:
         "LDSM (operand through registers)": sass.count("LDSM"),
         "tensor loads (UTMALDG)": sass.count("UTMALDG"),
         "tensor stores (UTMASTG)": sass.count("UTMASTG"),
-        "L1 prefetches (CCTL.E.PF1)": len(re.findall(r"CCTL\.E\.PF1\b", sass)),
-        "L1 prefetches' address offsets": sorted(
-            {int(x or "0", 16) for x in re.findall(r"CCTL\.E\.PF1 \[R\d+(?:\+(0x[0-9a-f]+))?\]", sass)}
-        ),
         "async copies (LDGSTS)": sum(copies.values()),
         "async copies by bytes": copies,
         "global stores by bytes": access_widths(sass, "STG"),

@@ -553,10 +553,6 @@ GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
-#: The gather kernels (gluon-nchw, gluon-nchw-regs) prefetch each step's input lines into L1 this
-#: many of their steps ahead of its loads (prefetch.global.L1; 0: none). A prefetch holds no
-#: register and no proxy fence waits for it, where the loads ahead are bounded by both.
-GLUON_NCHW_L1_AHEAD = 0
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for

@@ -93,18 +93,6 @@ def _gather_pixels(
 
 
 @gluon.jit
-def _step_place(kb, steps, num_cb, ih0, iw0, m_mask, H, W, dil_h, dil_w, R: gl.constexpr, S: gl.constexpr,
-                BLOCK_K: gl.constexpr, TAPS_INNER: gl.constexpr):
-    # Step kb's first channel, its tap's input rows and columns and which pixels read inside the
-    # input (none past the last step).
-    t, cb = _tap_and_block(kb, num_cb, R * S, TAPS_INNER)
-    ih = ih0 + (t // S) * dil_h
-    iw = iw0 + (t % S) * dil_w
-    inside = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (kb < steps)
-    return cb * BLOCK_K, ih, iw, inside
-
-
-@gluon.jit
 def _gather_step(
     x_ptr, base, ih0, iw0, m_mask, offs_c, kb, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, WHOLE_CB: gl.constexpr,
@@ -113,52 +101,17 @@ def _gather_step(
     # Step kb's [pixels, BLOCK_K] operand (zeros past the last step): its tap's input pixels, each
     # thread's channels of its pixel one address and constant offsets (SXC, the channel stride, is
     # a constant of the plan: immediates of the loads).
-    c0, ih, iw, inside = _step_place(kb, steps, num_cb, ih0, iw0, m_mask, H, W, dil_h, dil_w, R, S, BLOCK_K,
-                                     TAPS_INNER)
+    t, cb = _tap_and_block(kb, num_cb, R * S, TAPS_INNER)
+    c0 = cb * BLOCK_K
+    ih = ih0 + (t // S) * dil_h
+    iw = iw0 + (t % S) * dil_w
+    inside = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W) & (kb < steps)
     ptrs = (x_ptr + (base + ih * sxh + iw * sxw + c0 * SXC))[:, None] + (offs_c * SXC)[None, :]
     if WHOLE_CB:  # C a multiple of BLOCK_K: no channel past C
         mask = inside[:, None]
     else:  # channels past C read zeros, so the weight columns of the next tap they meet add nothing
         mask = inside[:, None] & ((c0 + offs_c) < C)[None, :]
     return gl.load(ptrs, mask=mask, other=0.0)
-
-
-@gluon.jit
-def _l1_pixels(m0, M, OH, OW, sxn, pad_h, pad_w, STR_H: gl.constexpr, STR_W: gl.constexpr, PIXELS: gl.constexpr,
-               BLOCK_K: gl.constexpr, IDX64: gl.constexpr):
-    # _gather_pixels for _prefetch_step: a [pixels, BLOCK_K / 8] grid of (pixel, group of 8
-    # channels), lanes along the pixels.
-    layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [1, 0])
-    return _gather_pixels(m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K // 8, IDX64)
-
-
-@gluon.jit
-def _prefetch_step(
-    x_ptr, base, ih0, iw0, m_mask, groups, kb, steps, num_cb, H, W, sxh, sxw, dil_h, dil_w,
-    SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, TAPS_INNER: gl.constexpr,
-):
-    # Step kb's input lines into L1 ahead of its loads (prefetch.global.L1: no register and no
-    # scoreboard, so neither the loads' registers nor the proxy fence's wait for the loads in
-    # flight limit how far ahead they run). base .. m_mask come from _l1_pixels: a thread takes
-    # (pixel, group of 8 channels) pairs and prefetches the 8 channels' elements of its pixel
-    # (addresses SXC elements apart); whole channel blocks only (WHOLE_CB), so no address past C.
-    c0, ih, iw, inside = _step_place(kb, steps, num_cb, ih0, iw0, m_mask, H, W, dil_h, dil_w, R, S, BLOCK_K,
-                                     TAPS_INNER)
-    ptrs = (x_ptr + (base + ih * sxh + iw * sxw + c0 * SXC))[:, None] + (groups * (8 * SXC))[None, :]
-    live = (inside[:, None] & (groups >= 0)[None, :]).to(gl.int32)
-    step = gl.full(ptrs.shape, SXC * x_ptr.dtype.element_ty.primitive_bitwidth // 8, gl.int64, ptrs.type.layout)
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b64 a; setp.ne.b32 p, $2, 0; mov.b64 a, $1; "
-        "@p prefetch.global.L1 [a]; add.s64 a, a, $3; @p prefetch.global.L1 [a]; add.s64 a, a, $3; "
-        "@p prefetch.global.L1 [a]; add.s64 a, a, $3; @p prefetch.global.L1 [a]; add.s64 a, a, $3; "
-        "@p prefetch.global.L1 [a]; add.s64 a, a, $3; @p prefetch.global.L1 [a]; add.s64 a, a, $3; "
-        "@p prefetch.global.L1 [a]; add.s64 a, a, $3; @p prefetch.global.L1 [a]; mov.b32 $0, 0; }",
-        "=r,l,r,l",
-        [ptrs, live, step],
-        dtype=gl.int32,
-        is_pure=False,
-        pack=1,
-    )
 
 
 """
@@ -192,7 +145,7 @@ def _gather_partition(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, L1_AHEAD: gl.constexpr,
+    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -204,8 +157,7 @@ def _gather_partition(
     # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
     # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
     # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
-    # requested after the stores. With L1_AHEAD > 0 the input lines of the step L1_AHEAD of this
-    # partition's steps past its loads are prefetched into L1 (_prefetch_step).
+    # requested after the stores.
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
@@ -226,21 +178,7 @@ def _gather_partition(
         )
     else:
         v2 = v1
-    if L1_AHEAD > 0:
-        l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups = _l1_pixels(
-            m0, M, OH, OW, sxn, pad_h, pad_w, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
-        )
-        for i in gl.static_range(1, L1_AHEAD):  # the steps before the loop's first prefetch
-            _prefetch_step(
-                x_ptr, l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups, kb_lo + PART + (PREFETCH + i) * GATHERERS, kb_hi,
-                num_cb, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, TAPS_INNER,
-            )
     for kb in range(PART, kb_hi - kb_lo, GATHERERS):
-        if L1_AHEAD > 0:
-            _prefetch_step(
-                x_ptr, l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups, kb_lo + kb + (PREFETCH + L1_AHEAD) * GATHERERS,
-                kb_hi, num_cb, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, TAPS_INNER,
-            )
         if PREFETCH > 1:  # issued before this step's store waits for its own values
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
@@ -314,8 +252,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, L1_AHEAD: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -413,7 +350,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS, L1_AHEAD),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -491,12 +428,6 @@ def pixel_rows(block_n: int, warps: int) -> bool:
     transposed product, whose instructions cover 64 channels."""
     at_launch = 65536 // (32 * warps) // 8 * 8
     return tuning.GLUON_NCHW_PIXEL_ROWS and block_n // 2 + PIXEL_ROWS_SPARE_REGS <= at_launch
-
-
-def l1_ahead(c: int, block_k: int) -> int:
-    """How many of a gathering side's steps ahead of its loads the input lines are prefetched into
-    L1 (tuning.GLUON_NCHW_L1_AHEAD; 0: none): whole channel blocks only (no line past C)."""
-    return tuning.GLUON_NCHW_L1_AHEAD if c % block_k == 0 else 0
 
 
 def gather_regs(warps: int, gatherers: int) -> int:
@@ -731,7 +662,6 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
-            l1_ahead(self.geometry[1], cfg.block_k),
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)

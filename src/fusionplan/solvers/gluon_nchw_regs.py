@@ -40,7 +40,6 @@ from fusionplan.solvers.gluon_nchw import (
     GluonNchwKernel,
     gather_defer_why,
     gather_why_not,
-    l1_ahead,
     ring_bytes,
     step_bytes,
 )
@@ -98,8 +97,8 @@ def gluon_nchw_regs_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
-    L1_AHEAD: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -167,22 +166,8 @@ def gluon_nchw_regs_kernel(
         )
     else:
         v2 = v1
-    if L1_AHEAD > 0:  # the input lines of step kb + 1 + AHEAD + L1_AHEAD into L1 (_prefetch_step)
-        l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups = _l1_pixels(
-            m0, M, OH, OW, sxn, pad_h, pad_w, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
-        )
-        for i in gl.static_range(1, L1_AHEAD):  # the steps before the loop's first prefetch
-            _prefetch_step(
-                x_ptr, l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups, 1 + AHEAD + i, steps, num_cb, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, TAPS_INNER,
-            )
     {thread_barrier}()
     for kb in range(steps):
-        if L1_AHEAD > 0:
-            _prefetch_step(
-                x_ptr, l1_base, l1_ih0, l1_iw0, l1_mask, l1_groups, kb + 1 + AHEAD + L1_AHEAD, steps, num_cb, H, W,
-                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, TAPS_INNER,
-            )
         a = a_bufs.index(kb % 2).load(a_layout)
         stage = kb % NUM_STAGES
         mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
@@ -377,12 +362,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        # warps along the pixels, steps ahead of the products: the loads, the L1 prefetches
-        own = (
-            min(cfg.num_warps, cfg.block_m // 32),
-            tuning.GLUON_NCHW_REGS_AHEAD,
-            l1_ahead(self.geometry[1], cfg.block_k),
-        )
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD)  # warps along the pixels
         stages = ring_stages(cfg.num_stages)
         return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
