@@ -958,8 +958,8 @@ def test_gluon_nchw_layers(layer, precision):
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
-    stages), loads 1 to 3 steps ahead, either reduction order, products one or two at a time, output
-    in planes and channels-last, with and without a prior."""
+    stages), loads 1 to 3 steps ahead, either reduction order, output in planes and channels-last, with
+    and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw_regs
 
@@ -973,20 +973,14 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", rng.choice((2, 3, 4, 6, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_OVERLAP", rng.choice((False, True)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
-@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("layer", [s for s in LAYERS if s.c > 3], ids=[s.name for s in LAYERS if s.c > 3])
-def test_gluon_nchw_regs_layers(layer, overlap, monkeypatch):
-    """gluon-nchw-regs on every ResNet-50 layer but the stem, fp16 NCHW input and output, batch 3,
-    its products one or two at a time (tuning.GLUON_NCHW_REGS_OVERLAP)."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_OVERLAP", overlap)
+def test_gluon_nchw_regs_layers(layer):
+    """gluon-nchw-regs on every ResNet-50 layer but the stem, fp16 NCHW input and output, batch 3."""
     x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
     conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
     plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")

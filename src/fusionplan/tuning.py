@@ -598,9 +598,6 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 #: loads run (1 to 3; within 3 % of one another).
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
-#: Its products two at a time: each step's product is issued before the one before it has
-#: finished, whose register operand stays live as a dependency of the wait (off: one at a time).
-GLUON_NCHW_REGS_OVERLAP = False
 #: Its weights ring's stages for strided filters of several taps, whose steps are half as long
 #: (GLUON_NCHW_STRIDED_STEP_BYTES; GLUON_NCHW_REGS_STAGES would give them twice the stages: as many
 #: bytes): with the carve-out fitted (FIT_CARVEOUT), the shallower ring leaves L1 to the gathered

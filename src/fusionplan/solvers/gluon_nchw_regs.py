@@ -97,8 +97,8 @@ def gluon_nchw_regs_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
-    OVERLAP: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -167,11 +167,6 @@ def gluon_nchw_regs_kernel(
     else:
         v2 = v1
     {thread_barrier}()
-    if OVERLAP:  # the operand of the product before (none yet: any tensor of its type)
-        a_prev = a_bufs.index(0).load(a_layout)
-        # a reduction of at least one step: no path around the loop that sets the accumulator
-        # without a product (ptxas would serialize the products, C7515)
-        gl.assume(steps > 0)
     for kb in range(steps):
         a = a_bufs.index(kb % 2).load(a_layout)
         stage = kb % NUM_STAGES
@@ -184,10 +179,6 @@ def gluon_nchw_regs_kernel(
                 dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
         a_bufs.index((kb + 1) % 2).store(_handed_over(v0))
-        if OVERLAP:
-            # The product of step kb - 1 has finished (step kb's runs on): its operand's registers,
-            # kept live until here as a dependency of the wait, may be taken from now on.
-            acc, a_prev = warpgroup_mma_wait(num_outstanding=1, deps=[acc, a_prev])
         # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
         # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
         # so its weights' stage takes step kb - 1 + NUM_STAGES.
@@ -195,13 +186,10 @@ def gluon_nchw_regs_kernel(
         _load_weights(
             w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES, TAPS_INNER
         )
-        if OVERLAP:
-            a_prev = a
-        else:
-            # The product reads its operand's registers until it finishes, and the next step's
-            # matrix loads may take the same registers (the operand is not live past its product
-            # as the compiler sees it): one product at a time, overlapping the loads and stores above.
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+        # The product reads its operand's registers until it finishes, and the next step's matrix
+        # loads may take the same registers (the operand is not live past its product as the
+        # compiler sees it): one product at a time, overlapping the loads and stores above.
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         if AHEAD > 2:
             v0 = v1
             v1 = v2
@@ -214,8 +202,6 @@ def gluon_nchw_regs_kernel(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
                 SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
-    if OVERLAP:
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
     # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
@@ -376,8 +362,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        # warps along the pixels, the loads' steps ahead, two products in flight
-        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, tuning.GLUON_NCHW_REGS_OVERLAP)
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD)  # warps along the pixels
         stages = ring_stages(cfg.num_stages)
         return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
