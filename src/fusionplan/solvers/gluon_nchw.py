@@ -12,9 +12,11 @@ thread holds 8 channels of its pixel and stores them as one 16-byte row piece of
 [pixels, channels] operand, the layout gluon-gemm's TMA boxes leave; the weights' tile of the
 stage comes by TMA. The computing warpgroup is gluon-window's: it waits for each stage, issues its
 wgmma with one product in flight and frees the stage before it, so the gathers of the next stages
-run under the products. A stage's stores need a proxy fence before wgmma reads them, and the
-fence waits for every load its partition has in flight; so one to three gathering partitions
-take the reduction's steps in turn (gather_partitions), each with its own loads and fences.
+run under the products. A stage's stores need a proxy fence before wgmma reads them. Loads
+further ahead measured no faster, and more partitions did: one to three gathering partitions
+take the reduction's steps in turn (gather_partitions), each with its own loads and fences
+(bench/NOTES.md sections 21 and 48: the fence itself does not drain the loads ahead; what holds
+a partition near two steps of loads in flight is not settled).
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the
@@ -149,10 +151,9 @@ def _gather_partition(
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
-    # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3). The proxy
-    # fence after a stage's stores waits for every load in flight (MEMBAR.ALL.CTA), so a
-    # partition has about one step's loads in flight; GATHERERS partitions take the steps in
-    # turn (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
+    # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3; deeper
+    # measured no faster, more partitions did); GATHERERS partitions take the steps in turn
+    # (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
     # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
     # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
     # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready

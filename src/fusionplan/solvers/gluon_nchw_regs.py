@@ -2,10 +2,10 @@
 NCHW above all; any filter, stride, padding, dilation; ungrouped; 16-bit data) as ONE kernel
 whose input operand never touches shared memory (Hopper only).
 
-gluon-nchw stores each gathered step to shared memory for wgmma, and the proxy fence that must
-follow the stores (MEMBAR.ALL.CTA) waits for every load its partition has in flight, so its
-gathers stay latency-bound (bench/NOTES.md, section 21). Here the product is untransposed,
-[pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
+gluon-nchw stores each gathered step to shared memory for wgmma, with a proxy fence after the
+stores, and its gathers stay latency-bound (bench/NOTES.md, section 21; section 48 found that the
+fence does not drain the loads ahead, so what holds them is not settled). Here the product is
+untransposed, [pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
 The computing warps load each step's input themselves, AHEAD steps before its product, coalesced
 (gluon-nchw's gather: 32 neighbouring pixels of a channel a warp), and change its layout through
 two shared-memory buffers, a barrier of the warps and matrix loads: generic-proxy traffic, no
