@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from fusionplan.benchmark.timing import median_ms
+
 
 @triton.jit(do_not_specialize=["shift"])
 def l2_loads_kernel(x_ptr, out_ptr, n_tiles, shift, ITERS: tl.constexpr, ROWS: tl.constexpr, VEC: tl.constexpr):
@@ -72,15 +74,8 @@ def measure(
         -(-programs // torch.cuda.get_device_properties(0).multi_processor_count),
         65536 // (max(compiled.n_regs, 1) * 32 * warps),
     )
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2], resident * warps
+    seconds = median_ms(lambda i: launch(), torch.device("cuda"), repeats, warmup=1) / 1e3
+    return seconds, resident * warps
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
+from fusionplan.benchmark.timing import median_ms
+
 #: The barrier of a program's warps (3.6: thread_barrier; later: barrier).
 warps_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
 
@@ -85,15 +87,7 @@ def gbps(x, out, programs: int, warps: int, rows: int, sync: int, iters: int, re
         drain_kernel[(programs,)](x, out, n_tiles, 1, ITERS=iters, ROWS=rows, SYNC=sync, num_warps=warps)
 
     launch()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    seconds = sorted(times)[len(times) // 2]
+    seconds = median_ms(lambda i: launch(), torch.device("cuda"), repeats, warmup=1) / 1e3
     return programs * (iters + 2) * rows * 8 * 2 / seconds / 1e9
 
 
