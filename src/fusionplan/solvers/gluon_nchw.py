@@ -386,10 +386,12 @@ MAX_GATHER_WARPS = 12
 
 #: The gathering side by the tile's pixels: (warps of a partition, partitions, prefetch steps).
 #: H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay, bench/NOTES.md section 21): 64-pixel tiles
-#: with three partitions of 4 warps, one step ahead: r50_22 44.9 -> 35.7 us, r50_18 62.9 -> 56.7,
-#: r50_21 27.0 -> 22.0; 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64
-#: values a thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
-GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 1)}
+#: with three partitions of 4 warps: r50_22 44.9 -> 35.7 us, r50_18 62.9 -> 56.7, r50_21 27.0 ->
+#: 22.0; two steps ahead rather than one (section 48, fp16 and bf16, CBNA and CBA, 5 rounds):
+#: r50_21 3-5 % faster, r50_22 1-5 %, r50_12 1-2 %, r50_18 0.5-1.3 %, r50_16 within 1 %; three
+#: no faster. 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64 values a
+#: thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
+GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 2)}
 
 
 def gather_partitions(pixels: int) -> tuple[int, int, int]:
