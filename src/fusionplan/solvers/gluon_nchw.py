@@ -393,11 +393,21 @@ MAX_GATHER_WARPS = 12
 #: thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
 GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 2)}
 
+#: Prefetch steps of 64-pixel tiles of 4-byte data (TF32) whose filter has several taps: two
+#: ahead measured slower there (section 48, 5 rounds: r50_12 49.3 -> 53.2 us, r50_16 32.4 ->
+#: 33.6, r50_18 56.6 -> 58.3), faster on TF32's 1x1 layers (r50_21 30.2 -> 27.4, r50_20 62.5 ->
+#: 60.4, r50_08 and r50_14 2 %).
+FP32_TAPS_PREFETCH = 1
 
-def gather_partitions(pixels: int) -> tuple[int, int, int]:
-    """(warps of a gathering partition, partitions, prefetch steps) for tiles of ``pixels``:
-    GATHER_SHAPES, or the tuning.GLUON_NCHW_GATHER_WARPS / _GATHERERS / _PREFETCH set (0: the table's)."""
+
+def gather_partitions(pixels: int, size: int = 2, taps: int = 1) -> tuple[int, int, int]:
+    """(warps of a gathering partition, partitions, prefetch steps) for tiles of ``pixels`` of
+    ``size``-byte data and a filter of ``taps`` taps: GATHER_SHAPES (FP32_TAPS_PREFETCH steps for
+    64-pixel tiles of 4-byte data and several taps), or the tuning.GLUON_NCHW_GATHER_WARPS /
+    _GATHERERS / _PREFETCH set (0: the table's)."""
     warps, parts, prefetch = GATHER_SHAPES[pixels]
+    if pixels == 64 and size == 4 and taps > 1:
+        prefetch = FP32_TAPS_PREFETCH
     warps = tuning.GLUON_NCHW_GATHER_WARPS or warps
     parts = tuning.GLUON_NCHW_GATHERERS or parts
     prefetch = tuning.GLUON_NCHW_PREFETCH or prefetch
@@ -651,7 +661,7 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        warps, parts, prefetch = gather_partitions(cfg.block_m)
+        warps, parts, prefetch = gather_partitions(cfg.block_m, x.element_size(), self.taps)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
         # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
