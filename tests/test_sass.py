@@ -19,7 +19,7 @@ def inspect(*args: str) -> dict[str, str]:
     return {key: value.strip() for key, value in (line.split(": ", 1) for line in lines)}
 
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 
 def test_window_kernel_overlaps_its_tensor_core_products():
@@ -137,8 +137,6 @@ def test_strided_nchw_row_pairs_are_read_as_boxes(name):
     frame beside them with Triton 3.9 (measured faster than 128 channels: tuning). Triton 3.6 waits
     for each product whose operand passed through registers (the even columns), so there the
     products run one at a time (what the H100 measurements of bench/NOTES.md ran)."""
-    import triton
-
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
     assert info["tensor loads (UTMALDG)"] > 0 and info["async copies (LDGSTS)"] == 0, info
     pipelined = set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}
