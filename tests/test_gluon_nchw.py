@@ -195,25 +195,27 @@ def test_split_kernel_sums_fp32_partials_of_the_tile():
     "name, dtype, partitions", [("r50_21", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
 )
 def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
-    """Warp-specialized (register reallocations), the weights by a tensor load in each gathering
-    partition (64 x 128 tiles: three; 64 x 256: two, the ring's four stages), the input by plain
-    loads (no asynchronous copies: 2-byte elements), products with one in flight, no spills,
-    within sm_90's shared memory."""
+    """Warp-specialized (register reallocations), the weights by a tensor load in each step of each
+    gathering partition's unrolled loop (64 x 128 tiles: three partitions; 64 x 256: two, the
+    ring's four stages; three steps a turn, two of them ahead), the input by plain loads (no
+    asynchronous copies: 2-byte elements), products with one in flight, no spills, within sm_90's
+    shared memory."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "gluon-nchw")
     assert "_gather_partition" in info["source"] and info["HGMMA"] > 0
     assert info["register reallocations (SETMAXREG, warp specialization)"] > 0
-    assert info["tensor loads (UTMALDG)"] == partitions and info["async copies (LDGSTS)"] == 0
+    assert info["tensor loads (UTMALDG)"] == 3 * partitions and info["async copies (LDGSTS)"] == 0
     assert_each_expect_counts_its_load(info)  # each partition's weights box
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert "LOCAL:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
 
 
-@pytest.mark.parametrize("early, order", [(True, "TFTF"), (False, "FTFT")])
+@pytest.mark.parametrize("early, order", [(True, "TF" * 6), (False, "FT" * 6)])
 def test_weights_requested_before_the_gathers_fence(early, order):
-    """With tuning.GLUON_NCHW_EARLY_WEIGHTS each gathering partition (r50_22: two) issues its stage's
-    weights load before the proxy fence that waits for its gathers, and the stage's ready barrier
-    counts the stores' arrival besides the load's; without it, the load after the fence."""
+    """With tuning.GLUON_NCHW_EARLY_WEIGHTS each gathering partition (r50_22: two, each three steps a
+    turn) issues its stage's weights load before the proxy fence that waits for its gathers, and
+    the stage's ready barrier counts the stores' arrival besides the load's; without it, the load
+    after the fence."""
     build = f"fp.tuning.GLUON_NCHW_EARLY_WEIGHTS = {early}\n" + layer_build("r50_22", "float16", layout="NCHW")
     info = compile_sm90(build, "gluon-nchw")
     assert info["tensor loads (T) and fences (F) in order"] == order
@@ -260,7 +262,9 @@ def test_gathering_side_by_the_tile(monkeypatch):
     with pytest.raises(ValueError, match="at most 12 warps"):
         gluon_nchw.gather_partitions(64)
     # each thread's share of the registers the computing warpgroup leaves
-    assert gluon_nchw.gather_regs(4, 3) == 112 and gluon_nchw.gather_regs(8, 1) == 168
+    assert gluon_nchw.gather_regs(4, 3, 176) == 112 and gluon_nchw.gather_regs(8, 1, 176) == 168
+    # the computing warpgroup keeps its accumulator and MMA_SPARE_REGS, at least MMA_MIN_REGS
+    assert [gluon_nchw.mma_regs(*tile) for tile in ((64, 128), (64, 256), (128, 128))] == [120, 176, 176]
 
 
 @pytest.mark.parametrize(

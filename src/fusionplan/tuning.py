@@ -553,6 +553,10 @@ GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
+#: gluon-nchw's gathering loop takes as many steps as it has in flight (its prefetch steps and the
+#: step it stores), each step's values in registers of their own; 0: one step a turn, the values
+#: handed on from step to step (copies that wait for the loads in flight).
+GLUON_NCHW_UNROLLED = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for

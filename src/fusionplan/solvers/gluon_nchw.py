@@ -141,75 +141,161 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 
 
 @gluon.jit
+def _fill_stage(
+    v, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
+):
+    # Step kb's stage once it is free: its gathered input ``v`` stored, fenced and announced, its
+    # weights requested. With EARLY_WEIGHTS the weights are requested as soon as the stage is free
+    # and the stage's ready barrier counts two arrivals (the weights' expect, the stores' arrival);
+    # else one, the weights requested after the stores.
+    stage = kb % NUM_STAGES
+    # the first round finds every buffer free (the phase before a new barrier's first counts as done)
+    mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
+    if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence
+        _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
+    a_bufs.index(stage).store(v)
+    fence_async_shared()  # the stores, before wgmma reads them through the async proxy
+    {thread_barrier}()  # every gathering warp's stores, before the stage is announced
+    if EARLY_WEIGHTS:
+        mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
+    else:
+        _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
+
+
+@gluon.jit
 def _gather_partition(
     x_ptr, w_desc, a_bufs, w_bufs, ready, empty,
     m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw, pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
+    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, UNROLLED: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
-    # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3; deeper
-    # measured no faster, more partitions did); GATHERERS partitions take the steps in turn
-    # (this one: PART, PART + GATHERERS, ...), each with its own loads and fences. The
-    # program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it where it is split);
-    # kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step gathered. With
-    # EARLY_WEIGHTS a stage's weights are requested as soon as it is free, and the stage's ready
-    # barrier counts two arrivals (the weights' expect, the stores' arrival); else one, the weights
-    # requested after the stores.
+    # The loads run PREFETCH of this partition's steps ahead of its stores (1 to 3); GATHERERS
+    # partitions take the steps in turn (this one: PART, PART + GATHERERS, ...), each with its own
+    # loads and fences. The program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it
+    # where it is split); kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step
+    # gathered.
+    # UNROLLED: the loop takes PREFETCH + 1 steps, the values of each in registers of their own.
+    # A loop of one step hands its values on (v0 = v1), and the copy waits for loads in flight:
+    # the compiler packs the loaded halves in pairs to move them, so the steps ahead arrive before
+    # the next step's loads are issued (one step in flight, whatever PREFETCH says).
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
     )
-    # v0: the values of the step to store; v1, v2: of the next ones (v2 only with PREFETCH 3)
+    TAPS: gl.constexpr = R * S
+    G: gl.constexpr = GATHERERS
+    n = kb_hi - kb_lo
+    # v0: the values of the step to store; v1, v2: of the next ones
     v0 = _gather_step(
         x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
-    v1 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-    )
+    if PREFETCH > 1 or not UNROLLED:
+        v1 = _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + G, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
+            dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+        )
     if PREFETCH > 2:
         v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
+            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
             dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
-    else:
+    elif not UNROLLED:
         v2 = v1
-    for kb in range(PART, kb_hi - kb_lo, GATHERERS):
-        if PREFETCH > 1:  # issued before this step's store waits for its own values
-            v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * GATHERERS, kb_hi, num_cb, C, H, W,
-                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-        stage = kb % NUM_STAGES
-        # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-        if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence's wait for the loads
-            _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
-        a_bufs.index(stage).store(v0)
-        fence_async_shared()  # the stores, before wgmma reads them through the async proxy
-        {thread_barrier}()  # every gathering warp's stores, before the stage is announced
-        if EARLY_WEIGHTS:
-            mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
-        else:
-            _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, R * S, BLOCK_K, TAPS_INNER)
-        if PREFETCH > 2:
-            v0 = v1
-            v1 = v2
-            v2 = v3
-        elif PREFETCH > 1:
-            v0 = v1
-            v1 = v3
-        else:
-            v0 = v1
-            v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * GATHERERS, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
+    if UNROLLED:
+        for kb in range(PART, n, (PREFETCH + 1) * G):
+            # each step's loads issued before the oldest step's stores wait for their values; the
+            # values of steps past the end are masked loads (no memory access), never stored
+            if PREFETCH == 1:
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + G < n:
+                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            elif PREFETCH == 2:
+                v2 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + G < n:
+                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + 2 * G < n:
+                    _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            else:
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + G < n:
+                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 5 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + 2 * G < n:
+                    _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                v2 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 6 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                if kb + 3 * G < n:
+                    _fill_stage(v3, kb + 3 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+    else:
+        for kb in range(PART, n, G):
+            if PREFETCH > 1:  # issued before this step's store waits for its own values
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * G, kb_hi, num_cb, C, H, W,
+                    sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            if PREFETCH > 2:
+                v0 = v1
+                v1 = v2
+                v2 = v3
+            elif PREFETCH > 1:
+                v0 = v1
+                v1 = v3
+            else:
+                v0 = v1
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
 
 
 @gluon.jit
@@ -253,7 +339,8 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, UNROLLED: gl.constexpr, IDX64: gl.constexpr,
+    HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -351,7 +438,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS, UNROLLED),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -376,9 +463,12 @@ _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
     gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
 """
 
-#: Registers a thread of the computing warpgroup keeps (128 accumulator registers of a 128 x 128
-#: tile and the epilogue's): the gathering partitions share the rest of the multiprocessor's 64K.
-MMA_REGS = 176
+#: Registers a thread of the computing warpgroup keeps beside its accumulator (the epilogue's, the
+#: addresses): the gathering partitions share the rest of the multiprocessor's 64K (mma_regs).
+MMA_SPARE_REGS = 48
+#: The least the computing warpgroup keeps (64-value accumulators: 128 left to 12 gathering warps,
+#: the three steps' values of an unrolled loop two steps ahead without spilling).
+MMA_MIN_REGS = 120
 
 #: Gathering warps at most beside the computing warpgroup: the largest side measured (three
 #: partitions of 4); with 24 (three of 8) ptxas had 72 registers a thread and refused to compile.
@@ -443,10 +533,18 @@ def pixel_rows(block_n: int, warps: int) -> bool:
     return tuning.GLUON_NCHW_PIXEL_ROWS and block_n // 2 + PIXEL_ROWS_SPARE_REGS <= at_launch
 
 
-def gather_regs(warps: int, gatherers: int) -> int:
+def mma_regs(pixels: int, block_n: int) -> int:
+    """Registers of a thread of the computing warpgroup: its share of the accumulator (pixels x
+    block_n fp32 values over 128 threads) and MMA_SPARE_REGS, at least MMA_MIN_REGS (176 for 128 x
+    128 and 64 x 256 tiles, 120 for 64 x 128)."""
+    return max(MMA_MIN_REGS, pixels * block_n // 128 + MMA_SPARE_REGS)
+
+
+def gather_regs(warps: int, gatherers: int, computing: int) -> int:
     """Registers of each thread of ``gatherers`` gathering partitions of ``warps`` warps: the
-    multiprocessor's 64K less the computing warpgroup's MMA_REGS, in steps of 8, at most 232."""
-    share = (65536 - 128 * MMA_REGS) // (gatherers * warps * 32)
+    multiprocessor's 64K less the computing warpgroup's ``computing`` a thread (mma_regs), in steps
+    of 8, at most 232."""
+    share = (65536 - 128 * computing) // (gatherers * warps * 32)
     return min(232, share // 8 * 8)
 
 
@@ -669,12 +767,13 @@ class GluonNchwKernel(TritonConvKernel):
         own = (
             warps,
             min(warps, cfg.block_m // 32),
-            gather_regs(warps, parts),
+            gather_regs(warps, parts, mma_regs(cfg.block_m, cfg.block_n)),
             prefetch,
             parts,
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
+            tuning.GLUON_NCHW_UNROLLED,
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
