@@ -973,6 +973,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STAGES", rng.choice((2, 3, 4, 6)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", rng.choice((2, 3, 4, 6, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_UNROLLED", rng.choice((0, 1)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)

@@ -602,6 +602,9 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 #: loads run (1 to 3; within 3 % of one another).
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
+#: gluon-nchw-regs' loop takes AHEAD + 1 steps a turn, each step's values in registers of their own
+#: (GLUON_NCHW_UNROLLED's reason); 0: one step a turn.
+GLUON_NCHW_REGS_UNROLLED = 1
 #: Its weights ring's stages for strided filters of several taps, whose steps are half as long
 #: (GLUON_NCHW_STRIDED_STEP_BYTES; GLUON_NCHW_REGS_STAGES would give them twice the stages: as many
 #: bytes): with the carve-out fitted (FIT_CARVEOUT), the shallower ring leaves L1 to the gathered

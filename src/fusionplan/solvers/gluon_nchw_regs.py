@@ -88,6 +88,33 @@ def _handed_over(v):
 
 
 @gluon.jit
+def _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
+    # step kb's product: its input operand from its shared buffer into registers, its weights' stage
+    a = a_bufs.index(kb % 2).load(a_layout)
+    stage = kb % NUM_STAGES
+    mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
+    return warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
+def _hand_over(
+    kb, v, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+):
+    # under step kb's product: step kb + 1's values ``v`` stored; then the product's end
+    a_bufs.index((kb + 1) % 2).store(_handed_over(v))
+    # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
+    # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
+    # so its weights' stage takes step kb - 1 + NUM_STAGES.
+    {thread_barrier}()
+    _load_weights(w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER)
+    # The product reads its operand's registers until it finishes, and the next step's matrix
+    # loads may take the same registers (the operand is not live past its product as the
+    # compiler sees it): one product at a time, overlapping the loads and stores above.
+    return warpgroup_mma_wait(num_outstanding=0, deps=[acc])
+
+
+@gluon.jit
 def gluon_nchw_regs_kernel(
     x_ptr, w_desc, y_ptr, prior_ptr,
     {stage_params}
@@ -97,6 +124,7 @@ def gluon_nchw_regs_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
+    UNROLLED: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -167,41 +195,80 @@ def gluon_nchw_regs_kernel(
     else:
         v2 = v1
     {thread_barrier}()
-    for kb in range(steps):
-        a = a_bufs.index(kb % 2).load(a_layout)
-        stage = kb % NUM_STAGES
-        mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
-        acc = warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
-        # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
-        if AHEAD > 1:
-            v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-        a_bufs.index((kb + 1) % 2).store(_handed_over(v0))
-        # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
-        # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
-        # so its weights' stage takes step kb - 1 + NUM_STAGES.
-        {thread_barrier}()
-        _load_weights(
-            w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES, TAPS_INNER
-        )
-        # The product reads its operand's registers until it finishes, and the next step's matrix
-        # loads may take the same registers (the operand is not live past its product as the
-        # compiler sees it): one product at a time, overlapping the loads and stores above.
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        if AHEAD > 2:
-            v0 = v1
-            v1 = v2
-            v2 = v3
-        elif AHEAD > 1:
-            v0 = v1
-            v1 = v3
-        else:
-            v0 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
+    TAPS: gl.constexpr = R * S
+    if UNROLLED:
+        # AHEAD + 1 steps a turn, each step's values in registers of their own (gluon-nchw's
+        # _gather_partition: handing them on from step to step copies them, and the copies wait for
+        # the loads in flight). Step kb + j issues the loads of step kb + j + 1 + AHEAD into the set
+        # its stores freed and stores the set of step kb + j + 1.
+        for kb in range(0, steps, AHEAD + 1):
+            acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+            if AHEAD == 1:
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            elif AHEAD == 2:
+                v2 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            else:
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
+                             NUM_STAGES, TAPS_INNER)
+            if kb + 1 < steps:
+                acc = _issue_product(kb + 1, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                acc = _hand_over(kb + 1, v1, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                 BLOCK_K, NUM_STAGES, TAPS_INNER)
+            if AHEAD > 1:
+                if kb + 2 < steps:
+                    acc = _issue_product(kb + 2, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                    v1 = _gather_step(
+                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
+                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                    )
+                    acc = _hand_over(kb + 2, v2, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
+            if AHEAD > 2:
+                if kb + 3 < steps:
+                    acc = _issue_product(kb + 3, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                    v2 = _gather_step(
+                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
+                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                    )
+                    acc = _hand_over(kb + 3, v3, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
+    else:
+        for kb in range(steps):
+            acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+            # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
+            if AHEAD > 1:
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
+                             NUM_STAGES, TAPS_INNER)
+            if AHEAD > 2:
+                v0 = v1
+                v1 = v2
+                v2 = v3
+            elif AHEAD > 1:
+                v0 = v1
+                v1 = v3
+            else:
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
     # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
     # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
@@ -362,7 +429,8 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD)  # warps along the pixels
+        # warps along the pixels, steps of loads in flight, the loop's unrolling
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, tuning.GLUON_NCHW_REGS_UNROLLED)
         stages = ring_stages(cfg.num_stages)
         return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
