@@ -107,7 +107,9 @@ def _hand_over(
     # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
     # so its weights' stage takes step kb - 1 + NUM_STAGES.
     {thread_barrier}()
-    _load_weights(w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER)
+    _load_weights(
+        w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER
+    )
     # The product reads its operand's registers until it finishes, and the next step's matrix
     # loads may take the same registers (the operand is not live past its product as the
     # compiler sees it): one product at a time, overlapping the loads and stores above.
