@@ -138,3 +138,12 @@ def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
     assert_each_expect_counts_its_load(info)  # the weights ring's boxes
     assert set(info["wgmma waits (outstanding groups allowed)"]) == {"0x0"}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+
+
+def test_loop_unrolled_where_the_accumulator_leaves_registers(monkeypatch):
+    """Three steps' values a thread beside a 64-register share of the accumulator (64 x 128, four
+    warps); not beside the 128 x 256 tile's 128 of 8 warps, nor with the switch off."""
+    small, wide = tuning.ConvConfig(64, 128, 64, 8, 4, 4, 1), tuning.ConvConfig(128, 256, 64, 8, 8, 4, 1)
+    assert regs.regs_unrolled(small) and not regs.regs_unrolled(wide)
+    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_UNROLLED", 0)
+    assert not regs.regs_unrolled(small)

@@ -936,7 +936,6 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_UNROLLED", rng.choice((0, 1)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", rng.choice((False, True)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))

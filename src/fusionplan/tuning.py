@@ -553,10 +553,6 @@ GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
-#: gluon-nchw's gathering loop takes as many steps as it has in flight (its prefetch steps and the
-#: step it stores), each step's values in registers of their own; 0: one step a turn, the values
-#: handed on from step to step (copies that wait for the loads in flight).
-GLUON_NCHW_UNROLLED = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for
@@ -603,8 +599,14 @@ GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE = 49
 GLUON_NCHW_REGS_STAGES = 4
 GLUON_NCHW_REGS_AHEAD = 2
 #: gluon-nchw-regs' loop takes AHEAD + 1 steps a turn, each step's values in registers of their own
-#: (GLUON_NCHW_UNROLLED's reason); 0: one step a turn.
+#: (as gluon-nchw's gathering loop: handing values on from step to step copies them, and the copies
+#: wait for the loads in flight), where a thread's share of the accumulator is at most
+#: GLUON_NCHW_REGS_UNROLLED_MAX_ACC registers; 0: one step a turn everywhere. H100 A/B (fp16 and bf16,
+#: batch 32, CBNA, 5 rounds; bench/NOTES.md section 49): 64 x 128 tiles (64 registers) r50_06 33.0 ->
+#: 30.2 us, r50_10 28.2 -> 26.8; 128 x 256 tiles of 8 warps (128 registers, 255 a thread) slower,
+#: r50_19 17.4 -> 17.8, r50_20 28.5 -> 30.3.
 GLUON_NCHW_REGS_UNROLLED = 1
+GLUON_NCHW_REGS_UNROLLED_MAX_ACC = 64
 #: Its weights ring's stages for strided filters of several taps, whose steps are half as long
 #: (GLUON_NCHW_STRIDED_STEP_BYTES; GLUON_NCHW_REGS_STAGES would give them twice the stages: as many
 #: bytes): with the carve-out fitted (FIT_CARVEOUT), the shallower ring leaves L1 to the gathered

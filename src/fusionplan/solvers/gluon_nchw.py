@@ -12,11 +12,10 @@ thread holds 8 channels of its pixel and stores them as one 16-byte row piece of
 [pixels, channels] operand, the layout gluon-gemm's TMA boxes leave; the weights' tile of the
 stage comes by TMA. The computing warpgroup is gluon-window's: it waits for each stage, issues its
 wgmma with one product in flight and frees the stage before it, so the gathers of the next stages
-run under the products. A stage's stores need a proxy fence before wgmma reads them. Loads
-further ahead measured no faster, and more partitions did: one to three gathering partitions
-take the reduction's steps in turn (gather_partitions), each with its own loads and fences
-(bench/NOTES.md sections 21 and 48: the fence itself does not drain the loads ahead; what holds
-a partition near two steps of loads in flight is not settled).
+run under the products. A stage's stores need a proxy fence before wgmma reads them. One to
+three gathering partitions take the reduction's steps in turn (gather_partitions), each with its
+own loads and fences, its loop unrolled by the steps it has in flight so that no loaded value is
+copied before it is stored (a copy waits for the load; bench/NOTES.md sections 21, 48 and 49).
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the
@@ -170,7 +169,7 @@ def _gather_partition(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, UNROLLED: gl.constexpr,
+    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -179,10 +178,11 @@ def _gather_partition(
     # loads and fences. The program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it
     # where it is split); kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step
     # gathered.
-    # UNROLLED: the loop takes PREFETCH + 1 steps, the values of each in registers of their own.
-    # A loop of one step hands its values on (v0 = v1), and the copy waits for loads in flight:
-    # the compiler packs the loaded halves in pairs to move them, so the steps ahead arrive before
-    # the next step's loads are issued (one step in flight, whatever PREFETCH says).
+    # The loop takes PREFETCH + 1 steps a turn, the values of each in registers of their own. A
+    # loop of one step hands its values on (v0 = v1), and the copies wait for the loads in flight
+    # (the compiler packs the loaded halves in pairs to move them): the steps ahead arrived before
+    # the next step's loads were issued, one step in flight whatever PREFETCH said (bench/NOTES.md
+    # section 49).
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
@@ -195,7 +195,7 @@ def _gather_partition(
         x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
         SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
     )
-    if PREFETCH > 1 or not UNROLLED:
+    if PREFETCH > 1:
         v1 = _gather_step(
             x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + G, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
             dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
@@ -205,97 +205,72 @@ def _gather_partition(
             x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
             dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
-    elif not UNROLLED:
-        v2 = v1
-    if UNROLLED:
-        for kb in range(PART, n, (PREFETCH + 1) * G):
-            # each step's loads issued before the oldest step's stores wait for their values; the
-            # values of steps past the end are masked loads (no memory access), never stored
-            if PREFETCH == 1:
-                v1 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v0 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + G < n:
-                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            elif PREFETCH == 2:
-                v2 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v0 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + G < n:
-                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v1 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + 2 * G < n:
-                    _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            else:
-                v3 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                            NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v0 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + G < n:
-                    _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v1 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 5 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + 2 * G < n:
-                    _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-                v2 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 6 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                if kb + 3 * G < n:
-                    _fill_stage(v3, kb + 3 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                                BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-    else:
-        for kb in range(PART, n, G):
-            if PREFETCH > 1:  # issued before this step's store waits for its own values
-                v3 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + PREFETCH * G, kb_hi, num_cb, C, H, W,
-                    sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
+    for kb in range(PART, n, (PREFETCH + 1) * G):
+        # each step's loads issued before the oldest step's stores wait for their values; the
+        # values of steps past the end are masked loads (no memory access), never stored
+        if PREFETCH == 1:
+            v1 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
             _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
                         NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            if PREFETCH > 2:
-                v0 = v1
-                v1 = v2
-                v2 = v3
-            elif PREFETCH > 1:
-                v0 = v1
-                v1 = v3
-            else:
-                v0 = v1
-                v1 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                    dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
+            v0 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + G < n:
+                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+        elif PREFETCH == 2:
+            v2 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            v0 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + G < n:
+                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            v1 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + 2 * G < n:
+                _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+        else:
+            v3 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            v0 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + G < n:
+                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            v1 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 5 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + 2 * G < n:
+                _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            v2 = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 6 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            if kb + 3 * G < n:
+                _fill_stage(v3, kb + 3 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
 
 
 @gluon.jit
@@ -339,8 +314,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, UNROLLED: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -438,7 +412,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS, UNROLLED),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -479,7 +453,9 @@ MAX_GATHER_WARPS = 12
 #: with three partitions of 4 warps: r50_22 44.9 -> 35.7 us, r50_18 62.9 -> 56.7, r50_21 27.0 ->
 #: 22.0; two steps ahead rather than one (section 48, fp16 and bf16, CBNA and CBA, 5 rounds):
 #: r50_21 3-5 % faster, r50_22 1-5 %, r50_12 1-2 %, r50_18 0.5-1.3 %, r50_16 within 1 %; three
-#: no faster. 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64 values a
+#: no faster. With the loop unrolled (section 49: the copies of the rolled loop had waited for the
+#: loads ahead), fp16 and bf16 r50_12 5-6 % faster, r50_16 4-5 %, r50_18 3.5-4 %, r50_21 3 %, r50_22
+#: 1-2 %. 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64 values a
 #: thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
 GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 2)}
 
@@ -773,7 +749,6 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
-            tuning.GLUON_NCHW_UNROLLED,
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)

@@ -399,6 +399,14 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     return None
 
 
+def regs_unrolled(cfg: tuning.ConvConfig) -> bool:
+    """Whether the kernel's loop takes AHEAD + 1 steps a turn (tuning.GLUON_NCHW_REGS_UNROLLED): where
+    a thread's share of the accumulator leaves registers for a third step's values (at most
+    tuning.GLUON_NCHW_REGS_UNROLLED_MAX_ACC registers; the 128 x 256 tile's 128 measured slower)."""
+    share = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    return bool(tuning.GLUON_NCHW_REGS_UNROLLED) and share <= tuning.GLUON_NCHW_REGS_UNROLLED_MAX_ACC
+
+
 class GluonNchwRegsKernel(GluonNchwKernel):
     solver_name = "gluon-nchw-regs"
     stem = "gluon_nchw_regs"
@@ -432,7 +440,7 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         # warps along the pixels, steps of loads in flight, the loop's unrolling
-        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, tuning.GLUON_NCHW_REGS_UNROLLED)
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, regs_unrolled(cfg))
         stages = ring_stages(cfg.num_stages)
         return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
