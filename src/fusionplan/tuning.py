@@ -553,6 +553,9 @@ GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
+#: A reduction split in two: the tile's last program adds the other part's fp32 partial to its own
+#: accumulator (exactly commutative) rather than loading both in order; 0: both loaded.
+GLUON_NCHW_PAIR_SUM = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for

@@ -314,7 +314,8 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, IDX64: gl.constexpr,
+    HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -398,9 +399,12 @@ GLUON_SPLIT_REDUCE = """    if SPLIT_K > 1:
         arrived = gl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
         if arrived < SPLIT_K - 1:
             return
-        acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
-        for part in range(1, SPLIT_K):
-            acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
+        if PAIR_SUM:  # two parts: p0 + p1 == p1 + p0 exactly, so the other part's partial onto this one's
+            acc += gl.load(tile_ws + (1 - pid_k) * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
+        else:
+            acc = gl.load(tile_ws + offs_tile, cache_modifier=".cg")
+            for part in range(1, SPLIT_K):
+                acc += gl.load(tile_ws + part * (PIXELS * BLOCK_N) + offs_tile, cache_modifier=".cg")
         gl.atomic_xchg(cnt_ptr + pid, 0, sem="relaxed", scope="gpu")
 """
 
@@ -749,6 +753,7 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.split_k,
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
+            cfg.split_k == 2 and bool(tuning.GLUON_NCHW_PAIR_SUM),
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
