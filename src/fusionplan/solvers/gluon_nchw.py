@@ -459,25 +459,18 @@ MAX_GATHER_WARPS = 12
 #: r50_21 3-5 % faster, r50_22 1-5 %, r50_12 1-2 %, r50_18 0.5-1.3 %, r50_16 within 1 %; three
 #: no faster. With the loop unrolled (section 49: the copies of the rolled loop had waited for the
 #: loads ahead), fp16 and bf16 r50_12 5-6 % faster, r50_16 4-5 %, r50_18 3.5-4 %, r50_21 3 %, r50_22
-#: 1-2 %. 128-pixel tiles keep one partition of 8 warps two steps ahead (their 64 values a
-#: thread and step spill with more partitions: r50_16 34.7 against 98.7 with three).
+#: 1-2 %; TF32's 3x3 layers two steps ahead too (r50_12 4 %, r50_16 3 %, r50_18 and r50_22 2 %; one
+#: step ahead had measured faster with the rolled loop). 128-pixel tiles keep one partition of 8
+#: warps two steps ahead (their 64 values a thread and step spill with more partitions: r50_16 34.7
+#: against 98.7 with three).
 GATHER_SHAPES = {128: (8, 1, 2), 64: (4, 3, 2)}
 
-#: Prefetch steps of 64-pixel tiles of 4-byte data (TF32) whose filter has several taps: two
-#: ahead measured slower there (section 48, 5 rounds: r50_12 49.3 -> 53.2 us, r50_16 32.4 ->
-#: 33.6, r50_18 56.6 -> 58.3), faster on TF32's 1x1 layers (r50_21 30.2 -> 27.4, r50_20 62.5 ->
-#: 60.4, r50_08 and r50_14 2 %).
-FP32_TAPS_PREFETCH = 1
 
-
-def gather_partitions(pixels: int, size: int = 2, taps: int = 1) -> tuple[int, int, int]:
-    """(warps of a gathering partition, partitions, prefetch steps) for tiles of ``pixels`` of
-    ``size``-byte data and a filter of ``taps`` taps: GATHER_SHAPES (FP32_TAPS_PREFETCH steps for
-    64-pixel tiles of 4-byte data and several taps), or the tuning.GLUON_NCHW_GATHER_WARPS /
-    _GATHERERS / _PREFETCH set (0: the table's)."""
+def gather_partitions(pixels: int) -> tuple[int, int, int]:
+    """(warps of a gathering partition, partitions, prefetch steps) for tiles of ``pixels``:
+    GATHER_SHAPES, or the tuning.GLUON_NCHW_GATHER_WARPS / _GATHERERS / _PREFETCH set (0: the
+    table's)."""
     warps, parts, prefetch = GATHER_SHAPES[pixels]
-    if pixels == 64 and size == 4 and taps > 1:
-        prefetch = FP32_TAPS_PREFETCH
     warps = tuning.GLUON_NCHW_GATHER_WARPS or warps
     parts = tuning.GLUON_NCHW_GATHERERS or parts
     prefetch = tuning.GLUON_NCHW_PREFETCH or prefetch
@@ -739,7 +732,7 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        warps, parts, prefetch = gather_partitions(cfg.block_m, x.element_size(), self.taps)
+        warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
         # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
