@@ -556,9 +556,6 @@ GLUON_NCHW_PREFETCH = 0
 #: A reduction split in two: the tile's last program adds the other part's fp32 partial to its own
 #: accumulator (exactly commutative) rather than loading both in order; 0: both loaded.
 GLUON_NCHW_PAIR_SUM = 1
-#: Measurement only (0 breaks the proxy ordering the PTX model asks for): gluon-nchw's gathering
-#: partitions without the proxy fence after a stage's stores.
-GLUON_NCHW_PROXY_FENCE = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence (which waits for

@@ -142,7 +142,7 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 @gluon.jit
 def _fill_stage(
     v, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, PROXY_FENCE: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
 ):
     # Step kb's stage once it is free: its gathered input ``v`` stored, fenced and announced, its
     # weights requested. With EARLY_WEIGHTS the weights are requested as soon as the stage is free
@@ -154,8 +154,7 @@ def _fill_stage(
     if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence
         _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
     a_bufs.index(stage).store(v)
-    if PROXY_FENCE:
-        fence_async_shared()  # the stores, before wgmma reads them through the async proxy
+    fence_async_shared()  # the stores, before wgmma reads them through the async proxy
     {thread_barrier}()  # every gathering warp's stores, before the stage is announced
     if EARLY_WEIGHTS:
         mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
@@ -170,7 +169,7 @@ def _gather_partition(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr, PROXY_FENCE: gl.constexpr,
+    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -215,63 +214,63 @@ def _gather_partition(
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v0 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + G < n:
                 _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
         elif PREFETCH == 2:
             v2 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v0 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + G < n:
                 _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v1 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + 2 * G < n:
                 _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
         else:
             v3 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v0 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + G < n:
                 _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v1 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 5 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + 2 * G < n:
                 _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
             v2 = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 6 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
                 dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
             if kb + 3 * G < n:
                 _fill_stage(v3, kb + 3 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
 
 
 @gluon.jit
@@ -315,8 +314,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, PROXY_FENCE: gl.constexpr,
-    IDX64: gl.constexpr,
+    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -418,7 +416,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS, PROXY_FENCE),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
             )"""
 
 #: A tile's flat pixels and channels in ``{layout}``: masks, image, row, column, offsets.
@@ -749,7 +747,6 @@ class GluonNchwKernel(TritonConvKernel):
             tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
             cfg.split_k == 2 and bool(tuning.GLUON_NCHW_PAIR_SUM),
-            bool(tuning.GLUON_NCHW_PROXY_FENCE),
         )
         tiles = self.programs_and_steps(cfg)[0]
         workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
