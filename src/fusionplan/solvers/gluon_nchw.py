@@ -190,87 +190,28 @@ def _gather_partition(
     TAPS: gl.constexpr = R * S
     G: gl.constexpr = GATHERERS
     n = kb_hi - kb_lo
-    # v0: the values of the step to store; v1, v2: of the next ones
-    v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-        SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-    )
-    if PREFETCH > 1:
-        v1 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + G, kb_hi, num_cb, C, H, W, sxh, sxw, dil_h,
-            dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-        )
-    if PREFETCH > 2:
-        v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-            dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+    # the values of this partition's next PREFETCH steps, the oldest first
+    vals = ()
+    for j in gl.static_range(PREFETCH):
+        vals = vals + (
+            _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + j * G, kb_hi, num_cb, C, H, W, sxh, sxw,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            ),
         )
     for kb in range(PART, n, (PREFETCH + 1) * G):
-        # each step's loads issued before the oldest step's stores wait for their values; the
-        # values of steps past the end are masked loads (no memory access), never stored
-        if PREFETCH == 1:
-            v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+        for j in gl.static_range(PREFETCH + 1):
+            # step kb + j * G: the loads of the step PREFETCH ahead issued before its stores wait for
+            # its own values; the values of steps past the end are masked loads (no memory access),
+            # never stored
+            ahead = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + (j + PREFETCH) * G, kb_hi, num_cb, C, H, W,
+                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
             )
-            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v0 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + G < n:
-                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
+            if kb + j * G < n:
+                _fill_stage(vals[0], kb + j * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
                             BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-        elif PREFETCH == 2:
-            v2 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 2 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v0 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + G < n:
-                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + 2 * G < n:
-                _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-        else:
-            v3 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 3 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            _fill_stage(v0, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS, BLOCK_K,
-                        NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v0 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 4 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + G < n:
-                _fill_stage(v1, kb + G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v1 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 5 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + 2 * G < n:
-                _fill_stage(v2, kb + 2 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
-            v2 = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + 6 * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + 3 * G < n:
-                _fill_stage(v3, kb + 3 * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+            vals = vals[1:] + (ahead,)
 
 
 @gluon.jit
