@@ -88,16 +88,20 @@ def _handed_over(v):
 
 
 @gluon.jit
-def _product_step(
-    kb, v, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, a_layout: gl.constexpr, TAPS: gl.constexpr,
-    BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
-):
-    # Step kb's product (its input operand from its shared buffer into registers, its weights'
-    # stage) and under it the stores of step kb + 1's values ``v``; then the product's end.
+def _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
+    # step kb's product: its input operand from its shared buffer into registers, its weights' stage
     a = a_bufs.index(kb % 2).load(a_layout)
     stage = kb % NUM_STAGES
     mbarrier.wait(ready.index(stage), (kb // NUM_STAGES) & 1)
-    acc = warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+    return warpgroup_mma(a, w_bufs.index(stage).permute((1, 0)), acc, is_async=True)
+
+
+@gluon.jit
+def _hand_over(
+    kb, v, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+):
+    # under step kb's product: step kb + 1's values ``v`` stored; then the product's end
     a_bufs.index((kb + 1) % 2).store(_handed_over(v))
     # Every warp's stores, before any reads them, and every warp's reads of step kb's buffer
     # before step kb + 2 stores into it; every warp has waited for the product of step kb - 1,
@@ -122,7 +126,7 @@ def gluon_nchw_regs_kernel(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
-    TURN: gl.constexpr,
+    UNROLLED: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -172,34 +176,101 @@ def gluon_nchw_regs_kernel(
             BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     )
-    # the values of the next AHEAD steps, the oldest (the next step's, to store during this one's
-    # product) first
-    vals = ()
-    for j in gl.static_range(AHEAD):
-        vals = vals + (
-            _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, 1 + j, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC,
-                R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            ),
+    # v0: the values of the next step, to store during this one's product; v1, v2: of the steps
+    # after it, in flight (AHEAD steps of loads in all)
+    v0 = _gather_step(
+        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+        BLOCK_K, WHOLE_CB, TAPS_INNER,
+    )
+    if AHEAD > 1:
+        v1 = _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+            BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
+    else:
+        v1 = v0
+    if AHEAD > 2:
+        v2 = _gather_step(
+            x_ptr, base, ih0, iw0, m_mask, offs_c, 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
+            BLOCK_K, WHOLE_CB, TAPS_INNER,
+        )
+    else:
+        v2 = v1
     {thread_barrier}()
     TAPS: gl.constexpr = R * S
-    # TURN steps a turn, statically unrolled (regs_unrolled: AHEAD + 1, each step's values in
-    # registers of their own, as gluon-nchw's gathering loop; 1 where the registers do not allow it:
-    # the values are then handed on from step to step by copies that wait for the loads in flight)
-    for kb in range(0, steps, TURN):
-        for j in gl.static_range(TURN):
-            # the loads of step kb + j + 1 + AHEAD (masked past the end) issued before step kb + j's
-            # product; the values move on a slot at every step, taken or not (within an unrolled
-            # turn a renaming; from one turn of one step to the next, the copies)
-            ahead = _gather_step(
-                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + j + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-            )
-            if kb + j < steps:
-                acc = _product_step(kb + j, vals[0], acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C,
-                                    a_layout, TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER)
-            vals = vals[1:] + (ahead,)
+    if UNROLLED:
+        # AHEAD + 1 steps a turn, each step's values in registers of their own (gluon-nchw's
+        # _gather_partition: handing them on from step to step copies them, and the copies wait for
+        # the loads in flight). Step kb + j issues the loads of step kb + j + 1 + AHEAD into the set
+        # its stores freed and stores the set of step kb + j + 1.
+        for kb in range(0, steps, AHEAD + 1):
+            acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+            if AHEAD == 1:
+                v1 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            elif AHEAD == 2:
+                v2 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            else:
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
+                             NUM_STAGES, TAPS_INNER)
+            if kb + 1 < steps:
+                acc = _issue_product(kb + 1, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+                acc = _hand_over(kb + 1, v1, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                 BLOCK_K, NUM_STAGES, TAPS_INNER)
+            if AHEAD > 1:
+                if kb + 2 < steps:
+                    acc = _issue_product(kb + 2, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                    v1 = _gather_step(
+                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
+                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                    )
+                    acc = _hand_over(kb + 2, v2, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
+            if AHEAD > 2:
+                if kb + 3 < steps:
+                    acc = _issue_product(kb + 3, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                    v2 = _gather_step(
+                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
+                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                    )
+                    acc = _hand_over(kb + 3, v3, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
+                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
+    else:
+        for kb in range(steps):
+            acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+            # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
+            if AHEAD > 1:
+                v3 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
+            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
+                             NUM_STAGES, TAPS_INNER)
+            if AHEAD > 2:
+                v0 = v1
+                v1 = v2
+                v2 = v3
+            elif AHEAD > 1:
+                v0 = v1
+                v1 = v3
+            else:
+                v0 = _gather_step(
+                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
+                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                )
     # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
     # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
@@ -368,9 +439,8 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        # warps along the pixels, steps of loads in flight, steps a turn of the loop
-        ahead = tuning.GLUON_NCHW_REGS_AHEAD
-        own = (min(cfg.num_warps, cfg.block_m // 32), ahead, ahead + 1 if regs_unrolled(cfg) else 1)
+        # warps along the pixels, steps of loads in flight, the loop's unrolling
+        own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, regs_unrolled(cfg))
         stages = ring_stages(cfg.num_stages)
         return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
 
