@@ -88,6 +88,18 @@ def _handed_over(v):
 
 
 @gluon.jit
+def _with_slot(vals, i: gl.constexpr, v):
+    # ``vals`` with slot i holding ``v``
+    out = ()
+    for k in gl.static_range(len(vals)):
+        if k == i:
+            out = out + (v,)
+        else:
+            out = out + (vals[k],)
+    return out
+
+
+@gluon.jit
 def _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout: gl.constexpr, NUM_STAGES: gl.constexpr):
     # step kb's product: its input operand from its shared buffer into registers, its weights' stage
     a = a_bufs.index(kb % 2).load(a_layout)
@@ -176,101 +188,46 @@ def gluon_nchw_regs_kernel(
             BLOCK_K, WHOLE_CB, TAPS_INNER,
         )
     )
-    # v0: the values of the next step, to store during this one's product; v1, v2: of the steps
-    # after it, in flight (AHEAD steps of loads in all)
-    v0 = _gather_step(
-        x_ptr, base, ih0, iw0, m_mask, offs_c, 1, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
-        BLOCK_K, WHOLE_CB, TAPS_INNER,
-    )
-    if AHEAD > 1:
-        v1 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
-            BLOCK_K, WHOLE_CB, TAPS_INNER,
+    # the values of the next AHEAD steps, the oldest (the next step's, to store during this one's
+    # product) first
+    vals = ()
+    for j in gl.static_range(AHEAD):
+        vals = vals + (
+            _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, 1 + j, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC,
+                R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            ),
         )
-    else:
-        v1 = v0
-    if AHEAD > 2:
-        v2 = _gather_step(
-            x_ptr, base, ih0, iw0, m_mask, offs_c, 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
-            BLOCK_K, WHOLE_CB, TAPS_INNER,
-        )
-    else:
-        v2 = v1
     {thread_barrier}()
     TAPS: gl.constexpr = R * S
     if UNROLLED:
-        # AHEAD + 1 steps a turn, each step's values in registers of their own (gluon-nchw's
-        # _gather_partition: handing them on from step to step copies them, and the copies wait for
-        # the loads in flight). Step kb + j issues the loads of step kb + j + 1 + AHEAD into the set
-        # its stores freed and stores the set of step kb + j + 1.
+        # AHEAD + 1 steps a turn, each step's values in a slot of their own (gluon-nchw's gathering
+        # loop: handing them on from step to step copies them, and the copies wait for the loads in
+        # flight). Under its product, step kb + j loads step kb + j + 1 + AHEAD into the slot the
+        # step before it stored and stores slot j (step kb + j + 1's values).
+        vals = vals + (vals[0],)  # a free slot
         for kb in range(0, steps, AHEAD + 1):
-            acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
-            if AHEAD == 1:
-                v1 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-            elif AHEAD == 2:
-                v2 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-            else:
-                v3 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
-                             NUM_STAGES, TAPS_INNER)
-            if kb + 1 < steps:
-                acc = _issue_product(kb + 1, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
-                v0 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-                acc = _hand_over(kb + 1, v1, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
-                                 BLOCK_K, NUM_STAGES, TAPS_INNER)
-            if AHEAD > 1:
-                if kb + 2 < steps:
-                    acc = _issue_product(kb + 2, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
-                    v1 = _gather_step(
-                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 3 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
-                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            for j in gl.static_range(AHEAD + 1):
+                if (kb + j < steps) if j > 0 else True:  # (the turn's first step is kb < steps)
+                    acc = _issue_product(kb + j, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
+                    ahead = _gather_step(
+                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + j + 1 + AHEAD, steps, num_cb, C, H, W, sxh,
+                        sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
                     )
-                    acc = _hand_over(kb + 2, v2, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
-                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
-            if AHEAD > 2:
-                if kb + 3 < steps:
-                    acc = _issue_product(kb + 3, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
-                    v2 = _gather_step(
-                        x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 4 + AHEAD, steps, num_cb, C, H, W, sxh, sxw,
-                        dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                    )
-                    acc = _hand_over(kb + 3, v3, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS,
-                                     BLOCK_K, NUM_STAGES, TAPS_INNER)
+                    acc = _hand_over(kb + j, vals[j], acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C,
+                                     TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER)
+                    vals = _with_slot(vals, (j + AHEAD) % (AHEAD + 1), ahead)
     else:
         for kb in range(steps):
             acc = _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
             # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
-            if AHEAD > 1:
-                v3 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                    dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
-            acc = _hand_over(kb, v0, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
+            ahead = _gather_step(
+                x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
+                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+            )
+            acc = _hand_over(kb, vals[0], acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
                              NUM_STAGES, TAPS_INNER)
-            if AHEAD > 2:
-                v0 = v1
-                v1 = v2
-                v2 = v3
-            elif AHEAD > 1:
-                v0 = v1
-                v1 = v3
-            else:
-                v0 = _gather_step(
-                    x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 2, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
-                    SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
-                )
+            vals = vals[1:] + (ahead,)
     # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
     # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
