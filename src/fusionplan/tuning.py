@@ -558,9 +558,10 @@ GLUON_NCHW_PREFETCH = 0
 GLUON_NCHW_PAIR_SUM = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
-#: before storing its gathered input, rather than after the stores, the proxy fence (which waits for
-#: every load the partition has in flight, the prefetched ones too) and the partition's barrier: the
-#: weights' L2 round trip then runs under the fence's wait rather than after it. H100 A/B (CBNA,
+#: before storing its gathered input, rather than after the stores, the proxy fence and the
+#: partition's barrier: the weights' L2 round trip then runs under them rather than after them (the
+#: fence itself costs 1-4 %, bench/NOTES.md section 49, not the wait for every load in flight that
+#: section 27 supposed). H100 A/B (CBNA,
 #: batch 32, CUDA-graph replay; bench/NOTES.md section 27): TF32 r50_12 58.3 -> 49.4 us, r50_16 43.2
 #: -> 38.8, r50_22 53.2 -> 49.4; fp16 within the runs' spread (r50_21 22.9 -> 21.9).
 GLUON_NCHW_EARLY_WEIGHTS = True
