@@ -191,6 +191,17 @@ def test_split_kernel_sums_fp32_partials_of_the_tile():
     assert "LOCAL:0" in info["resources"]
 
 
+def test_split_pair_sums_in_registers():
+    """A reduction split in two (r50_22's 64 x 256 tiles): the last program adds the other part's
+    partial to its own accumulator, where summing in split order (tuning.GLUON_NCHW_PAIR_SUM off)
+    loads its own too: 64 KB more, 64 more 8-byte loads a thread of 128."""
+    loads = []
+    for pair_sum in (True, False):
+        build = f"fp.tuning.GLUON_NCHW_PAIR_SUM = {pair_sum}\n" + layer_build("r50_22", "float16", layout="NCHW")
+        loads.append(compile_sm90(build, "gluon-nchw")["global loads by bytes"].get("8", 0))
+    assert loads[1] - loads[0] == 64 and loads[0] >= 64
+
+
 @pytest.mark.parametrize(
     "name, dtype, partitions", [("r50_21", "float16", 3), ("r50_16", "bfloat16", 2), ("r50_19", "float32", 2)]
 )

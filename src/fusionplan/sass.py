@@ -178,6 +178,7 @@ def summarize(compiled) -> dict:
         "tensor stores (UTMASTG)": sass.count("UTMASTG"),
         "async copies (LDGSTS)": sum(copies.values()),
         "async copies by bytes": copies,
+        "global loads by bytes": access_widths(sass, "LDG"),
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "instructions of the longest loop": longest_loop(sass),

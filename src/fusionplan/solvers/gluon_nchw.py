@@ -178,11 +178,11 @@ def _gather_partition(
     # loads and fences. The program's steps are kb_lo .. kb_hi - 1 of the reduction (a part of it
     # where it is split); kb counts from 0 (the ring's stages and phases), kb_lo + kb is the step
     # gathered.
-    # The loop takes PREFETCH + 1 steps a turn, the values of each in registers of their own. A
-    # loop of one step hands its values on (v0 = v1), and the copies wait for the loads in flight
-    # (the compiler packs the loaded halves in pairs to move them): the steps ahead arrived before
-    # the next step's loads were issued, one step in flight whatever PREFETCH said (bench/NOTES.md
-    # section 49).
+    # A turn of the loop is PREFETCH + 1 steps, statically unrolled, the tuple of the steps' values
+    # rotated at each: renamings, so the values of each step keep their registers. A loop of one
+    # step hands its values on (v0 = v1), and the copies wait for the loads in flight (the compiler
+    # packs the loaded halves in pairs to move them): the steps ahead had arrived before the next
+    # step's loads were issued, one step in flight whatever PREFETCH said (bench/NOTES.md section 49).
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
