@@ -3,11 +3,12 @@ NCHW above all; any filter, stride, padding, dilation; ungrouped; 16-bit data) a
 whose input operand never touches shared memory (Hopper only).
 
 gluon-nchw stores each gathered step to shared memory for wgmma, with a proxy fence after the
-stores, and its gathers stay latency-bound (bench/NOTES.md, section 21; section 48 found that the
-fence does not drain the loads ahead, so what holds them is not settled). Here the product is
-untransposed, [pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
+stores, and its gathers stay latency-bound (bench/NOTES.md, sections 21, 48 and 49: the fence
+costs a few %, the loads in flight do not set the step either). Here the product is untransposed,
+[pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
 The computing warps load each step's input themselves, AHEAD steps before its product, coalesced
-(gluon-nchw's gather: 32 neighbouring pixels of a channel a warp), and change its layout through
+(gluon-nchw's gather: 32 neighbouring pixels of a channel a warp), their loop unrolled by the
+steps in flight where the registers allow (regs_unrolled), and change its layout through
 two shared-memory buffers, a barrier of the warps and matrix loads: generic-proxy traffic, no
 proxy fence. One product runs at a time (the next step's matrix loads may take the registers the
 product in flight reads), overlapping the next step's loads, stores and barrier. The weights go
