@@ -554,16 +554,18 @@ GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
 #: A reduction split in two: the tile's last program adds the other part's fp32 partial to its own
-#: accumulator (exactly commutative) rather than loading both in order; 0: both loaded.
+#: accumulator (exactly commutative) rather than loading both in order; 0: both loaded. H100 A/B
+#: (fp16 and bf16, CBNA and CBA, 5 rounds; bench/NOTES.md section 49): r50_18 3-4 % faster, r50_22
+#: 4-6 %.
 GLUON_NCHW_PAIR_SUM = 1
 
 #: gluon-nchw's gathering partition requests a stage's weights (TMA) as soon as the stage is free,
 #: before storing its gathered input, rather than after the stores, the proxy fence and the
 #: partition's barrier: the weights' L2 round trip then runs under them rather than after them (the
 #: fence itself costs 1-4 %, bench/NOTES.md section 49, not the wait for every load in flight that
-#: section 27 supposed). H100 A/B (CBNA,
-#: batch 32, CUDA-graph replay; bench/NOTES.md section 27): TF32 r50_12 58.3 -> 49.4 us, r50_16 43.2
-#: -> 38.8, r50_22 53.2 -> 49.4; fp16 within the runs' spread (r50_21 22.9 -> 21.9).
+#: section 27 supposed). H100 A/B (CBNA, batch 32, CUDA-graph replay; section 27): TF32 r50_12 58.3
+#: -> 49.4 us, r50_16 43.2 -> 38.8, r50_22 53.2 -> 49.4; fp16 within the runs' spread (r50_21 22.9
+#: -> 21.9).
 GLUON_NCHW_EARLY_WEIGHTS = True
 
 #: gluon-nchw's product as [pixels, channels] = input @ weights^T: one wgmma instruction covers the
