@@ -988,6 +988,54 @@ def test_gluon_nchw_regs_layers(layer):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-nchw-regs")
 
 
+#: (n, c, h, w, k): gluon-row-pairs' strided 1x1 plans: ResNet-50's three (planes of whole 16-byte
+#: units, 56x56 and 28x28; 14x14, 8-byte loads), rows of 15 slots in 16 (8-byte loads), C not a
+#: multiple of the reduction step, K of 17 and 136 (tiles past the output's channels), tiles across
+#: images and past the batch's last row.
+GLUON_ROW_PAIRS_CASES = {
+    "r50_08-like": (2, 64, 56, 56, 136),
+    "r50_14-like": (3, 96, 28, 28, 72),
+    "r50_20-like": (3, 128, 14, 14, 256),
+    "30x30-C40": (2, 40, 30, 30, 17),
+    "12x20-C48": (3, 48, 12, 20, 64),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
+def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
+    """gluon-row-pairs over each of its tiles (128 slots by 256, 128 and 64 output channels), random
+    ring depths, loads 1 to 3 steps ahead, weights resident or a box a stage, output in planes and
+    channels-last, with and without a prior; persistent programs over several tiles each."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_row_pairs
+
+    n, c, h, w, k = GLUON_ROW_PAIRS_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-row-pairs") == "gluon-row-pairs"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "pairs")
+    for cfg in kernel.candidates:
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
+        # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
+        stages = rng.choice((2, 3, 5))
+        kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
+
+
+@pytest.mark.parametrize("layer", [s for s in LAYERS if s.r == 1 and s.stride == 2], ids=lambda s: s.name)
+def test_gluon_row_pairs_layers(layer):
+    """gluon-row-pairs on ResNet-50's strided 1x1 layers, bf16 NCHW input and output, batch 3."""
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.bfloat16, "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=1, s=1, param_dtype="float")
+    run_and_check(plan, "bf16", x, "NCHW", solver="gluon-row-pairs")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

@@ -586,6 +586,14 @@ GLUON_NCHW_PIXEL_ROWS = True
 #: r50_18 92.5 -> 75.8, r50_16 55.3 -> 49.0, r50_22 57.5 -> 53.2.
 GLUON_NCHW_TAPS_INNER = True
 
+#: gluon-row-pairs (strided 1x1 filters on packed NCHW input of 16-bit data: the even input rows
+#: by vector loads, their even columns kept in registers; solvers/gluon_row_pairs.py), and how many
+#: reduction steps ahead its loads run; a program keeps its channel block's weights in shared
+#: memory where they are at most GLUON_ROW_PAIRS_RESIDENT_BYTES (0: a weights' box each stage).
+GLUON_ROW_PAIRS = True
+GLUON_ROW_PAIRS_PREFETCH = 2
+GLUON_ROW_PAIRS_RESIDENT_BYTES = 128 * 1024
+
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->

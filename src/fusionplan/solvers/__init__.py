@@ -16,6 +16,7 @@ from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
 from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
+from fusionplan.solvers.gluon_row_pairs import GluonRowPairsSolver
 from fusionplan.solvers.gluon_rows import GluonRowsSolver
 from fusionplan.solvers.gluon_stem import GluonStemSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
@@ -41,6 +42,7 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
+    GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by vector loads
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
