@@ -1005,8 +1005,9 @@ GLUON_ROW_PAIRS_CASES = {
 @pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     """gluon-row-pairs over each of its tiles (128 slots by 256, 128 and 64 output channels), random
-    ring depths, loads 1 to 3 steps ahead, weights resident or a box a stage, output in planes and
-    channels-last, with and without a prior; persistent programs over several tiles each."""
+    ring depths, loads 1 to 3 steps ahead into registers or staged in shared memory, either side's
+    proxy fence, weights resident or a box a stage, output in planes and channels-last, with and
+    without a prior; persistent programs over several tiles each."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_row_pairs
 
@@ -1020,9 +1021,12 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     rng = random.Random(case + precision + "pairs")
     for cfg in kernel.candidates:
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_STAGED", rng.choice((0, 1)))
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
         # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
-        stages = rng.choice((2, 3, 5))
+        most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
+        stages = rng.choice([s for s in (2, 3, 5) if s <= most])
         kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 

@@ -592,7 +592,15 @@ GLUON_NCHW_TAPS_INNER = True
 #: memory where they are at most GLUON_ROW_PAIRS_RESIDENT_BYTES (0: a weights' box each stage).
 GLUON_ROW_PAIRS = True
 GLUON_ROW_PAIRS_PREFETCH = 2
-GLUON_ROW_PAIRS_RESIDENT_BYTES = 128 * 1024
+GLUON_ROW_PAIRS_RESIDENT_BYTES = 0
+#: Whether the computing warps run the proxy fence between a stage's gathered stores and wgmma,
+#: after their wait (as gluon-gemm's copied planes), rather than the gathering warps before
+#: their arrival.
+GLUON_ROW_PAIRS_CONSUMER_FENCE = 1
+#: Whether gluon-row-pairs' gathers go through asynchronous copies into shared memory (a group a
+#: step, PREFETCH groups in flight) rather than loads into registers (whose waits share one
+#: scoreboard: waiting for a step's values waits for every step issued after it).
+GLUON_ROW_PAIRS_STAGED = 1
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
