@@ -601,6 +601,9 @@ GLUON_ROW_PAIRS_CONSUMER_FENCE = 1
 #: step, PREFETCH groups in flight) rather than loads into registers (whose waits share one
 #: scoreboard: waiting for a step's values waits for every step issued after it).
 GLUON_ROW_PAIRS_STAGED = 1
+#: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
+#: 2 where the output rows are whole runs of them; 1: one a store).
+GLUON_ROW_PAIRS_OUT_VEC = 4
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

@@ -34,7 +34,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
-from fusionplan.solvers.gluon_nchw import OUT_LAYOUT, GluonNchwKernel, gather_why_not
+from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
 from fusionplan.solvers.gluon_window import gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
@@ -182,6 +182,7 @@ def _mma_partition(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
+    OUT_W: gl.constexpr, OUT_VEC: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -210,7 +211,15 @@ def _mma_partition(
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index((i * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
-{out_layout}        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
+        # the stores' layout, [slots, channels]: NCHW output, lanes along a plane's pixels, OUT_VEC a
+        # thread (packed planes: runs of OUT_VEC pixels of an output row); else 8 contiguous
+        # channels per thread (16-byte stores)
+        if OUT_PIXEL_MAJOR:
+            out_layout: gl.constexpr = gl.BlockedLayout([OUT_VEC, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+        else:
+            out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        ohw = OH * OW
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
 {coordinates_in_acc}
 {tail}
 
@@ -227,7 +236,7 @@ def gluon_row_pairs_kernel(
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
-    STAGED: gl.constexpr,
+    STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -275,7 +284,7 @@ def gluon_row_pairs_kernel(
                 (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
                  M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
                  PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_K, CONSUMER_FENCE, {flag_args}),
+                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, {flag_args}),
             ),
             (
                 _gather_partition,
@@ -301,21 +310,26 @@ _COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {l
 offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
 out_row = offs_m // ROW_SLOTS
 ow = offs_m % ROW_SLOTS
-m_mask = (out_row < NOH) & (ow < OW)
+m_mask = (out_row < NOH) & (ow < OUT_W)
 n_mask = offs_n < K
 if IDX64:  # offsets of outputs past 2^31 elements
     out_row = out_row.to(gl.int64)
     offs_n = offs_n.to(gl.int64)
 n_img = out_row // OH
 oh = out_row % OH
-pix = oh * OW + ow
+pix = oh * OUT_W + ow
 ch = offs_n"""
 
 #: The store: the output, in its own dtype, changes layout first (gluon-nchw's).
 _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {coordinates_in_out}
     mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
+    if OUT_VEC > 1:  # packed planes: an image's and a channel's offsets whole runs of OUT_VEC pixels
+        rows = gl.multiple_of(n_img * syn, OUT_VEC) + pix
+        planes = gl.multiple_of(ch * syc, OUT_VEC)
+        gl.store(y_ptr + rows[:, None] + planes[None, :], h, mask=mask)
+    else:
+        gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
 """
 
 #: Input channels of a reduction step: 64-byte rows of the weights' boxes, and a step's raw
@@ -439,14 +453,26 @@ def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int
     return min(tiles, max(channel_blocks, multiprocessors // channel_blocks * channel_blocks))
 
 
+def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) -> int:
+    """Output pixels a thread stores at once: into packed NCHW output (``strides``: the output's, of
+    ``shape`` (K, OH, OW)) whose rows are whole runs (OW a multiple of 4 or 2, so that a run's mask
+    is one), its start aligned to a run (tuning.GLUON_ROW_PAIRS_OUT_VEC: the most); else 1."""
+    k, oh, ow = shape
+    packed = tuple(strides) == (k * oh * ow, oh * ow, ow, 1)
+    for vec in (4, 2):
+        if vec <= tuning.GLUON_ROW_PAIRS_OUT_VEC and packed and ow % vec == 0:
+            if out.data_ptr() % (vec * out.element_size()) == 0:
+                return vec
+    return 1
+
+
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names, in the
     computing partition's loop over its tiles."""
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    out_layout = indent(OUT_LAYOUT.rstrip("\n").split("\n"), 4) + "\n"
-    return _TEMPLATE.format(out_layout=out_layout, **epilogue, **gluon_names())
+    return _TEMPLATE.format(**epilogue, **gluon_names())
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
@@ -491,7 +517,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
-        # the gathers staged through shared memory
+        # the gathers staged through shared memory, the output's width and pixels a store
         own = (
             self.pixel_slots,
             pairs_vec(self.spec),
@@ -504,6 +530,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
             self.out_hw[0],
             bool(tuning.GLUON_ROW_PAIRS_CONSUMER_FENCE),
             bool(tuning.GLUON_ROW_PAIRS_STAGED),
+            self.out_hw[1],
+            out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
         )
         _, cfg, args = self.gather_launch(
             cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
