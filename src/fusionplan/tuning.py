@@ -587,10 +587,14 @@ GLUON_NCHW_PIXEL_ROWS = True
 GLUON_NCHW_TAPS_INNER = True
 
 #: gluon-row-pairs (strided 1x1 filters on packed NCHW input of 16-bit data: the even input rows
-#: by vector loads, their even columns kept in registers; solvers/gluon_row_pairs.py), and how many
-#: reduction steps ahead its loads run; a program keeps its channel block's weights in shared
-#: memory where they are at most GLUON_ROW_PAIRS_RESIDENT_BYTES (0: a weights' box each stage).
+#: by vector copies, their even columns kept in registers; solvers/gluon_row_pairs.py), on output
+#: planes of GLUON_ROW_PAIRS_MIN_PLANE pixels or more (H100, fp16, batch 32, CBNA, bench/NOTES.md
+#: section 50: r50_08 33.4 us against 38.6 for triton-gemm-nchw; r50_14 33.2 / 31.7, r50_20 29.6 /
+#: 28.8 for gluon-nchw-regs); how many reduction steps ahead its loads run; a program keeps its
+#: channel block's weights in shared memory where they are at most GLUON_ROW_PAIRS_RESIDENT_BYTES
+#: (0: a weights' box each stage; r50_08 48.0 us resident against 46.7, loads into registers).
 GLUON_ROW_PAIRS = True
+GLUON_ROW_PAIRS_MIN_PLANE = 784
 GLUON_ROW_PAIRS_PREFETCH = 2
 GLUON_ROW_PAIRS_RESIDENT_BYTES = 0
 #: Whether the computing warps run the proxy fence between a stage's gathered stores and wgmma,

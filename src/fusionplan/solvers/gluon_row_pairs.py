@@ -392,9 +392,18 @@ def pairs_why_not(spec: PlanSpec) -> str | None:
 
 
 def pairs_defer_why(spec: PlanSpec) -> str | None:
-    """Where other kernels measured faster: none yet; tuning.GLUON_ROW_PAIRS switches it."""
+    """Where other kernels measured faster (tuning.GLUON_ROW_PAIRS switches it): output planes below
+    tuning.GLUON_ROW_PAIRS_MIN_PLANE pixels (H100, fp16, batch 32, CBNA, bench/NOTES.md section 50:
+    r50_08's 28x28 planes 33.4 us against 38.6 for triton-gemm-nchw; r50_14's 14x14 33.2 against
+    31.7, r50_20's 7x7 29.6 against 28.8 for gluon-nchw-regs)."""
     if not tuning.GLUON_ROW_PAIRS:
         return "off (tuning.GLUON_ROW_PAIRS)"
+    oh, ow = spec.output_desc.dims[2:]
+    if oh * ow < tuning.GLUON_ROW_PAIRS_MIN_PLANE:
+        return (
+            f"output planes of {oh * ow} pixels (< {tuning.GLUON_ROW_PAIRS_MIN_PLANE}): triton-gemm-nchw and "
+            "gluon-nchw-regs measured faster (r50_14 33.2 us against 31.7, r50_20 29.6 / 28.8)"
+        )
     return None
 
 
@@ -412,12 +421,15 @@ def resident_bytes(block_n: int, c: int) -> int:
     return block_n * -(-c // PAIRS_BLOCK_K) * PAIRS_BLOCK_K * 2
 
 
-def pairs_resident(block_n: int, c: int) -> bool:
+def pairs_resident(block_n: int, c: int, pixels: int = PAIRS_PIXELS) -> bool:
     """Whether a program keeps its channel block's weights in shared memory, loaded once
-    (tuning.GLUON_ROW_PAIRS_RESIDENT_BYTES: at most that many bytes of them), rather than a box a
-    stage: it halves what the products read from L2 where the weights are as many bytes a step as
-    the gathered input (256 output channels by 128 slots)."""
-    return resident_bytes(block_n, c) <= tuning.GLUON_ROW_PAIRS_RESIDENT_BYTES
+    (tuning.GLUON_ROW_PAIRS_RESIDENT_BYTES: at most that many bytes of them, and room beside them
+    for the staged gathers and two stages of ``pixels``), rather than a box a stage: it halves what
+    the products read from L2 where the weights are as many bytes a step as the gathered input
+    (256 output channels by 128 slots)."""
+    weights = resident_bytes(block_n, c)
+    room = PAIRS_SHARED_BYTES - staged_bytes(pixels) - 2 * pixels * PAIRS_BLOCK_K * 2
+    return weights <= min(tuning.GLUON_ROW_PAIRS_RESIDENT_BYTES, room)
 
 
 def staged_bytes(pixels: int) -> int:
@@ -433,7 +445,7 @@ def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0) -
     input channels, with ``stages`` in its ring (0: as many as PAIRS_SHARED_BYTES holds beside
     the resident weights, pairs_resident, or with a weights' box each)."""
     room = PAIRS_SHARED_BYTES - staged_bytes(pixels)
-    if pairs_resident(block_n, c):
+    if pairs_resident(block_n, c, pixels):
         room, per_stage = room - resident_bytes(block_n, c), pixels * PAIRS_BLOCK_K * 2
     else:
         per_stage = (pixels + block_n) * PAIRS_BLOCK_K * 2
@@ -524,7 +536,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             tuning.GLUON_ROW_PAIRS_PREFETCH,
             PAIRS_GATHER_WARPS,
             pairs_gather_regs(cfg),
-            pairs_resident(cfg.block_n, c),
+            pairs_resident(cfg.block_n, c, cfg.block_m),
             triton_cdiv(c, cfg.block_k),
             triton_cdiv(k, cfg.block_n),
             self.out_hw[0],
