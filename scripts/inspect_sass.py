@@ -1,7 +1,7 @@
 """Compile a solver's kernel for a ResNet-50 layer for sm_90 WITHOUT a GPU and summarize its SASS.
 
     python scripts/inspect_sass.py --layer r50_10 --solver triton-window [--mode CBNA] [--dtype fp16] [--layout NHWC]
-        [--tuning NAME=VALUE ...]
+        [--tuning NAME=VALUE ...] [--sass FILE] [--controls FILE]
 
 Triton ships ptxas and nvdisasm, so the kernel the H100 would run can be built and read on any
 machine. The summary answers the questions that decide a Hopper kernel's speed before timing it:
@@ -21,7 +21,7 @@ import torch
 import fusionplan as fp
 from fusionplan import tuning
 from fusionplan.benchmark.cli import tuning_override
-from fusionplan.sass import compile_for_hopper, summarize
+from fusionplan.sass import compile_for_hopper, summarize, with_control_bits
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.testing import layer_plan
@@ -36,6 +36,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--layout", default="NHWC", choices=["NHWC", "NCHW"], help="the input's layout")
     p.add_argument("--sass", help="write the whole SASS here")
+    p.add_argument(
+        "--controls",
+        help="write each instruction here with its scheduling controls: the scoreboard it sets (W), "
+        "the one its reads release (R), the ones it waits for",
+    )
     p.add_argument(
         "--tuning",
         action="append",
@@ -60,9 +65,15 @@ def main() -> None:
     if a.sass:
         with open(a.sass, "w") as f:
             f.write(info["sass"])
+    if a.controls:
+        with open(a.controls, "w") as f:
+            for address, write, read, waits, text in with_control_bits(info["hex_sass"]):
+                sets = f"W{write}" if write is not None else ""
+                frees = f"R{read}" if read is not None else ""
+                f.write(f"{address} {sets:3} {frees:3} wait[{''.join(map(str, waits)):6}] {text}\n")
     print(f"{a.layer} {a.mode} {a.dtype} {a.solver}: {kernel.config}, grid {grid}, Triton {triton.__version__}")
     for k, v in info.items():
-        if k != "sass":
+        if k not in ("sass", "hex_sass"):
             print(f"  {k}: {v}")
 
 

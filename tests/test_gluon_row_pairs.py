@@ -127,7 +127,8 @@ def test_output_runs():
 
 @pytest.mark.parametrize("staged", [1, 0])
 def test_sm90_kernel(staged):
-    """r50_08: 16-byte asynchronous copies of the even rows (staged) or 16-byte loads, the weights by
+    """r50_08: 16-byte asynchronous copies of the even rows (staged) or 16-byte loads (fewer
+    scoreboards than steps in flight), the weights by
     TMA (an expect per box), two computing warpgroups' wgmma (one product in flight), 8-byte NCHW
     stores, no spills."""
     build = f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n" + layer_build("r50_08", "float16", layout="NCHW")
@@ -136,6 +137,9 @@ def test_sm90_kernel(staged):
         assert info["async copies by bytes"] == {"16": 8 * (tuning.GLUON_ROW_PAIRS_PREFETCH + 1)}
     else:
         assert info["global loads by bytes"]["16"] == 8 * (2 * tuning.GLUON_ROW_PAIRS_PREFETCH + 1)
+        # why staging: the steps in flight share scoreboards (one with Triton 3.6's ptxas, two with
+        # 3.9's), so waiting for one step's values waits for loads of the steps after it
+        assert len(info["scoreboards of global loads by bytes"]["16"]) < tuning.GLUON_ROW_PAIRS_PREFETCH + 1
     assert info["HGMMA shapes"] == ["64x128x16"] and "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"8": 32}

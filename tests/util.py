@@ -184,7 +184,7 @@ from fusionplan.testing import add_chain, layer_plan
 kernel = solver_named({solver!r}).build(plan.spec(), fp.Handle("cpu"))
 _, compiled = compile_for_hopper(kernel)
 info = summarize(compiled)
-del info["sass"]
+del info["sass"], info["hex_sass"]
 print("SUMMARY" + json.dumps({{**info, "source": kernel.source()}}))
 """
 

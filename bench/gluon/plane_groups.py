@@ -124,6 +124,7 @@ def compile_summary(fn, signature: dict, constexprs: dict, attrs: dict) -> dict:
     source = GluonASTSource(fn, signature, constexprs, attrs)
     info = summarize(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))
     pattern = r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9]*)"
+    info.pop("hex_sass")
     counts = collections.Counter(re.findall(pattern, info.pop("sass"), re.M))
     info["counts"] = {k: counts.get(k, 0) for k in ("SHFL", "PRMT", "LDS", "STS", "HGMMA", "UTMALDG", "STG")}
     return info

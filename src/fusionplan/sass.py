@@ -157,6 +157,37 @@ def tensor_load_boxes(ttgir: str) -> list[int]:
     return boxes
 
 
+#: An instruction line of ``nvdisasm -hex``: its address, text and first 64-bit word; the next line
+#: holds the second word, whose bits 41 and up are the scheduling controls.
+_HEX_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* 0x[0-9a-f]{16} \*/\s*\n\s*/\* (0x[0-9a-f]{16}) \*/")
+
+
+def with_control_bits(hex_sass: str) -> list[tuple[str, int | None, int | None, tuple[int, ...], str]]:
+    """Each instruction of ``nvdisasm -hex`` output with its scheduling controls (Volta and later):
+    (address, the scoreboard its result sets or None, the one its operands' reads release or None,
+    the scoreboards it waits for, text). A variable-latency instruction (a global load) sets a
+    scoreboard; an instruction that reads its result waits for that scoreboard, which counts every
+    instruction that set it: loads that share one are waited for together."""
+    found = []
+    for address, text, word in _HEX_LINE.findall(hex_sass):
+        controls = int(word, 16) >> 41
+        write, read, wait = (controls >> 5) & 7, (controls >> 8) & 7, (controls >> 11) & 0x3F
+        waits = tuple(b for b in range(6) if wait >> b & 1)
+        found.append((address, None if write == 7 else write, None if read == 7 else read, waits, text.strip()))
+    return found
+
+
+def load_scoreboards(hex_sass: str) -> dict[int, list[int]]:
+    """The scoreboards global loads (LDG) set, by the bytes a load moves per thread: each board once."""
+    boards: dict[int, set[int]] = {}
+    for _, write, _, _, text in with_control_bits(hex_sass):
+        m = re.match(r"(?:@!?U?P\w+\s+)?LDG((?:\.[A-Z0-9]+)*)\s", text)
+        if m and write is not None:
+            size = next((_WIDTH_SUFFIXES[x] for x in m.group(1).split(".") if x in _WIDTH_SUFFIXES), 4)
+            boards.setdefault(size, set()).add(write)
+    return {size: sorted(b) for size, b in sorted(boards.items())}
+
+
 def summarize(compiled) -> dict:
     import triton
 
@@ -165,6 +196,7 @@ def summarize(compiled) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         sass = subprocess.run([f"{tools}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
+        hex_sass = subprocess.run([f"{tools}/nvdisasm", "-hex", f.name], capture_output=True, text=True).stdout
         usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     copies = access_widths(sass, "LDGSTS")
@@ -179,6 +211,7 @@ def summarize(compiled) -> dict:
         "async copies (LDGSTS)": sum(copies.values()),
         "async copies by bytes": copies,
         "global loads by bytes": access_widths(sass, "LDG"),
+        "scoreboards of global loads by bytes": load_scoreboards(hex_sass),
         "global stores by bytes": access_widths(sass, "STG"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "instructions of the longest loop": longest_loop(sass),
@@ -193,6 +226,7 @@ def summarize(compiled) -> dict:
         "grid dependency (W wait, P trigger, G global access) in order": grid_dependency_order(sass),
         "barrier invalidations (I) and global stores (S) in order (PTX)": invalidations_and_stores(compiled.asm["ptx"]),
         "sass": sass,
+        "hex_sass": hex_sass,
     }
 
 
