@@ -1004,8 +1004,7 @@ GLUON_ROW_PAIRS_CASES = {
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
-    """gluon-row-pairs over each of its tiles (128 slots by 256 output channels on two computing
-    partitions half a tile apart or one, 128 and 64 channels), random
+    """gluon-row-pairs over each of its tiles (128 slots by 256, 128 and 64 output channels), random
     ring depths, loads 1 to 3 steps ahead into registers or staged in shared memory, either side's
     proxy fence, weights resident or a box a stage, output in planes and channels-last, with and
     without a prior; persistent programs over several tiles each."""
@@ -1026,10 +1025,9 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
         # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
-        tile = (cfg.block_m, cfg.block_n, cfg.num_warps, c)
-        most = gluon_row_pairs.pairs_tile(*tile, consumers=cfg.consumers).num_stages  # what fits
+        most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
         stages = rng.choice([s for s in (2, 3, 5) if s <= most])
-        kernel.config = gluon_row_pairs.pairs_tile(*tile, stages, consumers=cfg.consumers)
+        kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 

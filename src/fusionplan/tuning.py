@@ -608,10 +608,6 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
-#: gluon-row-pairs' 256-channel tiles on two computing partitions of one warpgroup each, the second
-#: half a tile behind the first (2: one's epilogue under the other's products), or on one of two
-#: warpgroups (1).
-GLUON_ROW_PAIRS_CONSUMERS = 2
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

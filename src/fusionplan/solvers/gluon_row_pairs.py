@@ -7,25 +7,19 @@ even columns share their 32-byte sectors with the odd ones, so half of every sec
 dropped whatever the kernel does; what differs is how the rest gets to the tensor cores. No tensor
 box holds the even columns alone, and a box of whole rows puts a third party in the ring (the box,
 its split in shared memory, the product: bench/NOTES.md section 39, 1.4-1.8x slower than
-triton-gemm-nchw). Here a gathering partition (4 warps) reads each output row's even input row
-from its start, VEC elements (16 or 8 bytes) a thread along the row, keeps the even half in
-registers (a reshape to pairs and a split: VEC / 2 output pixels of one channel) and stores it into
+triton-gemm-nchw). Here a gathering partition reads the even input rows by pointer, VEC elements
+(16 or 8 bytes) a load along a row, keeps the even half of each load in registers (a reshape to
+pairs and a split: VEC / 2 output pixels of one channel) and stores it, VEC bytes a thread, into
 the stage's [channels, pixels] operand, the pixels contiguous as wgmma's B operand reads channel
-planes (gluon-gemm's); the stage's weights come by TMA. The reads are asynchronous copies into a
-ring of PREFETCH + 1 raw buffers, a commit group a step, each thread reading back what it copied
-(tuning.GLUON_ROW_PAIRS_STAGED): loads into registers share one scoreboard in the compiled code, so
-waiting for one step's values waited for every step loaded after it (bench/NOTES.md section 50);
-the register loads remain as the switch's other side (an unrolled loop, gluon-nchw's). The
-computing warps (two warpgroups for 256 output channels) wait for each stage, issue wgmma with
-one product in flight and free the stage before it; then the chain and the stores, runs of 4 or 2
-output pixels a thread into packed NCHW planes whose rows are whole runs (out_vec).
+planes (gluon-gemm's); the stage's weights come by TMA. The loads run PREFETCH steps ahead of the
+stores, the loop unrolled by the steps in flight (gluon-nchw's: no loaded value is copied before
+it is stored). The computing warps (one warpgroup, or two for 256 output channels) wait for each
+stage, issue wgmma with one product in flight and free the stage before it.
 
 The tile's pixels are slots of whole output rows (each row ROW_SLOTS >= OW slots, a power of two;
-the slots past OW hold the odd input row's first columns and are masked at the store), so that a
-copy never crosses a row; the product is [output channels, slots], 256 x 128 where the output has
-256 channels or more. Persistent: a program per multiprocessor walks tiles the grid's size apart
-(one channel block each), its gathers running on into the next tile under the last products and
-the epilogue of the one before.
+the slots past OW hold the next input row's first columns and are masked at the store), so that a
+load never crosses a row; the product is [output channels, slots], 256 x 128 where the output has
+256 channels or more: each program reads its pixels' input once for 256 output channels.
 
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
@@ -181,36 +175,28 @@ def _gather_partition(
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, loaded, turn, y_ptr, prior_ptr, tiles,
+    a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles,
     {stage_params}
     M, K, OH, OW, NOH,
     syn, syc, syh, syw, spn, spc, sph, spw,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
-    OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
+    OUT_W: gl.constexpr, OUT_VEC: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
     # operand along its pixels), one product in flight, the stage before it freed; then its
     # epilogue, while the gathering partition fills the ring for the next tile. RESIDENT: the
-    # program's weights, all its channel block's steps, loaded once (``loaded``). CONSUMERS = 2:
-    # two warpgroups, each its own partition, take a tile's two halves of the channels from the
-    # same stages (each frees them: the ring's empty barriers count two arrivals), the second
-    # starting half a tile's steps after the first (``turn``), so that one's epilogue runs under
-    # the other's products.
-    BLOCK_C: gl.constexpr = BLOCK_N // CONSUMERS  # this warpgroup's channels of a tile
+    # program's weights, all its channel block's steps, loaded once (``loaded``).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-    if CONSUMER == 1:
-        mbarrier.wait(turn.index(0), 0)
     for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
-        k0 = k0 + CONSUMER * BLOCK_C
-        acc = gl.zeros((BLOCK_C, PIXELS), gl.float32, acc_layout)
+        acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
             g = i * STEPS + kb
             stage = g % NUM_STAGES
@@ -218,14 +204,11 @@ def _mma_partition(
             if CONSUMER_FENCE:  # the gathering warps' stores (acquired by the wait), before wgmma reads them
                 fence_async_shared()
             if RESIDENT:
-                w = w_bufs.index(kb).slice(CONSUMER * BLOCK_C, BLOCK_C)
+                acc = warpgroup_mma(w_bufs.index(kb), a_bufs.index(stage), acc, is_async=True)
             else:
-                w = w_bufs.index(stage).slice(CONSUMER * BLOCK_C, BLOCK_C)
-            acc = warpgroup_mma(w, a_bufs.index(stage), acc, is_async=True)
+                acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
-            if CONSUMERS > 1 and CONSUMER == 0:
-                mbarrier.arrive(turn.index(0), pred=(i == 0) & (kb == STEPS // 2))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index((i * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
         # the stores' layout, [slots, channels]: NCHW output, lanes along a plane's pixels, OUT_VEC a
@@ -253,7 +236,7 @@ def gluon_row_pairs_kernel(
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
-    STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, CONSUMERS: gl.constexpr,
+    STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -280,15 +263,13 @@ def gluon_row_pairs_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         if RESIDENT:
             mbarrier.init(ready.index(i), count=1)  # the stores' arrival
         else:
             mbarrier.init(ready.index(i), count=2)  # the weights' expect, the stores' arrival
-        mbarrier.init(empty.index(i), count=CONSUMERS)  # each computing partition's
+        mbarrier.init(empty.index(i), count=1)
     mbarrier.init(loaded.index(0), count=1)
-    mbarrier.init(turn.index(0), count=1)
     fence_async_shared()
 {grid_dependency}
     if RESIDENT:
@@ -296,42 +277,37 @@ def gluon_row_pairs_kernel(
         mbarrier.expect(loaded.index(0), STEPS * w_desc.block_type.nbytes)
         for kb in gl.static_range(STEPS):
             {tma_load}(w_desc, [k0, kb * BLOCK_K], loaded.index(0), w_bufs.index(kb))
-    if CONSUMERS == 2:
-        gl.warp_specialize(
-            [{consumer_0_of_2}, {consumer_1_of_2}, {gatherer}], [4, GATHER_WARPS], [GATHER_REGS, GATHER_REGS]
-        )
-    else:
-        gl.warp_specialize([{consumer_0_of_1}, {gatherer}], [GATHER_WARPS], [GATHER_REGS])
+    gl.warp_specialize(
+        [
+            (
+                _mma_partition,
+                (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
+                 M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
+                 PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
+                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, {flag_args}),
+            ),
+            (
+                _gather_partition,
+                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
+                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
+                 OUT_H, CONSUMER_FENCE, STAGED),
+            ),
+        ],
+        [GATHER_WARPS],
+        [GATHER_REGS],
+    )
     # the barriers invalidated after their last use (PTX lets an mbarrier's memory serve nothing
     # else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     mbarrier.invalidate(loaded.index(0))
-    mbarrier.invalidate(turn.index(0))
 '''
-
-#: A computing partition and its arguments: warpgroup {consumer} of {consumers}.
-_CONSUMER = """(
-                _mma_partition,
-                (a_bufs, w_bufs, ready, empty, loaded, turn, y_ptr, prior_ptr, tiles, {stage_args}
-                 M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
-                 PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, {consumer}, {consumers}, {flag_args}),
-            )"""
-
-#: The gathering partition and its arguments.
-_GATHERER = """(
-                _gather_partition,
-                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
-                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
-                 OUT_H, CONSUMER_FENCE, STAGED),
-            )"""
 
 
 #: A tile's slots and channels in ``{layout}``: masks, image, row, column, offsets.
 _COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
-offs_n = k0 + gl.arange(0, BLOCK_C, layout=gl.SliceLayout(0, {layout}))
+offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
 out_row = offs_m // ROW_SLOTS
 ow = offs_m % ROW_SLOTS
 m_mask = (out_row < NOH) & (ow < OUT_W)
@@ -436,9 +412,8 @@ def pairs_config(k: int, c: int) -> tuning.ConvConfig:
     256 channels or more, else 128 or 64 (one), steps of PAIRS_BLOCK_K of the ``c`` input channels,
     as many stages as shared memory holds (pairs_tile)."""
     block_n = 256 if k >= 256 else 128 if k > 64 else 64
-    if block_n == 256 and tuning.GLUON_ROW_PAIRS_CONSUMERS == 2:
-        return pairs_tile(PAIRS_PIXELS, block_n, 4, c, consumers=2)
-    return pairs_tile(PAIRS_PIXELS, block_n, 8 if block_n == 256 else 4, c)
+    warps = 8 if block_n == 256 else 4
+    return pairs_tile(PAIRS_PIXELS, block_n, warps, c)
 
 
 def resident_bytes(block_n: int, c: int) -> int:
@@ -465,24 +440,23 @@ def staged_bytes(pixels: int) -> int:
     return (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_BLOCK_K * 2 * pixels * 2
 
 
-def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0, consumers: int = 1) -> tuning.ConvConfig:
-    """A tile of ``pixels`` slots x ``block_n`` channels on ``consumers`` computing partitions of
-    ``warps`` warps for ``c`` input channels, with ``stages`` in its ring (0: as many as
-    PAIRS_SHARED_BYTES holds beside the resident weights, pairs_resident, or with a weights' box
-    each)."""
+def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0) -> tuning.ConvConfig:
+    """A tile of ``pixels`` slots x ``block_n`` channels on ``warps`` computing warps for ``c``
+    input channels, with ``stages`` in its ring (0: as many as PAIRS_SHARED_BYTES holds beside
+    the resident weights, pairs_resident, or with a weights' box each)."""
     room = PAIRS_SHARED_BYTES - staged_bytes(pixels)
     if pairs_resident(block_n, c, pixels):
         room, per_stage = room - resident_bytes(block_n, c), pixels * PAIRS_BLOCK_K * 2
     else:
         per_stage = (pixels + block_n) * PAIRS_BLOCK_K * 2
     stages = stages or max(2, min(PAIRS_MAX_STAGES, room // per_stage))
-    return tuning.ConvConfig(pixels, block_n, PAIRS_BLOCK_K, 8, warps, stages, 1, consumers=consumers)
+    return tuning.ConvConfig(pixels, block_n, PAIRS_BLOCK_K, 8, warps, stages, 1)
 
 
 def pairs_gather_regs(cfg: tuning.ConvConfig) -> int:
     """Registers of a gathering thread: the multiprocessor's 64K shared evenly by every warp, in
     steps of 8 (the computing warps keep what they are launched with)."""
-    return 65536 // (32 * (cfg.num_warps * cfg.consumers + PAIRS_GATHER_WARPS)) // 8 * 8
+    return 65536 // (32 * (cfg.num_warps + PAIRS_GATHER_WARPS)) // 8 * 8
 
 
 def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int:
@@ -510,10 +484,7 @@ def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    consumers = {
-        f"consumer_{i}_of_{n}": _CONSUMER.format(consumer=i, consumers=n, **epilogue) for n in (1, 2) for i in range(n)
-    }
-    return _TEMPLATE.format(gatherer=_GATHERER, **consumers, **epilogue, **gluon_names())
+    return _TEMPLATE.format(**epilogue, **gluon_names())
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
@@ -537,11 +508,9 @@ class GluonRowPairsKernel(GluonNchwKernel):
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: 256 output channels on two computing partitions or one of 8
-        warps, 128 and 64 on one of 4, by PAIRS_PIXELS slots."""
+        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots."""
         c = self.geometry[1]
-        two = pairs_tile(PAIRS_PIXELS, 256, 4, c, consumers=2)
-        return [two, *(pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64))]
+        return [pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64)]
 
     def _launch_args(
         self,
@@ -560,8 +529,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
-        # the gathers staged through shared memory, the output's width and pixels a store, computing
-        # partitions
+        # the gathers staged through shared memory, the output's width and pixels a store
         own = (
             self.pixel_slots,
             pairs_vec(self.spec),
@@ -576,7 +544,6 @@ class GluonRowPairsKernel(GluonNchwKernel):
             bool(tuning.GLUON_ROW_PAIRS_STAGED),
             self.out_hw[1],
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
-            cfg.consumers,
         )
         _, cfg, args = self.gather_launch(
             cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
