@@ -125,6 +125,15 @@ def test_output_runs():
     assert pairs.out_vec(unaligned, unaligned.stride(), (512, 28, 28)) == 1
 
 
+def test_staged_only_from_aligned_input(monkeypatch):
+    """Asynchronous copies only from input that starts on a 16-byte boundary (a copy of fewer than 4
+    bytes does not compile; the compiler sees 16-byte alignment or none)."""
+    x = torch.empty(2 * 64 * 56 * 56 + 8, dtype=torch.float16)
+    assert pairs.staged_input(x[:-8]) and not pairs.staged_input(x[1:-7]) and not pairs.staged_input(x[4:-4])
+    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_STAGED", 0)
+    assert not pairs.staged_input(x[:-8])
+
+
 @pytest.mark.parametrize("staged", [1, 0])
 def test_sm90_kernel(staged):
     """r50_08: 16-byte asynchronous copies of the even rows (staged) or 16-byte loads (fewer

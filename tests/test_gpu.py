@@ -1031,6 +1031,19 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_gluon_row_pairs_unaligned_input(precision):
+    """Input starting 2 bytes past a 16-byte boundary: loads into registers (no copy of fewer than 4
+    bytes exists), the same results."""
+    n, c, h, w, k = GLUON_ROW_PAIRS_CASES["r50_14-like"]
+    dtype = PRECISIONS[precision][0]
+    x = torch.randn(n * c * h * w + 1, device="cuda").to(dtype)[1:].view(n, c, h, w)
+    assert x.data_ptr() % 16 == 2
+    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, param_dtype="float")
+    run_and_check(plan, precision, x, "NCHW", solver="gluon-row-pairs")
+
+
 @pytest.mark.parametrize("layer", [s for s in LAYERS if s.r == 1 and s.stride == 2], ids=lambda s: s.name)
 def test_gluon_row_pairs_layers(layer):
     """gluon-row-pairs on ResNet-50's strided 1x1 layers, bf16 NCHW input and output, batch 3."""

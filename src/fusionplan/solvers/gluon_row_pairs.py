@@ -465,6 +465,14 @@ def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int
     return min(tiles, max(channel_blocks, multiprocessors // channel_blocks * channel_blocks))
 
 
+def staged_input(x: Tensor) -> bool:
+    """Whether the gathers are staged by asynchronous copies (tuning.GLUON_ROW_PAIRS_STAGED): only
+    from input whose start is 16-byte aligned. The compiler sees a pointer's alignment only as
+    16-byte or none, and a copy of fewer than 4 bytes does not exist (compiling one fails), so
+    other input takes loads into registers, whatever their width."""
+    return bool(tuning.GLUON_ROW_PAIRS_STAGED) and x.data_ptr() % 16 == 0
+
+
 def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) -> int:
     """Output pixels a thread stores at once: into packed NCHW output (``strides``: the output's, of
     ``shape`` (K, OH, OW)) whose rows are whole runs (OW a multiple of 4 or 2, so that a run's mask
@@ -541,7 +549,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             triton_cdiv(k, cfg.block_n),
             self.out_hw[0],
             bool(tuning.GLUON_ROW_PAIRS_CONSUMER_FENCE),
-            bool(tuning.GLUON_ROW_PAIRS_STAGED),
+            staged_input(x),
             self.out_hw[1],
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
         )
