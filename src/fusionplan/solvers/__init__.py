@@ -42,7 +42,7 @@ REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
-    GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by vector loads
+    GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by asynchronous copies
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
