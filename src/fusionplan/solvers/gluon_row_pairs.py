@@ -152,6 +152,7 @@ def _gather_partition(
             raw = raw_bufs.index(g % (PREFETCH + 1)).load(layout)
             _fill_stage(raw, g, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K, PIXELS, NUM_STAGES, RESIDENT,
                         STEPS, N_K, CONSUMER_FENCE)
+        async_copy.wait_group(0)  # the masked copies past the last step (zero-fills) land before the partition ends
     else:
         # Loads into registers: a turn of the loop is PREFETCH + 1 steps, statically unrolled, the
         # tuple of the steps' values rotated at each (renamings: each step's loads keep their
