@@ -609,6 +609,11 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
+#: Whether gluon-row-pairs' computing warps load the chain's per-channel parameters once, before
+#: their tiles (a program keeps one channel block), rather than in each tile's epilogue (Nsight
+#: Compute, r50_08: the epilogue's first multiply waits for them). Built and compiled for sm_90,
+#: not yet measured on a GPU: off.
+GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

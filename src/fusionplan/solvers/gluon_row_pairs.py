@@ -29,13 +29,19 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent
+from fusionplan.codegen import TileIndex, emit_stages, indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
-from fusionplan.solvers.gluon_window import gluon_epilogue, gluon_names, gluon_why_not, hopper_why_not
+from fusionplan.solvers.gluon_window import (
+    gluon_channel_loads,
+    gluon_epilogue,
+    gluon_names,
+    gluon_why_not,
+    hopper_why_not,
+)
 from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
 Tensor = torch.Tensor
@@ -195,7 +201,7 @@ def _mma_partition(
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-    for i in range(tiles):
+{hoisted}    for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
@@ -305,6 +311,16 @@ def gluon_row_pairs_kernel(
     mbarrier.invalidate(loaded.index(0))
 '''
 
+
+#: The chain's per-channel parameters loaded once before the tiles (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS):
+#: constants of the program's channel block (the grid a multiple of the channel blocks).
+_HOISTED = """    # the chain's per-channel parameters: constants of the program's channels, loaded once
+    k0_p, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
+    ch_tile = gl.permute(gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout), (1, 0))
+    ch_v = k0_p + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
+    ch_v_mask = ch_v < K
+{channel_loads}
+"""
 
 #: A tile's slots and channels in ``{layout}``: masks, image, row, column, offsets.
 _COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
@@ -489,11 +505,16 @@ def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) 
 
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names, in the
-    computing partition's loop over its tiles."""
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    computing partition's loop over its tiles; with tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS, the
+    chain's per-channel parameters loaded once before it (_HOISTED)."""
+    hoist = bool(tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS)
+    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
+    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
+    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4, epi)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    return _TEMPLATE.format(**epilogue, **gluon_names())
+    hoisted = _HOISTED.format(channel_loads=gluon_channel_loads(epi)) if hoist else ""
+    return _TEMPLATE.format(hoisted=hoisted, **epilogue, **gluon_names())
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
