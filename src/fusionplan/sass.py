@@ -62,12 +62,18 @@ def ast_source(fn, args: list):
 _WIDTH_SUFFIXES = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 
 
+def access_bytes(suffixes: str) -> int:
+    """Bytes a thread moves with an access whose opcode carries ``suffixes`` (".E.128": 16; no width
+    suffix: 4)."""
+    return next((_WIDTH_SUFFIXES[x] for x in suffixes.split(".") if x in _WIDTH_SUFFIXES), 4)
+
+
 def access_widths(sass: str, opcode: str) -> dict[int, int]:
     """How many ``opcode`` instructions (LDGSTS, STG, ...) move 16, 8, 4, 2 or 1 bytes per thread
     (the opcode whole: LDGSTSBAR, the copies' barrier arrival, is not an LDGSTS)."""
     widths: dict[int, int] = {}
     for suffixes in re.findall(rf"\b{opcode}((?:\.[A-Z0-9]+)*)(?![A-Z0-9])", sass):
-        size = next((_WIDTH_SUFFIXES[x] for x in suffixes.split(".") if x in _WIDTH_SUFFIXES), 4)
+        size = access_bytes(suffixes)
         widths[size] = widths.get(size, 0) + 1
     return widths
 
@@ -183,8 +189,7 @@ def load_scoreboards(hex_sass: str) -> dict[int, list[int]]:
     for _, write, _, _, text in with_control_bits(hex_sass):
         m = re.match(r"(?:@!?U?P\w+\s+)?LDG((?:\.[A-Z0-9]+)*)\s", text)
         if m and write is not None:
-            size = next((_WIDTH_SUFFIXES[x] for x in m.group(1).split(".") if x in _WIDTH_SUFFIXES), 4)
-            boards.setdefault(size, set()).add(write)
+            boards.setdefault(access_bytes(m.group(1)), set()).add(write)
     return {size: sorted(b) for size, b in sorted(boards.items())}
 
 

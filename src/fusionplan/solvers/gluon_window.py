@@ -447,7 +447,8 @@ def gluon_epilogue(
     ``store``, whose ``{coordinates_in_out}`` takes the stores' coordinates) and the header's
     fields; the generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning.
     ``epi``: the chain as emit_stages made it (hoisted channel parameters), else emitted here."""
-    epi = epi or emit_stages(stages, spec.ops)
+    if epi is None:
+        epi = emit_stages(stages, spec.ops)
     coords = {
         f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
         for where, layout in COORDINATE_LAYOUTS
