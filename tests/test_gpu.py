@@ -1053,6 +1053,66 @@ def test_gluon_row_pairs_layers(layer):
     run_and_check(plan, "bf16", x, "NCHW", solver="gluon-row-pairs")
 
 
+#: (n, c, h, w, k): gluon-plane-chunks' plans: ResNet-50's two 7x7 layers (64 slots an image, two
+#: images a tile) with K of 136 (tiles past the output's channels) and an odd batch (a tile past
+#: the batch's last image), planes of 25 (4 images a tile), 64 (no slot empty) and 15 pixels (8
+#: images a tile, 3x5: rows of the plane not square).
+GLUON_PLANE_CHUNKS_CASES = {
+    "r50_21-like": (3, 256, 7, 7, 136),
+    "r50_19-like": (4, 64, 7, 7, 512),
+    "5x5-C32": (5, 32, 5, 5, 17),
+    "8x8-C96": (3, 96, 8, 8, 64),
+    "3x5-C64": (9, 64, 3, 5, 40),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(GLUON_PLANE_CHUNKS_CASES))
+def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
+    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels),
+    random ring depths, copies 1 to 3 steps ahead or loads into registers, either side's proxy
+    fence, weights resident or a box a stage, output in planes and channels-last, with and without
+    a prior; persistent programs over several tiles each."""
+    from fusionplan import tuning
+    from fusionplan.solvers import gluon_row_pairs
+
+    n, c, h, w, k = GLUON_PLANE_CHUNKS_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    plan = add_chain(plan_for(x), "CBNA", k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-plane-chunks") == "gluon-plane-chunks"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "chunks")
+    for cfg in kernel.candidates:
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_STAGED", rng.choice((0, 1)))
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
+        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
+        most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
+        stages = rng.choice([s for s in (2, 3, 5) if s <= most])
+        kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
+        check_kernel_config(plan, handle, kernel, x, precision, rng)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_gluon_plane_chunks_unaligned_input(precision):
+    """Input starting 2 bytes past a 16-byte boundary: loads into registers, the same results."""
+    n, c, h, w, k = GLUON_PLANE_CHUNKS_CASES["r50_21-like"]
+    dtype = PRECISIONS[precision][0]
+    x = torch.randn(n * c * h * w + 1, device="cuda").to(dtype)[1:].view(n, c, h, w)
+    assert x.data_ptr() % 16 == 2
+    plan = add_chain(plan_for(x), "CBNA", k=k, r=1, s=1, param_dtype="float")
+    run_and_check(plan, precision, x, "NCHW", solver="gluon-plane-chunks")
+
+
+@pytest.mark.parametrize("layer", [s for s in LAYERS if s.r == 1 and s.stride == 1 and s.h == 7], ids=lambda s: s.name)
+def test_gluon_plane_chunks_layers(layer):
+    """gluon-plane-chunks on ResNet-50's 1x1 layers on 7x7 planes, fp16 NCHW input and output, batch 3."""
+    x = input_tensor((3, layer.c, layer.h, layer.w), torch.float16, "NCHW")
+    plan = add_chain(plan_for(x), "CBNA", k=layer.k, r=1, s=1, param_dtype="float")
+    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-plane-chunks")
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)

@@ -218,6 +218,7 @@ def summarize(compiled) -> dict:
         "global loads by bytes": access_widths(sass, "LDG"),
         "scoreboards of global loads by bytes": load_scoreboards(hex_sass),
         "global stores by bytes": access_widths(sass, "STG"),
+        "shared loads by bytes (LDS, not matrix loads)": access_widths(sass, "LDS"),
         "register reallocations (SETMAXREG, warp specialization)": sass.count("SETMAXREG"),
         "instructions of the longest loop": longest_loop(sass),
         "tensor loads (T) and fences (F) in order": loads_and_fences(sass),

@@ -615,6 +615,11 @@ GLUON_ROW_PAIRS_OUT_VEC = 4
 #: not yet measured on a GPU: off.
 GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 
+#: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
+#: at most 64 pixels: each image's channel block copied as one run, the operand gathered from it;
+#: solvers/gluon_plane_chunks.py).
+GLUON_PLANE_CHUNKS = True
+
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->

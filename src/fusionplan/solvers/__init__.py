@@ -16,6 +16,7 @@ from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
 from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
+from fusionplan.solvers.gluon_plane_chunks import GluonPlaneChunksSolver
 from fusionplan.solvers.gluon_row_pairs import GluonRowPairsSolver
 from fusionplan.solvers.gluon_rows import GluonRowsSolver
 from fusionplan.solvers.gluon_stem import GluonStemSolver
@@ -43,6 +44,7 @@ REGISTRY: list[Solver] = [
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
     GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by asynchronous copies
+    GluonPlaneChunksSolver(),  # Hopper: 1x1 on small NCHW planes, an image's channel planes copied as one run
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)

@@ -1,0 +1,201 @@
+"""Gluon plane-chunks solver: a 1x1 convolution at stride 1 (no padding, ungrouped) on packed NCHW
+input of 16-bit data with small planes (at most CHUNK_MAX_PLANE pixels: ResNet-50's 7x7 layers),
+followed by any chain of bias, batch-norm inference and activations, as ONE warp-specialized
+kernel (Hopper only).
+
+A 7x7 plane is 98 bytes: no tensor box (16-byte strides) and no 16-byte copy reads a plane alone,
+and channel c's plane starts c elements into a 16-byte unit, so the gather kernels load every
+input element on its own (2 bytes a lane), and a load's value holds a register until its store:
+their bytes in flight are bound by the registers, and the loads of one partition share one
+scoreboard, so each step waits for every load issued (bench/NOTES.md sections 48 and 50). But
+BLOCK_K consecutive channel planes of one image are one contiguous chunk (32 x 49 elements: 3136
+bytes, 16-byte aligned wherever C and the step are multiples of 8 channels). Here the gathering
+partition copies each step's chunks whole, 16 bytes a thread, by asynchronous copies into a ring
+of raw buffers (a commit group a step, gluon-row-pairs' staging: nothing held in registers while
+in flight), then reads the step back and takes each operand element from its place in the chunk,
+channel c's pixel p at c * HW + p: a gather (``gl.gather``, which the compiler lowers to a pass
+through shared memory, one 2-byte read an element), stored as wgmma's [channels, slots] operand.
+
+The tile's slots are whole images: ROW_SLOTS (HW rounded up to a power of two) slots an image,
+PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots; the slots past HW repeat the last
+pixel and are masked at the store). The rest is gluon-row-pairs' kernel (its template): the
+weights by TMA, 256 output channels on two computing warpgroups, one product in flight,
+persistent programs that keep one channel block and walk the steps of all their tiles as one
+sequence, the chain in the accumulator's layout. An image is one output row of HW pixels to that
+kernel (OH = 1, OW = HW); the epilogue places slot p of an image at row p // OW, column p % OW.
+
+Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
+"""
+
+from __future__ import annotations
+
+from fusionplan import tuning
+from fusionplan.enums import DataType
+from fusionplan.folding import Stage, split_at_conv
+from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.gluon_gemm import channel_planes
+from fusionplan.solvers.gluon_nchw import gather_why_not
+from fusionplan.solvers.gluon_row_pairs import PAIRS_BLOCK_K, GluonRowPairsKernel, render_staged_source
+from fusionplan.solvers.gluon_window import gluon_why_not, hopper_why_not
+from fusionplan.solvers.triton_conv import conv_plan_why_not
+
+#: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
+#: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
+#: its weights' box for half the products).
+CHUNK_MAX_PLANE = 64
+#: Elements a copy moves (16 bytes of 16-bit data).
+CHUNK_VEC = 8
+
+#: The chunks' gathers (gluon_row_pairs' template's gather_functions): a step reads [images,
+#: RAW_COLS] elements, each image's BLOCK_K channel planes as one run from the step's first
+#: channel, and takes the operand from them by a gather.
+CHUNKS_GATHER = """@gluon.jit
+def _step_geometry(
+    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
+):
+    # The copies' rows (the tile's images) and columns (a chunk's elements), and where each element of
+    # the [BLOCK_K, PIXELS] operand lies in a step's raw elements seen flat: channel c's pixel p of
+    # the tile's image i at i * RAW_COLS + c * OUT_W + p (slots past the plane repeat its last pixel).
+    rows = gl.arange(0, RAW_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
+    operand: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, operand))
+    slots = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, operand))
+    pixel = (slots // ROW_SLOTS) * RAW_COLS + gl.minimum(slots % ROW_SLOTS, OUT_W - 1)
+    places = gl.reshape(chans[:, None] * OUT_W + pixel[None, :], [BLOCK_K * PIXELS])
+    return rows, cols, places
+
+
+@gluon.jit
+def _step_addresses(
+    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
+    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
+    OUT_W: gl.constexpr,
+):
+    # The program's step g (of n, STEPS a tile): for each of its tile's images (NOH of the batch)
+    # the BLOCK_K planes of its channel block from the step's first, one contiguous run of
+    # BLOCK_K * OUT_W elements, VEC a thread, aligned (the plan's rule: C and BLOCK_K whole
+    # VEC-element units of planes); steps past n and images past the batch touch no memory.
+    rows, cols, _ = geo
+    _, m0 = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+    image = m0 // ROW_SLOTS + rows
+    live = (image < NOH) & (g < n)
+    if IDX64:  # offsets of inputs past 2^31 elements
+        image = image.to(gl.int64)
+    start = gl.multiple_of(image * sxn + (g % STEPS) * (BLOCK_K * OUT_W), VEC)
+    mask = live[:, None] & (cols < BLOCK_K * OUT_W)[None, :]
+    return x_ptr + start[:, None] + cols[None, :], mask
+
+
+@gluon.jit
+def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
+                  RAW_COLS: gl.constexpr):
+    # each operand element from its place in the step's raw elements
+    _, _, places = geo
+    flat = gl.gather(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), places, 0)
+    return gl.reshape(flat, [BLOCK_K, PIXELS])
+"""
+
+#: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots an image, slot p of an image its
+#: pixel p (row p // IMAGE_W, column p % IMAGE_W); masks and offsets.
+_COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
+offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
+n_img = offs_m // ROW_SLOTS
+pix = offs_m % ROW_SLOTS
+m_mask = (n_img < NOH) & (pix < OUT_W)
+n_mask = offs_n < K
+if IDX64:  # offsets of outputs past 2^31 elements
+    n_img = n_img.to(gl.int64)
+    offs_n = offs_n.to(gl.int64)
+oh = pix // IMAGE_W
+ow = pix % IMAGE_W
+ch = offs_n"""
+
+
+def chunk_slots(spec: PlanSpec) -> int:
+    """Slots of an image: its plane (H*W pixels) rounded up to a power of two."""
+    _, _, h, w = spec.input_desc.dims
+    return 1 << (h * w - 1).bit_length()
+
+
+def chunks_why_not(spec: PlanSpec) -> str | None:
+    """Why the kernel cannot read the plan's convolution, or None: a 1x1 filter at stride 1 without
+    padding, ungrouped, on packed NCHW input of 16-bit data (wgmma reads the operand along its
+    pixels only for 16-bit data), planes of at most CHUNK_MAX_PLANE pixels, and C a multiple of the
+    reduction step (each step's chunk whole, and 16-byte aligned)."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    c = conv.conv
+    if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0) or c.strides != (1, 1):
+        return "only 1x1 convolutions at stride 1 without padding read whole plane chunks"
+    if not channel_planes(spec):
+        return "the input is not packed NCHW: an image's channel planes are not one contiguous run"
+    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
+        return f"{spec.dtype.name} data: wgmma reads an operand along its pixels only for 16-bit data"
+    _, channels, h, w = spec.input_desc.dims
+    if h * w > CHUNK_MAX_PLANE:
+        return f"{h}x{w} planes of {h * w} pixels (> {CHUNK_MAX_PLANE}): two images' slots exceed a tile"
+    if channels % PAIRS_BLOCK_K:
+        return f"C={channels}: a step's chunk of {PAIRS_BLOCK_K} channel planes would cross into the next image"
+    return None
+
+
+def chunks_defer_why(spec: PlanSpec) -> str | None:
+    """Where other kernels measured faster (tuning.GLUON_PLANE_CHUNKS switches it)."""
+    if not tuning.GLUON_PLANE_CHUNKS:
+        return "off (tuning.GLUON_PLANE_CHUNKS)"
+    return None
+
+
+def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
+    """The kernel's source: gluon-row-pairs' template with the chunks' gathers and coordinates."""
+    title = "1x1 convolution on NCHW plane chunks"
+    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER, _COORDINATES)
+
+
+class GluonPlaneChunksKernel(GluonRowPairsKernel):
+    solver_name = "gluon-plane-chunks"
+    stem = "gluon_plane_chunks"
+
+    @staticmethod
+    def render(spec: PlanSpec, stages: list[Stage]) -> str:
+        return render_gluon_plane_chunks_source(spec, stages)
+
+    def _pixel_slots(self, spec: PlanSpec) -> int:
+        """An image's slots; the kernel sees each image as one output row of its plane's pixels."""
+        m, c, k = self.geometry[:3]
+        plane = m // spec.input_desc.dims[0]
+        self.geometry = (m, c, k, 1, plane, 1, plane)
+        self.out_hw = (1, plane)
+        return chunk_slots(spec)
+
+    def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        """A step's raw elements as [images, columns]: each image's chunk of BLOCK_K planes, rounded
+        up to a power of two (BLOCK_K times an image's slots)."""
+        return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
+
+    def load_vec(self) -> int:
+        """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""
+        return CHUNK_VEC
+
+
+class GluonPlaneChunksSolver(Solver):
+    name = "gluon-plane-chunks"
+    family = "triton"
+
+    def why_not(self, spec: PlanSpec, handle) -> str | None:
+        return (
+            conv_plan_why_not(spec)
+            or chunks_why_not(spec)
+            or gather_why_not(spec)
+            or gluon_why_not()
+            or hopper_why_not(handle)
+        )
+
+    def defer_why(self, spec: PlanSpec, handle) -> str | None:
+        return chunks_defer_why(spec)
+
+    def build(self, spec: PlanSpec, handle) -> Kernel:
+        return GluonPlaneChunksKernel(spec, handle)

@@ -1,0 +1,128 @@
+"""gluon-plane-chunks without a GPU: which plans it takes and why not, an image's slots and a step's
+raw elements, where an operand element lies in them (the gather's places emulated with torch
+against the plan's input), and its generated kernel compiled for sm_90 with Triton's own ptxas
+(tests/test_gpu.py runs it)."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan import tuning
+from fusionplan.testing import add_chain
+
+from .test_gluon_nchw import layer
+from .util import compile_sm90, layer_build, plan_for
+
+pytest.importorskip("triton")
+chunks = pytest.importorskip("fusionplan.solvers.gluon_plane_chunks")
+if chunks.gluon_why_not():
+    pytest.skip(chunks.gluon_why_not(), allow_module_level=True)
+
+
+def plane_plan(c: int, h: int, w: int, k: int = 64, dtype=torch.float16, stride: int = 1):
+    x = torch.empty(2, c, h, w, dtype=dtype)
+    conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
+    return add_chain(plan_for(x), "CBA", conv=conv, k=k, r=1, s=1, param_dtype="float")
+
+
+def reason(plan) -> str | None:
+    return next(v for v in plan.explain(fp.Handle("cpu")) if v.solver == "gluon-plane-chunks").reason
+
+
+def test_why_not_names_what_is_missing():
+    for name in ("r50_19", "r50_21"):
+        assert "needs a Hopper GPU" in reason(layer(name))  # the plan fits: only the device is missing
+    assert "needs a Hopper GPU" in reason(layer("r50_21", torch.bfloat16))
+    assert "FLOAT data: wgmma reads an operand along its pixels only for 16-bit data" in reason(
+        layer("r50_21", torch.float32)
+    )
+    assert "only 1x1 convolutions at stride 1 without padding" in reason(layer("r50_22"))  # 3x3
+    assert "only 1x1 convolutions at stride 1 without padding" in reason(layer("r50_20"))  # stride 2
+    assert "not packed NCHW" in reason(layer("r50_21", layout="NHWC"))
+    assert "14x14 planes of 196 pixels (> 64)" in reason(layer("r50_15"))
+    assert "C=48: a step's chunk of 32 channel planes" in reason(plane_plan(48, 7, 7))
+
+
+def test_in_the_registry_before_the_gather_kernels(monkeypatch):
+    """Before gluon-nchw-regs and gluon-nchw, which took the 7x7 1x1 layers before it; a switch."""
+    from fusionplan.solvers import REGISTRY
+
+    names = [s.name for s in REGISTRY]
+    assert names.index("gluon-plane-chunks") < min(names.index("gluon-nchw-regs"), names.index("gluon-nchw"))
+    solver = chunks.GluonPlaneChunksSolver()
+    assert solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu")) is None
+    monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS", False)
+    assert "off (tuning.GLUON_PLANE_CHUNKS)" in solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu"))
+
+
+@pytest.mark.parametrize("h, w, slots", [(7, 7, 64), (5, 5, 32), (8, 8, 64), (3, 5, 16), (1, 2, 2)])
+def test_image_slots(h, w, slots):
+    assert chunks.chunk_slots(plane_plan(32, h, w).spec()) == slots
+
+
+def gathered_operand(x: torch.Tensor, image0: int, c0: int, block_k: int, pixels: int, slots: int) -> torch.Tensor:
+    """What the kernel's gather builds for the step of the tile whose first image is ``image0``, its
+    channels from ``c0``: the copied chunks as the raw buffer holds them ([images, block_k * slots],
+    each image's run from its channel c0, the rest zeros), then each operand element taken from its
+    place (the template's _step_geometry arithmetic)."""
+    n, _, h, w = x.shape
+    plane = h * w
+    images, cols = pixels // slots, block_k * slots
+    flat = x.reshape(n, -1)
+    raw = torch.zeros(images, cols, dtype=x.dtype)
+    for i in range(images):
+        if image0 + i < n:
+            raw[i, : block_k * plane] = flat[image0 + i, c0 * plane : (c0 + block_k) * plane]
+    chans = torch.arange(block_k)[:, None]
+    q = torch.arange(pixels)[None, :]
+    places = chans * plane + (q // slots) * cols + torch.clamp(q % slots, max=plane - 1)
+    return raw.reshape(-1)[places.reshape(-1)].reshape(block_k, pixels)
+
+
+@pytest.mark.parametrize("n, c, h, w", [(3, 64, 7, 7), (5, 32, 5, 5), (9, 64, 3, 5), (2, 96, 8, 8)])
+def test_gathered_operand_is_the_step_of_the_input(n, c, h, w):
+    """The places the gather reads: slot q of channel c in a step is that channel's pixel q % slots
+    of the tile's image q // slots (slots past the plane repeat its last pixel, masked at the
+    store), the chunks copied from each image's step channel onwards."""
+    x = torch.randn(n, c, h, w)
+    plane, block_k, pixels = h * w, 32, 128
+    slots = chunks.chunk_slots(plane_plan(32, h, w).spec())
+    for image0 in range(0, n, pixels // slots):
+        for c0 in range(0, c, block_k):
+            got = gathered_operand(x, image0, c0, block_k, pixels, slots)
+            for q in range(pixels):
+                image, p = image0 + q // slots, min(q % slots, plane - 1)
+                want = x[image, c0 : c0 + block_k].reshape(block_k, -1)[:, p] if image < n else torch.zeros(block_k)
+                assert torch.equal(got[:, q], want), (image0, c0, q)
+
+
+def test_raw_step_and_geometry():
+    """A step's raw elements: two 7x7 images' chunks of 32 planes in 2048 columns each (1568 used);
+    the kernel sees an image as one output row of its plane's pixels."""
+    spec = layer("r50_21").spec()
+    kernel = chunks.GluonPlaneChunksKernel(spec, fp.Handle("cpu"))
+    assert kernel.pixel_slots == 64 and kernel.out_hw == (1, 49)
+    assert kernel.geometry == (32 * 49, 2048, 512, 1, 49, 1, 49)
+    assert kernel.raw_step(kernel.config) == (2, 2048) and kernel.load_vec() == 8
+    tiles, steps = kernel.programs_and_steps(kernel.config)
+    assert (tiles, steps) == (16 * 2, 64)  # 16 pairs of images by two blocks of 256 output channels
+
+
+@pytest.mark.parametrize("staged", [1, 0])
+def test_sm90_kernel(staged):
+    """r50_19: 16-byte asynchronous copies of the chunks (staged; 4 a thread and step) or loads, the
+    gather as one 2-byte shared-memory read an element (32 a thread and step), the weights by TMA,
+    two computing warpgroups' wgmma (one product in flight), 2-byte NCHW stores, no spills."""
+    build = f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n" + layer_build("r50_19", "float16", layout="NCHW")
+    info = compile_sm90(build, "gluon-plane-chunks")
+    if staged:
+        assert info["async copies by bytes"] == {"16": 4 * (tuning.GLUON_ROW_PAIRS_PREFETCH + 1)}
+    else:
+        assert "16" in info["global loads by bytes"]
+    assert info["shared loads by bytes (LDS, not matrix loads)"]["2"] == 32 * (
+        1 if staged else tuning.GLUON_ROW_PAIRS_PREFETCH + 1
+    )
+    assert info["HGMMA shapes"] == ["64x128x16"] and "0x1" in info["wgmma waits (outstanding groups allowed)"]
+    assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
+    assert info["global stores by bytes"] == {"2": 128}
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
