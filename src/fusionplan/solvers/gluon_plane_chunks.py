@@ -55,15 +55,17 @@ def _step_geometry(
     RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
 ):
     # The copies' rows (the tile's images) and columns (a chunk's elements), and where each element of
-    # the [BLOCK_K, PIXELS] operand lies in a step's raw elements seen flat: channel c's pixel p of
+    # the [PIXELS, BLOCK_K] operand lies in a step's raw elements seen flat: channel c's pixel p of
     # the tile's image i at i * RAW_COLS + c * OUT_W + p (slots past the plane repeat its last pixel).
     rows = gl.arange(0, RAW_ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
-    operand: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(1, operand))
-    slots = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, operand))
+    # [slots, channels], 8 channels a thread (a 16-byte store), lanes along the slots: each 2-byte
+    # read of a warp is 32 neighbouring pixels of one channel plane, 64 contiguous bytes
+    operand: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])
+    slots = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, operand))
+    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, operand))
     pixel = (slots // ROW_SLOTS) * RAW_COLS + gl.minimum(slots % ROW_SLOTS, OUT_W - 1)
-    places = gl.reshape(chans[:, None] * OUT_W + pixel[None, :], [BLOCK_K * PIXELS])
+    places = gl.reshape(pixel[:, None] + chans[None, :] * OUT_W, [PIXELS * BLOCK_K])
     return rows, cols, places
 
 
@@ -95,7 +97,7 @@ def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROW
     # each operand element from its place in the step's raw elements
     _, _, places = geo
     flat = gl.gather(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), places, 0)
-    return gl.reshape(flat, [BLOCK_K, PIXELS])
+    return gl.reshape(flat, [PIXELS, BLOCK_K])
 """
 
 #: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots an image, slot p of an image its
@@ -158,6 +160,7 @@ def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str
 class GluonPlaneChunksKernel(GluonRowPairsKernel):
     solver_name = "gluon-plane-chunks"
     stem = "gluon_plane_chunks"
+    operand_k_major = True
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:

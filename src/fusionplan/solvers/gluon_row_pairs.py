@@ -169,7 +169,7 @@ def _mma_partition(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
-    OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr,
+    OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -190,10 +190,14 @@ def _mma_partition(
             mbarrier.wait(ready.index(stage), (g // NUM_STAGES) & 1)
             if CONSUMER_FENCE:  # the gathering warps' stores (acquired by the wait), before wgmma reads them
                 fence_async_shared()
-            if RESIDENT:
-                acc = warpgroup_mma(w_bufs.index(kb), a_bufs.index(stage), acc, is_async=True)
+            if OPERAND_K_MAJOR:  # the operand's [slots, channels] seen as [channels, slots]
+                operand = a_bufs.index(stage).permute((1, 0))
             else:
-                acc = warpgroup_mma(w_bufs.index(stage), a_bufs.index(stage), acc, is_async=True)
+                operand = a_bufs.index(stage)
+            if RESIDENT:
+                acc = warpgroup_mma(w_bufs.index(kb), operand, acc, is_async=True)
+            else:
+                acc = warpgroup_mma(w_bufs.index(stage), operand, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -224,7 +228,7 @@ def {stem}_kernel(
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr,
+    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -237,10 +241,18 @@ def {stem}_kernel(
     n_tiles = N_K * gl.cdiv(NOH * ROW_SLOTS, PIXELS)
     tiles = gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0))
 
-    operand: gl.constexpr = gl.NVMMASharedLayout(
-        swizzle_byte_width=min(128, PIXELS * ELEM_BITS // 8), element_bitwidth=ELEM_BITS, rank=2
-    )
-    a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, BLOCK_K, PIXELS], operand)
+    # the input operand as [channels, slots] (the slots contiguous), or OPERAND_K_MAJOR [slots,
+    # channels] (the channels contiguous: wgmma's B operand transposed)
+    if OPERAND_K_MAJOR:
+        operand: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=min(128, BLOCK_K * ELEM_BITS // 8), element_bitwidth=ELEM_BITS, rank=2
+        )
+        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], operand)
+    else:
+        operand: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=min(128, PIXELS * ELEM_BITS // 8), element_bitwidth=ELEM_BITS, rank=2
+        )
+        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, BLOCK_K, PIXELS], operand)
     W_BOXES: gl.constexpr = STEPS if RESIDENT else NUM_STAGES
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_BOXES, BLOCK_N, BLOCK_K], w_desc.layout)
     # STAGED: the gathers' raw elements, PREFETCH + 1 steps (a token buffer otherwise)
@@ -272,7 +284,8 @@ def {stem}_kernel(
                 (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
                  M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
                  PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, {flag_args}),
+                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR,
+                 {flag_args}),
             ),
             (
                 _gather_partition,
@@ -575,6 +588,9 @@ class GluonRowPairsKernel(GluonNchwKernel):
     def _pixel_slots(self, spec: PlanSpec) -> int:
         return pairs_row_slots(spec)
 
+    #: whether the input operand is [slots, channels] (else [channels, slots], as the split leaves it)
+    operand_k_major = False
+
     def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """A step's raw elements as [rows, columns]: its channels' two input columns a slot."""
         return cfg.block_k, 2 * cfg.block_m
@@ -614,7 +630,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
-        # rows and columns (BLOCK_K channels' two columns a slot) and the output planes' width
+        # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
+        # operand's orientation
         own = (
             self.pixel_slots,
             self.load_vec(),
@@ -631,6 +648,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
             *self.raw_step(cfg),
             self.conv.output_desc.dims[3],
+            self.operand_k_major,
         )
         _, cfg, args = self.gather_launch(
             cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
