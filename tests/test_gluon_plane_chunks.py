@@ -113,7 +113,7 @@ def test_sm90_kernel(staged):
     """r50_19: 16-byte asynchronous copies of the chunks (staged; 4 a thread and step) or loads, the
     gather as one 2-byte shared-memory read an element (32 a thread and step), the weights by TMA,
     two computing warpgroups' wgmma (one product in flight), 2-byte NCHW stores, no spills."""
-    build = f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n" + layer_build("r50_19", "float16", layout="NCHW")
+    build = f"fp.tuning.GLUON_PLANE_CHUNKS_STAGED = {staged}\n" + layer_build("r50_19", "float16", layout="NCHW")
     info = compile_sm90(build, "gluon-plane-chunks")
     if staged:
         assert info["async copies by bytes"] == {"16": 4 * (tuning.GLUON_ROW_PAIRS_PREFETCH + 1)}

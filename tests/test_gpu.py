@@ -1085,7 +1085,8 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     rng = random.Random(case + precision + "chunks")
     for cfg in kernel.candidates:
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_STAGED", rng.choice((0, 1)))
+        monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_STAGED", rng.choice((0, 1)))
+        monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_GATHER_WARPS", rng.choice((4, 8)))
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
         most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits

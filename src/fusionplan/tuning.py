@@ -619,6 +619,11 @@ GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 #: at most 64 pixels: each image's channel block copied as one run, the operand gathered from it;
 #: solvers/gluon_plane_chunks.py).
 GLUON_PLANE_CHUNKS = True
+#: Warps of gluon-plane-chunks' gathering partition (4 or 8).
+GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
+#: Whether gluon-plane-chunks' chunks come by asynchronous copies into shared memory (1) or by
+#: loads into registers (0), before the gather.
+GLUON_PLANE_CHUNKS_STAGED = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

@@ -35,7 +35,12 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes
 from fusionplan.solvers.gluon_nchw import gather_why_not
-from fusionplan.solvers.gluon_row_pairs import PAIRS_BLOCK_K, GluonRowPairsKernel, render_staged_source
+from fusionplan.solvers.gluon_row_pairs import (
+    PAIRS_BLOCK_K,
+    GluonRowPairsKernel,
+    render_staged_source,
+    staged_input,
+)
 from fusionplan.solvers.gluon_window import gluon_why_not, hopper_why_not
 from fusionplan.solvers.triton_conv import conv_plan_why_not
 
@@ -61,7 +66,10 @@ def _step_geometry(
     cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
     # [slots, channels], 8 channels a thread (a 16-byte store), lanes along the slots: each 2-byte
     # read of a warp is 32 neighbouring pixels of one channel plane, 64 contiguous bytes
-    operand: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [1, gl.num_warps()], [1, 0])
+    warp_cols: gl.constexpr = min(gl.num_warps(), BLOCK_K // 8)
+    operand: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [32, 1], [gl.num_warps() // warp_cols, warp_cols], [1, 0]
+    )
     slots = gl.arange(0, PIXELS, layout=gl.SliceLayout(1, operand))
     chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, operand))
     pixel = (slots // ROW_SLOTS) * RAW_COLS + gl.minimum(slots % ROW_SLOTS, OUT_W - 1)
@@ -162,6 +170,11 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
     stem = "gluon_plane_chunks"
     operand_k_major = True
 
+    @property
+    def gather_warps(self) -> int:  # type: ignore[override]
+        """tuning.GLUON_PLANE_CHUNKS_GATHER_WARPS."""
+        return tuning.GLUON_PLANE_CHUNKS_GATHER_WARPS
+
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_plane_chunks_source(spec, stages)
@@ -178,6 +191,11 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         """A step's raw elements as [images, columns]: each image's chunk of BLOCK_K planes, rounded
         up to a power of two (BLOCK_K times an image's slots)."""
         return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
+
+    def staged(self, x) -> bool:
+        """Whether the chunks come by asynchronous copies (tuning.GLUON_PLANE_CHUNKS_STAGED, input
+        16-byte aligned) rather than loads into registers."""
+        return staged_input(x, tuning.GLUON_PLANE_CHUNKS_STAGED)
 
     def load_vec(self) -> int:
         """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""

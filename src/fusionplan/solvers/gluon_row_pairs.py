@@ -517,10 +517,18 @@ def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0) -
     return tuning.ConvConfig(pixels, block_n, PAIRS_BLOCK_K, 8, warps, stages, 1)
 
 
-def pairs_gather_regs(cfg: tuning.ConvConfig) -> int:
-    """Registers of a gathering thread: the multiprocessor's 64K shared evenly by every warp, in
-    steps of 8 (the computing warps keep what they are launched with)."""
-    return 65536 // (32 * (cfg.num_warps + PAIRS_GATHER_WARPS)) // 8 * 8
+#: Registers a computing thread keeps beside the gathering partition (two warpgroups' 256 x 128
+#: accumulator is 128 of them).
+PAIRS_MMA_REGS = 168
+
+
+def pairs_gather_regs(cfg: tuning.ConvConfig, gather_warps: int = PAIRS_GATHER_WARPS) -> int:
+    """Registers of a gathering thread: the multiprocessor's 64K shared evenly by every warp, at most
+    what the computing warps leave at PAIRS_MMA_REGS a thread, in steps of 8 (the computing
+    partition takes what the gathering one leaves)."""
+    even = 65536 // (32 * (cfg.num_warps + gather_warps))
+    left = (65536 - 32 * cfg.num_warps * PAIRS_MMA_REGS) // (32 * gather_warps)
+    return min(even, left) // 8 * 8
 
 
 def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int:
@@ -529,12 +537,13 @@ def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int
     return min(tiles, max(channel_blocks, multiprocessors // channel_blocks * channel_blocks))
 
 
-def staged_input(x: Tensor) -> bool:
+def staged_input(x: Tensor, switch: int | None = None) -> bool:
     """Whether the gathers are staged by asynchronous copies (tuning.GLUON_ROW_PAIRS_STAGED): only
     from input whose start is 16-byte aligned. The compiler sees a pointer's alignment only as
     16-byte or none, and a copy of fewer than 4 bytes does not exist (compiling one fails), so
     other input takes loads into registers, whatever their width."""
-    return bool(tuning.GLUON_ROW_PAIRS_STAGED) and x.data_ptr() % 16 == 0
+    on = tuning.GLUON_ROW_PAIRS_STAGED if switch is None else switch
+    return bool(on) and x.data_ptr() % 16 == 0
 
 
 def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) -> int:
@@ -590,6 +599,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
 
     #: whether the input operand is [slots, channels] (else [channels, slots], as the split leaves it)
     operand_k_major = False
+    #: warps of the gathering partition
+    gather_warps = PAIRS_GATHER_WARPS
 
     def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """A step's raw elements as [rows, columns]: its channels' two input columns a slot."""
@@ -598,6 +609,10 @@ class GluonRowPairsKernel(GluonNchwKernel):
     def load_vec(self) -> int:
         """Elements a load of the input reads (pairs_vec)."""
         return pairs_vec(self.spec)
+
+    def staged(self, x: Tensor) -> bool:
+        """Whether the gathers of ``x`` go through asynchronous copies (staged_input)."""
+        return staged_input(x)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of slots (pixel_slots an output row) x output channels, and the reduction's steps."""
@@ -636,14 +651,14 @@ class GluonRowPairsKernel(GluonNchwKernel):
             self.pixel_slots,
             self.load_vec(),
             tuning.GLUON_ROW_PAIRS_PREFETCH,
-            PAIRS_GATHER_WARPS,
-            pairs_gather_regs(cfg),
+            self.gather_warps,
+            pairs_gather_regs(cfg, self.gather_warps),
             pairs_resident(cfg.block_n, c, cfg.block_m),
             triton_cdiv(c, cfg.block_k),
             triton_cdiv(k, cfg.block_n),
             self.out_hw[0],
             bool(tuning.GLUON_ROW_PAIRS_CONSUMER_FENCE),
-            staged_input(x),
+            self.staged(x),
             self.out_hw[1],
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
             *self.raw_step(cfg),
