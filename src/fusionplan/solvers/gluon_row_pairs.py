@@ -259,7 +259,8 @@ def {stem}_kernel(
     raw_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
     RAW_STEPS: gl.constexpr = PREFETCH + 1 if STAGED else 1
     RAW_R: gl.constexpr = RAW_ROWS if STAGED else 1
-    raw_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RAW_STEPS, RAW_R, RAW_COLS], raw_layout)
+    RAW_C: gl.constexpr = RAW_COLS if STAGED else 8
+    raw_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RAW_STEPS, RAW_R, RAW_C], raw_layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
