@@ -1069,12 +1069,12 @@ GLUON_PLANE_CHUNKS_CASES = {
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_PLANE_CHUNKS_CASES))
 def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
-    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels),
-    random ring depths, copies 1 to 3 steps ahead or loads into registers, either side's proxy
-    fence, weights resident or a box a stage, output in planes and channels-last, with and without
-    a prior; persistent programs over several tiles each."""
+    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels; steps
+    of 64 channels where C is a multiple of 64, else 32), random ring depths, copies 1 to 3 steps
+    ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, output in
+    planes and channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan import tuning
-    from fusionplan.solvers import gluon_row_pairs
+    from fusionplan.solvers import gluon_plane_chunks
 
     n, c, h, w, k = GLUON_PLANE_CHUNKS_CASES[case]
     x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
@@ -1088,10 +1088,9 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_STAGED", rng.choice((0, 1)))
         monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_GATHER_WARPS", rng.choice((4, 8)))
         monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
-        most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
+        most = gluon_plane_chunks.chunks_tile(cfg.block_n, c).num_stages  # what fits
         stages = rng.choice([s for s in (2, 3, 5) if s <= most])
-        kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
+        kernel.config = gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 

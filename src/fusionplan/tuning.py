@@ -619,6 +619,8 @@ GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 #: at most 64 pixels: each image's channel block copied as one run, the operand gathered from it;
 #: solvers/gluon_plane_chunks.py).
 GLUON_PLANE_CHUNKS = True
+#: gluon-plane-chunks defers where its tiles fill less than this share of the multiprocessors.
+GLUON_PLANE_CHUNKS_MIN_FILL = 0.75
 #: Warps of gluon-plane-chunks' gathering partition (4 or 8).
 GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
 #: Whether gluon-plane-chunks' chunks come by asynchronous copies into shared memory (1) or by

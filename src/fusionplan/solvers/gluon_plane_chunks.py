@@ -33,16 +33,19 @@ from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.gluon_gemm import channel_planes
+from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import gather_why_not
 from fusionplan.solvers.gluon_row_pairs import (
     PAIRS_BLOCK_K,
+    PAIRS_MAX_STAGES,
+    PAIRS_PIXELS,
+    PAIRS_SHARED_BYTES,
     GluonRowPairsKernel,
     render_staged_source,
     staged_input,
 )
 from fusionplan.solvers.gluon_window import gluon_why_not, hopper_why_not
-from fusionplan.solvers.triton_conv import conv_plan_why_not
+from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
 #: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
 #: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
@@ -50,6 +53,10 @@ from fusionplan.solvers.triton_conv import conv_plan_why_not
 CHUNK_MAX_PLANE = 64
 #: Elements a copy moves (16 bytes of 16-bit data).
 CHUNK_VEC = 8
+#: Input channels of a reduction step where C is a multiple of it (else PAIRS_BLOCK_K): 128-byte
+#: rows of the weights' boxes, half the steps. H100, fp16, batch 32, CBNA (bench/NOTES.md section
+#: 51): r50_19 13.0 us against 14.2 with 32-channel steps.
+CHUNK_BLOCK_K = 64
 
 #: The chunks' gathers (gluon_row_pairs' template's gather_functions): a step reads [images,
 #: RAW_COLS] elements, each image's BLOCK_K channel planes as one run from the step's first
@@ -152,11 +159,53 @@ def chunks_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def chunks_defer_why(spec: PlanSpec) -> str | None:
-    """Where other kernels measured faster (tuning.GLUON_PLANE_CHUNKS switches it)."""
+def chunks_tiles(spec: PlanSpec) -> int:
+    """Tiles of the plan's best tile (chunks_config): pairs of images (or more) x channel blocks."""
+    n, c = spec.input_desc.dims[:2]
+    k = spec.output_desc.dims[1]
+    cfg = chunks_config(k, c)
+    return triton_cdiv(n * chunk_slots(spec), cfg.block_m) * triton_cdiv(k, cfg.block_n)
+
+
+def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
+    """Where other kernels measured faster (tuning.GLUON_PLANE_CHUNKS switches it): grids of fewer
+    tiles than tuning.GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors (the kernel does not split
+    its reduction). H100, fp16, batch 32, CBNA (bench/NOTES.md section 51): r50_19's 128 tiles 13.0 us
+    against 16.8 for gluon-nchw-regs; r50_21's 32 (64 of 128 channels) 34.2 (25.9) against 18.0 for
+    gluon-nchw."""
     if not tuning.GLUON_PLANE_CHUNKS:
         return "off (tuning.GLUON_PLANE_CHUNKS)"
+    tiles = chunks_tiles(spec)
+    if tiles < tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
+        return (
+            f"{tiles} tiles on {sms} multiprocessors (< {tuning.GLUON_PLANE_CHUNKS_MIN_FILL:g} of them) and no split "
+            "reduction: gluon-nchw measured faster (r50_21: 34.2 us against 18.0)"
+        )
     return None
+
+
+def chunks_block_k(c: int) -> int:
+    """Input channels of a reduction step: CHUNK_BLOCK_K where ``c`` is a multiple of it, else
+    PAIRS_BLOCK_K (chunks_why_not: C a multiple of that)."""
+    return CHUNK_BLOCK_K if c % CHUNK_BLOCK_K == 0 else PAIRS_BLOCK_K
+
+
+def chunks_tile(block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
+    """PAIRS_PIXELS slots by ``block_n`` output channels (two computing warpgroups for 256) in steps
+    of chunks_block_k(``c``) channels, with ``stages`` in the ring (0: as many as PAIRS_SHARED_BYTES
+    holds beside the staged chunks, at least 2)."""
+    block_k = chunks_block_k(c)
+    staged = 0
+    if tuning.GLUON_PLANE_CHUNKS_STAGED:
+        staged = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_PIXELS * block_k * 2
+    per_stage = (PAIRS_PIXELS + block_n) * block_k * 2
+    stages = stages or max(2, min(PAIRS_MAX_STAGES, (PAIRS_SHARED_BYTES - staged) // per_stage))
+    return tuning.ConvConfig(PAIRS_PIXELS, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
+
+
+def chunks_config(k: int, c: int) -> tuning.ConvConfig:
+    """256 output channels where the output has 256 or more, else 128 or 64 (chunks_tile)."""
+    return chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
 
 
 def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -192,6 +241,19 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         up to a power of two (BLOCK_K times an image's slots)."""
         return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
 
+    def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype) -> tuning.ConvConfig:
+        return chunks_config(k_per_group, c_per_group)
+
+    @property
+    def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
+        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots."""
+        return [chunks_tile(n, self.geometry[1]) for n in (256, 128, 64)]
+
+    def resident(self, cfg: tuning.ConvConfig) -> bool:
+        """Never: r50_19's weights resident (128-channel tiles) measured no faster (18.7 us against
+        18.3 a box a stage; bench/NOTES.md section 51)."""
+        return False
+
     def staged(self, x) -> bool:
         """Whether the chunks come by asynchronous copies (tuning.GLUON_PLANE_CHUNKS_STAGED, input
         16-byte aligned) rather than loads into registers."""
@@ -216,7 +278,7 @@ class GluonPlaneChunksSolver(Solver):
         )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
-        return chunks_defer_why(spec)
+        return chunks_defer_why(spec, multiprocessors(handle))
 
     def build(self, spec: PlanSpec, handle) -> Kernel:
         return GluonPlaneChunksKernel(spec, handle)

@@ -615,6 +615,10 @@ class GluonRowPairsKernel(GluonNchwKernel):
         """Whether the gathers of ``x`` go through asynchronous copies (staged_input)."""
         return staged_input(x)
 
+    def resident(self, cfg: tuning.ConvConfig) -> bool:
+        """Whether a program keeps its channel block's weights in shared memory (pairs_resident)."""
+        return pairs_resident(cfg.block_n, self.geometry[1], cfg.block_m)
+
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of slots (pixel_slots an output row) x output channels, and the reduction's steps."""
         return self._tiles(cfg), triton_cdiv(self.geometry[1], cfg.block_k)
@@ -654,7 +658,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             tuning.GLUON_ROW_PAIRS_PREFETCH,
             self.gather_warps,
             pairs_gather_regs(cfg, self.gather_warps),
-            pairs_resident(cfg.block_n, c, cfg.block_m),
+            self.resident(cfg),
             triton_cdiv(c, cfg.block_k),
             triton_cdiv(k, cfg.block_n),
             self.out_hw[0],
