@@ -611,20 +611,26 @@ GLUON_ROW_PAIRS_STAGED = 1
 GLUON_ROW_PAIRS_OUT_VEC = 4
 #: Whether gluon-row-pairs' computing warps load the chain's per-channel parameters once, before
 #: their tiles (a program keeps one channel block), rather than in each tile's epilogue (Nsight
-#: Compute, r50_08: the epilogue's first multiply waits for them). Built and compiled for sm_90,
-#: not yet measured on a GPU: off.
+#: Compute, r50_08: the epilogue's first multiply waits for them). Measured slower: r50_08 36.9 us
+#: hoisted against 33.3 (fp16; bf16 36.5 / 33.3; H100, batch 32, CBNA, 5 rounds; bench/NOTES.md
+#: section 51): off.
 GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
-#: at most 64 pixels: each image's channel block copied as one run, the operand gathered from it;
-#: solvers/gluon_plane_chunks.py).
+#: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;
+#: solvers/gluon_plane_chunks.py): H100, fp16, batch 32, CBNA (bench/NOTES.md section 51): r50_19
+#: 16.8 -> 13.4 us in the suite (from gluon-nchw-regs).
 GLUON_PLANE_CHUNKS = True
-#: gluon-plane-chunks defers where its tiles fill less than this share of the multiprocessors.
+#: gluon-plane-chunks defers where its tiles fill less than this share of the multiprocessors (it
+#: does not split its reduction): r50_21's 32 tiles measured 34.2 us (64 of 128 channels 25.9)
+#: against 18.0 on gluon-nchw.
 GLUON_PLANE_CHUNKS_MIN_FILL = 0.75
-#: Warps of gluon-plane-chunks' gathering partition (4 or 8).
+#: Warps of gluon-plane-chunks' gathering partition (4 or 8; the computing warps keep 168 registers,
+#: 8 gathering warps 88 each). r50_19: 4 and 8 within 3 % at every depth (13.95-15.12 us).
 GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
-#: Whether gluon-plane-chunks' chunks come by asynchronous copies into shared memory (1) or by
-#: loads into registers (0), before the gather.
+#: Whether gluon-plane-chunks' runs come by asynchronous copies into shared memory (1) or by loads
+#: into registers (0), before the gather. r50_19 (32-channel steps): loads 13.95-14.58 us, copies
+#: 14.46-15.12 (the copies add a write and a read of shared memory before the gather's own pass).
 GLUON_PLANE_CHUNKS_STAGED = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no

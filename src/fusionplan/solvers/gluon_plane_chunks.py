@@ -10,11 +10,14 @@ their bytes in flight are bound by the registers, and the loads of one partition
 scoreboard, so each step waits for every load issued (bench/NOTES.md sections 48 and 50). But
 BLOCK_K consecutive channel planes of one image are one contiguous chunk (32 x 49 elements: 3136
 bytes, 16-byte aligned wherever C and the step are multiples of 8 channels). Here the gathering
-partition copies each step's chunks whole, 16 bytes a thread, by asynchronous copies into a ring
-of raw buffers (a commit group a step, gluon-row-pairs' staging: nothing held in registers while
-in flight), then reads the step back and takes each operand element from its place in the chunk,
-channel c's pixel p at c * HW + p: a gather (``gl.gather``, which the compiler lowers to a pass
-through shared memory, one 2-byte read an element), stored as wgmma's [channels, slots] operand.
+partition loads each step's chunks whole, 16 bytes a thread (into registers, PREFETCH steps ahead;
+or, tuning.GLUON_PLANE_CHUNKS_STAGED, by asynchronous copies into a ring of raw buffers, a commit
+group a step, as gluon-row-pairs stages its rows: measured 2-6 % slower here), and takes each
+operand element from its place in the chunks, channel c's pixel p at c * HW + p: a gather
+(``gl.gather``, which the compiler lowers to a pass through shared memory, one 2-byte read an
+element; a warp's read is 32 neighbouring pixels of one plane), stored as [slots, channels], 8
+channels a thread (wgmma reads it transposed). Steps of 64 channels where C allows
+(CHUNK_BLOCK_K).
 
 The tile's slots are whole images: ROW_SLOTS (HW rounded up to a power of two) slots an image,
 PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots; the slots past HW repeat the last

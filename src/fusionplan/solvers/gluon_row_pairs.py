@@ -27,6 +27,10 @@ copy never crosses a row; the product is [output channels, slots], 256 x 128 whe
 (one channel block each), its gathers running on into the next tile under the last products and
 the epilogue of the one before.
 
+The template's gathers are three functions (PAIRS_GATHER here: _step_geometry, _step_addresses,
+_step_operand) and its epilogue's placement of slots a text (_COORDINATES), so that another input
+mode shares the kernel (gluon-plane-chunks: an image's channel planes as one run, render_staged_source).
+
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
 
