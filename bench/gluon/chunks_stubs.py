@@ -1,0 +1,74 @@
+"""Probe: where gluon-plane-chunks' time goes, by taking parts of its gathering side away (CUDA only).
+
+    python bench/gluon/chunks_stubs.py --layers r50_19           # times each variant (wrong results but the full one)
+
+Variants of the generated kernel, each timed as tile_sweep times a configuration (CUDA-graph
+replays, input warm in L2):
+  full:      the kernel as built;
+  no-gather: each step's loaded elements stored as the operand unchanged (a reshape), the gather's
+             pass through shared memory left out;
+  no-loads:  as no-gather, with every load masked off (no input read at all): what is left is the
+             pipeline's handshakes, the weights' boxes, the products and the epilogue.
+The stubs' results are wrong by construction (tile_sweep says so); only their times count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from tile_sweep import parse_tiles, sweep_layer  # noqa: E402
+
+from fusionplan.solvers import gluon_plane_chunks  # noqa: E402
+
+NO_GATHER = (
+    """    _, _, places = geo
+    flat = gl.gather(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), places, 0)
+    return gl.reshape(flat, [PIXELS, BLOCK_K])""",
+    """    return gl.reshape(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), [PIXELS, BLOCK_K])""",
+)
+NO_LOADS = ("    live = (image < NOH) & (g < n)", "    live = (image < 0) & (g < n)")
+
+
+def variant_source(name: str) -> str:
+    text = gluon_plane_chunks.CHUNKS_GATHER
+    for stub in {"full": (), "no-gather": (NO_GATHER,), "no-loads": (NO_GATHER, NO_LOADS)}[name]:
+        assert text.count(stub[0]) == 1, stub[0]
+        text = text.replace(*stub)
+    return text
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", default="r50_19")
+    p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep"))
+    opts = p.parse_args()
+    from fusionplan.shapes import load_shapes
+
+    shapes = {s.name: s for s in load_shapes(None)}
+    sweep = argparse.Namespace(
+        batch=32,
+        precision="fp16",
+        layout="NCHW",
+        mode="CBNA",
+        solver="gluon-plane-chunks",
+        tiles=opts.tiles,
+        splits=[1],
+    )
+    original = gluon_plane_chunks.CHUNKS_GATHER
+    for layer in opts.layers.split(","):
+        for name in ("full", "no-gather", "no-loads"):
+            gluon_plane_chunks.CHUNKS_GATHER = variant_source(name)
+            try:
+                rows = sweep_layer(shapes[layer], sweep)
+            finally:
+                gluon_plane_chunks.CHUNKS_GATHER = original
+            for _, line in sorted(rows):
+                print(f"{layer} {name}:{line}")
+
+
+if __name__ == "__main__":
+    main()
