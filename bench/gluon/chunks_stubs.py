@@ -8,7 +8,9 @@ replays, input warm in L2):
   no-gather: each step's loaded elements stored as the operand unchanged (a reshape), the gather's
              pass through shared memory left out;
   no-loads:  as no-gather, with every load masked off (no input read at all): what is left is the
-             pipeline's handshakes, the weights' boxes, the products and the epilogue.
+             pipeline's handshakes, the weights' boxes, the products and the epilogue;
+  no-stores: as no-loads, with every store of the output masked off at run time (the chain still
+             computed and its layout changed): what the output's stores cost.
 The stubs' results are wrong by construction (tile_sweep says so); only their times count.
 """
 
@@ -22,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from tile_sweep import parse_tiles, sweep_layer  # noqa: E402
 
-from fusionplan.solvers import gluon_plane_chunks  # noqa: E402
+from fusionplan.solvers import gluon_plane_chunks, gluon_row_pairs  # noqa: E402
 
 NO_GATHER = (
     """    _, _, places = geo
@@ -31,13 +33,33 @@ NO_GATHER = (
     """    return gl.reshape(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), [PIXELS, BLOCK_K])""",
 )
 NO_LOADS = ("    live = (image < NOH) & (g < n)", "    live = (image < 0) & (g < n)")
+NO_STORES = (
+    "    mask = m_mask[:, None] & n_mask[None, :]\n",
+    "    mask = m_mask[:, None] & n_mask[None, :] & (syn < 0)\n",
+)
+VARIANTS = {
+    "full": (),
+    "no-gather": (NO_GATHER,),
+    "no-loads": (NO_GATHER, NO_LOADS),
+    "no-stores": (NO_GATHER, NO_LOADS),  # and the stores (variant_store)
+}
 
 
 def variant_source(name: str) -> str:
+    """The chunks' gather functions of variant ``name``."""
     text = gluon_plane_chunks.CHUNKS_GATHER
-    for stub in {"full": (), "no-gather": (NO_GATHER,), "no-loads": (NO_GATHER, NO_LOADS)}[name]:
+    for stub in VARIANTS[name]:
         assert text.count(stub[0]) == 1, stub[0]
         text = text.replace(*stub)
+    return text
+
+
+def variant_store(name: str) -> str:
+    """gluon-row-pairs' store text of variant ``name``."""
+    text = gluon_row_pairs._STORE
+    if name == "no-stores":
+        assert text.count(NO_STORES[0]) == 1
+        text = text.replace(*NO_STORES)
     return text
 
 
@@ -58,14 +80,14 @@ def main() -> None:
         tiles=opts.tiles,
         splits=[1],
     )
-    original = gluon_plane_chunks.CHUNKS_GATHER
+    original = gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE
     for layer in opts.layers.split(","):
-        for name in ("full", "no-gather", "no-loads"):
-            gluon_plane_chunks.CHUNKS_GATHER = variant_source(name)
+        for name in VARIANTS:
+            gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE = variant_source(name), variant_store(name)
             try:
                 rows = sweep_layer(shapes[layer], sweep)
             finally:
-                gluon_plane_chunks.CHUNKS_GATHER = original
+                gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE = original
             for _, line in sorted(rows):
                 print(f"{layer} {name}:{line}")
 
