@@ -1,6 +1,7 @@
 """Probe: where gluon-plane-chunks' time goes, by taking parts of its gathering side away (CUDA only).
 
     python bench/gluon/chunks_stubs.py --layers r50_19           # times each variant (wrong results but the full one)
+    python bench/gluon/chunks_stubs.py --depths 256,512,1024,2048  # r50_19 with C of each: a step's cost and the rest
 
 Variants of the generated kernel, each timed as tile_sweep times a configuration (CUDA-graph
 replays, input warm in L2):
@@ -67,10 +68,18 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="r50_19")
     p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep"))
+    p.add_argument("--depths", default="", help="comma-separated input channels: r50_19's shape with each C instead")
     opts = p.parse_args()
+    import dataclasses
+
     from fusionplan.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(None)}
+    if opts.depths:
+        base = shapes["r50_19"]
+        for c in opts.depths.split(","):
+            shapes[f"r50_19-C{c}"] = dataclasses.replace(base, name=f"r50_19-C{c}", c=int(c))
+        opts.layers = ",".join(f"r50_19-C{c}" for c in opts.depths.split(","))
     sweep = argparse.Namespace(
         batch=32,
         precision="fp16",
