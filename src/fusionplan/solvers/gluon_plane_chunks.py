@@ -39,6 +39,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import gather_why_not
 from fusionplan.solvers.gluon_row_pairs import (
+    COORDINATES_HEAD,
     PAIRS_BLOCK_K,
     PAIRS_MAX_STAGES,
     PAIRS_PIXELS,
@@ -118,20 +119,12 @@ def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROW
     return gl.reshape(flat, [PIXELS, BLOCK_K])
 """
 
-#: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots an image, slot p of an image its
-#: pixel p (row p // IMAGE_W, column p % IMAGE_W); masks and offsets.
-_COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
-offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
-n_img = offs_m // ROW_SLOTS
-pix = offs_m % ROW_SLOTS
-m_mask = (n_img < NOH) & (pix < OUT_W)
-n_mask = offs_n < K
-if IDX64:  # offsets of outputs past 2^31 elements
-    n_img = n_img.to(gl.int64)
-    offs_n = offs_n.to(gl.int64)
+#: The chunks' slots (gluon_row_pairs.COORDINATES_HEAD's rows are images): slot p of an image its
+#: pixel p, row p // IMAGE_W and column p % IMAGE_W of the output plane.
+CHUNKS_PLACES = """n_img = out_row
+pix = col
 oh = pix // IMAGE_W
-ow = pix % IMAGE_W
-ch = offs_n"""
+ow = pix % IMAGE_W"""
 
 
 def chunk_slots(spec: PlanSpec) -> int:
@@ -214,7 +207,8 @@ def chunks_config(k: int, c: int) -> tuning.ConvConfig:
 def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: gluon-row-pairs' template with the chunks' gathers and coordinates."""
     title = "1x1 convolution on NCHW plane chunks"
-    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER, _COORDINATES)
+    places = COORDINATES_HEAD + CHUNKS_PLACES
+    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER, places)
 
 
 class GluonPlaneChunksKernel(GluonRowPairsKernel):

@@ -28,8 +28,9 @@ copy never crosses a row; the product is [output channels, slots], 256 x 128 whe
 the epilogue of the one before.
 
 The template's gathers are three functions (PAIRS_GATHER here: _step_geometry, _step_addresses,
-_step_operand) and its epilogue's placement of slots a text (_COORDINATES), so that another input
-mode shares the kernel (gluon-plane-chunks: an image's channel planes as one run, render_staged_source).
+_step_operand) and its epilogue's placement of slots a text (PAIRS_PLACES after COORDINATES_HEAD),
+so that another input mode shares the kernel (gluon-plane-chunks: an image's channel planes as one
+run; render_staged_source).
 
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
@@ -89,7 +90,7 @@ def _fill_stage(
 ):
     # Step g's stage once it is free: its weights requested by TMA (one of the stage's two
     # arrivals; none where the weights are resident), the operand taken from ``raw`` (the step's
-    # copied elements, _step_operand) stored as [BLOCK_K, PIXELS], fenced and announced.
+    # loaded elements, _step_operand) stored into the stage, fenced and announced.
     stage = g % NUM_STAGES
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
@@ -177,7 +178,8 @@ def _mma_partition(
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
-    # operand along its pixels), one product in flight, the stage before it freed; then its
+    # operand along its pixels, or transposed: OPERAND_K_MAJOR), one product in flight, the stage
+    # before it freed; then its
     # epilogue, while the gathering partition fills the ring for the next tile. RESIDENT: the
     # program's weights, all its channel block's steps, loaded once (``loaded``).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
@@ -374,20 +376,25 @@ _HOISTED = """    # the chain's per-channel parameters: constants of the program
 {channel_loads}
 """
 
-#: A tile's slots and channels in ``{layout}``: masks, image, row, column, offsets.
-_COORDINATES = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
+#: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots a row of the kernel's output (of
+#: NOH), OUT_W of them pixels; masks and offsets. The input mode's text (PAIRS_PLACES) follows: the
+#: row's image, the pixel's row and column in it and its place in the plane (n_img, oh, ow, pix).
+COORDINATES_HEAD = """offs_m = m0 + gl.arange(0, PIXELS, layout=gl.SliceLayout(1, {layout}))
 offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
 out_row = offs_m // ROW_SLOTS
-ow = offs_m % ROW_SLOTS
-m_mask = (out_row < NOH) & (ow < OUT_W)
+col = offs_m % ROW_SLOTS
+m_mask = (out_row < NOH) & (col < OUT_W)
 n_mask = offs_n < K
 if IDX64:  # offsets of outputs past 2^31 elements
     out_row = out_row.to(gl.int64)
     offs_n = offs_n.to(gl.int64)
-n_img = out_row // OH
+ch = offs_n
+"""
+#: The row pairs' slots: an output row of an image each row of slots.
+PAIRS_PLACES = """n_img = out_row // OH
 oh = out_row % OH
-pix = oh * OUT_W + ow
-ch = offs_n"""
+ow = col
+pix = oh * OUT_W + ow"""
 
 #: The store: the output, in its own dtype, changes layout first (gluon-nchw's).
 _STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
@@ -567,7 +574,7 @@ def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) 
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the row pairs' gathers (PAIRS_GATHER)."""
     title = "strided 1x1 convolution on NCHW row pairs"
-    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, _COORDINATES)
+    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, COORDINATES_HEAD + PAIRS_PLACES)
 
 
 def render_staged_source(
