@@ -1001,6 +1001,26 @@ GLUON_ROW_PAIRS_CASES = {
 }
 
 
+def compiled_1x1(dims, precision, stride, solver):
+    """(plan, handle, kernel, x): a CBNA plan (ELU) of a 1x1 filter at ``stride`` without padding
+    on fresh NCHW input of ``dims`` (n, c, h, w, k output channels), compiled with ``solver``."""
+    n, c, h, w, k = dims
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((0, 0), (stride, stride))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver=solver) == solver
+    return plan, handle, plan._entry(handle).kernel, x
+
+
+def set_random_switches(monkeypatch, rng, switches: dict) -> None:
+    """Each tuning constant of ``switches`` set to one of its values, by ``rng``."""
+    from fusionplan import tuning
+
+    for name, values in switches.items():
+        monkeypatch.setattr(tuning, name, rng.choice(values))
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
@@ -1008,23 +1028,20 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     ring depths, loads 1 to 3 steps ahead into registers or staged in shared memory, either side's
     proxy fence, weights resident or a box a stage, output in planes and channels-last, with and
     without a prior; persistent programs over several tiles each."""
-    from fusionplan import tuning
     from fusionplan.solvers import gluon_row_pairs
 
-    n, c, h, w, k = GLUON_ROW_PAIRS_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((0, 0), (2, 2))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-row-pairs") == "gluon-row-pairs"
-    kernel = plan._entry(handle).kernel
+    c = GLUON_ROW_PAIRS_CASES[case][1]
+    plan, handle, kernel, x = compiled_1x1(GLUON_ROW_PAIRS_CASES[case], precision, 2, "gluon-row-pairs")
     rng = random.Random(case + precision + "pairs")
     for cfg in kernel.candidates:
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_STAGED", rng.choice((0, 1)))
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
-        # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", rng.choice((0, 128 * 1024)))
+        switches = {
+            "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
+            "GLUON_ROW_PAIRS_STAGED": (0, 1),
+            "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
+            # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
+            "GLUON_ROW_PAIRS_RESIDENT_BYTES": (0, 128 * 1024),
+        }
+        set_random_switches(monkeypatch, rng, switches)
         most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
         stages = rng.choice([s for s in (2, 3, 5) if s <= most])
         kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
@@ -1073,21 +1090,19 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     of 64 channels where C is a multiple of 64, else 32), random ring depths, copies 1 to 3 steps
     ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, output in
     planes and channels-last, with and without a prior; persistent programs over several tiles each."""
-    from fusionplan import tuning
     from fusionplan.solvers import gluon_plane_chunks
 
-    n, c, h, w, k = GLUON_PLANE_CHUNKS_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    plan = add_chain(plan_for(x), "CBNA", k=k, r=1, s=1, activation=ActivationMode.ELU, param_dtype="float")
-    handle = fp.Handle("cuda")
-    assert plan.compile(handle, solver="gluon-plane-chunks") == "gluon-plane-chunks"
-    kernel = plan._entry(handle).kernel
+    c = GLUON_PLANE_CHUNKS_CASES[case][1]
+    plan, handle, kernel, x = compiled_1x1(GLUON_PLANE_CHUNKS_CASES[case], precision, 1, "gluon-plane-chunks")
     rng = random.Random(case + precision + "chunks")
     for cfg in kernel.candidates:
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_STAGED", rng.choice((0, 1)))
-        monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_GATHER_WARPS", rng.choice((4, 8)))
-        monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_CONSUMER_FENCE", rng.choice((0, 1)))
+        switches = {
+            "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
+            "GLUON_PLANE_CHUNKS_STAGED": (0, 1),
+            "GLUON_PLANE_CHUNKS_GATHER_WARPS": (4, 8),
+            "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
+        }
+        set_random_switches(monkeypatch, rng, switches)
         most = gluon_plane_chunks.chunks_tile(cfg.block_n, c).num_stages  # what fits
         stages = rng.choice([s for s in (2, 3, 5) if s <= most])
         kernel.config = gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
