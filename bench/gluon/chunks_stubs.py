@@ -11,7 +11,9 @@ replays, input warm in L2):
   no-loads:  as no-gather, with every load masked off (no input read at all): what is left is the
              pipeline's handshakes, the weights' boxes, the products and the epilogue;
   no-stores: as no-loads, with every store of the output masked off at run time (the chain still
-             computed and its layout changed): what the output's stores cost.
+             computed and its layout changed): what the output's stores cost;
+  acc-stores: the whole kernel (right results), its output stored from the accumulator's layout
+             rather than changed to lanes along the planes first (no pass through shared memory).
 The stubs' results are wrong by construction (tile_sweep says so); only their times count.
 """
 
@@ -43,7 +45,22 @@ VARIANTS = {
     "no-gather": (NO_GATHER,),
     "no-loads": (NO_GATHER, NO_LOADS),
     "no-stores": (NO_GATHER, NO_LOADS),  # and the stores (variant_store)
+    "acc-stores": (),  # the template's stores (variant_template)
 }
+#: The stores' layout: the accumulator's own (after its permutation), for the acc-stores variant.
+ACC_STORES = (
+    """        if OUT_PIXEL_MAJOR:
+            out_layout: gl.constexpr = gl.BlockedLayout([OUT_VEC, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+        else:
+            out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
+        ohw = OH * OW
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
+""",
+    """        ohw = OH * OW
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
+        out_layout: gl.constexpr = acc.type.layout
+""",
+)
 
 
 def variant_source(name: str) -> str:
@@ -52,6 +69,15 @@ def variant_source(name: str) -> str:
     for stub in VARIANTS[name]:
         assert text.count(stub[0]) == 1, stub[0]
         text = text.replace(*stub)
+    return text
+
+
+def variant_template(name: str) -> str:
+    """gluon-row-pairs' template of variant ``name``."""
+    text = gluon_row_pairs._TEMPLATE
+    if name == "acc-stores":
+        assert text.count(ACC_STORES[0]) == 1
+        text = text.replace(*ACC_STORES)
     return text
 
 
@@ -69,6 +95,8 @@ def main() -> None:
     p.add_argument("--layers", default="r50_19")
     p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep"))
     p.add_argument("--depths", default="", help="comma-separated input channels: r50_19's shape with each C instead")
+    p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
+    p.add_argument("--solver", default="gluon-plane-chunks", help="gluon-row-pairs: the template's variants only")
     opts = p.parse_args()
     import dataclasses
 
@@ -85,18 +113,19 @@ def main() -> None:
         precision="fp16",
         layout="NCHW",
         mode="CBNA",
-        solver="gluon-plane-chunks",
+        solver=opts.solver,
         tiles=opts.tiles,
         splits=[1],
     )
-    original = gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE
+    original = gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE
     for layer in opts.layers.split(","):
-        for name in VARIANTS:
-            gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE = variant_source(name), variant_store(name)
+        for name in opts.variants.split(","):
+            patched = variant_source(name), variant_store(name), variant_template(name)
+            gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE = patched
             try:
                 rows = sweep_layer(shapes[layer], sweep)
             finally:
-                gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE = original
+                gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE = original
             for _, line in sorted(rows):
                 print(f"{layer} {name}:{line}")
 
