@@ -153,15 +153,3 @@ def test_sm90_kernel(staged):
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"8": 32}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-
-
-def test_sm90_kernel_with_hoisted_channel_parameters():
-    """tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS: the chain's per-channel parameters loaded once before
-    the tiles (not in each epilogue); compiles for sm_90 (under Triton 3.6, 96 bytes of stack: the
-    vectors saved before the loop and reloaded in the epilogues, none in the products' loop)."""
-    build = "fp.tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS = 1\n" + layer_build("r50_08", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-row-pairs")
-    source = info["source"]
-    assert "ch_v_mask = ch_v < K" in source and "sc0_ptr_v = gl.load(sc0_ptr + ch_v" in source
-    assert "gl.load(sc0_ptr + ch," not in source  # no per-tile load of the scale
-    assert info["HGMMA shapes"] == ["64x128x16"] and info["global stores by bytes"] == {"8": 32}

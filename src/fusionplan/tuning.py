@@ -609,12 +609,6 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
-#: Whether gluon-row-pairs' computing warps load the chain's per-channel parameters once, before
-#: their tiles (a program keeps one channel block), rather than in each tile's epilogue (Nsight
-#: Compute, r50_08: the epilogue's first multiply waits for them). Measured slower: r50_08 36.9 us
-#: hoisted against 33.3 (fp16; bf16 36.5 / 33.3; H100, batch 32, CBNA, 5 rounds; bench/NOTES.md
-#: section 51): off.
-GLUON_ROW_PAIRS_HOIST_CHANNELS = 0
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

@@ -40,14 +40,13 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import TileIndex, emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
 from fusionplan.solvers.gluon_window import (
-    gluon_channel_loads,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
@@ -187,7 +186,7 @@ def _mma_partition(
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-{hoisted}    for i in range(tiles):
+    for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
@@ -365,16 +364,6 @@ def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROW
     return even
 """
 
-
-#: The chain's per-channel parameters loaded once before the tiles (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS):
-#: constants of the program's channel block (the grid a multiple of the channel blocks).
-_HOISTED = """    # the chain's per-channel parameters: constants of the program's channels, loaded once
-    k0_p, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
-    ch_tile = gl.permute(gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout), (1, 0))
-    ch_v = k0_p + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
-    ch_v_mask = ch_v < K
-{channel_loads}
-"""
 
 #: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots a row of the kernel's output (of
 #: NOH), OUT_W of them pixels; masks and offsets. The input mode's text (PAIRS_PLACES) follows: the
@@ -583,18 +572,12 @@ def render_staged_source(
     """_TEMPLATE for a kernel named ``stem``_kernel whose gathering partition reads each step by
     ``gather_functions`` (_step_geometry, _step_addresses, _step_operand) and whose epilogue places
     the tile's slots by ``coordinates``, the epilogue of ``stages`` in Gluon's names, in the computing
-    partition's loop over its tiles; with tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS, the chain's
-    per-channel parameters loaded once before it (_HOISTED)."""
-    hoist = bool(tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS)
-    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
-    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
-    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4, epi)
+    partition's loop over its tiles (the chain's per-channel parameters loaded in each tile's
+    epilogue: once a program before its tiles measured slower, bench/NOTES.md section 51)."""
+    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    hoisted = _HOISTED.format(channel_loads=gluon_channel_loads(epi)) if hoist else ""
-    return _TEMPLATE.format(
-        title=title, stem=stem, gather_functions=gather_functions, hoisted=hoisted, **epilogue, **gluon_names()
-    )
+    return _TEMPLATE.format(title=title, stem=stem, gather_functions=gather_functions, **epilogue, **gluon_names())
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
