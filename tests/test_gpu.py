@@ -1088,9 +1088,8 @@ GLUON_PLANE_CHUNKS_CASES = {
 def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels; steps
     of 64 channels where C is a multiple of 64, else 32), random ring depths, copies 1 to 3 steps
-    ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, the product as
-    [channels, slots] or [slots, channels], output in planes and channels-last, with and without a
-    prior; persistent programs over several tiles each."""
+    ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, output in
+    planes and channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_plane_chunks
 
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
@@ -1102,7 +1101,6 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
             "GLUON_PLANE_CHUNKS_STAGED": (0, 1),
             "GLUON_PLANE_CHUNKS_GATHER_WARPS": (4, 8),
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
-            "GLUON_PLANE_CHUNKS_SLOT_ROWS": (0, 1),
         }
         set_random_switches(monkeypatch, rng, switches)
         most = gluon_plane_chunks.chunks_tile(cfg.block_n, c).num_stages  # what fits

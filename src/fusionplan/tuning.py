@@ -626,11 +626,6 @@ GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
 #: into registers (0), before the gather. r50_19 (32-channel steps): loads 13.95-14.58 us, copies
 #: 14.46-15.12 (the copies add a write and a read of shared memory before the gather's own pass).
 GLUON_PLANE_CHUNKS_STAGED = 0
-#: Whether gluon-plane-chunks' product is [slots, channels] = operand @ weights^T (its [slots,
-#: channels] operand as wgmma's A, read once a warpgroup: 80 KB of shared memory a 64-channel step
-#: of 256 channels x 128 slots against 96 KB for [channels, slots], whose four 64-channel row blocks
-#: each read the operand).
-GLUON_PLANE_CHUNKS_SLOT_ROWS = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

@@ -233,10 +233,6 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         self.out_hw = (1, plane)
         return chunk_slots(spec)
 
-    def slot_rows(self) -> bool:
-        """tuning.GLUON_PLANE_CHUNKS_SLOT_ROWS: the product as [slots, channels]."""
-        return bool(tuning.GLUON_PLANE_CHUNKS_SLOT_ROWS)
-
     def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """A step's raw elements as [images, columns]: each image's chunk of BLOCK_K planes, rounded
         up to a power of two (BLOCK_K times an image's slots)."""

@@ -174,7 +174,6 @@ def _mma_partition(
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
-    SLOT_ROWS: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -182,40 +181,28 @@ def _mma_partition(
     # before it freed; then its
     # epilogue, while the gathering partition fills the ring for the next tile. RESIDENT: the
     # program's weights, all its channel block's steps, loaded once (``loaded``).
-    # SLOT_ROWS: the product as [slots, channels] = operand @ weights^T (a K-major operand as wgmma's
-    # A: each instruction covers all the tile's channels, the operand read once a warpgroup)
-    if SLOT_ROWS:
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, BLOCK_N, 256 // ELEM_BITS]
-        )
-    else:
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
-        )
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
+    )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
     for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
-        if SLOT_ROWS:
-            acc = gl.zeros((PIXELS, BLOCK_N), gl.float32, acc_layout)
-        else:
-            acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
+        acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
             g = i * STEPS + kb
             stage = g % NUM_STAGES
             mbarrier.wait(ready.index(stage), (g // NUM_STAGES) & 1)
             if CONSUMER_FENCE:  # the gathering warps' stores (acquired by the wait), before wgmma reads them
                 fence_async_shared()
+            if OPERAND_K_MAJOR:  # the operand's [slots, channels] seen as [channels, slots]
+                operand = a_bufs.index(stage).permute((1, 0))
+            else:
+                operand = a_bufs.index(stage)
             if RESIDENT:
-                weights = w_bufs.index(kb)
+                acc = warpgroup_mma(w_bufs.index(kb), operand, acc, is_async=True)
             else:
-                weights = w_bufs.index(stage)
-            if SLOT_ROWS:
-                acc = warpgroup_mma(a_bufs.index(stage), weights.permute((1, 0)), acc, is_async=True)
-            elif OPERAND_K_MAJOR:  # the operand's [slots, channels] seen as [channels, slots]
-                acc = warpgroup_mma(weights, a_bufs.index(stage).permute((1, 0)), acc, is_async=True)
-            else:
-                acc = warpgroup_mma(weights, a_bufs.index(stage), acc, is_async=True)
+                acc = warpgroup_mma(w_bufs.index(stage), operand, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
@@ -228,8 +215,7 @@ def _mma_partition(
         else:
             out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         ohw = OH * OW
-        if not SLOT_ROWS:
-            acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
+        acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
 {coordinates_in_acc}
 {tail}
 
@@ -247,7 +233,7 @@ def {stem}_kernel(
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, SLOT_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -304,7 +290,7 @@ def {stem}_kernel(
                 (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
                  M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
                  PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, SLOT_ROWS,
+                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR,
                  {flag_args}),
             ),
             (
@@ -611,10 +597,6 @@ class GluonRowPairsKernel(GluonNchwKernel):
     #: warps of the gathering partition
     gather_warps = PAIRS_GATHER_WARPS
 
-    def slot_rows(self) -> bool:
-        """Whether the product is [slots, channels] (a K-major operand only; else [channels, slots])."""
-        return False
-
     def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """A step's raw elements as [rows, columns]: its channels' two input columns a slot."""
         return cfg.block_k, 2 * cfg.block_m
@@ -662,8 +644,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
-        # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width, the
-        # operand's orientation and the product's
+        # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
+        # operand's orientation
         own = (
             self.pixel_slots,
             self.load_vec(),
@@ -681,7 +663,6 @@ class GluonRowPairsKernel(GluonNchwKernel):
             *self.raw_step(cfg),
             self.conv.output_desc.dims[3],
             self.operand_k_major,
-            self.slot_rows(),
         )
         _, cfg, args = self.gather_launch(
             cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
