@@ -15,8 +15,9 @@ from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 chunks = pytest.importorskip("fusionplan.solvers.gluon_plane_chunks")
-if chunks.gluon_why_not():
-    pytest.skip(chunks.gluon_why_not(), allow_module_level=True)
+gluon = pytest.importorskip("fusionplan.solvers.gluon_window")
+if gluon.gluon_why_not():
+    pytest.skip(gluon.gluon_why_not(), allow_module_level=True)
 
 
 def plane_plan(c: int, h: int, w: int, k: int = 64, dtype=torch.float16, stride: int = 1):

@@ -63,31 +63,27 @@ ACC_STORES = (
 )
 
 
+def replaced(text: str, stubs: tuple) -> str:
+    """``text`` with each (old, new) of ``stubs`` replaced (each old found exactly once)."""
+    for old, new in stubs:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
 def variant_source(name: str) -> str:
     """The chunks' gather functions of variant ``name``."""
-    text = gluon_plane_chunks.CHUNKS_GATHER
-    for stub in VARIANTS[name]:
-        assert text.count(stub[0]) == 1, stub[0]
-        text = text.replace(*stub)
-    return text
+    return replaced(gluon_plane_chunks.CHUNKS_GATHER, VARIANTS[name])
 
 
 def variant_template(name: str) -> str:
     """gluon-row-pairs' template of variant ``name``."""
-    text = gluon_row_pairs._TEMPLATE
-    if name == "acc-stores":
-        assert text.count(ACC_STORES[0]) == 1
-        text = text.replace(*ACC_STORES)
-    return text
+    return replaced(gluon_row_pairs._TEMPLATE, (ACC_STORES,) if name == "acc-stores" else ())
 
 
 def variant_store(name: str) -> str:
     """gluon-row-pairs' store text of variant ``name``."""
-    text = gluon_row_pairs._STORE
-    if name == "no-stores":
-        assert text.count(NO_STORES[0]) == 1
-        text = text.replace(*NO_STORES)
-    return text
+    return replaced(gluon_row_pairs._STORE, (NO_STORES,) if name == "no-stores" else ())
 
 
 def main() -> None:

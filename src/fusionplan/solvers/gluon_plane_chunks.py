@@ -33,11 +33,9 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 from __future__ import annotations
 
 from fusionplan import tuning
-from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
-from fusionplan.solvers.gluon_nchw import gather_why_not
+from fusionplan.folding import Stage
+from fusionplan.solvers.base import Kernel, PlanSpec
+from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
     PAIRS_BLOCK_K,
@@ -45,11 +43,12 @@ from fusionplan.solvers.gluon_row_pairs import (
     PAIRS_PIXELS,
     PAIRS_SHARED_BYTES,
     GluonRowPairsKernel,
+    GluonRowPairsSolver,
+    planes_1x1_why_not,
     render_staged_source,
     staged_input,
 )
-from fusionplan.solvers.gluon_window import gluon_why_not, hopper_why_not
-from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.triton_conv import triton_cdiv
 
 #: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
 #: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
@@ -138,15 +137,10 @@ def chunks_why_not(spec: PlanSpec) -> str | None:
     padding, ungrouped, on packed NCHW input of 16-bit data (wgmma reads the operand along its
     pixels only for 16-bit data), planes of at most CHUNK_MAX_PLANE pixels, and C a multiple of the
     reduction step (each step's chunk whole, and 16-byte aligned)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    c = conv.conv
-    if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0) or c.strides != (1, 1):
-        return "only 1x1 convolutions at stride 1 without padding read whole plane chunks"
-    if not channel_planes(spec):
-        return "the input is not packed NCHW: an image's channel planes are not one contiguous run"
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: wgmma reads an operand along its pixels only for 16-bit data"
+    not_packed = "an image's channel planes are not one contiguous run"
+    why = planes_1x1_why_not(spec, 1, "whole plane chunks", not_packed)
+    if why:
+        return why
     _, channels, h, w = spec.input_desc.dims
     if h * w > CHUNK_MAX_PLANE:
         return f"{h}x{w} planes of {h * w} pixels (> {CHUNK_MAX_PLANE}): two images' slots exceed a tile"
@@ -261,18 +255,14 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         return CHUNK_VEC
 
 
-class GluonPlaneChunksSolver(Solver):
-    name = "gluon-plane-chunks"
-    family = "triton"
+class GluonPlaneChunksSolver(GluonRowPairsSolver):
+    """gluon-row-pairs' kernel and rules on the chunks' input (chunks_why_not)."""
 
-    def why_not(self, spec: PlanSpec, handle) -> str | None:
-        return (
-            conv_plan_why_not(spec)
-            or chunks_why_not(spec)
-            or gather_why_not(spec)
-            or gluon_why_not()
-            or hopper_why_not(handle)
-        )
+    name = "gluon-plane-chunks"
+
+    @staticmethod
+    def input_why_not(spec: PlanSpec) -> str | None:
+        return chunks_why_not(spec)
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
         return chunks_defer_why(spec, multiprocessors(handle))

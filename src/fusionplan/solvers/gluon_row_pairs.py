@@ -430,21 +430,32 @@ def pairs_row_slots(spec: PlanSpec) -> int:
     return max(pairs_vec(spec) // 2, 1 << (ow - 1).bit_length())
 
 
+def planes_1x1_why_not(spec: PlanSpec, stride: int, reads: str, not_packed: str) -> str | None:
+    """Why a kernel of this template cannot read the plan's convolution as far as the template goes,
+    or None: a 1x1 filter at ``stride`` without padding, ungrouped (conv_plan_why_not), on packed
+    NCHW input of 16-bit data (wgmma reads the operand along its pixels only for 16-bit data).
+    ``reads``: what the kernel reads; ``not_packed``: why other input does not give it."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    c = conv.conv
+    if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0) or c.strides != (stride, stride):
+        return f"only 1x1 convolutions at stride {stride} without padding read {reads}"
+    if not channel_planes(spec):
+        return f"the input is not packed NCHW: {not_packed}"
+    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
+        return f"{spec.dtype.name} data: wgmma reads an operand along its pixels only for 16-bit data"
+    return None
+
+
 def pairs_why_not(spec: PlanSpec) -> str | None:
     """Why the kernel cannot read the plan's convolution, or None: a 1x1 filter at stride 2 without
     padding, ungrouped, on packed NCHW input of 16-bit data (wgmma reads the operand along its
     pixels only for 16-bit data), an even height (each output row's input row has an odd row
     after it: a load of a row's last slots reads its first columns), output rows no wider than a
     tile and planes and row pairs of whole aligned loads (pairs_vec)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    c = conv.conv
-    if conv.w_desc.dims[2:] != (1, 1) or c.pads != (0, 0) or c.strides != (2, 2):
-        return "only 1x1 convolutions at stride 2 without padding read row pairs"
-    if not channel_planes(spec):
-        return "the input is not packed NCHW: its rows are not contiguous planes' rows"
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
-        return f"{spec.dtype.name} data: wgmma reads an operand along its pixels only for 16-bit data"
+    why = planes_1x1_why_not(spec, 2, "row pairs", "its rows are not contiguous planes' rows")
+    if why:
+        return why
     n, _, h, w = spec.input_desc.dims
     if h % 2:
         return f"H={h} is odd: the last output row's loads would read past its input plane"
@@ -676,10 +687,15 @@ class GluonRowPairsSolver(Solver):
     name = "gluon-row-pairs"
     family = "triton"
 
+    @staticmethod
+    def input_why_not(spec: PlanSpec) -> str | None:
+        """Why the kernel's gathers cannot read the plan's input (pairs_why_not)."""
+        return pairs_why_not(spec)
+
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         return (
             conv_plan_why_not(spec)
-            or pairs_why_not(spec)
+            or self.input_why_not(spec)
             or gather_why_not(spec)
             or gluon_why_not()
             or hopper_why_not(handle)
