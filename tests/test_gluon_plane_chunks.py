@@ -53,6 +53,7 @@ def test_in_the_registry_before_the_gather_kernels(monkeypatch):
     solver = chunks.GluonPlaneChunksSolver()
     assert solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu")) is None  # 128 tiles
     assert "32 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu"))
+    assert "8 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_19", batch=1).spec(), fp.Handle("cpu"))
     monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS", False)
     assert "off (tuning.GLUON_PLANE_CHUNKS)" in solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu"))
 
