@@ -168,6 +168,13 @@ def tensor_load_boxes(ttgir: str) -> list[int]:
 _HEX_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);\s*/\* 0x[0-9a-f]{16} \*/\s*\n\s*/\* (0x[0-9a-f]{16}) \*/")
 
 
+def without_encodings(hex_sass: str) -> str:
+    """``nvdisasm -hex`` output as plain ``nvdisasm`` prints it: each instruction's two encoding
+    words (a comment after it and a line of its own) dropped."""
+    hex_sass = re.sub(r"\n[ \t]*/\* 0x[0-9a-f]{16} \*/[ \t]*(?=\n)", "", hex_sass)
+    return re.sub(r"[ \t]*/\* 0x[0-9a-f]{16} \*/", "", hex_sass)
+
+
 def with_control_bits(hex_sass: str) -> list[tuple[str, int | None, int | None, tuple[int, ...], str]]:
     """Each instruction of ``nvdisasm -hex`` output with its scheduling controls (Volta and later):
     (address, the scoreboard its result sets or None, the one its operands' reads release or None,
@@ -200,9 +207,10 @@ def summarize(compiled) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        sass = subprocess.run([f"{tools}/nvdisasm", "-c", f.name], capture_output=True, text=True).stdout
-        hex_sass = subprocess.run([f"{tools}/nvdisasm", "-hex", f.name], capture_output=True, text=True).stdout
+        # one disassembly with the encodings (their scheduling controls), the plain text derived
+        hex_sass = subprocess.run([f"{tools}/nvdisasm", "-c", "-hex", f.name], capture_output=True, text=True).stdout
         usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", f.name], capture_output=True, text=True).stdout
+    sass = without_encodings(hex_sass)
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     copies = access_widths(sass, "LDGSTS")
     ttgir = compiled.asm["ttgir"]
