@@ -39,13 +39,13 @@ from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
     PAIRS_BLOCK_K,
-    PAIRS_MAX_STAGES,
     PAIRS_PIXELS,
     PAIRS_SHARED_BYTES,
     GluonRowPairsKernel,
     GluonRowPairsSolver,
     planes_1x1_why_not,
     render_staged_source,
+    ring_stages,
     staged_input,
 )
 from fusionplan.solvers.triton_conv import triton_cdiv
@@ -189,7 +189,7 @@ def chunks_tile(block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
     if tuning.GLUON_PLANE_CHUNKS_STAGED:
         staged = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_PIXELS * block_k * 2
     per_stage = (PAIRS_PIXELS + block_n) * block_k * 2
-    stages = stages or max(2, min(PAIRS_MAX_STAGES, (PAIRS_SHARED_BYTES - staged) // per_stage))
+    stages = stages or ring_stages(PAIRS_SHARED_BYTES - staged, per_stage)
     return tuning.ConvConfig(PAIRS_PIXELS, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
 
 

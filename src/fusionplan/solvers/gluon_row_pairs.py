@@ -525,8 +525,14 @@ def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0) -
         room, per_stage = room - resident_bytes(block_n, c), pixels * PAIRS_BLOCK_K * 2
     else:
         per_stage = (pixels + block_n) * PAIRS_BLOCK_K * 2
-    stages = stages or max(2, min(PAIRS_MAX_STAGES, room // per_stage))
+    stages = stages or ring_stages(room, per_stage)
     return tuning.ConvConfig(pixels, block_n, PAIRS_BLOCK_K, 8, warps, stages, 1)
+
+
+def ring_stages(room: int, per_stage: int) -> int:
+    """The ring's stages that ``room`` bytes of shared memory hold at ``per_stage`` bytes each, 2
+    to PAIRS_MAX_STAGES."""
+    return max(2, min(PAIRS_MAX_STAGES, room // per_stage))
 
 
 #: Registers a computing thread keeps beside the gathering partition (two warpgroups' 256 x 128
