@@ -1049,39 +1049,6 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
-def test_gluon_row_pairs_reuse(case, precision, monkeypatch):
-    """A tile's gathered operand serving 2 or 4 output-channel blocks of 128 or 64 (its slots kept in
-    shared memory, the weights in a ring of their own), random rings, loads 1 to 3 steps ahead into
-    registers or staged, either side's proxy fence, output in planes and channels-last, with and
-    without a prior; two or three programs, each walking several tiles (the slots' barriers through
-    several phases)."""
-    from fusionplan import tuning
-    from fusionplan.solvers import gluon_row_pairs
-
-    n, c, h, w, k = GLUON_ROW_PAIRS_CASES[case]
-    plan, handle, kernel, x = compiled_1x1(GLUON_ROW_PAIRS_CASES[case], precision, 2, "gluon-row-pairs")
-    rng = random.Random(case + precision + "reuse")
-    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_REUSE_MIN_FILL", 0)
-    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_RESIDENT_BYTES", 0)
-    monkeypatch.setattr(gluon_row_pairs, "multiprocessors", lambda handle: rng.choice((2, 3)))
-    for block_n in (128, 64):
-        switches = {
-            "GLUON_ROW_PAIRS_REUSE": (2, 4),
-            "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
-            "GLUON_ROW_PAIRS_STAGED": (0, 1),
-            "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
-        }
-        set_random_switches(monkeypatch, rng, switches)
-        cfg = gluon_row_pairs.pairs_tile(gluon_row_pairs.PAIRS_PIXELS, block_n, 4, c, rng.choice((2, 3, 5)))
-        kernel.config = cfg
-        blocks = -(-k // block_n)
-        if blocks > 1:  # a plan of one channel block has nothing to share
-            assert kernel.reuse(cfg, False)[0] == min(tuning.GLUON_ROW_PAIRS_REUSE, blocks) or blocks == 3
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_gluon_row_pairs_unaligned_input(precision):
     """Input starting 2 bytes past a 16-byte boundary: loads into registers (no copy of fewer than 4
     bytes exists), the same results."""

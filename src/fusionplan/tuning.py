@@ -609,12 +609,6 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
-#: The most output-channel blocks one tile's gathered operand serves in gluon-row-pairs (its
-#: STEPS slots kept in shared memory, the blocks' products one after another: the input gathered
-#: once for them; solvers.gluon_row_pairs.pairs_reuse); 1: each tile gathers for one block.
-GLUON_ROW_PAIRS_REUSE = 1
-#: ... where the grid of tiles that leaves still fills this share of the multiprocessors.
-GLUON_ROW_PAIRS_REUSE_MIN_FILL = 0.75
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

@@ -82,67 +82,36 @@ def _tile_origin(i, N_K: gl.constexpr, BLOCK_N: gl.constexpr, PIXELS: gl.constex
 {gather_functions}
 
 @gluon.jit
-def _load_weights(w_desc, w_bufs, ready, empty, q, k0, kb, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr):
-    # the products' q-th weights' box (output channels from k0, reduction step kb) into its stage
-    # of the ring once that is free (REUSE: the weights have a ring of their own)
-    stage = q % NUM_STAGES
-    mbarrier.wait(empty.index(stage), ((q // NUM_STAGES) & 1) ^ 1)
-    mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-    {tma_load}(w_desc, [k0, kb * BLOCK_K], ready.index(stage), w_bufs.index(stage))
-
-
-@gluon.jit
 def _fill_stage(
-    raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, op_ready, op_empty, BLOCK_N: gl.constexpr,
-    BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, RESIDENT: gl.constexpr,
-    STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, REUSE: gl.constexpr,
+    raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
+    PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, RESIDENT: gl.constexpr, STEPS: gl.constexpr,
+    N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
 ):
     # Step g's stage once it is free: its weights requested by TMA (one of the stage's two
     # arrivals; none where the weights are resident), the operand taken from ``raw`` (the step's
-    # loaded elements, _step_operand) stored into the stage, fenced and announced. REUSE > 1: the
-    # operand goes to its tile's slot (g % STEPS, free once the products of the tile before have
-    # read it for their last channel block) and serves REUSE channel blocks of BLOCK_N (N_K counts
-    # the tiles' groups of them); the weights of the first block's step go before it, and after
-    # the tile's last step those of the other blocks, in the products' order.
-    if REUSE > 1:
-        i = g // STEPS
-        kb = g % STEPS
-        k0, _ = _tile_origin(i, N_K, BLOCK_N * REUSE, PIXELS)
-        _load_weights(w_desc, w_bufs, ready, empty, i * REUSE * STEPS + kb, k0, kb, BLOCK_K, NUM_STAGES)
-        mbarrier.wait(op_empty.index(kb), (i & 1) ^ 1)
-        a_bufs.index(kb).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
-        if not CONSUMER_FENCE:
-            fence_async_shared()
-        {thread_barrier}()
-        mbarrier.arrive(op_ready.index(kb))
-        if kb == STEPS - 1:
-            for q in range((i * REUSE + 1) * STEPS, (i + 1) * REUSE * STEPS):
-                j = q // STEPS - i * REUSE
-                _load_weights(w_desc, w_bufs, ready, empty, q, k0 + j * BLOCK_N, q % STEPS, BLOCK_K, NUM_STAGES)
-    else:
-        stage = g % NUM_STAGES
-        # the first round finds every buffer free (the phase before a new barrier's first counts as done)
-        mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
-        if not RESIDENT:
-            k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
-            mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-            {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
-        a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
-        if not CONSUMER_FENCE:
-            fence_async_shared()  # the stores, before wgmma reads them through the async proxy
-        {thread_barrier}()  # every gathering warp's stores, before the stage is announced
-        mbarrier.arrive(ready.index(stage))
+    # loaded elements, _step_operand) stored into the stage, fenced and announced.
+    stage = g % NUM_STAGES
+    # the first round finds every buffer free (the phase before a new barrier's first counts as done)
+    mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
+    if not RESIDENT:
+        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
+        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+    a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
+    if not CONSUMER_FENCE:
+        fence_async_shared()  # the stores, before wgmma reads them through the async proxy
+    {thread_barrier}()  # every gathering warp's stores, before the stage is announced
+    mbarrier.arrive(ready.index(stage))
 
 
 @gluon.jit
 def _gather_partition(
-    x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, op_ready, op_empty, n, C, HW, W, NOH, sxn,
+    x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, n, C, HW, W, NOH, sxn,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     ROW_SLOTS: gl.constexpr, VEC: gl.constexpr, PREFETCH: gl.constexpr, WHOLE_CB: gl.constexpr,
     IDX64: gl.constexpr, RESIDENT: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
     CONSUMER_FENCE: gl.constexpr, STAGED: gl.constexpr, OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, REUSE: gl.constexpr,
+    RAW_COLS: gl.constexpr,
 ):
     # The program's n steps over all its tiles in one sequence, so that the loads of a tile's first
     # steps run under the last ones of the tile before. A step reads [RAW_ROWS, RAW_COLS] elements:
@@ -171,8 +140,8 @@ def _gather_partition(
             async_copy.commit_group()
             async_copy.wait_group(PREFETCH)
             raw = raw_bufs.index(g % (PREFETCH + 1)).load(layout)
-            _fill_stage(raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, op_ready, op_empty, BLOCK_N, BLOCK_K,
-                        PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS, REUSE)
+            _fill_stage(raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K, PIXELS, NUM_STAGES,
+                        RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS)
         async_copy.wait_group(0)  # the masked copies past the last step (zero-fills) land before the partition ends
     else:
         # Loads into registers: a turn of the loop is PREFETCH + 1 steps, statically unrolled, the
@@ -190,15 +159,14 @@ def _gather_partition(
                                              BLOCK_N, BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W)
                 ahead = gl.load(ptrs, mask=mask, other=0.0)
                 if g + j < n:
-                    _fill_stage(vals[0], geo, g + j, w_desc, a_bufs, w_bufs, ready, empty, op_ready, op_empty,
-                                BLOCK_N, BLOCK_K, PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS,
-                                RAW_COLS, REUSE)
+                    _fill_stage(vals[0], geo, g + j, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K,
+                                PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS)
                 vals = vals[1:] + (ahead,)
 
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, loaded, op_ready, op_empty, y_ptr, prior_ptr, tiles,
+    a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles,
     {stage_params}
     M, K, OH, OW, NOH,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -206,55 +174,39 @@ def _mma_partition(
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
-    REUSE: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
     # operand along its pixels, or transposed: OPERAND_K_MAJOR), one product in flight, the stage
     # before it freed; then its
     # epilogue, while the gathering partition fills the ring for the next tile. RESIDENT: the
-    # program's weights, all its channel block's steps, loaded once (``loaded``). REUSE > 1: a
-    # tile's REUSE channel blocks one after another (N_K counts the groups of them), each from the
-    # same operand slots (the first block waits for each slot's stores, the last frees it) and
-    # weights of their own ring.
+    # program's weights, all its channel block's steps, loaded once (``loaded``).
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 256 // ELEM_BITS]
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-    for t in range(tiles * REUSE):
-        i = t // REUSE
-        j = t % REUSE
-        k0, m0 = _tile_origin(i, N_K, BLOCK_N * REUSE, PIXELS)
-        k0 = k0 + j * BLOCK_N
+    for i in range(tiles):
+        k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
-            g = t * STEPS + kb
+            g = i * STEPS + kb
             stage = g % NUM_STAGES
             mbarrier.wait(ready.index(stage), (g // NUM_STAGES) & 1)
-            if REUSE > 1:  # the operand's slot, stored for the tile's first block
-                slot = kb
-                mbarrier.wait(op_ready.index(kb), i & 1, pred=j == 0)
-            else:
-                slot = stage
             if CONSUMER_FENCE:  # the gathering warps' stores (acquired by the wait), before wgmma reads them
                 fence_async_shared()
             if OPERAND_K_MAJOR:  # the operand's [slots, channels] seen as [channels, slots]
-                operand = a_bufs.index(slot).permute((1, 0))
+                operand = a_bufs.index(stage).permute((1, 0))
             else:
-                operand = a_bufs.index(slot)
+                operand = a_bufs.index(stage)
             if RESIDENT:
                 acc = warpgroup_mma(w_bufs.index(kb), operand, acc, is_async=True)
             else:
                 acc = warpgroup_mma(w_bufs.index(stage), operand, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
-            if REUSE > 1:  # the step before's slot, read for the last time by the tile's last block
-                mbarrier.arrive(op_empty.index((kb + STEPS - 1) % STEPS), pred=(kb > 0) & (j == REUSE - 1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
-        mbarrier.arrive(empty.index((t * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
-        if REUSE > 1:
-            mbarrier.arrive(op_empty.index(STEPS - 1), pred=j == REUSE - 1)
+        mbarrier.arrive(empty.index((i * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
         # the stores' layout, [slots, channels]: NCHW output, lanes along a plane's pixels, OUT_VEC a
         # thread (packed planes: runs of OUT_VEC pixels of an output row); else 8 contiguous
         # channels per thread (16-byte stores)
@@ -281,7 +233,7 @@ def {stem}_kernel(
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, REUSE: gl.constexpr,
+    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -289,28 +241,23 @@ def {stem}_kernel(
     # w_desc: the weights as [K, C], boxes of [BLOCK_N, BLOCK_K]. M counts the output's pixels; the
     # tiles count slots, ROW_SLOTS an output row. Persistent: each program walks tiles the grid's
     # size apart (_tile_origin). RESIDENT: the program's channel block's weights, STEPS boxes,
-    # stay in shared memory, loaded once; else each stage takes its step's box. REUSE > 1: a tile
-    # of slots takes REUSE channel blocks of BLOCK_N (N_G groups of them), its operand's STEPS
-    # slots in shared memory for all of them, the weights in a ring of NUM_STAGES of their own.
+    # stay in shared memory, loaded once; else each stage takes its step's box.
     NOH = (M // (OH * OW)) * OH  # output rows of the batch
-    N_G: gl.constexpr = N_K // REUSE
-    n_tiles = N_G * gl.cdiv(NOH * ROW_SLOTS, PIXELS)
+    n_tiles = N_K * gl.cdiv(NOH * ROW_SLOTS, PIXELS)
     tiles = gl.cdiv(n_tiles - gl.program_id(0), gl.num_programs(0))
 
     # the input operand as [channels, slots] (the slots contiguous), or OPERAND_K_MAJOR [slots,
-    # channels] (the channels contiguous: wgmma's B operand transposed); a tile's every step where
-    # REUSE > 1, else a stage's
-    A_SLOTS: gl.constexpr = STEPS if REUSE > 1 else NUM_STAGES
+    # channels] (the channels contiguous: wgmma's B operand transposed)
     if OPERAND_K_MAJOR:
         operand: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=min(128, BLOCK_K * ELEM_BITS // 8), element_bitwidth=ELEM_BITS, rank=2
         )
-        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [A_SLOTS, PIXELS, BLOCK_K], operand)
+        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, PIXELS, BLOCK_K], operand)
     else:
         operand: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=min(128, PIXELS * ELEM_BITS // 8), element_bitwidth=ELEM_BITS, rank=2
         )
-        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [A_SLOTS, BLOCK_K, PIXELS], operand)
+        a_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [NUM_STAGES, BLOCK_K, PIXELS], operand)
     W_BOXES: gl.constexpr = STEPS if RESIDENT else NUM_STAGES
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [W_BOXES, BLOCK_N, BLOCK_K], w_desc.layout)
     # STAGED: the gathers' raw elements, PREFETCH + 1 steps (a token buffer otherwise)
@@ -322,20 +269,12 @@ def {stem}_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    OP_BARRIERS: gl.constexpr = STEPS if REUSE > 1 else 1  # the operand slots' (REUSE; a token otherwise)
-    op_ready = gl.allocate_shared_memory(gl.int64, [OP_BARRIERS, 1], mbarrier.MBarrierLayout())
-    op_empty = gl.allocate_shared_memory(gl.int64, [OP_BARRIERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         if RESIDENT:
             mbarrier.init(ready.index(i), count=1)  # the stores' arrival
-        elif REUSE > 1:
-            mbarrier.init(ready.index(i), count=1)  # the weights' expect
         else:
             mbarrier.init(ready.index(i), count=2)  # the weights' expect, the stores' arrival
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(OP_BARRIERS):
-        mbarrier.init(op_ready.index(i), count=1)
-        mbarrier.init(op_empty.index(i), count=1)
     mbarrier.init(loaded.index(0), count=1)
     fence_async_shared()
 {grid_dependency}
@@ -348,17 +287,17 @@ def {stem}_kernel(
         [
             (
                 _mma_partition,
-                (a_bufs, w_bufs, ready, empty, loaded, op_ready, op_empty, y_ptr, prior_ptr, tiles, {stage_args}
+                (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
                  M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
                  PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_G, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, REUSE,
+                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR,
                  {flag_args}),
             ),
             (
                 _gather_partition,
-                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, op_ready, op_empty, tiles * STEPS, C, H * W,
-                 W, NOH, sxn, PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64,
-                 RESIDENT, STEPS, N_G, OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS, REUSE),
+                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
+                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
+                 OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
             ),
         ],
         [GATHER_WARPS],
@@ -369,9 +308,6 @@ def {stem}_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
-    for i in gl.static_range(OP_BARRIERS):
-        mbarrier.invalidate(op_ready.index(i))
-        mbarrier.invalidate(op_empty.index(i))
     mbarrier.invalidate(loaded.index(0))
 '''
 
@@ -613,29 +549,6 @@ def pairs_gather_regs(cfg: tuning.ConvConfig, gather_warps: int = PAIRS_GATHER_W
     return min(even, left) // 8 * 8
 
 
-def pairs_reuse(
-    pixel_tiles: int, n_k: int, steps: int, slot_bytes: int, weights_bytes: int, staged: int, sms: int
-) -> int:
-    """Channel blocks that one tile's gathered operand serves (the kernel's REUSE), at most
-    tuning.GLUON_ROW_PAIRS_REUSE: the largest divisor of the ``n_k`` channel blocks whose grid of
-    ``pixel_tiles`` x (``n_k`` / it) tiles still fills tuning.GLUON_ROW_PAIRS_REUSE_MIN_FILL of the
-    ``sms`` multiprocessors, where the tile's ``steps`` operand slots of ``slot_bytes``, the
-    ``staged`` gathers' bytes and two weights' stages of ``weights_bytes`` fit PAIRS_SHARED_BYTES;
-    else 1 (each tile gathers its operand for one channel block)."""
-    for reuse in range(min(tuning.GLUON_ROW_PAIRS_REUSE, n_k), 1, -1):
-        fills = pixel_tiles * (n_k // reuse) >= tuning.GLUON_ROW_PAIRS_REUSE_MIN_FILL * sms
-        fits = steps * slot_bytes + staged + 2 * weights_bytes <= PAIRS_SHARED_BYTES
-        if n_k % reuse == 0 and fills and fits:
-            return reuse
-    return 1
-
-
-def reuse_stages(stages: int, steps: int, slot_bytes: int, weights_bytes: int, staged: int) -> int:
-    """The weights' ring beside a tile's ``steps`` operand slots (pairs_reuse): at most ``stages``,
-    as many as PAIRS_SHARED_BYTES holds."""
-    return min(stages, ring_stages(PAIRS_SHARED_BYTES - steps * slot_bytes - staged, weights_bytes))
-
-
 def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int:
     """Persistent programs: one a multiprocessor, a multiple of the channel blocks (each program
     keeps one; at least one each), at most one a tile."""
@@ -717,23 +630,6 @@ class GluonRowPairsKernel(GluonNchwKernel):
         """Whether a program keeps its channel block's weights in shared memory (pairs_resident)."""
         return pairs_resident(cfg.block_n, self.geometry[1], cfg.block_m)
 
-    def reuse(self, cfg: tuning.ConvConfig, staged: bool) -> tuple[int, int]:
-        """Channel blocks a tile's operand serves (pairs_reuse; 1 with resident weights) and the
-        ring's stages beside its slots (reuse_stages; ``cfg``'s where 1)."""
-        c, k = self.geometry[1:3]
-        steps, n_k = triton_cdiv(c, cfg.block_k), triton_cdiv(k, cfg.block_n)
-        if self.resident(cfg):
-            return 1, cfg.num_stages
-        raw_rows, raw_cols = self.raw_step(cfg)
-        slot, weights = cfg.block_m * cfg.block_k * 2, cfg.block_n * cfg.block_k * 2
-        raw = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * raw_rows * raw_cols * 2 if staged else 0
-        pixel_tiles = self._tiles(cfg) // n_k
-        sms = multiprocessors(self._handle)
-        reuse = pairs_reuse(pixel_tiles, n_k, steps, slot, weights, raw, sms)
-        if reuse == 1:
-            return 1, cfg.num_stages
-        return reuse, reuse_stages(cfg.num_stages, steps, slot, weights, raw)
-
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """Tiles of slots (pixel_slots an output row) x output channels, and the reduction's steps."""
         return self._tiles(cfg), triton_cdiv(self.geometry[1], cfg.block_k)
@@ -761,14 +657,12 @@ class GluonRowPairsKernel(GluonNchwKernel):
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         c, k = self.geometry[1:3]
-        staged = self.staged(x)
-        reuse, stages = self.reuse(cfg, staged)
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
-        # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width, the
-        # operand's orientation and the channel blocks a tile's operand serves
+        # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
+        # operand's orientation
         own = (
             self.pixel_slots,
             self.load_vec(),
@@ -780,17 +674,18 @@ class GluonRowPairsKernel(GluonNchwKernel):
             triton_cdiv(k, cfg.block_n),
             self.out_hw[0],
             bool(tuning.GLUON_ROW_PAIRS_CONSUMER_FENCE),
-            staged,
+            self.staged(x),
             self.out_hw[1],
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
             *self.raw_step(cfg),
             self.conv.output_desc.dims[3],
             self.operand_k_major,
-            reuse,
         )
-        _, cfg, args = self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
-        tiles = self.programs_and_steps(cfg)[0] // reuse  # tiles of slots x groups of reuse channel blocks
-        programs = pairs_programs(tiles, triton_cdiv(k, cfg.block_n) // reuse, multiprocessors(self._handle))
+        _, cfg, args = self.gather_launch(
+            cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
+        )
+        tiles = self.programs_and_steps(cfg)[0]
+        programs = pairs_programs(tiles, triton_cdiv(k, cfg.block_n), multiprocessors(self._handle))
         return (programs, 1, 1), cfg, args
 
 
