@@ -617,7 +617,9 @@ GLUON_ROW_PAIRS_OUT_VEC = 4
 GLUON_PLANE_CHUNKS = True
 #: gluon-plane-chunks defers where its tiles fill less than this share of the multiprocessors (it
 #: does not split its reduction): r50_21's 32 tiles measured 34.2 us (64 of 128 channels 25.9)
-#: against 18.0 on gluon-nchw.
+#: against 18.0 on gluon-nchw; 128 tiles of one image by 128 channels 16.2 us with the input warm
+#: in L2 (scripts/tile_sweep.py) but 19.2-20.9 from inputs rotated out of L2 as the bench times
+#: them, against 18.3-18.6 (bench/NOTES.md section 52).
 GLUON_PLANE_CHUNKS_MIN_FILL = 0.75
 #: Warps of gluon-plane-chunks' gathering partition (4 or 8; the computing warps keep 168 registers,
 #: 8 gathering warps 88 each). r50_19: 4 and 8 within 3 % at every depth (13.95-15.12 us).
