@@ -673,6 +673,20 @@ class GluonNchwKernel(TritonConvKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
+        """The gather kernels' launch (gather_launch), with each kernel's own constants
+        (launch_constants) and grid (launch_grid)."""
+        stages, own, workspace = self.launch_constants(cfg, x, out, strides)
+        grid, cfg, args = self.gather_launch(
+            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
+        )
+        return self.launch_grid(cfg, grid), cfg, args
+
+    def launch_constants(
+        self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
+    ) -> tuple[int, tuple, tuple[Tensor, ...]]:
+        """The ring's stages, the kernel's own constants in its template's order and a split
+        reduction's workspace (gather_launch's), for a launch of ``cfg`` reading ``x`` into ``out``
+        (``strides``: the tensors' strides where the launch gives them)."""
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
@@ -690,10 +704,11 @@ class GluonNchwKernel(TritonConvKernel):
             cfg.split_k == 2 and bool(tuning.GLUON_NCHW_PAIR_SUM),
         )
         tiles = self.programs_and_steps(cfg)[0]
-        workspace = self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
-        return self.gather_launch(
-            cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64, workspace
-        )
+        return stages, own, self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
+
+    def launch_grid(self, cfg: tuning.ConvConfig, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The launch's grid: gather_launch's (a program a tile, ``cfg.split_k`` a tile)."""
+        return grid
 
     def gather_launch(
         self,

@@ -384,23 +384,12 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         row, ring = regs_step_bytes(self.taps, self.strided), ring_bytes(self.strided, size)
         return [regs_tile(p, n, w, size, row, ring) for p, n, w in (WIDE_1X1_TILE, *REGS_TILES)]
 
-    def _launch_args(
-        self,
-        cfg: tuning.ConvConfig,
-        x: Tensor,
-        packed: Tensor,
-        out: Tensor,
-        p: Tensor,
-        values: list,
-        flags: dict[str, bool],
-        has_prior: bool,
-        strides: tuple[int, ...] | None = None,
-        idx64: bool | None = None,
-    ) -> tuple[tuple[int, int, int], tuple, list]:
-        # warps along the pixels, steps of loads in flight, the loop's unrolling
+    def launch_constants(
+        self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
+    ) -> tuple[int, tuple, tuple[Tensor, ...]]:
+        # warps along the pixels, steps of loads in flight, the loop's unrolling; no split reduction
         own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, regs_unrolled(cfg))
-        stages = ring_stages(cfg.num_stages)
-        return self.gather_launch(cfg, stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64)
+        return ring_stages(cfg.num_stages), own, ()
 
 
 class GluonNchwRegsSolver(Solver):

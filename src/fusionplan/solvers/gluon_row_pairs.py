@@ -643,26 +643,16 @@ class GluonRowPairsKernel(GluonNchwKernel):
         c = self.geometry[1]
         return [pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64)]
 
-    def _launch_args(
-        self,
-        cfg: tuning.ConvConfig,
-        x: Tensor,
-        packed: Tensor,
-        out: Tensor,
-        p: Tensor,
-        values: list,
-        flags: dict[str, bool],
-        has_prior: bool,
-        strides: tuple[int, ...] | None = None,
-        idx64: bool | None = None,
-    ) -> tuple[tuple[int, int, int], tuple, list]:
+    def launch_constants(
+        self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
+    ) -> tuple[int, tuple, tuple[Tensor, ...]]:
         c, k = self.geometry[1:3]
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
         # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
-        # operand's orientation
+        # operand's orientation; no split reduction
         own = (
             self.pixel_slots,
             self.load_vec(),
@@ -681,12 +671,13 @@ class GluonRowPairsKernel(GluonNchwKernel):
             self.conv.output_desc.dims[3],
             self.operand_k_major,
         )
-        _, cfg, args = self.gather_launch(
-            cfg, cfg.num_stages, own, x, packed, out, p, values, flags, has_prior, strides, idx64
-        )
+        return cfg.num_stages, own, ()
+
+    def launch_grid(self, cfg: tuning.ConvConfig, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+        """Persistent programs (pairs_programs), each keeping one channel block."""
         tiles = self.programs_and_steps(cfg)[0]
-        programs = pairs_programs(tiles, triton_cdiv(k, cfg.block_n), multiprocessors(self._handle))
-        return (programs, 1, 1), cfg, args
+        k = self.geometry[2]
+        return pairs_programs(tiles, triton_cdiv(k, cfg.block_n), multiprocessors(self._handle)), 1, 1
 
 
 class GluonRowPairsSolver(Solver):
