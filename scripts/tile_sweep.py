@@ -11,9 +11,11 @@ then its kernel runs with each configuration: block_m x block_n tiles, optionall
 reduction step, warps and pipeline stages (``128x128k64w8s3``; ``keep``: the solver's own)
 and reduction splits (``auto``: what the solver's rule picks for the tile). Every configuration is
 checked against the float64 reference (output filled with NaN first) and timed as CUDA-graph
-replays of 20 launches (as fusionplan-bench --graph: median of 5 replays, GPU time alone, the
-input warm in L2). The sweeps behind the small-grid tiles of ``fusionplan.tuning``
-(bench/NOTES.md, section 13) ran this way, with 7 replays.
+replays of 20 launches (as fusionplan-bench --graph: median of 5 replays, GPU time alone), each
+launch on the next of several input and output sets that together exceed twice the L2 cache, as
+the bench rotates them. ``--warm`` times one set over and over instead, its input warm in L2, as
+the sweeps recorded before bench/NOTES.md section 52 ran: a kernel whose input comes from DRAM can
+rank differently (gluon-plane-chunks on r50_21: 16.2 us warm, 19.4 rotated).
 """
 
 from __future__ import annotations
@@ -68,21 +70,22 @@ def parse_splits(text: str) -> list[int | None]:
 
 
 def graph_us(fn, launches: int = 20) -> float:
-    """Median GPU microseconds of one ``fn()`` from CUDA-graph replays of ``launches`` calls
-    (fusionplan-bench's graph timing)."""
+    """Median GPU microseconds of one ``fn(i)`` (``i``: the call's index, which picks its input set)
+    from CUDA-graph replays of ``launches`` calls (fusionplan-bench's graph timing)."""
     from fusionplan.benchmark.timing import median_ms
 
-    return median_ms(lambda i: fn(), torch.device("cuda"), launches, warmup=1, graph=True) * 1e3
+    return median_ms(fn, torch.device("cuda"), launches, warmup=1, graph=True) * 1e3
 
 
 def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
     """(microseconds, description) of every configuration; ``timer`` replaces ``graph_us`` (tests)."""
     import fusionplan as fp
     from fusionplan.benchmark.cases import Case, prepare, tolerance
+    from fusionplan.benchmark.timing import l2_bytes
 
     case = Case(layer, opts.batch, opts.precision, opts.layout, opts.mode)
     device = torch.device(getattr(opts, "device", "cuda"))
-    prep = prepare(case, device, 0)
+    prep = prepare(case, device, 0 if getattr(opts, "warm", False) else 2 * l2_bytes(device))
     handle = fp.Handle(device, allow_tf32=case.tf32)
     prep.plan.compile(handle, solver=opts.solver)
     kernel = prep.plan._entry(handle).kernel
@@ -133,7 +136,8 @@ def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, pr
             torch.cuda.synchronize()
         result = compare(y, prep.reference)
         verdict = "ok" if result.nonfinite == 0 and result.rel_norm < tol else f"WRONG ({result})"
-        us = (timer or graph_us)(lambda: kernel.run(x, y, records, None))
+        sets = len(prep.xs)  # the rotated input and output sets (one with --warm)
+        us = (timer or graph_us)(lambda i: kernel.run(prep.xs[i % sets], prep.ys[i % sets], records, None))
     except Exception as exc:  # a tile the kernel cannot compile (too much shared memory, ...)
         return float("inf"), f"  {name}: {type(exc).__name__}: {str(exc)[:100]}"
     return us, f"  {name}: programs {programs * split}, steps {steps}: {us:.2f} us {verdict}"
@@ -151,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tiles", type=parse_tiles, default=parse_tiles("keep,64x128,64x64,32x64,32x32,16x64"))
     p.add_argument("--splits", type=parse_splits, default=parse_splits("auto,1,2,4,8,16"))
     p.add_argument("--top", type=int, default=10, help="print this many fastest configurations per layer")
+    p.add_argument(
+        "--warm", action="store_true", help="time one input set, warm in L2 (default: sets rotated as the bench does)"
+    )
     p.add_argument(
         "--tuning",
         type=tuning_choices,

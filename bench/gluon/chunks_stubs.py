@@ -4,7 +4,8 @@
     python bench/gluon/chunks_stubs.py --depths 256,512,1024,2048  # r50_19 with C of each: a step's cost and the rest
 
 Variants of the generated kernel, each timed as tile_sweep times a configuration (CUDA-graph
-replays, input warm in L2):
+replays, input sets rotated out of L2; ``--warm``: one set warm in L2, as the stubs recorded in
+bench/NOTES.md section 51 ran):
   full:      the kernel as built;
   no-gather: each step's loaded elements stored as the operand unchanged (a reshape), the gather's
              pass through shared memory left out;
@@ -93,6 +94,7 @@ def main() -> None:
     p.add_argument("--depths", default="", help="comma-separated input channels: r50_19's shape with each C instead")
     p.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of " + ", ".join(VARIANTS))
     p.add_argument("--solver", default="gluon-plane-chunks", help="gluon-row-pairs: the template's variants only")
+    p.add_argument("--warm", action="store_true", help="one input set warm in L2 (as the recorded stubs ran)")
     opts = p.parse_args()
     import dataclasses
 
@@ -112,6 +114,7 @@ def main() -> None:
         solver=opts.solver,
         tiles=opts.tiles,
         splits=[1],
+        warm=opts.warm,
     )
     original = gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE
     for layer in opts.layers.split(","):
