@@ -153,33 +153,3 @@ def test_sm90_kernel(staged):
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"8": 32}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-
-
-def test_sm90_kernel_with_shared_channels():
-    """r50_08 with the chain's per-channel parameters in shared memory: their 4-byte loads only in
-    the program's fill (scale and shift), none a tile (8 in each epilogue without), shared memory
-    reads in their place, no spills."""
-    build = "fp.tuning.GLUON_ROW_PAIRS_SHARED_CHANNELS = 1\n" + layer_build("r50_08", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-row-pairs")
-    assert info["global loads by bytes"]["4"] == 2
-    assert "_s.load(gl.SliceLayout(0, acc.type.layout))" in info["source"]
-    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-
-
-def test_shared_channel_fields():
-    """emit_stages' hoisted loads become a buffer each (filled once, the flag's conditions kept) and
-    reads of it in the epilogue; none where off."""
-    from fusionplan.codegen import TileIndex, emit_stages
-    from fusionplan.folding import split_at_conv
-    from fusionplan.solvers.triton_conv import pointwise_stages
-
-    spec = layer("r50_08").spec()
-    _, conv, post = split_at_conv(spec.ops)
-    stages = pointwise_stages(post, conv=conv.index)
-    epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
-    fields = pairs.shared_channel_fields(epi.channel_loads)
-    assert fields["channel_buffers"] == " sc0_ptr_s, sh0_ptr_s, q0_ptr_s,"
-    assert "sc0_ptr_s.store(gl.load(sc0_ptr + chans, mask=chans < K, other=0.0))" in fields["channel_fill"]
-    assert "    if HAS_Q0:\n        q0_ptr_s.store(" in fields["channel_fill"]
-    assert "sh0_ptr_v = sh0_ptr_s.load(gl.SliceLayout(0, acc.type.layout))" in fields["channel_reads"]
-    assert pairs.shared_channel_fields([]) == {"channel_buffers": "", "channel_fill": "", "channel_reads": ""}

@@ -1048,28 +1048,6 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
-@pytest.mark.parametrize("solver", ["gluon-row-pairs", "gluon-plane-chunks"])
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_staged_template_shared_channels(solver, precision, monkeypatch):
-    """The two staged kernels with the chain's per-channel parameters in shared memory
-    (tuning.GLUON_ROW_PAIRS_SHARED_CHANNELS, a switch of the generated source): each of their tiles,
-    output in planes and channels-last, with and without a prior (its weights a parameter too),
-    two or three persistent programs walking several tiles of their channel block."""
-    from fusionplan import tuning
-    from fusionplan.solvers import gluon_row_pairs
-
-    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_SHARED_CHANNELS", 1)
-    cases, stride = (GLUON_ROW_PAIRS_CASES, 2) if solver == "gluon-row-pairs" else (GLUON_PLANE_CHUNKS_CASES, 1)
-    rng = random.Random(solver + precision + "channels")
-    case = rng.choice(sorted(cases))
-    plan, handle, kernel, x = compiled_1x1(cases[case], precision, stride, solver)
-    assert "_s.load(gl.SliceLayout(0, acc.type.layout))" in kernel.source()
-    monkeypatch.setattr(gluon_row_pairs, "multiprocessors", lambda handle: rng.choice((2, 3)))
-    for cfg in kernel.candidates:
-        kernel.config = cfg
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
-
-
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_gluon_row_pairs_unaligned_input(precision):
     """Input starting 2 bytes past a 16-byte boundary: loads into registers (no copy of fewer than 4

@@ -609,10 +609,6 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
-#: Whether gluon-row-pairs' template (and gluon-plane-chunks') keeps the chain's per-channel
-#: parameters of a program's channel block in shared memory, filled once, rather than loading them
-#: from global memory in each tile's epilogue (solvers.gluon_row_pairs.shared_channel_fields).
-GLUON_ROW_PAIRS_SHARED_CHANNELS = 0
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

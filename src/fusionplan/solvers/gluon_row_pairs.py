@@ -37,12 +37,10 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import TileIndex, emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
@@ -169,7 +167,7 @@ def _gather_partition(
 @gluon.jit
 def _mma_partition(
     a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles,
-    {stage_params}{channel_buffers}
+    {stage_params}
     M, K, OH, OW, NOH,
     syn, syc, syh, syw, spn, spc, sph, spw,
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
@@ -218,7 +216,7 @@ def _mma_partition(
             out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         ohw = OH * OW
         acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
-{channel_reads}{coordinates_in_acc}
+{coordinates_in_acc}
 {tail}
 
 
@@ -280,7 +278,7 @@ def {stem}_kernel(
     mbarrier.init(loaded.index(0), count=1)
     fence_async_shared()
 {grid_dependency}
-{channel_fill}    if RESIDENT:
+    if RESIDENT:
         k0, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
         mbarrier.expect(loaded.index(0), STEPS * w_desc.block_type.nbytes)
         for kb in gl.static_range(STEPS):
@@ -289,7 +287,7 @@ def {stem}_kernel(
         [
             (
                 _mma_partition,
-                (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}{channel_buffers}
+                (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
                  M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
                  PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
                  STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR,
@@ -593,62 +591,10 @@ def render_staged_source(
     the tile's slots by ``coordinates``, the epilogue of ``stages`` in Gluon's names, in the computing
     partition's loop over its tiles (the chain's per-channel parameters loaded in each tile's
     epilogue: once a program before its tiles measured slower, bench/NOTES.md section 51)."""
-    shared = bool(tuning.GLUON_ROW_PAIRS_SHARED_CHANNELS)
-    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if shared else TileIndex()
-    epi = emit_stages(stages, spec.ops, idx, hoist_channels=shared)
-    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4, epi)
+    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    return _TEMPLATE.format(
-        title=title,
-        stem=stem,
-        gather_functions=gather_functions,
-        **shared_channel_fields(epi.channel_loads if shared else []),
-        **epilogue,
-        **gluon_names(),
-    )
-
-
-#: A per-channel parameter's load as emit_stages hoists it: its vector's name and its pointer.
-_CHANNEL_LOAD = re.compile(r"^(\s*)(\w+)_v = tl\.load\((\w+) \+ ch_v, mask=ch_v_mask, other=0\.0\)$")
-
-
-def shared_channel_fields(channel_loads: list[str]) -> dict[str, str]:
-    """The template's fields for the chain's per-channel parameters in shared memory
-    (tuning.GLUON_ROW_PAIRS_SHARED_CHANNELS; ``channel_loads``: emit_stages' hoisted loads, none
-    where off): a buffer of BLOCK_N values for each, filled once before the partitions start from
-    the program's channel block (a program keeps one: pairs_programs), passed to the computing
-    partition (``channel_buffers``) and read in each tile's epilogue in the channels' layout of the
-    accumulator seen as [slots, channels] (``channel_reads``): short shared-memory reads where the
-    loads from global memory held the epilogue's start, without registers held through the products
-    (the loads hoisted out of the tiles into registers measured slower, bench/NOTES.md section 51)."""
-    if not channel_loads:
-        return {"channel_buffers": "", "channel_fill": "", "channel_reads": ""}
-    parsed = [(_CHANNEL_LOAD.match(line), line) for line in channel_loads]
-    names = [m.group(2) for m, _ in parsed if m]
-    fill = [
-        "# the chain's per-channel parameters of the program's channel block, once (pairs_programs)",
-        "k0_c, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)",
-        "chans = k0_c + gl.arange(0, BLOCK_N, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))",
-        "flat: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])",
-    ]
-    fill += [f"{n}_s = gl.allocate_shared_memory({n}.dtype.element_ty, [BLOCK_N], flat)" for n in names]
-    reads = []
-    for m, line in parsed:
-        if m:
-            pad, name, ptr = m.groups()
-            fill.append(f"{pad}{name}_s.store(gl.load({ptr} + chans, mask=chans < K, other=0.0))")
-            reads.append(f"{pad}{name}_v = {name}_s.load(gl.SliceLayout(0, acc.type.layout))")
-        else:  # a flag's condition
-            fill.append(line)
-            reads.append(line)
-    fill.append("{thread_barrier}()  # the buffers written before the partitions read them")
-    return {
-        "channel_buffers": "".join(f" {n}_s," for n in names),
-        "channel_fill": indent([line.replace("{thread_barrier}", gluon_names()["thread_barrier"]) for line in fill], 4)
-        + "\n",
-        "channel_reads": indent(reads, 8) + "\n",
-    }
+    return _TEMPLATE.format(title=title, stem=stem, gather_functions=gather_functions, **epilogue, **gluon_names())
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
