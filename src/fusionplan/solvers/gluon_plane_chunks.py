@@ -219,12 +219,14 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_plane_chunks_source(spec, stages)
 
+    def _geometry(self, geometry: tuple[int, ...], out_hw: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, int]]:
+        """Each image as one output row of its plane's pixels (H = W = OW = the plane, OH = 1)."""
+        m, c, k = geometry[:3]
+        plane = out_hw[0] * out_hw[1]
+        return (m, c, k, 1, plane, 1, plane), (1, plane)
+
     def _pixel_slots(self, spec: PlanSpec) -> int:
-        """An image's slots; the kernel sees each image as one output row of its plane's pixels."""
-        m, c, k = self.geometry[:3]
-        plane = m // spec.input_desc.dims[0]
-        self.geometry = (m, c, k, 1, plane, 1, plane)
-        self.out_hw = (1, plane)
+        """An image's slots (chunk_slots)."""
         return chunk_slots(spec)
 
     def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:

@@ -455,9 +455,9 @@ class TritonConvKernel(Repeating, Kernel):
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups
-        self.geometry = (n * oh * ow, c // g, k // g, h, w, oh, ow)
+        self.geometry, self.out_hw = self._geometry((n * oh * ow, c // g, k // g, h, w, oh, ow), (oh, ow))
         self.conv_args = (*conv.conv.pads, *conv.conv.strides, *conv.conv.dilations)
-        self.groups, self.k, self.out_hw = g, k, (oh, ow)
+        self.groups, self.k = g, k
         dtype = spec.dtype
         self.dot_precision = "tf32" if dtype == DataType.FLOAT and handle.tf32_allowed() else "ieee"
         self.w_kmajor = dtype == DataType.FLOAT and self.kmajor_fp32_weights
@@ -511,6 +511,11 @@ class TritonConvKernel(Repeating, Kernel):
         """Rows of the implicit GEMM: output pixels, or slots of whole output rows (pixel_slots)."""
         n, oh = self.spec.input_desc.dims[0], self.out_hw[0]
         return n * oh * self.pixel_slots if self.pixel_slots else self.geometry[0]
+
+    def _geometry(self, geometry: tuple[int, ...], out_hw: tuple[int, int]) -> tuple[tuple[int, ...], tuple[int, int]]:
+        """The implicit GEMM's geometry (M, C/g, K/g, H, W, OH, OW) and output plane (OH, OW) as the
+        kernel sees them: the convolution's own; a kernel that sees the output otherwise overrides it."""
+        return geometry, out_hw
 
     def _pixel_slots(self, spec: PlanSpec) -> int:
         """Slots per output row of the implicit GEMM's rows (tuning.CONV_NCHW_ROW_SLOTS): the row's
