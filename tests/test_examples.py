@@ -116,8 +116,9 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
 
 
 def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkeypatch):
-    """The sweep's plumbing (tiles, splits, verification) on a small layer through Triton's
-    interpreter, with a stand-in timer: every configuration computes the reference's result."""
+    """The sweep's plumbing (tiles, splits, verification, the timed calls on rotated input sets) on a
+    small layer through Triton's interpreter, with a stand-in timer: every configuration computes the
+    reference's result."""
     import argparse
     import importlib.util
 
@@ -145,5 +146,12 @@ def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkey
         tiles=sweep.parse_tiles("keep,32x32,16x16k32w2s2"),
         splits=sweep.parse_splits("auto,1,2"),
     )
-    rows = sweep.sweep_layer(layer, opts, timer=lambda fn: 1.0)
+    calls = []
+
+    def timer(fn):  # each timed call takes its index, which picks the input set (rotated sets)
+        calls.extend(fn(i) for i in (0, 1))
+        return 1.0
+
+    rows = sweep.sweep_layer(layer, opts, timer=timer)
     assert len(rows) >= 6 and all(line.endswith(" ok") for _, line in rows), rows
+    assert len(calls) == 2 * len(rows)
