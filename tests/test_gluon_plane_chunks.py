@@ -52,9 +52,8 @@ def test_in_the_registry_before_the_gather_kernels(monkeypatch):
     assert names.index("gluon-plane-chunks") < min(names.index("gluon-nchw-regs"), names.index("gluon-nchw"))
     solver = chunks.GluonPlaneChunksSolver()
     assert solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu")) is None  # 128 tiles
-    assert solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu")) is None  # 128 tiles of one image
-    # batch 1: 8 tiles of 128 x 256, 16 of one image by 128 channels
-    assert "16 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_19", batch=1).spec(), fp.Handle("cpu"))
+    assert "32 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu"))
+    assert "8 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_19", batch=1).spec(), fp.Handle("cpu"))
     monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS", False)
     assert "off (tuning.GLUON_PLANE_CHUNKS)" in solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu"))
 
@@ -101,34 +100,15 @@ def test_gathered_operand_is_the_step_of_the_input(n, c, h, w):
 
 
 def test_raw_step_and_geometry():
-    """A step's raw elements: each 7x7 image's chunk of 64 planes in 4096 columns (3136 used), two
-    images a tile of 128 slots (r50_19), one a tile of 64 (r50_21: 32 tiles of two would leave most
-    multiprocessors idle); the kernel sees an image as one output row of its plane's pixels."""
-    for name, tile, raw, tiles in (("r50_19", (128, 256), (2, 4096), 16 * 8), ("r50_21", (64, 128), (1, 4096), 32 * 4)):
-        kernel = chunks.GluonPlaneChunksKernel(layer(name).spec(), fp.Handle("cpu"))
-        assert kernel.pixel_slots == 64 and kernel.out_hw == (1, 49)
-        c, k = (512, 2048) if name == "r50_19" else (2048, 512)
-        assert kernel.geometry == (32 * 49, c, k, 1, 49, 1, 49)
-        cfg = kernel.config
-        assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (*tile, 8 if tile[1] == 256 else 4)
-        assert cfg.block_k == 64 and kernel.raw_step(cfg) == raw and kernel.load_vec() == 8
-        assert kernel.programs_and_steps(cfg) == (tiles, c // 64)
-
-
-def test_tile_choice():
-    """Two images by 256 channels where those tiles fill 3/4 of the multiprocessors, else one image
-    by 128 channels where that gives more tiles; fewer output channels, narrower tiles."""
-    for slots, k, sms, tile in (
-        (32 * 64, 2048, 132, (128, 256)),  # r50_19: 128 tiles
-        (32 * 64, 512, 132, (64, 128)),  # r50_21: 32 tiles of 128 x 256, 128 of 64 x 128
-        (32 * 64, 512, 32, (128, 256)),  # 32 tiles fill 32 multiprocessors
-        (64, 512, 132, (64, 128)),  # one image: 2 tiles of 128 x 256, 4 of 64 x 128
-        (32 * 64, 96, 132, (64, 128)),  # 96 channels: 16 tiles of 128 x 128, 32 of 64 x 128
-        (32 * 64, 64, 132, (64, 64)),
-    ):
-        cfg = chunks.chunks_config(slots, k, 512, sms)
-        assert (cfg.block_m, cfg.block_n) == tile, (slots, k, sms)
-        assert cfg.num_warps == (8 if cfg.block_n == 256 else 4) and cfg.num_stages >= 2
+    """A step's raw elements: two 7x7 images' chunks of 64 planes in 4096 columns each (3136 used);
+    the kernel sees an image as one output row of its plane's pixels."""
+    spec = layer("r50_21").spec()
+    kernel = chunks.GluonPlaneChunksKernel(spec, fp.Handle("cpu"))
+    assert kernel.pixel_slots == 64 and kernel.out_hw == (1, 49)
+    assert kernel.geometry == (32 * 49, 2048, 512, 1, 49, 1, 49)
+    assert kernel.config.block_k == 64 and kernel.raw_step(kernel.config) == (2, 4096) and kernel.load_vec() == 8
+    tiles, steps = kernel.programs_and_steps(kernel.config)
+    assert (tiles, steps) == (16 * 2, 32)  # 16 pairs of images by two blocks of 256 output channels
 
 
 @pytest.mark.parametrize("staged", [1, 0])
@@ -149,22 +129,4 @@ def test_sm90_kernel(staged):
     assert info["HGMMA shapes"] == ["64x128x16"] and "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"2": 128}
-    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-
-
-def test_sm90_kernel_of_one_image_tiles():
-    """r50_21 (tiles of one image by 128 channels): one computing warpgroup's wgmma, 64 slots a
-    product, 32 2-byte shared-memory reads a thread and step, no spills."""
-    info = compile_sm90(layer_build("r50_21", "float16", layout="NCHW"), "gluon-plane-chunks")
-    assert info["HGMMA shapes"] == ["64x64x16"]
-    assert info["shared loads by bytes (LDS, not matrix loads)"]["2"] == 32 * (tuning.GLUON_ROW_PAIRS_PREFETCH + 1)
-    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
-
-
-def test_sm90_kernel_with_l2_prefetch():
-    """r50_21 with its programs' first tiles prefetched into L2: the bulk prefetch in the source,
-    no spills."""
-    build = "fp.tuning.GLUON_PLANE_CHUNKS_L2_PREFETCH = 1\n" + layer_build("r50_21", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-plane-chunks")
-    assert "cp.async.bulk.prefetch.L2.global" in info["source"]
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]

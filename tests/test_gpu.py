@@ -1086,11 +1086,10 @@ GLUON_PLANE_CHUNKS_CASES = {
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_PLANE_CHUNKS_CASES))
 def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
-    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels, 64
-    slots by 128 and 64; steps of 64 channels where C is a multiple of 64, else 32), random ring
-    depths, copies 1 to 3 steps ahead or loads into registers, 4 or 8 gathering warps, either side's
-    proxy fence, output in planes and channels-last, with and without a prior; persistent programs
-    over several tiles each."""
+    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels; steps
+    of 64 channels where C is a multiple of 64, else 32), random ring depths, copies 1 to 3 steps
+    ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, output in
+    planes and channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_plane_chunks
 
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
@@ -1104,29 +1103,9 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
         }
         set_random_switches(monkeypatch, rng, switches)
-        most = gluon_plane_chunks.chunks_tile(cfg.block_m, cfg.block_n, c).num_stages  # what fits
+        most = gluon_plane_chunks.chunks_tile(cfg.block_n, c).num_stages  # what fits
         stages = rng.choice([s for s in (2, 3, 5) if s <= most])
-        kernel.config = gluon_plane_chunks.chunks_tile(cfg.block_m, cfg.block_n, c, stages)
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", ["r50_21-like", "5x5-C32", "3x5-C64"])
-def test_gluon_plane_chunks_l2_prefetch(case, precision, monkeypatch):
-    """gluon-plane-chunks prefetching its programs' first tiles into L2 (a switch of the generated
-    source): each of its tiles, two or three programs walking several tiles (the later ones not
-    prefetched), odd batches (a tile's images past the batch prefetch nothing), outputs in planes
-    and channels-last, with and without a prior."""
-    from fusionplan import tuning
-    from fusionplan.solvers import gluon_row_pairs
-
-    monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_L2_PREFETCH", 1)
-    plan, handle, kernel, x = compiled_1x1(GLUON_PLANE_CHUNKS_CASES[case], precision, 1, "gluon-plane-chunks")
-    assert "cp.async.bulk.prefetch.L2.global" in kernel.source()
-    rng = random.Random(case + precision + "prefetch")
-    monkeypatch.setattr(gluon_row_pairs, "multiprocessors", lambda handle: rng.choice((2, 3)))
-    for cfg in kernel.candidates:
-        kernel.config = cfg
+        kernel.config = gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 

@@ -628,9 +628,6 @@ GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
 #: into registers (0), before the gather. r50_19 (32-channel steps): loads 13.95-14.58 us, copies
 #: 14.46-15.12 (the copies add a write and a read of shared memory before the gather's own pass).
 GLUON_PLANE_CHUNKS_STAGED = 0
-#: Whether gluon-plane-chunks' gathering warps first prefetch their program's first tile's images
-#: into L2 (one bulk prefetch a thread), so that its steps' loads find them there.
-GLUON_PLANE_CHUNKS_L2_PREFETCH = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

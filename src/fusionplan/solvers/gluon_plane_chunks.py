@@ -20,9 +20,8 @@ channels a thread (wgmma reads it transposed). Steps of 64 channels where C allo
 (CHUNK_BLOCK_K).
 
 The tile's slots are whole images: ROW_SLOTS (HW rounded up to a power of two) slots an image,
-PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots by 256 output channels, or one in 64
-by 128 where the larger tiles would leave most multiprocessors idle: chunks_config; the slots past
-HW repeat the last pixel and are masked at the store). The rest is gluon-row-pairs' kernel (its template): the
+PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots; the slots past HW repeat the last
+pixel and are masked at the store). The rest is gluon-row-pairs' kernel (its template): the
 weights by TMA, 256 output channels on two computing warpgroups, one product in flight,
 persistent programs that keep one channel block and walk the steps of all their tiles as one
 sequence, the chain in the accumulator's layout. An image is one output row of HW pixels to that
@@ -39,7 +38,6 @@ from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
-    NO_PREFETCH,
     PAIRS_BLOCK_K,
     PAIRS_PIXELS,
     PAIRS_SHARED_BYTES,
@@ -53,11 +51,9 @@ from fusionplan.solvers.gluon_row_pairs import (
 from fusionplan.solvers.triton_conv import triton_cdiv
 
 #: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
-#: must fit the smaller tile (CHUNK_IMAGE_PIXELS), the larger one holding two images or more.
+#: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
+#: its weights' box for half the products).
 CHUNK_MAX_PLANE = 64
-#: Slots of the smaller tile (chunks_config): one image of up to 64 pixels, 7x7 ones where two a
-#: tile would leave most multiprocessors idle.
-CHUNK_IMAGE_PIXELS = 64
 #: Elements a copy moves (16 bytes of 16-bit data).
 CHUNK_VEC = 8
 #: Input channels of a reduction step where C is a multiple of it (else PAIRS_BLOCK_K): 128-byte
@@ -122,32 +118,6 @@ def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROW
     return gl.reshape(flat, [PIXELS, BLOCK_K])
 """
 
-#: The program's first tile's images into L2 before its steps load them
-#: (tuning.GLUON_PLANE_CHUNKS_L2_PREFETCH): each image's planes are one run of C * HW elements, a
-#: piece of it a gathering thread, one bulk prefetch each (pieces of whole 16-byte units: C is a
-#: multiple of 8, the plan's rule).
-CHUNKS_PREFETCH = """
-
-@gluon.jit
-def _prefetch_first_tile(
-    x_ptr, C, HW, NOH, sxn, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, BLOCK_N: gl.constexpr, N_K: gl.constexpr,
-):
-    THREADS: gl.constexpr = 32 * gl.num_warps()
-    PER_IMAGE: gl.constexpr = THREADS // (PIXELS // ROW_SLOTS)
-    t = gl.arange(0, THREADS, layout=gl.BlockedLayout([1], [32], [gl.num_warps()], [0]))
-    _, m0 = _tile_origin(0, N_K, BLOCK_N, PIXELS)
-    image = m0 // ROW_SLOTS + t // PER_IMAGE
-    run = C * HW
-    piece = gl.cdiv(run, PER_IMAGE * 8) * 8
-    start = (t % PER_IMAGE) * piece
-    size = gl.where(image < NOH, gl.minimum(gl.maximum(run - start, 0), piece) * 2, 0)
-    ptrs = x_ptr + image.to(gl.int64) * sxn + start
-    gl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptrs, size], dtype=gl.int32, is_pure=False, pack=1,
-    )
-"""
-
 #: The chunks' slots (gluon_row_pairs.COORDINATES_HEAD's rows are images): slot p of an image its
 #: pixel p, row p // IMAGE_W and column p % IMAGE_W of the output plane.
 CHUNKS_PLACES = """n_img = out_row
@@ -173,24 +143,18 @@ def chunks_why_not(spec: PlanSpec) -> str | None:
         return why
     _, channels, h, w = spec.input_desc.dims
     if h * w > CHUNK_MAX_PLANE:
-        return f"{h}x{w} planes of {h * w} pixels (> {CHUNK_MAX_PLANE}): an image's slots exceed the smaller tile"
+        return f"{h}x{w} planes of {h * w} pixels (> {CHUNK_MAX_PLANE}): two images' slots exceed a tile"
     if channels % PAIRS_BLOCK_K:
         return f"C={channels}: a step's chunk of {PAIRS_BLOCK_K} channel planes would cross into the next image"
     return None
 
 
-def chunks_tiles(spec: PlanSpec, sms: int) -> int:
-    """Tiles of the plan's tile on ``sms`` multiprocessors (chunks_config): groups of whole images x
-    channel blocks."""
+def chunks_tiles(spec: PlanSpec) -> int:
+    """Tiles of the plan's best tile (chunks_config): pairs of images (or more) x channel blocks."""
     n, c = spec.input_desc.dims[:2]
     k = spec.output_desc.dims[1]
-    slots = n * chunk_slots(spec)
-    return tiles_of(chunks_config(slots, k, c, sms), slots, k)
-
-
-def tiles_of(cfg: tuning.ConvConfig, slots: int, k: int) -> int:
-    """Tiles of ``cfg`` over ``slots`` (the batch's images' slots) and ``k`` output channels."""
-    return triton_cdiv(slots, cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    cfg = chunks_config(k, c)
+    return triton_cdiv(n * chunk_slots(spec), cfg.block_m) * triton_cdiv(k, cfg.block_n)
 
 
 def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
@@ -201,11 +165,11 @@ def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
     gluon-nchw."""
     if not tuning.GLUON_PLANE_CHUNKS:
         return "off (tuning.GLUON_PLANE_CHUNKS)"
-    tiles = chunks_tiles(spec, sms)
+    tiles = chunks_tiles(spec)
     if tiles < tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
         return (
             f"{tiles} tiles on {sms} multiprocessors (< {tuning.GLUON_PLANE_CHUNKS_MIN_FILL:g} of them) and no split "
-            "reduction: gluon-nchw measured faster (r50_21 on 32 tiles: 34.2 us against 18.0)"
+            "reduction: gluon-nchw measured faster (r50_21: 34.2 us against 18.0)"
         )
     return None
 
@@ -216,40 +180,29 @@ def chunks_block_k(c: int) -> int:
     return CHUNK_BLOCK_K if c % CHUNK_BLOCK_K == 0 else PAIRS_BLOCK_K
 
 
-def chunks_tile(pixels: int, block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
-    """``pixels`` slots (PAIRS_PIXELS or CHUNK_IMAGE_PIXELS) by ``block_n`` output channels (two
-    computing warpgroups for 256, else one) in steps of chunks_block_k(``c``) channels, with
-    ``stages`` in the ring (0: as many as PAIRS_SHARED_BYTES holds beside the staged chunks, at
-    least 2)."""
+def chunks_tile(block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
+    """PAIRS_PIXELS slots by ``block_n`` output channels (two computing warpgroups for 256) in steps
+    of chunks_block_k(``c``) channels, with ``stages`` in the ring (0: as many as PAIRS_SHARED_BYTES
+    holds beside the staged chunks, at least 2)."""
     block_k = chunks_block_k(c)
     staged = 0
     if tuning.GLUON_PLANE_CHUNKS_STAGED:
-        staged = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * pixels * block_k * 2
-    per_stage = (pixels + block_n) * block_k * 2
+        staged = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_PIXELS * block_k * 2
+    per_stage = (PAIRS_PIXELS + block_n) * block_k * 2
     stages = stages or ring_stages(PAIRS_SHARED_BYTES - staged, per_stage)
-    return tuning.ConvConfig(pixels, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
+    return tuning.ConvConfig(PAIRS_PIXELS, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
 
 
-def chunks_config(slots: int, k: int, c: int, sms: int) -> tuning.ConvConfig:
-    """For ``slots`` (the batch's images' slots), ``k`` output and ``c`` input channels on ``sms``
-    multiprocessors: PAIRS_PIXELS slots by 256 output channels (128 or 64 where the output has
-    fewer) where those tiles fill tuning.GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors, else
-    CHUNK_IMAGE_PIXELS slots by at most 128 channels where they give more tiles (chunks_tile). H100,
-    fp16, batch 32, CBNA (bench/NOTES.md section 52): r50_21's 128 tiles of one image by 128
-    channels 16.2 us against 33.7 on its 32 tiles of 128 x 256 (gluon-nchw 18.3)."""
-    wide = chunks_tile(PAIRS_PIXELS, 256 if k >= 256 else 128 if k > 64 else 64, c)
-    narrow = chunks_tile(CHUNK_IMAGE_PIXELS, min(wide.block_n, 128), c)
-    if tiles_of(wide, slots, k) >= tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
-        return wide
-    return narrow if tiles_of(narrow, slots, k) > tiles_of(wide, slots, k) else wide
+def chunks_config(k: int, c: int) -> tuning.ConvConfig:
+    """256 output channels where the output has 256 or more, else 128 or 64 (chunks_tile)."""
+    return chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
 
 
 def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: gluon-row-pairs' template with the chunks' gathers and coordinates."""
     title = "1x1 convolution on NCHW plane chunks"
     places = COORDINATES_HEAD + CHUNKS_PLACES
-    prefetch = CHUNKS_PREFETCH if tuning.GLUON_PLANE_CHUNKS_L2_PREFETCH else NO_PREFETCH
-    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER + prefetch, places)
+    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER, places)
 
 
 class GluonPlaneChunksKernel(GluonRowPairsKernel):
@@ -282,16 +235,12 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype) -> tuning.ConvConfig:
-        """chunks_config for ``m`` slots (the kernel's rows: an image's slots each)."""
-        return chunks_config(m, k_per_group, c_per_group, multiprocessors(self._handle))
+        return chunks_config(k_per_group, c_per_group)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots, 128
-        and 64 by CHUNK_IMAGE_PIXELS."""
-        c = self.geometry[1]
-        wide = [chunks_tile(PAIRS_PIXELS, n, c) for n in (256, 128, 64)]
-        return wide + [chunks_tile(CHUNK_IMAGE_PIXELS, n, c) for n in (128, 64)]
+        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots."""
+        return [chunks_tile(n, self.geometry[1]) for n in (256, 128, 64)]
 
     def resident(self, cfg: tuning.ConvConfig) -> bool:
         """Never: r50_19's weights resident (128-channel tiles) measured no faster (18.7 us against

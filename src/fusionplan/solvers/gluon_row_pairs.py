@@ -123,7 +123,6 @@ def _gather_partition(
         [1, VEC], [32 // lanes, lanes], [warp_rows, gl.num_warps() // warp_rows], [1, 0]
     )
     geo = _step_geometry(layout, PIXELS, ROW_SLOTS, RAW_ROWS, RAW_COLS, BLOCK_K, OUT_W)
-    _prefetch_first_tile(x_ptr, C, HW, NOH, sxn, PIXELS, ROW_SLOTS, BLOCK_N, N_K)
     if STAGED:
         # Asynchronous copies into a ring of PREFETCH + 1 raw buffers, a group a step: waiting for a
         # step's group leaves the PREFETCH groups after it in flight (loads into registers share one
@@ -366,16 +365,6 @@ def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROW
 """
 
 
-#: The gathers' prefetch of the program's first tile into L2 (the template calls it first): none.
-NO_PREFETCH = """
-
-@gluon.jit
-def _prefetch_first_tile(
-    x_ptr, C, HW, NOH, sxn, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, BLOCK_N: gl.constexpr, N_K: gl.constexpr,
-):
-    pass
-"""
-
 #: A tile's slots and channels in ``{layout}``: ROW_SLOTS slots a row of the kernel's output (of
 #: NOH), OUT_W of them pixels; masks and offsets. The input mode's text (PAIRS_PLACES) follows: the
 #: row's image, the pixel's row and column in it and its place in the plane (n_img, oh, ow, pix).
@@ -591,8 +580,7 @@ def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) 
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the row pairs' gathers (PAIRS_GATHER)."""
     title = "strided 1x1 convolution on NCHW row pairs"
-    gathers = PAIRS_GATHER + NO_PREFETCH
-    return render_staged_source(spec, stages, title, "gluon_row_pairs", gathers, COORDINATES_HEAD + PAIRS_PLACES)
+    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, COORDINATES_HEAD + PAIRS_PLACES)
 
 
 def render_staged_source(
