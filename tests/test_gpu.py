@@ -1021,6 +1021,15 @@ def set_random_switches(monkeypatch, rng, switches: dict) -> None:
         monkeypatch.setattr(tuning, name, rng.choice(values))
 
 
+def check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatch, switches, cfg, tile) -> None:
+    """The staged kernels' tile ``cfg`` checked with ``switches`` drawn by ``rng`` and a ring of 2, 3 or
+    5 stages, of those that fit (``tile(cfg, stages)``: the tile with that ring; 0: the most that fit)."""
+    set_random_switches(monkeypatch, rng, switches)
+    most = tile(cfg, 0).num_stages
+    kernel.config = tile(cfg, rng.choice([s for s in (2, 3, 5) if s <= most]))
+    check_kernel_config(plan, handle, kernel, x, precision, rng)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
@@ -1033,6 +1042,10 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     c = GLUON_ROW_PAIRS_CASES[case][1]
     plan, handle, kernel, x = compiled_1x1(GLUON_ROW_PAIRS_CASES[case], precision, 2, "gluon-row-pairs")
     rng = random.Random(case + precision + "pairs")
+
+    def tile(cfg, stages):
+        return gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
+
     for cfg in kernel.candidates:
         switches = {
             "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
@@ -1041,11 +1054,7 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
             # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
             "GLUON_ROW_PAIRS_RESIDENT_BYTES": (0, 128 * 1024),
         }
-        set_random_switches(monkeypatch, rng, switches)
-        most = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c).num_stages  # what fits
-        stages = rng.choice([s for s in (2, 3, 5) if s <= most])
-        kernel.config = gluon_row_pairs.pairs_tile(cfg.block_m, cfg.block_n, cfg.num_warps, c, stages)
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
+        check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatch, switches, cfg, tile)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
@@ -1095,6 +1104,10 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
     plan, handle, kernel, x = compiled_1x1(GLUON_PLANE_CHUNKS_CASES[case], precision, 1, "gluon-plane-chunks")
     rng = random.Random(case + precision + "chunks")
+
+    def tile(cfg, stages):
+        return gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
+
     for cfg in kernel.candidates:
         switches = {
             "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
@@ -1102,11 +1115,7 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
             "GLUON_PLANE_CHUNKS_GATHER_WARPS": (4, 8),
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
         }
-        set_random_switches(monkeypatch, rng, switches)
-        most = gluon_plane_chunks.chunks_tile(cfg.block_n, c).num_stages  # what fits
-        stages = rng.choice([s for s in (2, 3, 5) if s <= most])
-        kernel.config = gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
-        check_kernel_config(plan, handle, kernel, x, precision, rng)
+        check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatch, switches, cfg, tile)
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
