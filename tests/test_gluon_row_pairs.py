@@ -134,13 +134,17 @@ def test_staged_only_from_aligned_input(monkeypatch):
     assert not pairs.staged_input(x[:-8])
 
 
-@pytest.mark.parametrize("staged", [1, 0])
-def test_sm90_kernel(staged):
+@pytest.mark.parametrize("staged,store_warps", [(1, 2), (0, 2), (1, 0)])
+def test_sm90_kernel(staged, store_warps):
     """r50_08: 16-byte asynchronous copies of the even rows (staged) or 16-byte loads (fewer
     scoreboards than steps in flight), the weights by
     TMA (an expect per box), two computing warpgroups' wgmma (one product in flight), 8-byte NCHW
-    stores, no spills."""
-    build = f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n" + layer_build("r50_08", "float16", layout="NCHW")
+    stores (by the storing partition: 8 a thread for each slice of 8 channels a warp), no spills."""
+    build = (
+        f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n"
+        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n"
+        + layer_build("r50_08", "float16", layout="NCHW")
+    )
     info = compile_sm90(build, "gluon-row-pairs")
     if staged:
         assert info["async copies by bytes"] == {"16": 8 * (tuning.GLUON_ROW_PAIRS_PREFETCH + 1)}
@@ -151,5 +155,5 @@ def test_sm90_kernel(staged):
         assert len(info["scoreboards of global loads by bytes"]["16"]) < tuning.GLUON_ROW_PAIRS_PREFETCH + 1
     assert info["HGMMA shapes"] == ["64x128x16"] and "0x1" in info["wgmma waits (outstanding groups allowed)"]
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
-    assert info["global stores by bytes"] == {"8": 32}
+    assert info["global stores by bytes"] == {"8": 256 // store_warps if store_warps else 32}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]

@@ -1053,6 +1053,8 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
             # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
             "GLUON_ROW_PAIRS_RESIDENT_BYTES": (0, 128 * 1024),
+            # the output stored by the computing warps or by a storing partition of 2 or 4 warps
+            "GLUON_ROW_PAIRS_STORE_WARPS": (0, 2, 4),
         }
         check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatch, switches, cfg, tile)
 

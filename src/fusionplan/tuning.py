@@ -609,6 +609,13 @@ GLUON_ROW_PAIRS_STAGED = 1
 #: The most output pixels a thread of gluon-row-pairs stores at once into packed NCHW planes (4 or
 #: 2 where the output rows are whole runs of them; 1: one a store).
 GLUON_ROW_PAIRS_OUT_VEC = 4
+#: Warps of a third partition of gluon-row-pairs that stores each tile's output into NCHW planes
+#: from shared memory while the computing warps run the next tile's products (0: the computing
+#: warps store it themselves, after a layout change through shared memory, between two tiles'
+#: products). H100, batch 32, CBNA (bench/NOTES.md section 53): r50_08 32.9 us with 2 against 33.7
+#: with 0 and 33.0 with 4 (fp16; bf16 33.2 against 34.1); 4 leave the gathering warps 128
+#: registers, and they spill.
+GLUON_ROW_PAIRS_STORE_WARPS = 2
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

@@ -252,6 +252,12 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         16-byte aligned) rather than loads into registers."""
         return staged_input(x, tuning.GLUON_PLANE_CHUNKS_STAGED)
 
+    def store_switch(self) -> int:
+        """None: a program has one tile (r50_19), so no product runs under a storing partition's
+        stores, and r50_19 measured slower with one (16.8 us with 2 or 4 storing warps against 14.8;
+        bench/NOTES.md section 53)."""
+        return 0
+
     def load_vec(self) -> int:
         """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""
         return CHUNK_VEC

@@ -166,7 +166,7 @@ def _gather_partition(
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles,
+    a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
     {stage_params}
     M, K, OH, OW, NOH,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -174,6 +174,7 @@ def _mma_partition(
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
+    STORE_WARPS: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -221,6 +222,38 @@ def _mma_partition(
 
 
 @gluon.jit
+def _hand_over(h, out_buf, out_full, out_free, i):
+    # the tile's output (STORE_WARPS) into shared memory for the storing partition, once it has read
+    # the tile before's; the computing warps go on to the next tile's products
+    mbarrier.wait(out_free.index(0), (i & 1) ^ 1)
+    out_buf.store(h)
+    {thread_barrier}()  # every computing warp's stores, before the buffer is handed over
+    mbarrier.arrive(out_full.index(0))
+
+
+@gluon.jit
+def _store_partition(
+    y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
+    PIXELS: gl.constexpr, TILE_N: gl.constexpr, BLOCK_N: gl.constexpr, ROW_SLOTS: gl.constexpr,
+    IDX64: gl.constexpr, N_K: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr,
+):
+    # Each tile's output, left in shared memory by the computing partition ([slots, TILE_N
+    # channels]), read back BLOCK_N channels at a time (a thread: OUT_VEC contiguous slots of one
+    # channel) and stored into the NCHW planes while the computing warps run the next tile's products.
+    out_layout: gl.constexpr = gl.BlockedLayout([OUT_VEC, 1], [32, 1], [1, gl.num_warps()], [0, 1])
+    for i in range(tiles):
+        tile_k0, m0 = _tile_origin(i, N_K, TILE_N, PIXELS)
+        mbarrier.wait(out_full.index(0), i & 1)
+        for c in gl.static_range(0, TILE_N, BLOCK_N):
+            h = out_buf.slice(c, BLOCK_N, dim=1).load(out_layout)
+            k0 = tile_k0 + c
+{coordinates_in_store}
+{global_store}
+        {thread_barrier}()  # every storing warp's reads, before the buffer is freed
+        mbarrier.arrive(out_free.index(0))
+
+
+@gluon.jit
 def {stem}_kernel(
     x_ptr, w_desc, y_ptr, prior_ptr,
     {stage_params}
@@ -233,8 +266,8 @@ def {stem}_kernel(
     PREFETCH: gl.constexpr, GATHER_WARPS: gl.constexpr, GATHER_REGS: gl.constexpr, RESIDENT: gl.constexpr,
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
-    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
+    RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
+    STORE_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -266,6 +299,16 @@ def {stem}_kernel(
     RAW_R: gl.constexpr = RAW_ROWS if STAGED else 1
     RAW_C: gl.constexpr = RAW_COLS if STAGED else 8
     raw_bufs = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [RAW_STEPS, RAW_R, RAW_C], raw_layout)
+    # STORE_WARPS: the tile's output, [slots, channels] with the slots contiguous (a token buffer
+    # otherwise); 16-byte groups swizzled by channel, so that the computing warps' 4-byte stores
+    # (8 channels x 16 bytes a warp) and the storing warps' reads along a channel's slots meet every
+    # bank once
+    out_smem: gl.constexpr = gl.SwizzledSharedLayout(vec=8, per_phase=1, max_phase=8, order=[0, 1])
+    OUT_P: gl.constexpr = PIXELS if STORE_WARPS else 8
+    OUT_N: gl.constexpr = BLOCK_N if STORE_WARPS else 8
+    out_buf = gl.allocate_shared_memory(y_ptr.dtype.element_ty, [OUT_P, OUT_N], out_smem)
+    out_full = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    out_free = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     loaded = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
@@ -276,6 +319,8 @@ def {stem}_kernel(
             mbarrier.init(ready.index(i), count=2)  # the weights' expect, the stores' arrival
         mbarrier.init(empty.index(i), count=1)
     mbarrier.init(loaded.index(0), count=1)
+    mbarrier.init(out_full.index(0), count=1)
+    mbarrier.init(out_free.index(0), count=1)
     fence_async_shared()
 {grid_dependency}
     if RESIDENT:
@@ -283,32 +328,64 @@ def {stem}_kernel(
         mbarrier.expect(loaded.index(0), STEPS * w_desc.block_type.nbytes)
         for kb in gl.static_range(STEPS):
             {tma_load}(w_desc, [k0, kb * BLOCK_K], loaded.index(0), w_bufs.index(kb))
-    gl.warp_specialize(
-        [
-            (
-                _mma_partition,
-                (a_bufs, w_bufs, ready, empty, loaded, y_ptr, prior_ptr, tiles, {stage_args}
-                 M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
-                 PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                 STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR,
-                 {flag_args}),
-            ),
-            (
-                _gather_partition,
-                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
-                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
-                 OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
-            ),
-        ],
-        [GATHER_WARPS],
-        [GATHER_REGS],
-    )
+    # STORE_WARPS: a third partition stores each tile's output from shared memory, 8 channels a warp
+    # at a time (32 elements a thread)
+    STORE_CHANNELS: gl.constexpr = 8 * STORE_WARPS
+    if STORE_WARPS:
+        gl.warp_specialize(
+            [
+                (
+                    _mma_partition,
+                    (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles, {stage_args}
+                     M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
+                     PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
+                     STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS,
+                     {flag_args}),
+                ),
+                (
+                    _gather_partition,
+                    (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
+                     PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
+                     OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
+                ),
+                (
+                    _store_partition,
+                    (y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
+                     PIXELS, BLOCK_N, STORE_CHANNELS, ROW_SLOTS, IDX64, N_K, OUT_W, OUT_VEC, IMAGE_W),
+                ),
+            ],
+            [GATHER_WARPS, STORE_WARPS],
+            [GATHER_REGS, STORE_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (
+                    _mma_partition,
+                    (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles, {stage_args}
+                     M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
+                     PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
+                     STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS,
+                     {flag_args}),
+                ),
+                (
+                    _gather_partition,
+                    (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
+                     PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
+                     OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
+                ),
+            ],
+            [GATHER_WARPS],
+            [GATHER_REGS],
+        )
     # the barriers invalidated after their last use (PTX lets an mbarrier's memory serve nothing
     # else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
     mbarrier.invalidate(loaded.index(0))
+    mbarrier.invalidate(out_full.index(0))
+    mbarrier.invalidate(out_free.index(0))
 '''
 
 
@@ -385,17 +462,30 @@ oh = out_row % OH
 ow = col
 pix = oh * OUT_W + ow"""
 
-#: The store: the output, in its own dtype, changes layout first (gluon-nchw's).
-_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
-{coordinates_in_out}
-    mask = m_mask[:, None] & n_mask[None, :]
-    if OUT_VEC > 1:  # packed planes: an image's and a channel's offsets whole runs of OUT_VEC pixels
-        rows = gl.multiple_of(n_img * syn, OUT_VEC) + pix
-        planes = gl.multiple_of(ch * syc, OUT_VEC)
-        gl.store(y_ptr + rows[:, None] + planes[None, :], h, mask=mask)
+#: The output's store into global memory from ``h`` in ``out_layout`` at the coordinates computed in
+#: it (the computing partition's, or the storing partition's with STORE_WARPS).
+_GLOBAL_STORE = """mask = m_mask[:, None] & n_mask[None, :]
+if OUT_VEC > 1:  # packed planes: an image's and a channel's offsets whole runs of OUT_VEC pixels
+    rows = gl.multiple_of(n_img * syn, OUT_VEC) + pix
+    planes = gl.multiple_of(ch * syc, OUT_VEC)
+    gl.store(y_ptr + rows[:, None] + planes[None, :], h, mask=mask)
+else:
+    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)"""
+
+#: The store: handed over to the storing partition (STORE_WARPS), or the output, in its own dtype,
+#: changing layout first (gluon-nchw's); the coordinates in the stores' layout are dead code with
+#: STORE_WARPS.
+_STORE = (
+    """    if STORE_WARPS:  # the storing partition stores the tile
+        _hand_over(h.to(y_ptr.dtype.element_ty), out_buf, out_full, out_free, i)
     else:
-        gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
+        h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
+{coordinates_in_out}
+    if not STORE_WARPS:
 """
+    + indent(_GLOBAL_STORE.split("\n"), 8)
+    + "\n"
+)
 
 #: Input channels of a reduction step: 64-byte rows of the weights' boxes, and a step's raw
 #: columns (2 x 128 slots x 32 channels, 16 KB) 32 registers a thread of four gathering warps.
@@ -411,6 +501,12 @@ PAIRS_GATHER_WARPS = 4
 PAIRS_SHARED_BYTES = 188 * 1024
 #: At most this many stages.
 PAIRS_MAX_STAGES = 8
+#: Shared memory of the ring, the staged gathers and the storing partition's output buffer (a whole
+#: tile) at most: a program's 227 KB less the barriers.
+PAIRS_STORING_SHARED_BYTES = 225 * 1024
+#: Registers of a storing thread (tuning.GLUON_ROW_PAIRS_STORE_WARPS): a slice of 8 channels a warp
+#: of the tile at a time, 32 elements a thread, and their addresses.
+PAIRS_STORE_REGS = 48
 
 
 def pairs_vec(spec: PlanSpec) -> int:
@@ -540,13 +636,24 @@ def ring_stages(room: int, per_stage: int) -> int:
 PAIRS_MMA_REGS = 168
 
 
-def pairs_gather_regs(cfg: tuning.ConvConfig, gather_warps: int = PAIRS_GATHER_WARPS) -> int:
+def pairs_gather_regs(cfg: tuning.ConvConfig, gather_warps: int = PAIRS_GATHER_WARPS, store_warps: int = 0) -> int:
     """Registers of a gathering thread: the multiprocessor's 64K shared evenly by every warp, at most
-    what the computing warps leave at PAIRS_MMA_REGS a thread, in steps of 8 (the computing
-    partition takes what the gathering one leaves)."""
-    even = 65536 // (32 * (cfg.num_warps + gather_warps))
-    left = (65536 - 32 * cfg.num_warps * PAIRS_MMA_REGS) // (32 * gather_warps)
+    what the computing warps (PAIRS_MMA_REGS a thread) and the storing ones (PAIRS_STORE_REGS) leave,
+    in steps of 8 (the computing partition takes what the others leave)."""
+    even = 65536 // (32 * (cfg.num_warps + gather_warps + store_warps))
+    left = (65536 - 32 * (cfg.num_warps * PAIRS_MMA_REGS + store_warps * PAIRS_STORE_REGS)) // (32 * gather_warps)
     return min(even, left) // 8 * 8
+
+
+def storing_room(cfg: tuning.ConvConfig, staged: int) -> int:
+    """Shared memory left to the ring beside a storing partition's output buffer (a whole tile of
+    16-bit data) and ``staged`` bytes of staged gathers (PAIRS_STORING_SHARED_BYTES in all)."""
+    return PAIRS_STORING_SHARED_BYTES - cfg.block_m * cfg.block_n * 2 - staged
+
+
+def ring_stage_bytes(cfg: tuning.ConvConfig) -> int:
+    """Shared memory of a stage of the ring: the operand and the weights' box, 16-bit data."""
+    return (cfg.block_m + cfg.block_n) * cfg.block_k * 2
 
 
 def pairs_programs(tiles: int, channel_blocks: int, multiprocessors: int) -> int:
@@ -594,7 +701,13 @@ def render_staged_source(
     epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
-    return _TEMPLATE.format(title=title, stem=stem, gather_functions=gather_functions, **epilogue, **gluon_names())
+    storing = {
+        "coordinates_in_store": indent(coordinates.format(layout="out_layout").split("\n"), 12),
+        "global_store": indent(_GLOBAL_STORE.split("\n"), 12),
+    }
+    return _TEMPLATE.format(
+        title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **gluon_names()
+    )
 
 
 class GluonRowPairsKernel(GluonNchwKernel):
@@ -643,22 +756,50 @@ class GluonRowPairsKernel(GluonNchwKernel):
         c = self.geometry[1]
         return [pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64)]
 
+    def store_warps(
+        self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
+    ) -> int:
+        """Warps of the storing partition (store_switch): into NCHW output (pixel-major: a channel's
+        slots contiguous in shared memory and in the planes), with the weights streamed (resident
+        ones leave no room for the output buffer) and a ring of two stages beside the buffer; else 0."""
+        pixel_major = (strides[5] if strides else out.stride(1)) != 1
+        fits = storing_room(cfg, self.staged_bytes(cfg, x)) >= 2 * ring_stage_bytes(cfg)
+        return self.store_switch() if pixel_major and fits and not self.resident(cfg) else 0
+
+    def store_switch(self) -> int:
+        """tuning.GLUON_ROW_PAIRS_STORE_WARPS."""
+        return tuning.GLUON_ROW_PAIRS_STORE_WARPS
+
+    def ring_stages(self, cfg: tuning.ConvConfig, x: Tensor, store_warps: int) -> int:
+        """The ring's stages: the configuration's, fewer beside a storing partition's output buffer
+        (storing_stages, after the staged gathers' raw buffers)."""
+        if not store_warps:
+            return cfg.num_stages
+        return min(cfg.num_stages, ring_stages(storing_room(cfg, self.staged_bytes(cfg, x)), ring_stage_bytes(cfg)))
+
+    def staged_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
+        """Shared memory of the staged gathers' raw buffers reading ``x`` (PREFETCH + 1 steps), 0 for
+        loads into registers."""
+        rows, cols = self.raw_step(cfg)
+        return (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * rows * cols * 2 if self.staged(x) else 0
+
     def launch_constants(
         self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
     ) -> tuple[int, tuple, tuple[Tensor, ...]]:
         c, k = self.geometry[1:3]
+        store_warps = self.store_warps(cfg, x, out, strides)
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
         # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
-        # operand's orientation; no split reduction
+        # operand's orientation, the storing partition's warps and registers; no split reduction
         own = (
             self.pixel_slots,
             self.load_vec(),
             tuning.GLUON_ROW_PAIRS_PREFETCH,
             self.gather_warps,
-            pairs_gather_regs(cfg, self.gather_warps),
+            pairs_gather_regs(cfg, self.gather_warps, store_warps),
             self.resident(cfg),
             triton_cdiv(c, cfg.block_k),
             triton_cdiv(k, cfg.block_n),
@@ -670,8 +811,10 @@ class GluonRowPairsKernel(GluonNchwKernel):
             *self.raw_step(cfg),
             self.conv.output_desc.dims[3],
             self.operand_k_major,
+            store_warps,
+            PAIRS_STORE_REGS,
         )
-        return cfg.num_stages, own, ()
+        return self.ring_stages(cfg, x, store_warps), own, ()
 
     def launch_grid(self, cfg: tuning.ConvConfig, grid: tuple[int, int, int]) -> tuple[int, int, int]:
         """Persistent programs (pairs_programs), each keeping one channel block."""
