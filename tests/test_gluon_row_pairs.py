@@ -142,8 +142,7 @@ def test_sm90_kernel(staged, store_warps):
     stores (by the storing partition: 8 a thread for each slice of 8 channels a warp), no spills."""
     build = (
         f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n"
-        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n"
-        + layer_build("r50_08", "float16", layout="NCHW")
+        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n" + layer_build("r50_08", "float16", layout="NCHW")
     )
     info = compile_sm90(build, "gluon-row-pairs")
     if staged:

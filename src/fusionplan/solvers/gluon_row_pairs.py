@@ -267,8 +267,8 @@ def {stem}_kernel(
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
-    STORE_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
+    STORE_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
+    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, C], boxes of [BLOCK_N, BLOCK_K]. M counts the output's pixels; the
@@ -333,51 +333,12 @@ def {stem}_kernel(
     STORE_CHANNELS: gl.constexpr = 8 * STORE_WARPS
     if STORE_WARPS:
         gl.warp_specialize(
-            [
-                (
-                    _mma_partition,
-                    (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles, {stage_args}
-                     M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
-                     PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                     STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS,
-                     {flag_args}),
-                ),
-                (
-                    _gather_partition,
-                    (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
-                     PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
-                     OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
-                ),
-                (
-                    _store_partition,
-                    (y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
-                     PIXELS, BLOCK_N, STORE_CHANNELS, ROW_SLOTS, IDX64, N_K, OUT_W, OUT_VEC, IMAGE_W),
-                ),
-            ],
+            [{mma_partition}, {gather_partition}, {store_partition}],
             [GATHER_WARPS, STORE_WARPS],
             [GATHER_REGS, STORE_REGS],
         )
     else:
-        gl.warp_specialize(
-            [
-                (
-                    _mma_partition,
-                    (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles, {stage_args}
-                     M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw,
-                     PIXELS, BLOCK_N, NUM_STAGES, ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR,
-                     STEPS, N_K, CONSUMER_FENCE, OUT_W, OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS,
-                     {flag_args}),
-                ),
-                (
-                    _gather_partition,
-                    (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
-                     PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS, N_K,
-                     OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
-                ),
-            ],
-            [GATHER_WARPS],
-            [GATHER_REGS],
-        )
+        gl.warp_specialize([{mma_partition}, {gather_partition}], [GATHER_WARPS], [GATHER_REGS])
     # the barriers invalidated after their last use (PTX lets an mbarrier's memory serve nothing
     # else until it is invalidated)
     for i in gl.static_range(NUM_STAGES):
@@ -387,6 +348,30 @@ def {stem}_kernel(
     mbarrier.invalidate(out_full.index(0))
     mbarrier.invalidate(out_free.index(0))
 '''
+
+
+#: The template's partitions and their arguments (the computing one's with the chain's parameters
+#: and flags, formatted with the template).
+_PARTITIONS = {
+    "mma_partition": """(
+                _mma_partition,
+                (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
+                 {stage_args}M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw, PIXELS, BLOCK_N, NUM_STAGES,
+                 ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR, STEPS, N_K, CONSUMER_FENCE, OUT_W,
+                 OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS, {flag_args}),
+            )""",
+    "gather_partition": """(
+                _gather_partition,
+                (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
+                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS,
+                 N_K, OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
+            )""",
+    "store_partition": """(
+                _store_partition,
+                (y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
+                 PIXELS, BLOCK_N, STORE_CHANNELS, ROW_SLOTS, IDX64, N_K, OUT_W, OUT_VEC, IMAGE_W),
+            )""",
+}
 
 
 #: The row pairs' gathers (the template's gather_functions): a step reads [BLOCK_K, 2 * PIXELS]
@@ -705,8 +690,9 @@ def render_staged_source(
         "coordinates_in_store": indent(coordinates.format(layout="out_layout").split("\n"), 12),
         "global_store": indent(_GLOBAL_STORE.split("\n"), 12),
     }
+    partitions = {name: text.format(**epilogue) for name, text in _PARTITIONS.items()}
     return _TEMPLATE.format(
-        title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **gluon_names()
+        title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **partitions, **gluon_names()
     )
 
 
@@ -756,9 +742,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
         c = self.geometry[1]
         return [pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64)]
 
-    def store_warps(
-        self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
-    ) -> int:
+    def store_warps(self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None) -> int:
         """Warps of the storing partition (store_switch): into NCHW output (pixel-major: a channel's
         slots contiguous in shared memory and in the planes), with the weights streamed (resident
         ones leave no room for the output buffer) and a ring of two stages beside the buffer; else 0."""
