@@ -156,3 +156,34 @@ def test_sm90_kernel(staged, store_warps):
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"8": 256 // store_warps if store_warps else 32}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+
+
+def test_hoisted_channels_only_where_measured(monkeypatch):
+    """The chain's per-channel parameters load once a program under the Triton versions where the
+    compiler keeps them in registers (measured there), and only with the switch on."""
+    import triton
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert pairs.pairs_hoist_channels()
+    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_HOIST_CHANNELS", 0)
+    assert not pairs.pairs_hoist_channels()
+    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_HOIST_CHANNELS", 1)
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    assert not pairs.pairs_hoist_channels()
+
+
+@pytest.mark.parametrize("hoist", [True, False])
+def test_hoisted_channels_in_the_source(hoist):
+    """Hoisted, the scale and shift are loaded before the tiles' loop and the epilogue reads the
+    vectors; else each epilogue loads them."""
+    from fusionplan.folding import pointwise_stages, split_at_conv
+
+    spec = layer("r50_08").spec()
+    _, conv, post = split_at_conv(spec.ops)
+    stages = pointwise_stages(post, conv=conv.index)
+    places = pairs.COORDINATES_HEAD + pairs.PAIRS_PLACES
+    source = pairs.render_staged_source(spec, stages, "t", "gluon_row_pairs", pairs.PAIRS_GATHER, places, hoist)
+    loop = source.index("    for i in range(tiles):\n        k0, m0")
+    load = source.find("sc0_ptr_v = gl.load(sc0_ptr + ch_v")
+    assert (0 <= load < loop) == hoist
+    assert ("gl.load(sc0_ptr + ch" in source[loop:]) != hoist

@@ -1056,6 +1056,7 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
             "GLUON_ROW_PAIRS_RESIDENT_BYTES": (0, 128 * 1024),
             # the output stored by the computing warps or by a storing partition of 2 or 4 warps
             "GLUON_ROW_PAIRS_STORE_WARPS": (0, 2, 4),
+            "GLUON_ROW_PAIRS_HOIST_CHANNELS": (0, 1),
         }
         check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatch, switches, cfg, tile)
 

@@ -616,6 +616,13 @@ GLUON_ROW_PAIRS_OUT_VEC = 4
 #: with 0 and 33.0 with 4 (fp16; bf16 33.2 against 34.1); 4 leave the gathering warps 128
 #: registers, and they spill.
 GLUON_ROW_PAIRS_STORE_WARPS = 2
+#: Whether gluon-row-pairs' computing partition loads the chain's per-channel parameters once,
+#: before its tiles (a program keeps one channel block), rather than in each tile's epilogue, where
+#: the compiler keeps them in registers (solvers.gluon_row_pairs.pairs_hoist_channels). H100, Triton
+#: 3.6, with the storing partition (bench/NOTES.md section 53): r50_08 32.05 us against 33.15 (fp16),
+#: 32.46 against 33.27 (bf16); gluon-plane-chunks' r50_19 no faster (14.50 against 14.43), so that
+#: kernel loads them in each epilogue.
+GLUON_ROW_PAIRS_HOIST_CHANNELS = 1
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

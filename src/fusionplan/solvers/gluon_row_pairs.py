@@ -40,13 +40,14 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent
+from fusionplan.codegen import TileIndex, emit_stages, indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
 from fusionplan.solvers.gluon_window import (
+    gluon_channel_loads,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
@@ -187,7 +188,7 @@ def _mma_partition(
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-    for i in range(tiles):
+{hoisted_channels}    for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
@@ -348,6 +349,16 @@ def {stem}_kernel(
     mbarrier.invalidate(out_full.index(0))
     mbarrier.invalidate(out_free.index(0))
 '''
+
+
+#: The chain's per-channel parameters loaded once before the computing partition's tiles
+#: (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS): a program keeps one channel block (pairs_programs).
+_HOISTED_CHANNELS = """    k0_v, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
+    ch_tile = gl.permute(gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout), (1, 0))
+    ch_v = k0_v + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
+    ch_v_mask = ch_v < K
+{loads}
+"""
 
 
 #: The template's partitions and their arguments (the computing one's with the chain's parameters
@@ -669,21 +680,47 @@ def out_vec(out: Tensor, strides: tuple[int, ...], shape: tuple[int, int, int]) 
     return 1
 
 
+#: Triton versions whose compiler keeps gluon-row-pairs' hoisted per-channel parameters in registers
+#: beside the storing partition (3.9 spills 168 bytes in each epilogue).
+HOIST_CHANNELS_VERSIONS = ("3.6.",)
+
+
+def pairs_hoist_channels() -> bool:
+    """Whether gluon-row-pairs loads the chain's per-channel parameters once a program
+    (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS, under HOIST_CHANNELS_VERSIONS): with the storing
+    partition the computing warps keep them beside the accumulator without spills. H100, Triton 3.6
+    (bench/NOTES.md section 53): r50_08 32.05 us against 33.15 (fp16), 32.46 against 33.27 (bf16)."""
+    import triton
+
+    return bool(tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS) and triton.__version__.startswith(HOIST_CHANNELS_VERSIONS)
+
+
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the row pairs' gathers (PAIRS_GATHER)."""
     title = "strided 1x1 convolution on NCHW row pairs"
-    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, COORDINATES_HEAD + PAIRS_PLACES)
+    places = COORDINATES_HEAD + PAIRS_PLACES
+    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, places, pairs_hoist_channels())
 
 
 def render_staged_source(
-    spec: PlanSpec, stages: list[Stage], title: str, stem: str, gather_functions: str, coordinates: str
+    spec: PlanSpec,
+    stages: list[Stage],
+    title: str,
+    stem: str,
+    gather_functions: str,
+    coordinates: str,
+    hoist: bool = False,
 ) -> str:
     """_TEMPLATE for a kernel named ``stem``_kernel whose gathering partition reads each step by
     ``gather_functions`` (_step_geometry, _step_addresses, _step_operand) and whose epilogue places
     the tile's slots by ``coordinates``, the epilogue of ``stages`` in Gluon's names, in the computing
-    partition's loop over its tiles (the chain's per-channel parameters loaded in each tile's
-    epilogue: once a program before its tiles measured slower, bench/NOTES.md section 51)."""
-    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4)
+    partition's loop over its tiles; ``hoist``: the chain's per-channel parameters loaded once before
+    the tiles (_HOISTED_CHANNELS), else in each tile's epilogue."""
+    # the loads before the tiles index with ch_v (the epilogue's own ch is of each tile)
+    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
+    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
+    epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4, epi)
+    epilogue["hoisted_channels"] = _HOISTED_CHANNELS.format(loads=gluon_channel_loads(epi)) if hoist else ""
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
     storing = {

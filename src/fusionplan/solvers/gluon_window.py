@@ -29,7 +29,7 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, triton_available
+from fusionplan.codegen import Epilogue, emit_stages, indent, triton_available
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
@@ -439,12 +439,15 @@ def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
     return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
 
 
-def gluon_epilogue(spec: PlanSpec, stages: list[Stage], coordinates: str, store: str, depth: int) -> dict:
+def gluon_epilogue(
+    spec: PlanSpec, stages: list[Stage], coordinates: str, store: str, depth: int, epi: Epilogue | None = None
+) -> dict:
     """A Gluon template's epilogue fields: the tile's ``coordinates`` in the accumulator's layout
     and in the stores' (each indented ``depth`` spaces), the tail (the chain of ``stages``, then
     ``store``, whose ``{coordinates_in_out}`` takes the stores' coordinates) and the header's
-    fields; the generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning."""
-    epi = emit_stages(stages, spec.ops)
+    fields; the generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning.
+    ``epi``: the chain as emit_stages gave it (default: its per-channel parameters loaded in the tail)."""
+    epi = epi or emit_stages(stages, spec.ops)
     coords = {
         f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
         for where, layout in COORDINATE_LAYOUTS
