@@ -172,18 +172,32 @@ def test_hoisted_channels_only_where_measured(monkeypatch):
     assert not pairs.pairs_hoist_channels()
 
 
-@pytest.mark.parametrize("hoist", [True, False])
-def test_hoisted_channels_in_the_source(hoist):
-    """Hoisted, the scale and shift are loaded before the tiles' loop and the epilogue reads the
-    vectors; else each epilogue loads them."""
+def test_hoisted_channels_in_the_source():
+    """The scale and shift are loaded by both placements, chosen by a constant of the launch: before
+    the tiles' loop (HOIST_CHANNELS) or in each epilogue; the chain reads the vectors."""
     from fusionplan.folding import pointwise_stages, split_at_conv
 
     spec = layer("r50_08").spec()
     _, conv, post = split_at_conv(spec.ops)
-    stages = pointwise_stages(post, conv=conv.index)
-    places = pairs.COORDINATES_HEAD + pairs.PAIRS_PLACES
-    source = pairs.render_staged_source(spec, stages, "t", "gluon_row_pairs", pairs.PAIRS_GATHER, places, hoist)
-    loop = source.index("    for i in range(tiles):\n        k0, m0")
-    load = source.find("sc0_ptr_v = gl.load(sc0_ptr + ch_v")
-    assert (0 <= load < loop) == hoist
-    assert ("gl.load(sc0_ptr + ch" in source[loop:]) != hoist
+    source = pairs.render_gluon_row_pairs_source(spec, pointwise_stages(post, conv=conv.index))
+    partition = source[source.index("def _mma_partition") :]
+    loop = partition.index("    for i in range(tiles):\n")
+    before, each = partition.index("    if HOIST_CHANNELS:"), partition.index("        if not HOIST_CHANNELS:")
+    assert before < loop < each
+    for start in (before, each):
+        assert "sc0_ptr_v = gl.load(sc0_ptr + ch_v" in partition[start : start + 800]
+    assert "h * sc0_ptr_v[None, :] + sh0_ptr_v[None, :]" in partition
+
+
+def test_hoisted_channels_beside_a_storing_partition(monkeypatch):
+    """Only gluon-row-pairs with a storing partition loads them once (without one the computing warps
+    spill them); gluon-plane-chunks never."""
+    import triton
+
+    from fusionplan.solvers import gluon_plane_chunks
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    kernel = pairs.GluonRowPairsSolver().build(layer("r50_08").spec(), fp.Handle("cpu"))
+    assert kernel.hoist_channels(2) and not kernel.hoist_channels(0)
+    chunks = gluon_plane_chunks.GluonPlaneChunksSolver().build(layer("r50_19").spec(), fp.Handle("cpu"))
+    assert not chunks.hoist_channels(2)

@@ -258,6 +258,11 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         bench/NOTES.md section 53)."""
         return 0
 
+    def hoist_channels(self, store_warps: int) -> bool:
+        """Never: r50_19 (one tile a program) measured no faster with them loaded before its tiles
+        (14.50 us against 14.43, bench/NOTES.md section 53)."""
+        return False
+
     def load_vec(self) -> int:
         """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""
         return CHUNK_VEC

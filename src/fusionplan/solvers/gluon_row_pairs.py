@@ -37,6 +37,8 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from fusionplan import tuning
@@ -47,7 +49,6 @@ from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
 from fusionplan.solvers.gluon_window import (
-    gluon_channel_loads,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
@@ -175,7 +176,7 @@ def _mma_partition(
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
-    STORE_WARPS: gl.constexpr,
+    STORE_WARPS: gl.constexpr, HOIST_CHANNELS: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -188,7 +189,10 @@ def _mma_partition(
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
-{hoisted_channels}    for i in range(tiles):
+    if HOIST_CHANNELS:  # the chain's per-channel parameters, once: a program keeps one channel block
+        k0_v, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
+{channel_loads}
+    for i in range(tiles):
         k0, m0 = _tile_origin(i, N_K, BLOCK_N, PIXELS)
         acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
         for kb in range(STEPS):
@@ -218,6 +222,9 @@ def _mma_partition(
             out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
         ohw = OH * OW
         acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout, [slots, channels]
+        if not HOIST_CHANNELS:  # the chain's per-channel parameters, each tile
+            k0_v = k0
+{tile_channel_loads}
 {coordinates_in_acc}
 {tail}
 
@@ -268,7 +275,8 @@ def {stem}_kernel(
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
-    STORE_REGS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr,
+    STORE_REGS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
+    WHOLE_CB: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
@@ -351,14 +359,12 @@ def {stem}_kernel(
 '''
 
 
-#: The chain's per-channel parameters loaded once before the computing partition's tiles
-#: (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS): a program keeps one channel block (pairs_programs).
-_HOISTED_CHANNELS = """    k0_v, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
-    ch_tile = gl.permute(gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout), (1, 0))
-    ch_v = k0_v + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
-    ch_v_mask = ch_v < K
-{loads}
-"""
+#: The chain's per-channel parameters of the channel block from k0_v, in the channels' layout of the
+#: accumulator seen as [slots, channels]: once before the computing partition's tiles
+#: (HOIST_CHANNELS: a program keeps one channel block, pairs_programs) or in each tile's epilogue.
+_CHANNEL_VECTORS = """ch_tile = gl.permute(gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout), (1, 0))
+ch_v = k0_v + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ch_tile.type.layout))
+ch_v_mask = ch_v < K"""
 
 
 #: The template's partitions and their arguments (the computing one's with the chain's parameters
@@ -369,7 +375,7 @@ _PARTITIONS = {
                 (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
                  {stage_args}M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw, PIXELS, BLOCK_N, NUM_STAGES,
                  ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR, STEPS, N_K, CONSUMER_FENCE, OUT_W,
-                 OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS, {flag_args}),
+                 OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS, HOIST_CHANNELS, {flag_args}),
             )""",
     "gather_partition": """(
                 _gather_partition,
@@ -698,8 +704,7 @@ def pairs_hoist_channels() -> bool:
 def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the row pairs' gathers (PAIRS_GATHER)."""
     title = "strided 1x1 convolution on NCHW row pairs"
-    places = COORDINATES_HEAD + PAIRS_PLACES
-    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, places, pairs_hoist_channels())
+    return render_staged_source(spec, stages, title, "gluon_row_pairs", PAIRS_GATHER, COORDINATES_HEAD + PAIRS_PLACES)
 
 
 def render_staged_source(
@@ -709,18 +714,18 @@ def render_staged_source(
     stem: str,
     gather_functions: str,
     coordinates: str,
-    hoist: bool = False,
 ) -> str:
     """_TEMPLATE for a kernel named ``stem``_kernel whose gathering partition reads each step by
     ``gather_functions`` (_step_geometry, _step_addresses, _step_operand) and whose epilogue places
     the tile's slots by ``coordinates``, the epilogue of ``stages`` in Gluon's names, in the computing
-    partition's loop over its tiles; ``hoist``: the chain's per-channel parameters loaded once before
-    the tiles (_HOISTED_CHANNELS), else in each tile's epilogue."""
-    # the loads before the tiles index with ch_v (the epilogue's own ch is of each tile)
-    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
-    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
+    partition's loop over its tiles (the chain's per-channel parameters loaded before the tiles or in
+    each epilogue: HOIST_CHANNELS, a constant of the launch)."""
+    # the chain reads its per-channel parameters from vectors loaded by _CHANNEL_VECTORS' indices,
+    # before the tiles or in each epilogue (HOIST_CHANNELS)
+    epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
     epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4, epi)
-    epilogue["hoisted_channels"] = _HOISTED_CHANNELS.format(loads=gluon_channel_loads(epi)) if hoist else ""
+    vectors = _CHANNEL_VECTORS.split("\n") + [re.sub(r"\btl\.", "gl.", line) for line in epi.channel_loads]
+    epilogue["channel_loads"], epilogue["tile_channel_loads"] = indent(vectors, 8), indent(vectors, 12)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)
     storing = {
@@ -792,6 +797,12 @@ class GluonRowPairsKernel(GluonNchwKernel):
         """tuning.GLUON_ROW_PAIRS_STORE_WARPS."""
         return tuning.GLUON_ROW_PAIRS_STORE_WARPS
 
+    def hoist_channels(self, store_warps: int) -> bool:
+        """Whether the computing partition loads the chain's per-channel parameters once, before its
+        tiles (pairs_hoist_channels): only beside a storing partition (``store_warps``), without which
+        the computing warps spill them (r50_08 37.5 us against 34.1, bench/NOTES.md section 53)."""
+        return bool(store_warps) and pairs_hoist_channels()
+
     def ring_stages(self, cfg: tuning.ConvConfig, x: Tensor, store_warps: int) -> int:
         """The ring's stages: the configuration's, fewer beside a storing partition's output buffer
         (storing_stages, after the staged gathers' raw buffers)."""
@@ -815,7 +826,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
         # the gathers staged through shared memory, the output's width and pixels a store, a step's raw
         # rows and columns (BLOCK_K channels' two columns a slot), the output planes' width and the
-        # operand's orientation, the storing partition's warps and registers; no split reduction
+        # operand's orientation, the storing partition's warps and registers, the per-channel parameters
+        # loaded once; no split reduction
         own = (
             self.pixel_slots,
             self.load_vec(),
@@ -835,6 +847,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             self.operand_k_major,
             store_warps,
             PAIRS_STORE_REGS,
+            self.hoist_channels(store_warps),
         )
         return self.ring_stages(cfg, x, store_warps), own, ()
 
