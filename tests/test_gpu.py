@@ -1036,8 +1036,9 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     """gluon-row-pairs over each of its tiles (128 slots by 256, 128 and 64 output channels), random
     ring depths, loads 1 to 3 steps ahead into registers or staged in shared memory, either side's
     proxy fence, weights resident or a box a stage, the output stored by the computing warps or a
-    storing partition of 2 or 4 warps, output in planes and channels-last, with and
-    without a prior; persistent programs over several tiles each."""
+    storing partition of 2 or 4 warps, the chain's parameters loaded once or each tile, output in
+    planes and channels-last, with and without a prior; persistent programs over several tiles
+    each."""
     from fusionplan.solvers import gluon_row_pairs
 
     c = GLUON_ROW_PAIRS_CASES[case][1]

@@ -617,8 +617,9 @@ GLUON_ROW_PAIRS_OUT_VEC = 4
 #: registers, and they spill.
 GLUON_ROW_PAIRS_STORE_WARPS = 2
 #: Whether gluon-row-pairs' computing partition loads the chain's per-channel parameters once,
-#: before its tiles (a program keeps one channel block), rather than in each tile's epilogue, where
-#: the compiler keeps them in registers (solvers.gluon_row_pairs.pairs_hoist_channels). H100, Triton
+#: before its tiles (a program keeps one channel block), rather than in each tile's epilogue: beside
+#: its storing partition and where the compiler keeps them in registers without spills
+#: (solvers.gluon_row_pairs.pairs_hoist_channels, GluonRowPairsKernel.hoist_channels). H100, Triton
 #: 3.6, with the storing partition (bench/NOTES.md section 53): r50_08 32.05 us against 33.15 (fp16),
 #: 32.46 against 33.27 (bf16); gluon-plane-chunks' r50_19 no faster (14.50 against 14.43), so that
 #: kernel loads them in each epilogue.

@@ -253,7 +253,7 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         return staged_input(x, tuning.GLUON_PLANE_CHUNKS_STAGED)
 
     def store_switch(self) -> int:
-        """None: a program has one tile (r50_19), so no product runs under a storing partition's
+        """0, no storing partition: a program has one tile (r50_19), so no product runs under its
         stores, and r50_19 measured slower with one (16.8 us with 2 or 4 storing warps against 14.8;
         bench/NOTES.md section 53)."""
         return 0

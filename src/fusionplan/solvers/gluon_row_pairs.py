@@ -276,8 +276,7 @@ def {stem}_kernel(
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
     STORE_REGS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
-    WHOLE_CB: gl.constexpr,
-    OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, C], boxes of [BLOCK_N, BLOCK_K]. M counts the output's pixels; the
@@ -708,12 +707,7 @@ def render_gluon_row_pairs_source(spec: PlanSpec, stages: list[Stage]) -> str:
 
 
 def render_staged_source(
-    spec: PlanSpec,
-    stages: list[Stage],
-    title: str,
-    stem: str,
-    gather_functions: str,
-    coordinates: str,
+    spec: PlanSpec, stages: list[Stage], title: str, stem: str, gather_functions: str, coordinates: str
 ) -> str:
     """_TEMPLATE for a kernel named ``stem``_kernel whose gathering partition reads each step by
     ``gather_functions`` (_step_geometry, _step_addresses, _step_operand) and whose epilogue places
@@ -805,7 +799,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
 
     def ring_stages(self, cfg: tuning.ConvConfig, x: Tensor, store_warps: int) -> int:
         """The ring's stages: the configuration's, fewer beside a storing partition's output buffer
-        (storing_stages, after the staged gathers' raw buffers)."""
+        and the staged gathers' raw buffers (storing_room)."""
         if not store_warps:
             return cfg.num_stages
         return min(cfg.num_stages, ring_stages(storing_room(cfg, self.staged_bytes(cfg, x)), ring_stage_bytes(cfg)))
