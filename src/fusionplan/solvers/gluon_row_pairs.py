@@ -241,7 +241,7 @@ def _hand_over(h, out_buf, out_full, out_free, i):
 
 @gluon.jit
 def _store_partition(
-    y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
+    y_ptr, out_buf, out_full, out_free, tiles, K, OH, NOH, syn, syc, syh, syw,
     PIXELS: gl.constexpr, TILE_N: gl.constexpr, BLOCK_N: gl.constexpr, ROW_SLOTS: gl.constexpr,
     IDX64: gl.constexpr, N_K: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr,
 ):
@@ -384,7 +384,7 @@ _PARTITIONS = {
             )""",
     "store_partition": """(
                 _store_partition,
-                (y_ptr, out_buf, out_full, out_free, tiles, M, K, OH, OW, NOH, syn, syc, syh, syw,
+                (y_ptr, out_buf, out_full, out_free, tiles, K, OH, NOH, syn, syc, syh, syw,
                  PIXELS, BLOCK_N, STORE_CHANNELS, ROW_SLOTS, IDX64, N_K, OUT_W, OUT_VEC, IMAGE_W),
             )""",
 }
@@ -779,12 +779,13 @@ class GluonRowPairsKernel(GluonNchwKernel):
         c = self.geometry[1]
         return [pairs_tile(PAIRS_PIXELS, n, 8 if n == 256 else 4, c) for n in (256, 128, 64)]
 
-    def store_warps(self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None) -> int:
+    def store_warps(self, cfg: tuning.ConvConfig, room: int, out: Tensor, strides: tuple[int, ...] | None) -> int:
         """Warps of the storing partition (store_switch): into NCHW output (pixel-major: a channel's
         slots contiguous in shared memory and in the planes), with the weights streamed (resident
-        ones leave no room for the output buffer) and a ring of two stages beside the buffer; else 0."""
+        ones leave no room for the output buffer) and a ring of two stages in the ``room`` left beside
+        the buffer (storing_room); else 0."""
         pixel_major = (strides[5] if strides else out.stride(1)) != 1
-        fits = storing_room(cfg, self.staged_bytes(cfg, x)) >= 2 * ring_stage_bytes(cfg)
+        fits = room >= 2 * ring_stage_bytes(cfg)
         return self.store_switch() if pixel_major and fits and not self.resident(cfg) else 0
 
     def store_switch(self) -> int:
@@ -797,14 +798,14 @@ class GluonRowPairsKernel(GluonNchwKernel):
         the computing warps spill them (r50_08 37.5 us against 34.1, bench/NOTES.md section 53)."""
         return bool(store_warps) and pairs_hoist_channels()
 
-    def ring_stages(self, cfg: tuning.ConvConfig, x: Tensor, store_warps: int) -> int:
+    def launch_stages(self, cfg: tuning.ConvConfig, room: int, store_warps: int) -> int:
         """The ring's stages: the configuration's, fewer beside a storing partition's output buffer
-        and the staged gathers' raw buffers (storing_room)."""
+        (as many as its ``room``, storing_room, holds)."""
         if not store_warps:
             return cfg.num_stages
-        return min(cfg.num_stages, ring_stages(storing_room(cfg, self.staged_bytes(cfg, x)), ring_stage_bytes(cfg)))
+        return min(cfg.num_stages, ring_stages(room, ring_stage_bytes(cfg)))
 
-    def staged_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
+    def raw_ring_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
         """Shared memory of the staged gathers' raw buffers reading ``x`` (PREFETCH + 1 steps), 0 for
         loads into registers."""
         rows, cols = self.raw_step(cfg)
@@ -814,7 +815,8 @@ class GluonRowPairsKernel(GluonNchwKernel):
         self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
     ) -> tuple[int, tuple, tuple[Tensor, ...]]:
         c, k = self.geometry[1:3]
-        store_warps = self.store_warps(cfg, x, out, strides)
+        room = storing_room(cfg, self.raw_ring_bytes(cfg, x))  # the ring's, beside a storing partition
+        store_warps = self.store_warps(cfg, room, out, strides)
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
         # plan: shifts and multiplications in the gathers' addresses), where the operand's proxy fence runs,
@@ -843,7 +845,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             PAIRS_STORE_REGS,
             self.hoist_channels(store_warps),
         )
-        return self.ring_stages(cfg, x, store_warps), own, ()
+        return self.launch_stages(cfg, room, store_warps), own, ()
 
     def launch_grid(self, cfg: tuning.ConvConfig, grid: tuple[int, int, int]) -> tuple[int, int, int]:
         """Persistent programs (pairs_programs), each keeping one channel block."""
