@@ -44,6 +44,7 @@ from fusionplan.solvers.gluon_row_pairs import (
     GluonRowPairsKernel,
     GluonRowPairsSolver,
     planes_1x1_why_not,
+    raw_ring_bytes,
     render_staged_source,
     ring_stages,
     staged_input,
@@ -187,7 +188,7 @@ def chunks_tile(block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
     block_k = chunks_block_k(c)
     staged = 0
     if tuning.GLUON_PLANE_CHUNKS_STAGED:
-        staged = (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_PIXELS * block_k * 2
+        staged = raw_ring_bytes(block_k, PAIRS_PIXELS)
     per_stage = (PAIRS_PIXELS + block_n) * block_k * 2
     stages = stages or ring_stages(PAIRS_SHARED_BYTES - staged, per_stage)
     return tuning.ConvConfig(PAIRS_PIXELS, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)

@@ -610,7 +610,13 @@ def staged_bytes(pixels: int) -> int:
     of [PAIRS_BLOCK_K, 2 x pixels] 16-bit columns; 0 for loads into registers."""
     if not tuning.GLUON_ROW_PAIRS_STAGED:
         return 0
-    return (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * PAIRS_BLOCK_K * 2 * pixels * 2
+    return raw_ring_bytes(PAIRS_BLOCK_K, 2 * pixels)
+
+
+def raw_ring_bytes(rows: int, cols: int) -> int:
+    """Shared memory of the staged gathers' ring: PREFETCH + 1 steps of [rows, cols] 16-bit
+    elements."""
+    return (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * rows * cols * 2
 
 
 def pairs_tile(pixels: int, block_n: int, warps: int, c: int, stages: int = 0) -> tuning.ConvConfig:
@@ -805,17 +811,16 @@ class GluonRowPairsKernel(GluonNchwKernel):
             return cfg.num_stages
         return min(cfg.num_stages, ring_stages(room, ring_stage_bytes(cfg)))
 
-    def raw_ring_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
+    def staged_ring_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
         """Shared memory of the staged gathers' raw buffers reading ``x`` (PREFETCH + 1 steps), 0 for
         loads into registers."""
-        rows, cols = self.raw_step(cfg)
-        return (tuning.GLUON_ROW_PAIRS_PREFETCH + 1) * rows * cols * 2 if self.staged(x) else 0
+        return raw_ring_bytes(*self.raw_step(cfg)) if self.staged(x) else 0
 
     def launch_constants(
         self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
     ) -> tuple[int, tuple, tuple[Tensor, ...]]:
         c, k = self.geometry[1:3]
-        room = storing_room(cfg, self.raw_ring_bytes(cfg, x))  # the ring's, beside a storing partition
+        room = storing_room(cfg, self.staged_ring_bytes(cfg, x))  # the ring's, beside a storing partition
         store_warps = self.store_warps(cfg, room, out, strides)
         # slots of an output row, elements a load, steps ahead, gathering warps and their registers,
         # resident weights, the reduction's steps, channel blocks and output rows (constants of the
