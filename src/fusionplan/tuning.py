@@ -624,6 +624,10 @@ GLUON_ROW_PAIRS_STORE_WARPS = 2
 #: 32.46 against 33.27 (bf16); gluon-plane-chunks' r50_19 no faster (14.50 against 14.43), so that
 #: kernel loads them in each epilogue.
 GLUON_ROW_PAIRS_HOIST_CHANNELS = 1
+#: Whether gluon-row-pairs' computing partition requests each stage's weights by TMA as it frees the
+#: stage, rather than the gathering partition as it fills it (an experiment: fewer barriers in the
+#: gathering loop).
+GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = 0
 
 #: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
 #: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;

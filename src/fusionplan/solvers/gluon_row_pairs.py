@@ -84,10 +84,23 @@ def _tile_origin(i, N_K: gl.constexpr, BLOCK_N: gl.constexpr, PIXELS: gl.constex
 {gather_functions}
 
 @gluon.jit
+def _request_weights(w_desc, w_bufs, ready, g, n, STEPS: gl.constexpr, NUM_STAGES: gl.constexpr, N_K: gl.constexpr,
+                     BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr):
+    # step g's weights' box (of the program's n steps) by TMA into its stage: one of the stage's two
+    # arrivals
+    if g < n:
+        stage = g % NUM_STAGES
+        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
+        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+
+
+@gluon.jit
 def _fill_stage(
     raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr,
     PIXELS: gl.constexpr, NUM_STAGES: gl.constexpr, RESIDENT: gl.constexpr, STEPS: gl.constexpr,
     N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
+    WEIGHTS_BY_MMA: gl.constexpr,
 ):
     # Step g's stage once it is free: its weights requested by TMA (one of the stage's two
     # arrivals; none where the weights are resident), the operand taken from ``raw`` (the step's
@@ -95,10 +108,8 @@ def _fill_stage(
     stage = g % NUM_STAGES
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
-    if not RESIDENT:
-        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
-        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+    if not RESIDENT and not WEIGHTS_BY_MMA:
+        _request_weights(w_desc, w_bufs, ready, g, g + 1, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
     a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
     if not CONSUMER_FENCE:
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
@@ -113,7 +124,7 @@ def _gather_partition(
     ROW_SLOTS: gl.constexpr, VEC: gl.constexpr, PREFETCH: gl.constexpr, WHOLE_CB: gl.constexpr,
     IDX64: gl.constexpr, RESIDENT: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
     CONSUMER_FENCE: gl.constexpr, STAGED: gl.constexpr, OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr,
+    RAW_COLS: gl.constexpr, WEIGHTS_BY_MMA: gl.constexpr,
 ):
     # The program's n steps over all its tiles in one sequence, so that the loads of a tile's first
     # steps run under the last ones of the tile before. A step reads [RAW_ROWS, RAW_COLS] elements:
@@ -143,7 +154,7 @@ def _gather_partition(
             async_copy.wait_group(PREFETCH)
             raw = raw_bufs.index(g % (PREFETCH + 1)).load(layout)
             _fill_stage(raw, geo, g, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K, PIXELS, NUM_STAGES,
-                        RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS)
+                        RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS, WEIGHTS_BY_MMA)
         async_copy.wait_group(0)  # the masked copies past the last step (zero-fills) land before the partition ends
     else:
         # Loads into registers: a turn of the loop is PREFETCH + 1 steps, statically unrolled, the
@@ -162,13 +173,13 @@ def _gather_partition(
                 ahead = gl.load(ptrs, mask=mask, other=0.0)
                 if g + j < n:
                     _fill_stage(vals[0], geo, g + j, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K,
-                                PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS)
+                                PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS, WEIGHTS_BY_MMA)
                 vals = vals[1:] + (ahead,)
 
 
 @gluon.jit
 def _mma_partition(
-    a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
+    w_desc, a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
     {stage_params}
     M, K, OH, OW, NOH,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -176,7 +187,7 @@ def _mma_partition(
     ROW_SLOTS: gl.constexpr, RESIDENT: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
     OUT_PIXEL_MAJOR: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr,
-    STORE_WARPS: gl.constexpr, HOIST_CHANNELS: gl.constexpr,
+    STORE_WARPS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, WEIGHTS_BY_MMA: gl.constexpr, BLOCK_K: gl.constexpr,
     {stage_flags}
 ):
     # Each tile: [channels, slots] = weights @ operand, both read by wgmma from shared memory (the
@@ -189,6 +200,10 @@ def _mma_partition(
     )
     if RESIDENT:
         mbarrier.wait(loaded.index(0), 0)
+    n = tiles * STEPS
+    if WEIGHTS_BY_MMA:  # the first round of stages' weights; then each stage's next as it is freed
+        for j in gl.static_range(NUM_STAGES):
+            _request_weights(w_desc, w_bufs, ready, j, n, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
     if HOIST_CHANNELS:  # the chain's per-channel parameters, once: a program keeps one channel block
         k0_v, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
 {channel_loads}
@@ -211,8 +226,15 @@ def _mma_partition(
                 acc = warpgroup_mma(w_bufs.index(stage), operand, acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
+            if WEIGHTS_BY_MMA:
+                if kb > 0:
+                    _request_weights(w_desc, w_bufs, ready, g - 1 + NUM_STAGES, n, STEPS, NUM_STAGES, N_K, BLOCK_N,
+                                     PIXELS, BLOCK_K)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index((i * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
+        if WEIGHTS_BY_MMA:
+            _request_weights(w_desc, w_bufs, ready, i * STEPS + STEPS - 1 + NUM_STAGES, n, STEPS, NUM_STAGES, N_K,
+                             BLOCK_N, PIXELS, BLOCK_K)
         # the stores' layout, [slots, channels]: NCHW output, lanes along a plane's pixels, OUT_VEC a
         # thread (packed planes: runs of OUT_VEC pixels of an output row); else 8 contiguous
         # channels per thread (16-byte stores)
@@ -336,6 +358,7 @@ def {stem}_kernel(
         mbarrier.expect(loaded.index(0), STEPS * w_desc.block_type.nbytes)
         for kb in gl.static_range(STEPS):
             {tma_load}(w_desc, [k0, kb * BLOCK_K], loaded.index(0), w_bufs.index(kb))
+    WEIGHTS_BY_MMA: gl.constexpr = {weights_by_mma} and not RESIDENT
     # STORE_WARPS: a third partition stores each tile's output from shared memory, 8 channels a warp
     # at a time (32 elements a thread)
     STORE_CHANNELS: gl.constexpr = 8 * STORE_WARPS
@@ -371,16 +394,16 @@ ch_v_mask = ch_v < K"""
 _PARTITIONS = {
     "mma_partition": """(
                 _mma_partition,
-                (a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
+                (w_desc, a_bufs, w_bufs, ready, empty, loaded, out_buf, out_full, out_free, y_ptr, prior_ptr, tiles,
                  {stage_args}M, K, OH, OW, NOH, syn, syc, syh, syw, spn, spc, sph, spw, PIXELS, BLOCK_N, NUM_STAGES,
                  ELEM_BITS, ROW_SLOTS, RESIDENT, IDX64, HAS_PRIOR, OUT_PIXEL_MAJOR, STEPS, N_K, CONSUMER_FENCE, OUT_W,
-                 OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS, HOIST_CHANNELS, {flag_args}),
+                 OUT_VEC, IMAGE_W, OPERAND_K_MAJOR, STORE_WARPS, HOIST_CHANNELS, WEIGHTS_BY_MMA, BLOCK_K, {flag_args}),
             )""",
     "gather_partition": """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, raw_bufs, ready, empty, tiles * STEPS, C, H * W, W, NOH, sxn,
                  PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ROW_SLOTS, VEC, PREFETCH, WHOLE_CB, IDX64, RESIDENT, STEPS,
-                 N_K, OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS),
+                 N_K, OUT_H, CONSUMER_FENCE, STAGED, OUT_W, RAW_ROWS, RAW_COLS, WEIGHTS_BY_MMA),
             )""",
     "store_partition": """(
                 _store_partition,
@@ -733,6 +756,7 @@ def render_staged_source(
         "global_store": indent(_GLOBAL_STORE.split("\n"), 12),
     }
     partitions = {name: text.format(**epilogue) for name, text in _PARTITIONS.items()}
+    partitions["weights_by_mma"] = str(bool(tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA))
     return _TEMPLATE.format(
         title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **partitions, **gluon_names()
     )
