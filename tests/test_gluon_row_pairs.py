@@ -134,15 +134,16 @@ def test_staged_only_from_aligned_input(monkeypatch):
     assert not pairs.staged_input(x[:-8])
 
 
-@pytest.mark.parametrize("staged,store_warps", [(1, 2), (0, 2), (1, 0)])
-def test_sm90_kernel(staged, store_warps):
+@pytest.mark.parametrize("staged,store_warps,by_mma", [(1, 2, 1), (0, 2, 1), (1, 0, 1), (1, 2, 0)])
+def test_sm90_kernel(staged, store_warps, by_mma):
     """r50_08: 16-byte asynchronous copies of the even rows (staged) or 16-byte loads (fewer
-    scoreboards than steps in flight), the weights by
-    TMA (an expect per box), two computing warpgroups' wgmma (one product in flight), 8-byte NCHW
-    stores (by the storing partition: 8 a thread for each slice of 8 channels a warp), no spills."""
+    scoreboards than steps in flight), the weights by TMA (an expect per box, requested by either
+    partition), two computing warpgroups' wgmma (one product in flight), 8-byte NCHW stores (by the
+    storing partition: 8 a thread for each slice of 8 channels a warp), no spills."""
     build = (
         f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n"
-        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n" + layer_build("r50_08", "float16", layout="NCHW")
+        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n"
+        f"fp.tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = {by_mma}\n" + layer_build("r50_08", "float16", layout="NCHW")
     )
     info = compile_sm90(build, "gluon-row-pairs")
     if staged:
@@ -201,3 +202,21 @@ def test_hoisted_channels_beside_a_storing_partition(monkeypatch):
     assert kernel.hoist_channels(2) and not kernel.hoist_channels(0)
     chunks = gluon_plane_chunks.GluonPlaneChunksSolver().build(layer("r50_19").spec(), fp.Handle("cpu"))
     assert not chunks.hoist_channels(2)
+
+
+def test_weights_requested_by_the_computing_partition(monkeypatch):
+    """gluon-row-pairs' computing partition requests the stages' weights where they are streamed and
+    the switch is on; resident weights load once; gluon-plane-chunks' gathering partition requests
+    them (measured faster there)."""
+    from fusionplan.solvers import gluon_plane_chunks
+
+    kernel = pairs.GluonRowPairsSolver().build(layer("r50_08").spec(), fp.Handle("cpu"))
+    cfg = pairs.pairs_config(512, 256)
+    assert not kernel.resident(cfg) and kernel.weights_by_mma(cfg)
+    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_WEIGHTS_BY_MMA", 0)
+    assert not kernel.weights_by_mma(cfg)
+    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS_WEIGHTS_BY_MMA", 1)
+    monkeypatch.setattr(kernel, "resident", lambda cfg: True)
+    assert not kernel.weights_by_mma(cfg)
+    chunks = gluon_plane_chunks.GluonPlaneChunksSolver().build(layer("r50_19").spec(), fp.Handle("cpu"))
+    assert not chunks.weights_by_mma(gluon_plane_chunks.chunks_config(2048, 512))

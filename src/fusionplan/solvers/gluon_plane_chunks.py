@@ -264,6 +264,11 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         (14.50 us against 14.43, bench/NOTES.md section 53)."""
         return False
 
+    def weights_by_mma(self, cfg: tuning.ConvConfig) -> bool:
+        """Never: the gathering partition requests the weights (r50_19 15.07 us with the computing one
+        requesting them against 14.18; bench/NOTES.md section 54)."""
+        return False
+
     def load_vec(self) -> int:
         """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""
         return CHUNK_VEC

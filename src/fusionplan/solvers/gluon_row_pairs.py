@@ -103,13 +103,16 @@ def _fill_stage(
     WEIGHTS_BY_MMA: gl.constexpr,
 ):
     # Step g's stage once it is free: its weights requested by TMA (one of the stage's two
-    # arrivals; none where the weights are resident), the operand taken from ``raw`` (the step's
+    # arrivals; none where the weights are resident or the computing partition requests them,
+    # WEIGHTS_BY_MMA), the operand taken from ``raw`` (the step's
     # loaded elements, _step_operand) stored into the stage, fenced and announced.
     stage = g % NUM_STAGES
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
     if not RESIDENT and not WEIGHTS_BY_MMA:
-        _request_weights(w_desc, w_bufs, ready, g, g + 1, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
+        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
+        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
     a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
     if not CONSUMER_FENCE:
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
@@ -173,7 +176,8 @@ def _gather_partition(
                 ahead = gl.load(ptrs, mask=mask, other=0.0)
                 if g + j < n:
                     _fill_stage(vals[0], geo, g + j, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K,
-                                PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS, WEIGHTS_BY_MMA)
+                                PIXELS, NUM_STAGES, RESIDENT, STEPS, N_K, CONSUMER_FENCE, RAW_ROWS, RAW_COLS,
+                                WEIGHTS_BY_MMA)
                 vals = vals[1:] + (ahead,)
 
 
@@ -297,8 +301,8 @@ def {stem}_kernel(
     STEPS: gl.constexpr, N_K: gl.constexpr, OUT_H: gl.constexpr, CONSUMER_FENCE: gl.constexpr,
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
-    STORE_REGS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr,
-    WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    STORE_REGS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, WEIGHTS_BY_MMA: gl.constexpr, IDX64: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, C], boxes of [BLOCK_N, BLOCK_K]. M counts the output's pixels; the
@@ -358,7 +362,6 @@ def {stem}_kernel(
         mbarrier.expect(loaded.index(0), STEPS * w_desc.block_type.nbytes)
         for kb in gl.static_range(STEPS):
             {tma_load}(w_desc, [k0, kb * BLOCK_K], loaded.index(0), w_bufs.index(kb))
-    WEIGHTS_BY_MMA: gl.constexpr = {weights_by_mma} and not RESIDENT
     # STORE_WARPS: a third partition stores each tile's output from shared memory, 8 channels a warp
     # at a time (32 elements a thread)
     STORE_CHANNELS: gl.constexpr = 8 * STORE_WARPS
@@ -756,7 +759,6 @@ def render_staged_source(
         "global_store": indent(_GLOBAL_STORE.split("\n"), 12),
     }
     partitions = {name: text.format(**epilogue) for name, text in _PARTITIONS.items()}
-    partitions["weights_by_mma"] = str(bool(tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA))
     return _TEMPLATE.format(
         title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **partitions, **gluon_names()
     )
@@ -828,6 +830,13 @@ class GluonRowPairsKernel(GluonNchwKernel):
         the computing warps spill them (r50_08 37.5 us against 34.1, bench/NOTES.md section 53)."""
         return bool(store_warps) and pairs_hoist_channels()
 
+    def weights_by_mma(self, cfg: tuning.ConvConfig) -> bool:
+        """Whether the computing partition requests each stage's weights as it frees the stage
+        (tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA; streamed weights only), rather than the gathering
+        partition as it fills it: the gathering loop's sm_90 barriers 4 -> 3 a step. H100 (bench/NOTES.md
+        section 54): r50_08 31.05 us against 31.33 (fp16), 31.66 against 32.05 (bf16)."""
+        return bool(tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA) and not self.resident(cfg)
+
     def launch_stages(self, cfg: tuning.ConvConfig, room: int, store_warps: int) -> int:
         """The ring's stages: the configuration's, fewer beside a storing partition's output buffer
         (as many as its ``room``, storing_room, holds)."""
@@ -873,6 +882,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
             store_warps,
             PAIRS_STORE_REGS,
             self.hoist_channels(store_warps),
+            self.weights_by_mma(cfg),
         )
         return self.launch_stages(cfg, room, store_warps), own, ()
 
