@@ -649,6 +649,13 @@ GLUON_PLANE_CHUNKS_GATHER_WARPS = 4
 #: into registers (0), before the gather. r50_19 (32-channel steps): loads 13.95-14.58 us, copies
 #: 14.46-15.12 (the copies add a write and a read of shared memory before the gather's own pass).
 GLUON_PLANE_CHUNKS_STAGED = 0
+#: Whether gluon-plane-chunks takes each operand row from the runs by shifts in registers (each
+#: 8-slot group: its aligned unit, the next unit from the next thread, shifted by the plane's offset
+#: in its unit; no pass through shared memory) rather than a gather through shared memory, where
+#: the plane allows (chunks_shifted) and the input is 16-byte aligned. H100, batch 32, CBNA, NCHW
+#: (bench/NOTES.md section 54): r50_19 13.50 / 13.92 us against 14.05 / 14.22 (fp16, two runs),
+#: 13.82 against 14.25 (bf16).
+GLUON_PLANE_CHUNKS_SHIFTED = 1
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

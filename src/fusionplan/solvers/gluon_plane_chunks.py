@@ -32,6 +32,8 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
+import torch
+
 from fusionplan import tuning
 from fusionplan.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec
@@ -51,6 +53,8 @@ from fusionplan.solvers.gluon_row_pairs import (
 )
 from fusionplan.solvers.triton_conv import triton_cdiv
 
+Tensor = torch.Tensor
+
 #: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
 #: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
 #: its weights' box for half the products).
@@ -66,7 +70,7 @@ CHUNK_BLOCK_K = 64
 #: RAW_COLS] elements, each image's BLOCK_K channel planes as one run from the step's first
 #: channel, and takes the operand from them by a gather.
 CHUNKS_GATHER = """@gluon.jit
-def _step_geometry(
+def _gathered_geometry(
     layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
 ):
@@ -89,11 +93,11 @@ def _step_geometry(
 
 
 @gluon.jit
-def _step_addresses(
+def _gathered_addresses(
     x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
     WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr,
+    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
 ):
     # The program's step g (of n, STEPS a tile): for each of its tile's images (NOH of the batch)
     # the BLOCK_K planes of its channel block from the step's first, one contiguous run of
@@ -111,12 +115,127 @@ def _step_addresses(
 
 
 @gluon.jit
-def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr):
+def _gathered_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
+                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
     # each operand element from its place in the step's raw elements
     _, _, places = geo
     flat = gl.gather(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), places, 0)
     return gl.reshape(flat, [PIXELS, BLOCK_K])
+"""
+
+#: The chunks' gathers without a pass through shared memory (chunks_shifted; the operand as [channels,
+#: slots]). Channel c's plane starts s = (HW * c) % 8 elements into an aligned 8-element unit of its
+#: image's run, so each 8-slot group of an operand row is 8 elements of a 16-element window from an
+#: aligned unit: the window's first unit loaded by the thread itself (16 bytes, as 4 words), its
+#: second taken from the next unit's thread (a gather of the lanes: a shuffle a word), the 8
+#: elements then shifted out of the window in registers (words selected by s's bits 2 and 1, a byte
+#: permute of each word and the next by bit 0).
+CHUNKS_SHIFTED_GATHER = """@gluon.jit
+def _shifted_geometry(
+    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
+):
+    # the raw words as [channels, slot pairs] and each row's s
+    rows = gl.arange(0, RAW_ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
+    return rows, cols, gl.expand_dims((rows * OUT_W) % 8, 1)
+
+
+@gluon.jit
+def _shifted_addresses(
+    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
+    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
+    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
+):
+    # The program's step g (of n, STEPS a tile), read as words (VEC a thread: one unit): for each
+    # channel c of its block and each 8-slot group of each of its tile's images (NOH of the batch),
+    # the unit of the image's run (the block's BLOCK_K planes from the step's first channel) where
+    # that group's pixels start: unit (OUT_W * c) // 8 + group. Units past the run (the last
+    # channel's slots past its plane), steps past n and images past the batch touch no memory.
+    rows, cols, _ = geo
+    _, m0 = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+    image = m0 // ROW_SLOTS + cols // (ROW_SLOTS // 2)
+    live = (image < NOH) & (g < n)
+    # a group's unit and its words in the run: the row's first unit, then the slots' place in the
+    # image (units whole: the comparison with the run's end holds for all of a unit's words)
+    first = gl.multiple_of(rows * OUT_W // 8 * 4, VEC)
+    places = first[:, None] + (cols % (ROW_SLOTS // 2))[None, :]
+    mask = live[None, :] & (places < BLOCK_K * OUT_W // 2)
+    if IDX64:  # offsets of inputs past 2^31 elements
+        image = image.to(gl.int64)
+    start = gl.multiple_of((image * sxn + (g % STEPS) * (BLOCK_K * OUT_W)) // 2, VEC)
+    words = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    return words + first[:, None] + (start + cols % (ROW_SLOTS // 2))[None, :], mask
+
+
+@gluon.jit
+def _shifted_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
+                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
+    # each group's window (its unit and the next unit's thread's), shifted by its row's s, as
+    # elements of DTYPE
+    _, cols, shift = geo
+    units = gl.reshape(raw, [RAW_ROWS, RAW_COLS // 4, 4])
+    groups = gl.reshape(shift * 0 + cols[None, :], [RAW_ROWS, RAW_COLS // 4, 4])
+    following = gl.minimum(groups // 4 + 1, RAW_COLS // 4 - 1)
+    nxt = gl.convert_layout(gl.reshape(gl.gather(units, following, 1), [RAW_ROWS, RAW_COLS]), raw.type.layout)
+    words = gl.inline_asm_elementwise(
+        _SHIFT_ASM, "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r,r,r", [raw, nxt, shift], dtype=gl.int32, is_pure=True,
+        pack=4,
+    )
+    halves = gl.join((words & 65535).to(gl.int16), (words >> 16).to(gl.int16))
+    return gl.reshape(halves, [RAW_ROWS, 2 * RAW_COLS]).to(DTYPE, bitcast=True)
+
+
+# 8 16-bit elements (4 words out) from a 16-element window (words $4-$7 and $8-$11) starting $12
+# elements in: words shifted by 2 where bit 2 is set, by 1 where bit 1 is, then a half word where bit 0
+# is (a byte permute of each word and the next)
+_SHIFT_ASM = gl.constexpr(
+    "{ .reg .pred p4, p2; .reg .b32 a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, t, sel;"
+    "and.b32 t, $12, 4; setp.ne.b32 p4, t, 0; and.b32 t, $12, 2; setp.ne.b32 p2, t, 0;"
+    "and.b32 t, $12, 1; mad.lo.u32 sel, t, 8738, 12816;"
+    "selp.b32 a0, $6, $4, p4; selp.b32 a1, $7, $5, p4; selp.b32 a2, $8, $6, p4;"
+    "selp.b32 a3, $9, $7, p4; selp.b32 a4, $10, $8, p4; selp.b32 a5, $11, $9, p4;"
+    "selp.b32 b0, a1, a0, p2; selp.b32 b1, a2, a1, p2; selp.b32 b2, a3, a2, p2;"
+    "selp.b32 b3, a4, a3, p2; selp.b32 b4, a5, a4, p2;"
+    "prmt.b32 $0, b0, b1, sel; prmt.b32 $1, b1, b2, sel; prmt.b32 $2, b2, b3, sel; prmt.b32 $3, b3, b4, sel; }"
+)
+
+
+@gluon.jit
+def _step_geometry(
+    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
+):
+    # the shifts' raw words are half a step's operand elements, the gather's runs as many
+    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
+        return _shifted_geometry(layout, PIXELS, ROW_SLOTS, RAW_ROWS, RAW_COLS, BLOCK_K, OUT_W)
+    else:
+        return _gathered_geometry(layout, PIXELS, ROW_SLOTS, RAW_ROWS, RAW_COLS, BLOCK_K, OUT_W)
+
+
+@gluon.jit
+def _step_addresses(
+    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
+    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
+    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
+):
+    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
+        return _shifted_addresses(x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N, BLOCK_K, ROW_SLOTS,
+                                  VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS, RAW_COLS)
+    else:
+        return _gathered_addresses(x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N, BLOCK_K, ROW_SLOTS,
+                                   VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS, RAW_COLS)
+
+
+@gluon.jit
+def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
+                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
+    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
+        return _shifted_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, DTYPE)
+    else:
+        return _gathered_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, DTYPE)
 """
 
 #: The chunks' slots (gluon_row_pairs.COORDINATES_HEAD's rows are images): slot p of an image its
@@ -199,17 +318,38 @@ def chunks_config(k: int, c: int) -> tuning.ConvConfig:
     return chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
 
 
+def chunks_shifted(spec: PlanSpec) -> bool:
+    """Whether the operand's rows are taken from the runs by shifts in registers (CHUNKS_SHIFTED_GATHER,
+    tuning.GLUON_PLANE_CHUNKS_SHIFTED) rather than a gather through shared memory: where every pixel
+    of a plane lies in its 8-slot group's window of two units, a plane of whole units or one at least
+    a unit short of its slots (the last group's second unit is the next image's)."""
+    _, _, h, w = spec.input_desc.dims
+    plane = h * w
+    return bool(tuning.GLUON_PLANE_CHUNKS_SHIFTED) and (plane % 8 == 0 or plane <= chunk_slots(spec) - 8)
+
+
 def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: gluon-row-pairs' template with the chunks' gathers and coordinates."""
+    """The kernel's source: gluon-row-pairs' template with the chunks' coordinates and both gathers
+    (shifted in registers or through shared memory: the launch's raw step chooses, shifted_input)."""
     title = "1x1 convolution on NCHW plane chunks"
     places = COORDINATES_HEAD + CHUNKS_PLACES
-    return render_staged_source(spec, stages, title, "gluon_plane_chunks", CHUNKS_GATHER, places)
+    gathers = CHUNKS_GATHER + "\n\n" + CHUNKS_SHIFTED_GATHER
+    return render_staged_source(spec, stages, title, "gluon_plane_chunks", gathers, places)
 
 
 class GluonPlaneChunksKernel(GluonRowPairsKernel):
     solver_name = "gluon-plane-chunks"
     stem = "gluon_plane_chunks"
-    operand_k_major = True
+
+    def shifted(self, x: Tensor | None) -> bool:
+        """Whether the operand's rows come from the runs by shifts (chunks_shifted) reading ``x``: its
+        words' loads take input whose start is 16-byte aligned (None: a launch's, assumed so)."""
+        return chunks_shifted(self.spec) and (x is None or x.data_ptr() % 16 == 0)
+
+    def operand_k_major(self, x: Tensor | None = None) -> bool:
+        """[slots, channels] from the gather through shared memory (8 channels a thread), [channels,
+        slots] from the shifts (8 slots a thread)."""
+        return not self.shifted(x)
 
     @property
     def gather_warps(self) -> int:  # type: ignore[override]
@@ -230,9 +370,13 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         """An image's slots (chunk_slots)."""
         return chunk_slots(spec)
 
-    def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+    def raw_step(self, cfg: tuning.ConvConfig, x: Tensor | None = None) -> tuple[int, int]:
         """A step's raw elements as [images, columns]: each image's chunk of BLOCK_K planes, rounded
-        up to a power of two (BLOCK_K times an image's slots)."""
+        up to a power of two (BLOCK_K times an image's slots); for the shifts [channels, slot pairs],
+        each 8-slot group's first unit as words (half as many raw values as operand elements: the
+        kernel tells the two gathers apart by that)."""
+        if self.shifted(x):
+            return cfg.block_k, cfg.block_m // 2
         return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype) -> tuning.ConvConfig:
@@ -250,8 +394,8 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
 
     def staged(self, x) -> bool:
         """Whether the chunks come by asynchronous copies (tuning.GLUON_PLANE_CHUNKS_STAGED, input
-        16-byte aligned) rather than loads into registers."""
-        return staged_input(x, tuning.GLUON_PLANE_CHUNKS_STAGED)
+        16-byte aligned) rather than loads into registers; the shifts take loads (chunks_shifted)."""
+        return staged_input(x, tuning.GLUON_PLANE_CHUNKS_STAGED) and not self.shifted(x)
 
     def store_switch(self) -> int:
         """0, no storing partition: a program has one tile (r50_19), so no product runs under its
@@ -269,9 +413,10 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         requesting them against 14.18; bench/NOTES.md section 54)."""
         return False
 
-    def load_vec(self) -> int:
-        """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units)."""
-        return CHUNK_VEC
+    def load_vec(self, x: Tensor | None = None) -> int:
+        """Elements a copy moves: CHUNK_VEC (the plan's rule keeps each step's chunks whole units); the
+        shifts' loads read words, CHUNK_VEC // 2."""
+        return CHUNK_VEC // 2 if self.shifted(x) else CHUNK_VEC
 
 
 class GluonPlaneChunksSolver(GluonRowPairsSolver):

@@ -113,7 +113,7 @@ def _fill_stage(
         k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
         mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
         {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
-    a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS))
+    a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, a_bufs.dtype))
     if not CONSUMER_FENCE:
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
     {thread_barrier}()  # every gathering warp's stores, before the stage is announced
@@ -146,12 +146,14 @@ def _gather_partition(
         # thread reads back the bytes it copied: no barrier between the copies and the reads.
         for j in gl.static_range(PREFETCH):
             ptrs, mask = _step_addresses(x_ptr, j, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N,
-                                         BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W)
+                                         BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS,
+                                         RAW_COLS)
             {async_copy}(raw_bufs.index(j), ptrs, mask=mask)
             async_copy.commit_group()
         for g in range(n):
             ptrs, mask = _step_addresses(x_ptr, g + PREFETCH, n, geo, C, HW, W, NOH, sxn, layout, PIXELS,
-                                         BLOCK_N, BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W)
+                                         BLOCK_N, BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W,
+                                         RAW_ROWS, RAW_COLS)
             {async_copy}(raw_bufs.index((g + PREFETCH) % (PREFETCH + 1)), ptrs, mask=mask)
             async_copy.commit_group()
             async_copy.wait_group(PREFETCH)
@@ -166,13 +168,15 @@ def _gather_partition(
         vals = ()
         for j in gl.static_range(PREFETCH):
             ptrs, mask = _step_addresses(x_ptr, j, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N,
-                                         BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W)
+                                         BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS,
+                                         RAW_COLS)
             vals = vals + (gl.load(ptrs, mask=mask, other=0.0),)
         for g in range(0, n, PREFETCH + 1):
             for j in gl.static_range(PREFETCH + 1):
                 # step g + j: the loads of the step PREFETCH ahead issued before its own stores wait
                 ptrs, mask = _step_addresses(x_ptr, g + j + PREFETCH, n, geo, C, HW, W, NOH, sxn, layout, PIXELS,
-                                             BLOCK_N, BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W)
+                                             BLOCK_N, BLOCK_K, ROW_SLOTS, VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W,
+                                             RAW_ROWS, RAW_COLS)
                 ahead = gl.load(ptrs, mask=mask, other=0.0)
                 if g + j < n:
                     _fill_stage(vals[0], geo, g + j, w_desc, a_bufs, w_bufs, ready, empty, BLOCK_N, BLOCK_K,
@@ -433,7 +437,7 @@ def _step_addresses(
     x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
     BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
     WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr,
+    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
 ):
     # The program's step g (of n, STEPS a tile): its tile's raw [BLOCK_K, 2 * PIXELS] columns
     # of its channel block, two a slot (the even input column and the odd one beside it), each
@@ -462,7 +466,7 @@ def _step_addresses(
 
 @gluon.jit
 def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr):
+                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
     # the even columns: a reshape to pairs and a split in registers
     even, odd = gl.split(gl.reshape(raw, [BLOCK_K, PIXELS, 2]))
     return even
@@ -776,18 +780,22 @@ class GluonRowPairsKernel(GluonNchwKernel):
     def _pixel_slots(self, spec: PlanSpec) -> int:
         return pairs_row_slots(spec)
 
-    #: whether the input operand is [slots, channels] (else [channels, slots], as the split leaves it)
-    operand_k_major = False
+    def operand_k_major(self, x: Tensor | None = None) -> bool:
+        """Whether the input operand is [slots, channels] (else [channels, slots], as the split leaves
+        it), reading ``x``."""
+        return False
+
     #: warps of the gathering partition (8 measured no faster on r50_08, 33.9 us against 33.3 without a
     #: storing partition, and spill beside one: bench/NOTES.md section 53)
     gather_warps = PAIRS_GATHER_WARPS
 
-    def raw_step(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        """A step's raw elements as [rows, columns]: its channels' two input columns a slot."""
+    def raw_step(self, cfg: tuning.ConvConfig, x: Tensor | None = None) -> tuple[int, int]:
+        """A step's raw elements as [rows, columns] (reading ``x``): its channels' two input columns a
+        slot."""
         return cfg.block_k, 2 * cfg.block_m
 
-    def load_vec(self) -> int:
-        """Elements a load of the input reads (pairs_vec)."""
+    def load_vec(self, x: Tensor | None = None) -> int:
+        """Elements a load of the input (``x``) reads (pairs_vec)."""
         return pairs_vec(self.spec)
 
     def staged(self, x: Tensor) -> bool:
@@ -847,7 +855,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
     def staged_ring_bytes(self, cfg: tuning.ConvConfig, x: Tensor) -> int:
         """Shared memory of the staged gathers' raw buffers reading ``x`` (PREFETCH + 1 steps), 0 for
         loads into registers."""
-        return raw_ring_bytes(*self.raw_step(cfg)) if self.staged(x) else 0
+        return raw_ring_bytes(*self.raw_step(cfg, x)) if self.staged(x) else 0
 
     def launch_constants(
         self, cfg: tuning.ConvConfig, x: Tensor, out: Tensor, strides: tuple[int, ...] | None
@@ -864,7 +872,7 @@ class GluonRowPairsKernel(GluonNchwKernel):
         # loaded once; no split reduction
         own = (
             self.pixel_slots,
-            self.load_vec(),
+            self.load_vec(x),
             tuning.GLUON_ROW_PAIRS_PREFETCH,
             self.gather_warps,
             pairs_gather_regs(cfg, self.gather_warps, store_warps),
@@ -876,9 +884,9 @@ class GluonRowPairsKernel(GluonNchwKernel):
             self.staged(x),
             self.out_hw[1],
             out_vec(out, strides[4:8] if strides else out.stride(), (k, *self.out_hw)),
-            *self.raw_step(cfg),
+            *self.raw_step(cfg, x),
             self.conv.output_desc.dims[3],
-            self.operand_k_major,
+            self.operand_k_major(x),
             store_warps,
             PAIRS_STORE_REGS,
             self.hoist_channels(store_warps),
