@@ -40,6 +40,7 @@ from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
+    GATHER_PARAMS,
     PAIRS_BLOCK_K,
     PAIRS_PIXELS,
     PAIRS_SHARED_BYTES,
@@ -70,10 +71,7 @@ CHUNK_BLOCK_K = 64
 #: RAW_COLS] elements, each image's BLOCK_K channel planes as one run from the step's first
 #: channel, and takes the operand from them by a gather.
 CHUNKS_GATHER = """@gluon.jit
-def _gathered_geometry(
-    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
-):
+def _gathered_geometry(GEOMETRY_PARAMS):
     # The copies' rows (the tile's images) and columns (a chunk's elements), and where each element of
     # the [PIXELS, BLOCK_K] operand lies in a step's raw elements seen flat: channel c's pixel p of
     # the tile's image i at i * RAW_COLS + c * OUT_W + p (slots past the plane repeat its last pixel).
@@ -93,12 +91,7 @@ def _gathered_geometry(
 
 
 @gluon.jit
-def _gathered_addresses(
-    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
-    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
-):
+def _gathered_addresses(ADDRESS_PARAMS):
     # The program's step g (of n, STEPS a tile): for each of its tile's images (NOH of the batch)
     # the BLOCK_K planes of its channel block from the step's first, one contiguous run of
     # BLOCK_K * OUT_W elements, VEC a thread, aligned (the plan's rule: C and BLOCK_K whole
@@ -115,8 +108,7 @@ def _gathered_addresses(
 
 
 @gluon.jit
-def _gathered_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
+def _gathered_operand(OPERAND_PARAMS):
     # each operand element from its place in the step's raw elements
     _, _, places = geo
     flat = gl.gather(gl.reshape(raw, [RAW_ROWS * RAW_COLS]), places, 0)
@@ -131,10 +123,7 @@ def _gathered_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW
 #: elements then shifted out of the window in registers (words selected by s's bits 2 and 1, a byte
 #: permute of each word and the next by bit 0).
 CHUNKS_SHIFTED_GATHER = """@gluon.jit
-def _shifted_geometry(
-    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
-):
+def _shifted_geometry(GEOMETRY_PARAMS):
     # the raw words as [channels, slot pairs] and each row's s
     rows = gl.arange(0, RAW_ROWS, layout=gl.SliceLayout(1, layout))
     cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
@@ -142,12 +131,7 @@ def _shifted_geometry(
 
 
 @gluon.jit
-def _shifted_addresses(
-    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
-    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
-):
+def _shifted_addresses(ADDRESS_PARAMS):
     # The program's step g (of n, STEPS a tile), read as words (VEC a thread: one unit): for each
     # channel c of its block and each 8-slot group of each of its tile's images (NOH of the batch),
     # the unit of the image's run (the block's BLOCK_K planes from the step's first channel) where
@@ -170,8 +154,7 @@ def _shifted_addresses(
 
 
 @gluon.jit
-def _shifted_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
+def _shifted_operand(OPERAND_PARAMS):
     # each group's window (its unit and the next unit's thread's), shifted by its row's s, as
     # elements of DTYPE
     _, cols, shift = geo
@@ -200,42 +183,6 @@ _SHIFT_ASM = gl.constexpr(
     "selp.b32 b3, a4, a3, p2; selp.b32 b4, a5, a4, p2;"
     "prmt.b32 $0, b0, b1, sel; prmt.b32 $1, b1, b2, sel; prmt.b32 $2, b2, b3, sel; prmt.b32 $3, b3, b4, sel; }"
 )
-
-
-@gluon.jit
-def _step_geometry(
-    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
-):
-    # the shifts' raw words are half a step's operand elements, the gather's runs as many
-    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
-        return _shifted_geometry(layout, PIXELS, ROW_SLOTS, RAW_ROWS, RAW_COLS, BLOCK_K, OUT_W)
-    else:
-        return _gathered_geometry(layout, PIXELS, ROW_SLOTS, RAW_ROWS, RAW_COLS, BLOCK_K, OUT_W)
-
-
-@gluon.jit
-def _step_addresses(
-    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
-    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
-):
-    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
-        return _shifted_addresses(x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N, BLOCK_K, ROW_SLOTS,
-                                  VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS, RAW_COLS)
-    else:
-        return _gathered_addresses(x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout, PIXELS, BLOCK_N, BLOCK_K, ROW_SLOTS,
-                                   VEC, WHOLE_CB, IDX64, STEPS, N_K, OH, OUT_W, RAW_ROWS, RAW_COLS)
-
-
-@gluon.jit
-def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
-    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:
-        return _shifted_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, DTYPE)
-    else:
-        return _gathered_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, DTYPE)
 """
 
 #: The chunks' slots (gluon_row_pairs.COORDINATES_HEAD's rows are images): slot p of an image its
@@ -244,6 +191,27 @@ CHUNKS_PLACES = """n_img = out_row
 pix = col
 oh = pix // IMAGE_W
 ow = pix % IMAGE_W"""
+
+
+def chunks_dispatch() -> str:
+    """The template's three gather functions (GATHER_PARAMS): each calls the shifts' or the gather's by
+    the launch's raw step, whose shape tells them apart (the shifts' raw words are half a step's
+    operand elements, the gather's runs as many)."""
+    texts = []
+    for step, params in (
+        ("geometry", "GEOMETRY_PARAMS"),
+        ("addresses", "ADDRESS_PARAMS"),
+        ("operand", "OPERAND_PARAMS"),
+    ):
+        args = " ".join(GATHER_PARAMS[params].replace(": gl.constexpr", "").split()).rstrip(",")
+        texts.append(
+            f"@gluon.jit\ndef _step_{step}({params}):\n"
+            "    if 2 * RAW_ROWS * RAW_COLS == PIXELS * BLOCK_K:\n"
+            f"        return _shifted_{step}({args})\n"
+            "    else:\n"
+            f"        return _gathered_{step}({args})\n"
+        )
+    return "\n\n".join(texts)
 
 
 def chunk_slots(spec: PlanSpec) -> int:
@@ -333,7 +301,7 @@ def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str
     (shifted in registers or through shared memory: the launch's raw step chooses, shifted_input)."""
     title = "1x1 convolution on NCHW plane chunks"
     places = COORDINATES_HEAD + CHUNKS_PLACES
-    gathers = CHUNKS_GATHER + "\n\n" + CHUNKS_SHIFTED_GATHER
+    gathers = "\n\n".join((CHUNKS_GATHER, CHUNKS_SHIFTED_GATHER, chunks_dispatch()))
     return render_staged_source(spec, stages, title, "gluon_plane_chunks", gathers, places)
 
 

@@ -420,25 +420,39 @@ _PARTITIONS = {
 }
 
 
+#: The parameters of an input mode's three gather functions, as the template calls them: a
+#: function's text names its list ``def _step_geometry(GEOMETRY_PARAMS):`` (with_gather_params).
+GATHER_PARAMS = {
+    "GEOMETRY_PARAMS": """layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,""",
+    "ADDRESS_PARAMS": """x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
+    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
+    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,""",
+    "OPERAND_PARAMS": """raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
+    RAW_COLS: gl.constexpr, DTYPE: gl.constexpr,""",
+}
+
+
+def with_gather_params(text: str) -> str:
+    """``text`` with each ``(GEOMETRY_PARAMS)``, ``(ADDRESS_PARAMS)`` and ``(OPERAND_PARAMS)`` written out
+    (GATHER_PARAMS): every input mode's gather functions take the template's one parameter list."""
+    for name, params in GATHER_PARAMS.items():
+        text = text.replace(f"({name})", f"(\n    {params}\n)")
+    return text
+
+
 #: The row pairs' gathers (the template's gather_functions): a step reads [BLOCK_K, 2 * PIXELS]
 #: columns, each output row's even input row from its start, and keeps the even ones.
 PAIRS_GATHER = """@gluon.jit
-def _step_geometry(
-    layout: gl.constexpr, PIXELS: gl.constexpr, ROW_SLOTS: gl.constexpr, RAW_ROWS: gl.constexpr,
-    RAW_COLS: gl.constexpr, BLOCK_K: gl.constexpr, OUT_W: gl.constexpr,
-):
+def _step_geometry(GEOMETRY_PARAMS):
     # each raw column's output row in the tile and place in it (2 * ROW_SLOTS columns a row)
     cols = gl.arange(0, RAW_COLS, layout=gl.SliceLayout(0, layout))
     return cols // (2 * ROW_SLOTS), cols % (2 * ROW_SLOTS)
 
 
 @gluon.jit
-def _step_addresses(
-    x_ptr, g, n, geo, C, HW, W, NOH, sxn, layout: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, ROW_SLOTS: gl.constexpr, VEC: gl.constexpr,
-    WHOLE_CB: gl.constexpr, IDX64: gl.constexpr, STEPS: gl.constexpr, N_K: gl.constexpr, OH: gl.constexpr,
-    OUT_W: gl.constexpr, RAW_ROWS: gl.constexpr, RAW_COLS: gl.constexpr,
-):
+def _step_addresses(ADDRESS_PARAMS):
     # The program's step g (of n, STEPS a tile): its tile's raw [BLOCK_K, 2 * PIXELS] columns
     # of its channel block, two a slot (the even input column and the odd one beside it), each
     # output row's even input row read from its start (``col_row``, ``col_in``: a column's row in
@@ -465,8 +479,7 @@ def _step_addresses(
 
 
 @gluon.jit
-def _step_operand(raw, geo, BLOCK_K: gl.constexpr, PIXELS: gl.constexpr, RAW_ROWS: gl.constexpr,
-                  RAW_COLS: gl.constexpr, DTYPE: gl.constexpr):
+def _step_operand(OPERAND_PARAMS):
     # the even columns: a reshape to pairs and a split in registers
     even, odd = gl.split(gl.reshape(raw, [BLOCK_K, PIXELS, 2]))
     return even
@@ -763,8 +776,9 @@ def render_staged_source(
         "global_store": indent(_GLOBAL_STORE.split("\n"), 12),
     }
     partitions = {name: text.format(**epilogue) for name, text in _PARTITIONS.items()}
+    gathers = with_gather_params(gather_functions)
     return _TEMPLATE.format(
-        title=title, stem=stem, gather_functions=gather_functions, **epilogue, **storing, **partitions, **gluon_names()
+        title=title, stem=stem, gather_functions=gathers, **epilogue, **storing, **partitions, **gluon_names()
     )
 
 
