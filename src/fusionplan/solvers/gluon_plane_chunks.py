@@ -10,18 +10,26 @@ their bytes in flight are bound by the registers, and the loads of one partition
 scoreboard, so each step waits for every load issued (bench/NOTES.md sections 48 and 50). But
 BLOCK_K consecutive channel planes of one image are one contiguous chunk (32 x 49 elements: 3136
 bytes, 16-byte aligned wherever C and the step are multiples of 8 channels). Here the gathering
-partition loads each step's chunks whole, 16 bytes a thread (into registers, PREFETCH steps ahead;
-or, tuning.GLUON_PLANE_CHUNKS_STAGED, by asynchronous copies into a ring of raw buffers, a commit
-group a step, as gluon-row-pairs stages its rows: measured 2-6 % slower here), and takes each
-operand element from its place in the chunks, channel c's pixel p at c * HW + p: a gather
-(``gl.gather``, which the compiler lowers to a pass through shared memory, one 2-byte read an
-element; a warp's read is 32 neighbouring pixels of one plane), stored as [slots, channels], 8
-channels a thread (wgmma reads it transposed). Steps of 64 channels where C allows
-(CHUNK_BLOCK_K).
+partition loads each step's chunks in aligned 16-byte units, into registers PREFETCH steps ahead,
+and builds the operand from them in one of two ways, chosen at launch:
+
+- the shifts (CHUNKS_SHIFTED_GATHER, where chunks_shifted allows and the input is 16-byte aligned):
+  the operand as [channels, slots]; channel c's plane starts (HW * c) % 8 elements into a unit, so
+  each 8-slot group of row c is 8 elements of a window of two units: a thread loads the first as 4
+  words, takes the second from the next lane (a shuffle a word) and shifts the 8 elements out in
+  registers. No pass through shared memory.
+- the gather (CHUNKS_GATHER): the chunks loaded whole (or, tuning.GLUON_PLANE_CHUNKS_STAGED, by
+  asynchronous copies into a ring of raw buffers, a commit group a step, as gluon-row-pairs stages
+  its rows: measured 2-6 % slower here), each operand element taken from its place, channel c's
+  pixel p at c * HW + p, by ``gl.gather`` (which the compiler lowers to a pass through shared
+  memory, one 2-byte read an element; a warp's read is 32 neighbouring pixels of one plane), stored
+  as [slots, channels], 8 channels a thread (wgmma reads it transposed).
+
+Steps of 64 channels where C allows (CHUNK_BLOCK_K).
 
 The tile's slots are whole images: ROW_SLOTS (HW rounded up to a power of two) slots an image,
-PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots; the slots past HW repeat the last
-pixel and are masked at the store). The rest is gluon-row-pairs' kernel (its template): the
+PIXELS / ROW_SLOTS images a tile (two 7x7 images in 128 slots; the slots past HW hold other
+pixels, masked at the store). The rest is gluon-row-pairs' kernel (its template): the
 weights by TMA, 256 output channels on two computing warpgroups, one product in flight,
 persistent programs that keep one channel block and walk the steps of all their tiles as one
 sequence, the chain in the accumulator's layout. An image is one output row of HW pixels to that
@@ -297,8 +305,8 @@ def chunks_shifted(spec: PlanSpec) -> bool:
 
 
 def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str:
-    """The kernel's source: gluon-row-pairs' template with the chunks' coordinates and both gathers
-    (shifted in registers or through shared memory: the launch's raw step chooses, shifted_input)."""
+    """The kernel's source: gluon-row-pairs' template with the chunks' coordinates and both ways to
+    the operand (the shifts and the gather: the launch's raw step chooses, GluonPlaneChunksKernel.shifted)."""
     title = "1x1 convolution on NCHW plane chunks"
     places = COORDINATES_HEAD + CHUNKS_PLACES
     gathers = "\n\n".join((CHUNKS_GATHER, CHUNKS_SHIFTED_GATHER, chunks_dispatch()))
@@ -311,7 +319,8 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
 
     def shifted(self, x: Tensor | None) -> bool:
         """Whether the operand's rows come from the runs by shifts (chunks_shifted) reading ``x``: its
-        words' loads take input whose start is 16-byte aligned (None: a launch's, assumed so)."""
+        words' loads take input whose start is 16-byte aligned (None: no input at hand, taken as
+        aligned)."""
         return chunks_shifted(self.spec) and (x is None or x.data_ptr() % 16 == 0)
 
     def operand_k_major(self, x: Tensor | None = None) -> bool:
