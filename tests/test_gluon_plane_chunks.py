@@ -157,6 +157,30 @@ def test_shifted_only_where_each_pixel_lies_in_its_window(monkeypatch):
     assert not chunks.chunks_shifted(plane_plan(32, 7, 7).spec())
 
 
+def test_image_tiles_where_pairs_leave_multiprocessors_idle(monkeypatch):
+    """With tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES, r50_21 (32 tiles of two images by 256 channels)
+    takes tiles of one image by 128 (128 tiles) and is no longer deferred; r50_19's 128 tiles keep
+    two images by 256; off, both keep the larger tiles. NORMAL find tries both sizes."""
+    solver = chunks.GluonPlaneChunksSolver()
+    r50_21, r50_19 = layer("r50_21").spec(), layer("r50_19").spec()
+    assert chunks.chunks_tiles(r50_21, 132) == 32 and solver.defer_why(r50_21, fp.Handle("cpu"))
+    monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS_IMAGE_TILES", 1)
+    assert chunks.chunks_tiles(r50_21, 132) == 128 and solver.defer_why(r50_21, fp.Handle("cpu")) is None
+    kernel = chunks.GluonPlaneChunksKernel(r50_21, fp.Handle("cpu"))
+    assert (kernel.config.block_m, kernel.config.block_n) == (chunks.CHUNK_IMAGE_PIXELS, 128)
+    assert kernel.raw_step(kernel.config) == (64, 32)
+    assert chunks.chunks_tiles(r50_19, 132) == 128
+    wide = chunks.GluonPlaneChunksKernel(r50_19, fp.Handle("cpu")).config
+    assert (wide.block_m, wide.block_n) == (128, 256)
+    assert {(c.block_m, c.block_n) for c in kernel.candidates} == {
+        (128, 256),
+        (128, 128),
+        (128, 64),
+        (64, 128),
+        (64, 64),
+    }
+
+
 def test_raw_step_and_geometry(monkeypatch):
     """A step's raw elements: two 7x7 images' chunks of 64 planes in 4096 columns each (3136 used),
     8 elements a load; for the shifts 64 channels' units as 64 words of slot pairs, 4 words a load,

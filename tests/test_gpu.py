@@ -1035,10 +1035,10 @@ def check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatc
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
     """gluon-row-pairs over each of its tiles (128 slots by 256, 128 and 64 output channels), random
     ring depths, loads 1 to 3 steps ahead into registers or staged in shared memory, either side's
-    proxy fence, weights resident or a box a stage, the output stored by the computing warps or a
-    storing partition of 2 or 4 warps, the chain's parameters loaded once or each tile, output in
-    planes and channels-last, with and without a prior; persistent programs over several tiles
-    each."""
+    proxy fence, weights resident or a box a stage (requested by either partition), the output
+    stored by the computing warps or a storing partition of 2 or 4 warps, the chain's parameters
+    loaded once or each tile, output in planes and channels-last, with and without a prior;
+    persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_row_pairs
 
     c = GLUON_ROW_PAIRS_CASES[case][1]
@@ -1052,6 +1052,7 @@ def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
         switches = {
             "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
             "GLUON_ROW_PAIRS_STAGED": (0, 1),
+            "GLUON_ROW_PAIRS_WEIGHTS_BY_MMA": (0, 1),
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
             # the channel block's weights resident (C <= 256 at 256 channels) or a box a stage
             "GLUON_ROW_PAIRS_RESIDENT_BYTES": (0, 128 * 1024),
@@ -1100,10 +1101,11 @@ GLUON_PLANE_CHUNKS_CASES = {
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_PLANE_CHUNKS_CASES))
 def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
-    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels; steps
-    of 64 channels where C is a multiple of 64, else 32), random ring depths, copies 1 to 3 steps
-    ahead or loads into registers, 4 or 8 gathering warps, either side's proxy fence, output in
-    planes and channels-last, with and without a prior; persistent programs over several tiles each."""
+    """gluon-plane-chunks over each of its tiles (128 slots by 256, 128 and 64 output channels, and
+    one 64-slot image by 128 and 64; steps of 64 channels where C is a multiple of 64, else 32),
+    random ring depths, copies 1 to 3 steps ahead or loads into registers, the operand by shifts or
+    by the gather, 4 or 8 gathering warps, either side's proxy fence, output in planes and
+    channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_plane_chunks
 
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
@@ -1111,12 +1113,13 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     rng = random.Random(case + precision + "chunks")
 
     def tile(cfg, stages):
-        return gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages)
+        return gluon_plane_chunks.chunks_tile(cfg.block_n, c, stages, cfg.block_m)
 
     for cfg in kernel.candidates:
         switches = {
             "GLUON_ROW_PAIRS_PREFETCH": (1, 2, 3),
             "GLUON_PLANE_CHUNKS_STAGED": (0, 1),
+            "GLUON_PLANE_CHUNKS_SHIFTED": (0, 1),
             "GLUON_PLANE_CHUNKS_GATHER_WARPS": (4, 8),
             "GLUON_ROW_PAIRS_CONSUMER_FENCE": (0, 1),
         }

@@ -656,6 +656,14 @@ GLUON_PLANE_CHUNKS_STAGED = 0
 #: (bench/NOTES.md section 54): r50_19 13.50 / 13.92 us against 14.05 / 14.22 (fp16, two runs),
 #: 13.82 against 14.25 (bf16).
 GLUON_PLANE_CHUNKS_SHIFTED = 1
+#: Whether gluon-plane-chunks takes tiles of one image by at most 128 output channels where its
+#: tiles of two images by 256 fill less than GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors and
+#: the smaller give more (r50_21: 128 tiles against 32). Off: with the gather through shared memory
+#: they measured 16.2 us warm but 19.2-20.9 from rotated inputs against 18.1-18.6 on gluon-nchw
+#: (bench/NOTES.md section 52); with the shifts not measured yet: `fusionplan-bench --layers r50_21
+#: --layouts NCHW --precisions fp16,bf16 --modes CBNA --graph --rounds 5 --baselines cudnn --tuning
+#: GLUON_PLANE_CHUNKS_IMAGE_TILES=0,1`.
+GLUON_PLANE_CHUNKS_IMAGE_TILES = 0
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

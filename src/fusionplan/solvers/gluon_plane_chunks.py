@@ -66,8 +66,11 @@ Tensor = torch.Tensor
 
 #: Pixels of an input plane at most: an image's slots (its plane rounded up to a power of two)
 #: must fit a tile's PAIRS_PIXELS with another image beside them (a tile of one image would read
-#: its weights' box for half the products).
+#: its weights' box for half the products), or fill the smaller tile (CHUNK_IMAGE_PIXELS).
 CHUNK_MAX_PLANE = 64
+#: Slots of the smaller tile (chunks_config, tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES): one image of up
+#: to 64 pixels, where tiles of two would leave most multiprocessors idle (r50_21).
+CHUNK_IMAGE_PIXELS = 64
 #: Elements a copy moves (16 bytes of 16-bit data).
 CHUNK_VEC = 8
 #: Input channels of a reduction step where C is a multiple of it (else PAIRS_BLOCK_K): 128-byte
@@ -245,12 +248,18 @@ def chunks_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def chunks_tiles(spec: PlanSpec) -> int:
-    """Tiles of the plan's best tile (chunks_config): pairs of images (or more) x channel blocks."""
+def chunks_tiles(spec: PlanSpec, sms: int) -> int:
+    """Tiles of the plan's tile on ``sms`` multiprocessors (chunks_config): groups of whole images x
+    channel blocks."""
     n, c = spec.input_desc.dims[:2]
     k = spec.output_desc.dims[1]
-    cfg = chunks_config(k, c)
-    return triton_cdiv(n * chunk_slots(spec), cfg.block_m) * triton_cdiv(k, cfg.block_n)
+    slots = n * chunk_slots(spec)
+    return tiles_of(chunks_config(k, c, slots, sms), slots, k)
+
+
+def tiles_of(cfg: tuning.ConvConfig, slots: int, k: int) -> int:
+    """Tiles of ``cfg`` over ``slots`` (the batch's images' slots) and ``k`` output channels."""
+    return triton_cdiv(slots, cfg.block_m) * triton_cdiv(k, cfg.block_n)
 
 
 def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
@@ -261,7 +270,7 @@ def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
     gluon-nchw."""
     if not tuning.GLUON_PLANE_CHUNKS:
         return "off (tuning.GLUON_PLANE_CHUNKS)"
-    tiles = chunks_tiles(spec)
+    tiles = chunks_tiles(spec, sms)
     if tiles < tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
         return (
             f"{tiles} tiles on {sms} multiprocessors (< {tuning.GLUON_PLANE_CHUNKS_MIN_FILL:g} of them) and no split "
@@ -276,22 +285,33 @@ def chunks_block_k(c: int) -> int:
     return CHUNK_BLOCK_K if c % CHUNK_BLOCK_K == 0 else PAIRS_BLOCK_K
 
 
-def chunks_tile(block_n: int, c: int, stages: int = 0) -> tuning.ConvConfig:
-    """PAIRS_PIXELS slots by ``block_n`` output channels (two computing warpgroups for 256) in steps
-    of chunks_block_k(``c``) channels, with ``stages`` in the ring (0: as many as PAIRS_SHARED_BYTES
-    holds beside the staged chunks, at least 2)."""
+def chunks_tile(block_n: int, c: int, stages: int = 0, pixels: int = PAIRS_PIXELS) -> tuning.ConvConfig:
+    """``pixels`` slots (PAIRS_PIXELS or CHUNK_IMAGE_PIXELS) by ``block_n`` output channels (two
+    computing warpgroups for 256, else one) in steps of chunks_block_k(``c``) channels, with
+    ``stages`` in the ring (0: as many as PAIRS_SHARED_BYTES holds beside the staged chunks, at
+    least 2)."""
     block_k = chunks_block_k(c)
     staged = 0
     if tuning.GLUON_PLANE_CHUNKS_STAGED:
-        staged = raw_ring_bytes(block_k, PAIRS_PIXELS)
-    per_stage = (PAIRS_PIXELS + block_n) * block_k * 2
+        staged = raw_ring_bytes(block_k, pixels)
+    per_stage = (pixels + block_n) * block_k * 2
     stages = stages or ring_stages(PAIRS_SHARED_BYTES - staged, per_stage)
-    return tuning.ConvConfig(PAIRS_PIXELS, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
+    return tuning.ConvConfig(pixels, block_n, block_k, 8, 8 if block_n == 256 else 4, stages, 1)
 
 
-def chunks_config(k: int, c: int) -> tuning.ConvConfig:
-    """256 output channels where the output has 256 or more, else 128 or 64 (chunks_tile)."""
-    return chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
+def chunks_config(k: int, c: int, slots: int = 0, sms: int = 0) -> tuning.ConvConfig:
+    """For ``k`` output and ``c`` input channels: PAIRS_PIXELS slots by 256 output channels (128 or 64
+    where the output has fewer); with tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES, for ``slots`` (the
+    batch's images' slots) on ``sms`` multiprocessors, CHUNK_IMAGE_PIXELS slots by at most 128
+    channels where the larger tiles fill less than tuning.GLUON_PLANE_CHUNKS_MIN_FILL of them and
+    the smaller give more (chunks_tile)."""
+    wide = chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
+    if not (tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES and slots and sms):
+        return wide
+    narrow = chunks_tile(min(wide.block_n, 128), c, pixels=CHUNK_IMAGE_PIXELS)
+    if tiles_of(wide, slots, k) >= tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
+        return wide
+    return narrow if tiles_of(narrow, slots, k) > tiles_of(wide, slots, k) else wide
 
 
 def chunks_shifted(spec: PlanSpec) -> bool:
@@ -357,12 +377,18 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         return cfg.block_m // self.pixel_slots, cfg.block_k * self.pixel_slots
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype) -> tuning.ConvConfig:
-        return chunks_config(k_per_group, c_per_group)
+        """chunks_config for ``m`` slots (the kernel's rows: an image's slots each)."""
+        return chunks_config(k_per_group, c_per_group, m, multiprocessors(self._handle))
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots."""
-        return [chunks_tile(n, self.geometry[1]) for n in (256, 128, 64)]
+        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots, 128
+        and 64 by CHUNK_IMAGE_PIXELS (one image a tile) where an image fills them."""
+        c = self.geometry[1]
+        tiles = [chunks_tile(n, c) for n in (256, 128, 64)]
+        if self.pixel_slots == CHUNK_IMAGE_PIXELS:
+            tiles += [chunks_tile(n, c, pixels=CHUNK_IMAGE_PIXELS) for n in (128, 64)]
+        return tiles
 
     def resident(self, cfg: tuning.ConvConfig) -> bool:
         """Never: r50_19's weights resident (128-channel tiles) measured no faster (18.7 us against
