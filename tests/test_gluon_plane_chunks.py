@@ -160,7 +160,7 @@ def test_shifted_only_where_each_pixel_lies_in_its_window(monkeypatch):
 def test_image_tiles_where_pairs_leave_multiprocessors_idle(monkeypatch):
     """With tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES, r50_21 (32 tiles of two images by 256 channels)
     takes tiles of one image by 128 (128 tiles) and is no longer deferred; r50_19's 128 tiles keep
-    two images by 256; off, both keep the larger tiles. NORMAL find tries both sizes."""
+    two images by 256; off, both keep the larger tiles. NORMAL find tries both sizes with it on."""
     solver = chunks.GluonPlaneChunksSolver()
     r50_21, r50_19 = layer("r50_21").spec(), layer("r50_19").spec()
     assert chunks.chunks_tiles(r50_21, 132) == 32 and solver.defer_why(r50_21, fp.Handle("cpu"))

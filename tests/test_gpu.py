@@ -1108,6 +1108,7 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_plane_chunks
 
+    monkeypatch.setattr(fp.tuning, "GLUON_PLANE_CHUNKS_IMAGE_TILES", 1)  # the 64-slot tiles among the candidates
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
     plan, handle, kernel, x = compiled_1x1(GLUON_PLANE_CHUNKS_CASES[case], precision, 1, "gluon-plane-chunks")
     rng = random.Random(case + precision + "chunks")

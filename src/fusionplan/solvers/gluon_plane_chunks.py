@@ -382,11 +382,12 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots, 128
-        and 64 by CHUNK_IMAGE_PIXELS (one image a tile) where an image fills them."""
+        """NORMAL find's configurations: 256, 128 and 64 output channels by PAIRS_PIXELS slots; with
+        tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES 128 and 64 by CHUNK_IMAGE_PIXELS (one image a tile) where
+        an image fills them."""
         c = self.geometry[1]
         tiles = [chunks_tile(n, c) for n in (256, 128, 64)]
-        if self.pixel_slots == CHUNK_IMAGE_PIXELS:
+        if tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES and self.pixel_slots == CHUNK_IMAGE_PIXELS:
             tiles += [chunks_tile(n, c, pixels=CHUNK_IMAGE_PIXELS) for n in (128, 64)]
         return tiles
 
