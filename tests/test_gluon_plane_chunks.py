@@ -223,3 +223,13 @@ def test_sm90_kernel(staged, shifted):
     assert info["bytes barriers expect (TTGIR)"] == info["tensor loads' box bytes (TTGIR)"]
     assert info["global stores by bytes"] == {"2": 128}
     assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
+
+
+def test_sm90_image_tiles():
+    """r50_21 on tiles of one image (tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES) by the shifts: 64-slot
+    wgmma, 16-byte loads of the units, no 2-byte shared reads, no spills."""
+    build = "fp.tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES = 1\n" + layer_build("r50_21", "float16", layout="NCHW")
+    info = compile_sm90(build, "gluon-plane-chunks")
+    assert info["HGMMA shapes"] == ["64x64x16"] and "16" in info["global loads by bytes"]
+    assert info["shared loads by bytes (LDS, not matrix loads)"].get("2", 0) == 0
+    assert "STACK:0" in info["resources"] and "LOCAL:0" in info["resources"]
