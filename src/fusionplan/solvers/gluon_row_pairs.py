@@ -2,23 +2,25 @@
 NCHW input of 16-bit data, followed by any chain of bias, batch-norm inference and activations, as
 ONE warp-specialized kernel (Hopper only).
 
-At stride 2 a 1x1 filter reads every other column of every other input row. On NCHW planes the
-even columns share their 32-byte sectors with the odd ones, so half of every sector read is
-dropped whatever the kernel does; what differs is how the rest gets to the tensor cores. No tensor
-box holds the even columns alone, and a box of whole rows puts a third party in the ring (the box,
-its split in shared memory, the product: bench/NOTES.md section 39, 1.4-1.8x slower than
-triton-gemm-nchw). Here a gathering partition (4 warps) reads each output row's even input row
-from its start, VEC elements (16 or 8 bytes) a thread along the row, keeps the even half in
-registers (a reshape to pairs and a split: VEC / 2 output pixels of one channel) and stores it into
-the stage's [channels, pixels] operand, the pixels contiguous as wgmma's B operand reads channel
-planes (gluon-gemm's); the stage's weights come by TMA. The reads are asynchronous copies into a
+At stride 2 a 1x1 filter reads every other column of every other input row. On NCHW planes the even
+columns share their 32-byte sectors with the odd ones, so half of every sector read is dropped
+whatever the kernel does; what differs is how the rest gets to the tensor cores. No tensor box
+holds the even columns alone, and a box of whole rows puts a third party in the ring (the box, its
+split in shared memory, the product: bench/NOTES.md section 39, 1.4-1.8x slower than
+triton-gemm-nchw). Here a gathering partition (4 warps) reads each output row's even input row from
+its start, VEC elements (16 or 8 bytes) a thread along the row, keeps the even half in registers (a
+reshape to pairs and a split: VEC / 2 output pixels of one channel) and stores it into the stage's
+[channels, pixels] operand, the pixels contiguous as wgmma's B operand reads channel planes
+(gluon-gemm's); the stage's weights come by TMA, requested by the computing warps as they free the
+stage (weights_by_mma: no expect in the gathering loop). The reads are asynchronous copies into a
 ring of PREFETCH + 1 raw buffers, a commit group a step, each thread reading back what it copied
 (tuning.GLUON_ROW_PAIRS_STAGED): loads into registers share one scoreboard in the compiled code, so
 waiting for one step's values waited for every step loaded after it (bench/NOTES.md section 50);
 the register loads remain as the switch's other side (an unrolled loop, gluon-nchw's). The
-computing warps (two warpgroups for 256 output channels) wait for each stage, issue wgmma with
-one product in flight and free the stage before it; then the chain and the stores, runs of 4 or 2
-output pixels a thread into packed NCHW planes whose rows are whole runs (out_vec).
+computing warps (two warpgroups for 256 output channels) wait for each stage, issue wgmma with one
+product in flight and free the stage before it; then the chain and the stores, runs of 4 or 2
+output pixels a thread into packed NCHW planes whose rows are whole runs (out_vec), or, into NCHW
+output, a storing partition's (store_warps).
 
 The tile's pixels are slots of whole output rows (each row ROW_SLOTS >= OW slots, a power of two;
 the slots past OW hold the odd input row's first columns and are masked at the store), so that a
