@@ -626,7 +626,7 @@ GLUON_ROW_PAIRS_STORE_WARPS = 2
 GLUON_ROW_PAIRS_HOIST_CHANNELS = 1
 #: Whether gluon-row-pairs' computing partition requests each stage's weights by TMA as it frees the
 #: stage (streamed weights), rather than the gathering partition as it fills it: one barrier of the
-#: gathering warps fewer a step (sm_90: 4 -> 3), three of the computing warps more. H100, batch 32,
+#: gathering warps fewer a step (sm_90: 4 -> 3), two of the computing warps more (1 -> 3). H100, batch 32,
 #: CBNA, NCHW (bench/NOTES.md section 54): r50_08 31.05 us against 31.33 (fp16), 31.66 against 32.05
 #: (bf16); gluon-plane-chunks' r50_19 slower (15.07 against 14.18), so that kernel never does.
 GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = 1

@@ -86,15 +86,13 @@ def _tile_origin(i, N_K: gl.constexpr, BLOCK_N: gl.constexpr, PIXELS: gl.constex
 {gather_functions}
 
 @gluon.jit
-def _request_weights(w_desc, w_bufs, ready, g, n, STEPS: gl.constexpr, NUM_STAGES: gl.constexpr, N_K: gl.constexpr,
+def _request_weights(w_desc, w_bufs, ready, g, STEPS: gl.constexpr, NUM_STAGES: gl.constexpr, N_K: gl.constexpr,
                      BLOCK_N: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr):
-    # step g's weights' box (of the program's n steps) by TMA into its stage: one of the stage's two
-    # arrivals
-    if g < n:
-        stage = g % NUM_STAGES
-        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
-        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+    # step g's weights' box by TMA into its stage: one of the stage's two arrivals
+    stage = g % NUM_STAGES
+    k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
+    mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
+    {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
 
 
 @gluon.jit
@@ -112,9 +110,7 @@ def _fill_stage(
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((g // NUM_STAGES) & 1) ^ 1)
     if not RESIDENT and not WEIGHTS_BY_MMA:
-        k0, _ = _tile_origin(g // STEPS, N_K, BLOCK_N, PIXELS)
-        mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-        {tma_load}(w_desc, [k0, (g % STEPS) * BLOCK_K], ready.index(stage), w_bufs.index(stage))
+        _request_weights(w_desc, w_bufs, ready, g, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
     a_bufs.index(stage).store(_step_operand(raw, geo, BLOCK_K, PIXELS, RAW_ROWS, RAW_COLS, a_bufs.dtype))
     if not CONSUMER_FENCE:
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
@@ -213,7 +209,8 @@ def _mma_partition(
     n = tiles * STEPS
     if WEIGHTS_BY_MMA:  # the first round of stages' weights; then each stage's next as it is freed
         for j in gl.static_range(NUM_STAGES):
-            _request_weights(w_desc, w_bufs, ready, j, n, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
+            if j < n:
+                _request_weights(w_desc, w_bufs, ready, j, STEPS, NUM_STAGES, N_K, BLOCK_N, PIXELS, BLOCK_K)
     if HOIST_CHANNELS:  # the chain's per-channel parameters, once: a program keeps one channel block
         k0_v, _ = _tile_origin(0, N_K, BLOCK_N, PIXELS)
 {channel_loads}
@@ -237,14 +234,15 @@ def _mma_partition(
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             mbarrier.arrive(empty.index((g + NUM_STAGES - 1) % NUM_STAGES), pred=kb > 0)
             if WEIGHTS_BY_MMA:
-                if kb > 0:
-                    _request_weights(w_desc, w_bufs, ready, g - 1 + NUM_STAGES, n, STEPS, NUM_STAGES, N_K, BLOCK_N,
+                if kb > 0 and g - 1 + NUM_STAGES < n:
+                    _request_weights(w_desc, w_bufs, ready, g - 1 + NUM_STAGES, STEPS, NUM_STAGES, N_K, BLOCK_N,
                                      PIXELS, BLOCK_K)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
         mbarrier.arrive(empty.index((i * STEPS + STEPS - 1) % NUM_STAGES))  # the tile's last stage
         if WEIGHTS_BY_MMA:
-            _request_weights(w_desc, w_bufs, ready, i * STEPS + STEPS - 1 + NUM_STAGES, n, STEPS, NUM_STAGES, N_K,
-                             BLOCK_N, PIXELS, BLOCK_K)
+            if i * STEPS + STEPS - 1 + NUM_STAGES < n:
+                _request_weights(w_desc, w_bufs, ready, i * STEPS + STEPS - 1 + NUM_STAGES, STEPS, NUM_STAGES, N_K,
+                                 BLOCK_N, PIXELS, BLOCK_K)
         # the stores' layout, [slots, channels]: NCHW output, lanes along a plane's pixels, OUT_VEC a
         # thread (packed planes: runs of OUT_VEC pixels of an output row); else 8 contiguous
         # channels per thread (16-byte stores)
