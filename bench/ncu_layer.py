@@ -1,12 +1,14 @@
-"""One ResNet-50 layer, fused by fusionplan and by cuDNN, one launch each, for Nsight Compute.
+"""ResNet-50 layers, fused by fusionplan (and by cuDNN), one launch each, for Nsight Compute.
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
         python bench/ncu_layer.py --layer r50_02
 
-Everything is compiled and warmed up first; the profiler range holds exactly one fusionplan
-execute (CBNA-ReLU) and one cuDNN fused conv+bias+ReLU (batch-norm folded), fp16, NHWC or
-(``--layout NCHW``) NCHW input and output.
+Every case is compiled and warmed up first; the profiler ranges then hold, case after case, exactly
+one fusionplan execute (CBNA-ReLU) and, unless ``--no-cudnn``, one cuDNN fused conv+bias+ReLU
+(batch-norm folded), fp16, NHWC or NCHW input and output. ``--layer`` and ``--layout`` take
+comma-separated lists (every layer in every layout, in that order); the cases' order and solvers are
+printed, so that a table of counters (``bench/ncu_table.py``) can name each kernel's case.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from fusionplan.testing import layer_plan, random_args
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--layer", default="r50_02")
+    p.add_argument("--layer", default="r50_02", help="a layer or a comma-separated list")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--solver", default=None, help="force one solver (default: the first applicable)")
-    p.add_argument("--layout", choices=("NHWC", "NCHW"), default="NHWC")
+    p.add_argument("--layout", default="NHWC", help="NHWC, NCHW or both, comma-separated")
+    p.add_argument("--no-cudnn", action="store_true", help="profile fusionplan's kernels alone")
     p.add_argument(
         "--tuning",
         action="append",
@@ -37,32 +40,48 @@ def main() -> None:
         help="NAME=VALUE: a constant of fusionplan.tuning set for the run (repeatable)",
     )
     a = p.parse_args()
+    cases = [(layer, layout) for layer in a.layer.split(",") for layout in a.layout.split(",")]
+    for _, layout in cases:
+        if layout not in ("NHWC", "NCHW"):
+            p.error(f"--layout {layout!r}: expected NHWC or NCHW")
     with tuning.overridden(dict(a.tuning)):
-        profile(a)
+        runs = [prepare(a, layer, layout) for layer, layout in cases]
+        for run in runs:
+            profile(run)
 
 
-def profile(a: argparse.Namespace) -> None:
-    """Compile, warm up, then one fusionplan execute and one cuDNN call inside the profiler range."""
-    s = resnet50_layer(a.layer)
-    fmt = torch.channels_last if a.layout == "NHWC" else torch.contiguous_format
+def prepare(a: argparse.Namespace, layer: str, layout: str):
+    """One case compiled and warmed up: a function that runs it once (fusionplan, then cuDNN)."""
+    s = resnet50_layer(layer)
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
     x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=fmt)
     plan = layer_plan(s, x, "CBNA")
     handle = fp.Handle("cuda")
     plan.compile(handle, solver=a.solver)
     args = random_args(plan, "cuda", param_dtype=torch.float32)
     y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=fmt)
-    cudnn = cudnn_fused(plan, args)
-    assert cudnn is not None
-    for _ in range(5):
+    cudnn = None if a.no_cudnn else cudnn_fused(plan, args)
+    assert a.no_cudnn or cudnn is not None
+
+    def once() -> None:
         plan.execute(handle, x, y, args)
-        cudnn(x)
+        if cudnn is not None:
+            cudnn(x)
+
+    for _ in range(5):
+        once()
     torch.cuda.synchronize()
+    once.label = f"{layer} {layout}: {plan.compiled_solver(handle)}, config {plan._entry(handle).kernel.config}"
+    return once
+
+
+def profile(once) -> None:
+    """One run of a case inside the profiler range."""
     torch.cuda.profiler.start()
-    plan.execute(handle, x, y, args)
-    cudnn(x)
+    once()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(f"{a.layer}: {plan.compiled_solver(handle)}, config {plan._entry(handle).kernel.config}")
+    print(once.label, flush=True)
 
 
 if __name__ == "__main__":
