@@ -24,7 +24,7 @@ METRICS = (
     ("lts__t_bytes.sum", "L2 MB", 1e-6),
     ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "shared wavefronts M", 1e-6),
     ("sm__inst_executed.sum", "instructions M", 1e-6),
-    ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_elapsed", "tensor %", 1.0),
+    ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", "tensor %", 1.0),
     ("smsp__issue_active.avg.pct_of_peak_sustained_elapsed", "issue %", 1.0),
     ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM %", 1.0),
 )
