@@ -22,6 +22,7 @@ METRICS = (
     ("dram__bytes_read.sum", "DRAM read MB", 1e-6),
     ("dram__bytes_write.sum", "DRAM write MB", 1e-6),
     ("lts__t_bytes.sum", "L2 MB", 1e-6),
+    ("lts__throughput.avg.pct_of_peak_sustained_elapsed", "L2 %", 1.0),
     ("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum", "shared wavefronts M", 1e-6),
     ("sm__inst_executed.sum", "instructions M", 1e-6),
     ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed", "tensor %", 1.0),
