@@ -14,6 +14,7 @@ printed, so that a table of counters (``bench/ncu_table.py``) can name each kern
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import torch
 
@@ -46,12 +47,13 @@ def main() -> None:
             p.error(f"--layout {layout!r}: expected NHWC or NCHW")
     with tuning.overridden(dict(a.tuning)):
         runs = [prepare(a, layer, layout) for layer, layout in cases]
-        for run in runs:
-            profile(run)
+        for label, once in runs:
+            profile(label, once)
 
 
-def prepare(a: argparse.Namespace, layer: str, layout: str):
-    """One case compiled and warmed up: a function that runs it once (fusionplan, then cuDNN)."""
+def prepare(a: argparse.Namespace, layer: str, layout: str) -> tuple[str, Callable[[], None]]:
+    """One case compiled and warmed up: its label (layer, layout, solver, configuration) and a
+    function that runs it once (fusionplan, then cuDNN)."""
     s = resnet50_layer(layer)
     fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
     x = torch.randn(a.batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=fmt)
@@ -71,17 +73,17 @@ def prepare(a: argparse.Namespace, layer: str, layout: str):
     for _ in range(5):
         once()
     torch.cuda.synchronize()
-    once.label = f"{layer} {layout}: {plan.compiled_solver(handle)}, config {plan._entry(handle).kernel.config}"
-    return once
+    label = f"{layer} {layout}: {plan.compiled_solver(handle)}, config {plan._entry(handle).kernel.config}"
+    return label, once
 
 
-def profile(once) -> None:
-    """One run of a case inside the profiler range."""
+def profile(label: str, once: Callable[[], None]) -> None:
+    """One run of a case inside the profiler range, then its label (bench/ncu_table.py's LABEL)."""
     torch.cuda.profiler.start()
     once()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
-    print(once.label, flush=True)
+    print(label, flush=True)
 
 
 if __name__ == "__main__":

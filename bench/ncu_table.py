@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 
 #: (metric, column title, scale): the time, the bytes through DRAM and L2, shared-memory
@@ -31,7 +32,12 @@ METRICS = (
 )
 
 
+#: A case's label as bench/ncu_layer.py prints it: ``r50_21 NCHW: gluon-nchw, config ...``.
+LABEL = re.compile(r"^\S+ (NHWC|NCHW): ")
+
+
 def number(text: str) -> float | None:
+    """A counter's value (ncu writes thousands with commas), or None where it wrote none."""
     try:
         return float(text.replace(",", ""))
     except ValueError:
@@ -41,11 +47,12 @@ def number(text: str) -> float | None:
 def split(lines: list[str]) -> tuple[list[str], list[str]]:
     """ncu's CSV lines (quoted) and the cases' labels (ncu_layer.py's ``layer layout: solver ...``)."""
     rows = [line for line in lines if line.startswith('"')]
-    labels = [line.strip() for line in lines if not line.startswith('"') and ": " in line and "==" not in line]
+    labels = [line.strip() for line in lines if LABEL.match(line)]
     return rows, labels
 
 
 def table(lines: list[str]) -> str:
+    """The markdown table of the counters in METRICS that ncu wrote, one row a kernel."""
     rows, labels = split(lines)
     records = [r for r in csv.DictReader(rows) if number(r.get("ID", "")) is not None]
     named = len(records) == len(labels)

@@ -21,6 +21,7 @@ def kernel_row(i: int, name: str, ns: str, l2: str, issue: str) -> str:
 def test_rows_are_named_by_their_cases_and_scaled():
     lines = [
         "==PROF== Connected to process 1 (python)",
+        "UserWarning: not a case: a warning's line",
         "r50_21 NHWC: gluon-gemm, config ConvConfig(block_m=128)",
         "r50_21 NCHW: gluon-nchw, config ConvConfig(block_m=64)",
         HEADER,

@@ -660,8 +660,9 @@ GLUON_PLANE_CHUNKS_SHIFTED = 1
 #: tiles of two images by 256 fill less than GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors and
 #: the smaller give more (r50_21: 128 tiles against 32). Off: with the gather through shared memory
 #: they measured 16.2 us warm but 19.2-20.9 from rotated inputs against 18.1-18.6 on gluon-nchw
-#: (bench/NOTES.md section 52); with the shifts (H200, rotated inputs, 5 rounds; section 55) 19.28
-#: against 18.30 us (fp16), 18.74 against 17.84 (bf16): `fusionplan-bench --layers r50_21 --layouts
+#: (bench/NOTES.md section 52); with the shifts (rotated inputs, 5 rounds; section 55) 18.89 against
+#: 18.73 us (H100, fp16), 18.15 against 18.01 (bf16); on an H200 19.28 against 18.30 and 18.74
+#: against 17.84: `fusionplan-bench --layers r50_21 --layouts
 #: NCHW --precisions fp16,bf16 --modes CBNA --graph --rounds 5 --baselines cudnn --tuning
 #: GLUON_PLANE_CHUNKS_IMAGE_TILES=0,1`.
 GLUON_PLANE_CHUNKS_IMAGE_TILES = 0
