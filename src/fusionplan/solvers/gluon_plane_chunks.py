@@ -308,9 +308,9 @@ def chunks_config(k: int, c: int, slots: int = 0, sms: int = 0) -> tuning.ConvCo
     wide = chunks_tile(256 if k >= 256 else 128 if k > 64 else 64, c)
     if not (tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES and slots and sms):
         return wide
-    narrow = chunks_tile(min(wide.block_n, 128), c, pixels=CHUNK_IMAGE_PIXELS)
     if tiles_of(wide, slots, k) >= tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
         return wide
+    narrow = chunks_tile(min(wide.block_n, 128), c, pixels=CHUNK_IMAGE_PIXELS)
     return narrow if tiles_of(narrow, slots, k) > tiles_of(wide, slots, k) else wide
 
 

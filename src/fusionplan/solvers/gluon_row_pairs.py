@@ -39,8 +39,6 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
-
 import torch
 
 from fusionplan import tuning
@@ -55,6 +53,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    in_gluon_names,
 )
 from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
@@ -767,7 +766,7 @@ def render_staged_source(
     # before the tiles or in each epilogue (HOIST_CHANNELS)
     epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
     epilogue = gluon_epilogue(spec, stages, coordinates, _STORE, 4, epi)
-    vectors = _CHANNEL_VECTORS.split("\n") + [re.sub(r"\btl\.", "gl.", line) for line in epi.channel_loads]
+    vectors = _CHANNEL_VECTORS.split("\n") + [in_gluon_names(line) for line in epi.channel_loads]
     epilogue["channel_loads"], epilogue["tile_channel_loads"] = indent(vectors, 8), indent(vectors, 12)
     for field in ("tail", "coordinates_in_acc"):
         epilogue[field] = indent(epilogue[field].rstrip("\n").split("\n"), 4)

@@ -456,15 +456,20 @@ def gluon_epilogue(
     return {"tail": tail, **coords, **gluon_header_fields(spec, stages, epi)}
 
 
+def in_gluon_names(text: str) -> str:
+    """Triton source of the shared emitters (``tl.`` calls) in Gluon's names (``gl.``)."""
+    return re.sub(r"\btl\.", "gl.", text)
+
+
 def gluon_epilogue_tail(epi, store: str) -> str:
     """triton_conv's epilogue_tail of ``epi`` and ``store`` in Gluon's names."""
-    return re.sub(r"\btl\.", "gl.", epilogue_tail(epi, store))
+    return in_gluon_names(epilogue_tail(epi, store))
 
 
 def gluon_channel_loads(epi) -> str:
     """The chain's per-channel loads before the tiles (emit_stages' hoist_channels) in Gluon's
     names, at a partition's depth; ``pass`` where there are none."""
-    return re.sub(r"\btl\.", "gl.", indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
+    return in_gluon_names(indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
 
 
 def gluon_header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict:
