@@ -65,7 +65,7 @@ def _desc_of(value: Any, what: str) -> tuple[TensorDescriptor, torch.Tensor | No
 def empty_like_layout(desc: TensorDescriptor, device: torch.device, layout: Layout | None) -> torch.Tensor:
     """A new tensor of ``desc``'s dims and dtype in ``layout`` (channels-last for NHWC)."""
     fmt = torch.channels_last if layout == Layout.NHWC else torch.contiguous_format
-    return torch.empty(desc.dims, dtype=desc.dtype.torch_dtype, device=device).to(memory_format=fmt)
+    return torch.empty(desc.dims, dtype=desc.dtype.torch_dtype, device=device, memory_format=fmt)
 
 
 class Plan:

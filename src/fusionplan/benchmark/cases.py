@@ -248,7 +248,7 @@ def prepare(case: Case, device: torch.device, rotation_bytes: int, gen: torch.Ge
     copies = max(1, min(16, math.ceil(rotation_bytes / max(1, x0.numel() * x0.element_size() + out_bytes))))
     xs = [x0] + [random_tensor(plan.input_desc.dims, case.dtype, device, layout, gen=gen) for _ in range(copies - 1)]
     fmt = torch.channels_last if layout == Layout.NHWC else torch.contiguous_format
-    ys = [torch.empty(plan.output_desc.dims, dtype=case.dtype, device=device).to(memory_format=fmt) for _ in xs]
+    ys = [torch.empty(plan.output_desc.dims, dtype=case.dtype, device=device, memory_format=fmt) for _ in xs]
     args = random_args(plan, device, param_dtype=torch.float32, gen=gen)
     reference = reference_output(plan, x0, args)
     return PreparedCase(case, plan, args, xs, ys, reference)
