@@ -1146,44 +1146,6 @@ def test_gluon_plane_chunks_layers(layer):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-plane-chunks")
 
 
-#: (n, c, h, w, k, filter, stride): gluon-window-nchw's plans: 3x3 filters on 7x7 and 14x14 planes
-#: (stride 2 from 14x14), odd sizes (13x11 planes, C=40, K=72: runs of 8 channels, a channel block
-#: past C), a 1x1 filter, batches of 2-6 images (7x7 outputs: windows of 4 images, past the batch).
-WINDOW_NCHW_CASES = {
-    "7x7": (5, 64, 7, 7, 64, 3, 1),
-    "14x14-s2": (6, 128, 14, 14, 128, 3, 2),
-    "14x14-c40-k72": (2, 40, 14, 14, 72, 3, 1),
-    "13x11": (3, 16, 13, 11, 24, 3, 1),
-    "7x7-1x1": (5, 256, 7, 7, 128, 1, 1),
-}
-
-
-def window_nchw_plan(case: str, precision: str):
-    n, c, h, w, k, r, stride = WINDOW_NCHW_CASES[case]
-    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
-    conv = fp.ConvolutionDescriptor((r // 2, r // 2), (stride, stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=r, activation=ActivationMode.ELU, param_dtype="float")
-    return plan, x
-
-
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-@pytest.mark.parametrize("case", WINDOW_NCHW_CASES)
-def test_gluon_window_nchw(case, precision):
-    """gluon-window-nchw: NCHW input turned channels-last in the kernel, output in either layout."""
-    plan, x = window_nchw_plan(case, precision)
-    for out_layout in ("NCHW", "NHWC"):
-        run_and_check(plan, precision, x, out_layout, solver="gluon-window-nchw")
-
-
-@pytest.mark.parametrize("layer", [s for s in LAYERS if s.r == 3 and s.h <= 14], ids=lambda s: s.name)
-def test_gluon_window_nchw_layers(layer):
-    """gluon-window-nchw on ResNet-50's 3x3 layers on 14x14 and 7x7 planes, fp16 NCHW, batch 5."""
-    x = input_tensor((5, layer.c, layer.h, layer.w), torch.float16, "NCHW")
-    conv = fp.ConvolutionDescriptor((1, 1), (layer.stride, layer.stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=3, s=3, param_dtype="float")
-    run_and_check(plan, "fp16", x, "NCHW", solver="gluon-window-nchw")
-
-
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)
@@ -1442,19 +1404,15 @@ def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
     assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
 
 
-@pytest.mark.parametrize(
-    "solver, layout", [("triton-conv", "NHWC"), ("triton-window", "NHWC"), ("gluon-window-nchw", "NCHW")]
-)
-def test_split_reductions_across_streams_and_graphs(solver, layout):
+@pytest.mark.parametrize("solver", ["triton-conv", "triton-window"])
+def test_split_reductions_across_streams_and_graphs(solver):
     """A 14x14 layer at batch 1 leaves most multiprocessors idle: its reduction is split. Repeated
-    launches, a second stream and a captured graph each use a workspace of their own (and so do
-    gluon-window-nchw's channels-last buffers)."""
-    x = input_tensor((1, 256, 14, 14), torch.float16, layout)
+    launches, a second stream and a captured graph each use a workspace of their own."""
+    x = input_tensor((1, 256, 14, 14), torch.float16, "NHWC")
     plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1)), k=256, r=3, s=3, param_dtype="half")
     handle = fp.Handle("cuda")
     assert plan.compile(handle, solver=solver) == solver
-    kernel = plan._entry(handle).kernel
-    assert kernel.config.split_k > 1 or kernel.stream_workspace
+    assert plan._entry(handle).kernel.config.split_k > 1
     args = random_args(plan, "cuda", param_dtype=torch.float32)
     y = torch.empty(plan.output_desc.dims, device="cuda", dtype=torch.float16).to(memory_format=torch.channels_last)
 

@@ -86,17 +86,6 @@ def _torch_scratch(size: int, alignment: int, stream) -> Tensor:
     return _per_stream(_SCRATCH, key, lambda: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-_STREAM_BUFFERS: dict[tuple, Tensor] = {}
-
-
-def per_stream_buffer(device: torch.device, key: tuple, make) -> Tensor:
-    """``make()``'s tensor for launches on ``device``'s current stream, kept under ``key`` (what it
-    holds: its use, shape, dtype), as the scratch above (a graph capture gets its own)."""
-    if device.type != "cuda":
-        return make()
-    return _per_stream(_STREAM_BUFFERS, (device, current_raw_stream(device), *key), make)
-
-
 def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Tensor, Tensor]:
     """The fp32 partial sums and int32 arrival counters (zero between launches: the last program
     of a tile resets its counter) of a split reduction, per stream as the scratch above."""

@@ -21,7 +21,6 @@ from fusionplan.solvers.gluon_row_pairs import GluonRowPairsSolver
 from fusionplan.solvers.gluon_rows import GluonRowsSolver
 from fusionplan.solvers.gluon_stem import GluonStemSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
-from fusionplan.solvers.gluon_window_nchw import GluonWindowNchwSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
 from fusionplan.solvers.triton_depthwise import TritonDepthwiseSolver
@@ -49,7 +48,6 @@ REGISTRY: list[Solver] = [
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
-    GluonWindowNchwSolver(),  # Hopper: gluon-window on small NCHW planes, turned channels-last in the kernel
     GluonRowsSolver(),  # Hopper: few input channels, the filter in registers, persistent over output rows
     GluonStemSolver(),  # Hopper: few input channels (the stem), warp-specialized over output rows
     GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)

@@ -126,23 +126,6 @@ def _gathered_operand(OPERAND_PARAMS):
     return gl.reshape(flat, [PIXELS, BLOCK_K])
 """
 
-#: _SHIFT_ASM of the generated sources (gluon-plane-chunks' and gluon-window-nchw's shifts): the
-#: inline PTX that takes 8 elements out of a 16-element window at a given start.
-SHIFT_ASM = """# 8 16-bit elements (4 words out) from a 16-element window (words $4-$7 and $8-$11) starting $12
-# elements in: words shifted by 2 where bit 2 is set, by 1 where bit 1 is, then a half word where bit 0
-# is (a byte permute of each word and the next)
-_SHIFT_ASM = gl.constexpr(
-    "{ .reg .pred p4, p2; .reg .b32 a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, t, sel;"
-    "and.b32 t, $12, 4; setp.ne.b32 p4, t, 0; and.b32 t, $12, 2; setp.ne.b32 p2, t, 0;"
-    "and.b32 t, $12, 1; mad.lo.u32 sel, t, 8738, 12816;"
-    "selp.b32 a0, $6, $4, p4; selp.b32 a1, $7, $5, p4; selp.b32 a2, $8, $6, p4;"
-    "selp.b32 a3, $9, $7, p4; selp.b32 a4, $10, $8, p4; selp.b32 a5, $11, $9, p4;"
-    "selp.b32 b0, a1, a0, p2; selp.b32 b1, a2, a1, p2; selp.b32 b2, a3, a2, p2;"
-    "selp.b32 b3, a4, a3, p2; selp.b32 b4, a5, a4, p2;"
-    "prmt.b32 $0, b0, b1, sel; prmt.b32 $1, b1, b2, sel; prmt.b32 $2, b2, b3, sel; prmt.b32 $3, b3, b4, sel; }"
-)
-"""
-
 #: The chunks' gathers without a pass through shared memory (chunks_shifted; the operand as [channels,
 #: slots]). Channel c's plane starts s = (HW * c) % 8 elements into an aligned 8-element unit of its
 #: image's run, so each 8-slot group of an operand row is 8 elements of a 16-element window from an
@@ -150,8 +133,7 @@ _SHIFT_ASM = gl.constexpr(
 #: second taken from the next unit's thread (a gather of the lanes: a shuffle a word), the 8
 #: elements then shifted out of the window in registers (words selected by s's bits 2 and 1, a byte
 #: permute of each word and the next by bit 0).
-CHUNKS_SHIFTED_GATHER = (
-    """@gluon.jit
+CHUNKS_SHIFTED_GATHER = """@gluon.jit
 def _shifted_geometry(GEOMETRY_PARAMS):
     # the raw words as [channels, slot pairs] and each row's s
     rows = gl.arange(0, RAW_ROWS, layout=gl.SliceLayout(1, layout))
@@ -199,10 +181,20 @@ def _shifted_operand(OPERAND_PARAMS):
     return gl.reshape(halves, [RAW_ROWS, 2 * RAW_COLS]).to(DTYPE, bitcast=True)
 
 
-"""
-    + SHIFT_ASM
+# 8 16-bit elements (4 words out) from a 16-element window (words $4-$7 and $8-$11) starting $12
+# elements in: words shifted by 2 where bit 2 is set, by 1 where bit 1 is, then a half word where bit 0
+# is (a byte permute of each word and the next)
+_SHIFT_ASM = gl.constexpr(
+    "{ .reg .pred p4, p2; .reg .b32 a0, a1, a2, a3, a4, a5, b0, b1, b2, b3, b4, t, sel;"
+    "and.b32 t, $12, 4; setp.ne.b32 p4, t, 0; and.b32 t, $12, 2; setp.ne.b32 p2, t, 0;"
+    "and.b32 t, $12, 1; mad.lo.u32 sel, t, 8738, 12816;"
+    "selp.b32 a0, $6, $4, p4; selp.b32 a1, $7, $5, p4; selp.b32 a2, $8, $6, p4;"
+    "selp.b32 a3, $9, $7, p4; selp.b32 a4, $10, $8, p4; selp.b32 a5, $11, $9, p4;"
+    "selp.b32 b0, a1, a0, p2; selp.b32 b1, a2, a1, p2; selp.b32 b2, a3, a2, p2;"
+    "selp.b32 b3, a4, a3, p2; selp.b32 b4, a5, a4, p2;"
+    "prmt.b32 $0, b0, b1, sel; prmt.b32 $1, b1, b2, sel; prmt.b32 $2, b2, b3, sel; prmt.b32 $3, b3, b4, sel; }"
 )
-
+"""
 
 #: The chunks' slots (gluon_row_pairs.COORDINATES_HEAD's rows are images): slot p of an image its
 #: pixel p, row p // IMAGE_W and column p % IMAGE_W of the output plane.

@@ -67,7 +67,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-{prologue_functions}
+
 
 @gluon.jit
 def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, BLOCK_K: gl.constexpr):
@@ -81,7 +81,7 @@ def _load_partition(
     n0, oh0, ow0, k0, C, pad_h, pad_w, dil_h, dil_w, steps, num_cb,
     S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     WEIGHTS_FIRST: gl.constexpr,
-):{loader_prologue}
+):
     for kb in range(steps):
         stage = kb % NUM_STAGES
         # the first round finds every buffer free (the phase before a new barrier's first counts as done)
@@ -144,7 +144,7 @@ def _invalidate_ring(ready, empty, NUM_STAGES: gl.constexpr):
 
 @gluon.jit
 def gluon_window_kernel(
-    x_desc, w_desc, y_ptr, prior_ptr, y_desc,{prologue_params}
+    x_desc, w_desc, y_ptr, prior_ptr, y_desc,
     {stage_params}
     N, C, K, H, W, OH, OW,
     syn, syc, syh, syw, spn, spc, sph, spw,
@@ -159,7 +159,15 @@ def gluon_window_kernel(
     # y_desc (TMA_STORE): the output as [N, OH, OW, K], boxes of a window and 64 channels (a token
     # where stores are by pointer)
     PIXELS: gl.constexpr = TILE_N * TILE_H * TILE_W
-{tile_origin}
+    pid = gl.program_id(0)
+    pid_n = gl.program_id(1)
+    tiles_w = gl.cdiv(OW, TILE_W)
+    tiles_h = gl.cdiv(OH, TILE_H)
+    ow0 = (pid % tiles_w) * TILE_W
+    oh0 = ((pid // tiles_w) % tiles_h) * TILE_H
+    n0 = (pid // (tiles_w * tiles_h)) * TILE_N
+    k0 = pid_n * BLOCK_N
+
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [NUM_STAGES, TILE_N, TILE_H, 1, TILE_W, BLOCK_K], x_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -177,7 +185,7 @@ def gluon_window_kernel(
         if i < steps:
             mbarrier.expect(ready.index(i), x_desc.block_type.nbytes + w_desc.block_type.nbytes)
             _load_weights(w_desc, w_bufs, ready, i, k0, i, num_cb, C, BLOCK_K)
-{grid_dependency}{input_prologue}
+{grid_dependency}
     (acc,) = gl.warp_specialize(
         [
             (
@@ -200,7 +208,8 @@ def gluon_window_kernel(
     if not LATE_INVALIDATION:
         _invalidate_ring(ready, empty, NUM_STAGES)
 
-{out_layout}
+    # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     ohw = OH * OW
     if MMA_EPILOGUE:  # the chain in the accumulator's own layout (window_epilogue_mode)
         acc = gl.permute(acc, (1, 0))
@@ -425,38 +434,9 @@ def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tupl
     return pixels, block_n, 8 if pixels * block_n > 128 * 128 else 4
 
 
-#: The stores' layout (the template's out_layout) where the output is channels-last.
-CHANNELS_LAST_STORES = """    # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
-    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])"""
-
-#: The window's origin and its channel block, by the program's ids (window, channel block).
-TILE_ORIGIN = """    pid = gl.program_id(0)
-    pid_n = gl.program_id(1)
-    tiles_w = gl.cdiv(OW, TILE_W)
-    tiles_h = gl.cdiv(OH, TILE_H)
-    ow0 = (pid % tiles_w) * TILE_W
-    oh0 = ((pid // tiles_w) % tiles_h) * TILE_H
-    n0 = (pid // (tiles_w * tiles_h)) * TILE_N
-    k0 = pid_n * BLOCK_N
-"""
-
-#: The template's fields for channels-last input read as it is (gluon-window-nchw fills them with
-#: its input's turn to channels-last, and stores along the output's planes).
-CHANNELS_LAST_INPUT = {
-    "prologue_functions": "",
-    "prologue_params": "",
-    "tile_origin": TILE_ORIGIN,
-    "input_prologue": "",
-    "loader_prologue": "",
-    "out_layout": CHANNELS_LAST_STORES,
-}
-
-
-def render_gluon_source(spec: PlanSpec, stages: list[Stage], fields: dict[str, str] | None = None) -> str:
-    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names, and the
-    input's ``fields`` (default: CHANNELS_LAST_INPUT)."""
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8)
-    return _TEMPLATE.format(**epilogue, **gluon_names(), **(fields or CHANNELS_LAST_INPUT))
+def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
+    """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
+    return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
 
 
 def gluon_epilogue(
@@ -584,16 +564,12 @@ class GluonWindowKernel(TritonWindowKernel):
             has_prior,
             window_epilogue_mode(self.spec.dtype.torch_dtype.itemsize),
             tma_store,
-            self.weights_first(cfg),
+            window_weights_first(cfg),
             window_late_invalidation(cfg),
             *flags.values(),
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
         return grid, cfg, args
-
-    def weights_first(self, cfg: tuning.ConvConfig) -> int:
-        """WEIGHTS_FIRST of a launch of ``cfg`` (window_weights_first)."""
-        return window_weights_first(cfg)
 
     def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         """The boxes' element bits and the swizzle of their rows (128 bytes, or the row if shorter)."""

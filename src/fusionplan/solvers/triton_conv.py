@@ -480,8 +480,6 @@ class TritonConvKernel(Repeating, Kernel):
 
     #: whether the kernel can split a tile's reduction over several programs (SPLIT_K_REDUCE)
     splits_reduction = True
-    #: whether every launch takes a workspace of the current stream (as split launches do)
-    stream_workspace = False
 
     def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
         """``cfg`` with the reduction split where its grid leaves most multiprocessors idle."""
@@ -577,8 +575,8 @@ class TritonConvKernel(Repeating, Kernel):
             y.copy_(out)
         else:
             slots = self.pointer_slots(args)
-            own = cfg.split_k > 1 or self.stream_workspace  # its workspace is the current stream's
-            repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, own)
+            split = cfg.split_k > 1  # its workspace is the current stream's
+            repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
