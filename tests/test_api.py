@@ -100,6 +100,25 @@ def test_conv_bias_activation_one_call_and_cache(layout):
         fp.conv_bias_activation(x, w, b, padding=1, alpha2=1.0)
 
 
+def test_conv_bias_activation_reuses_its_records_and_sees_in_place_changes():
+    """Calls with the same weight and bias reuse one argument set (the kernel's derived data is
+    found again); an in-place change of the weight is still seen (its version counter)."""
+    x, w, b = torch.randn(2, 4, 9, 7), torch.randn(6, 4, 3, 3), torch.randn(6)
+
+    def reference():
+        return torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1))
+
+    y0 = fp.conv_bias_activation(x, w, b, padding=1)
+    records = len(api._args_cache)
+    y1 = fp.conv_bias_activation(x, w, b, padding=1)
+    assert len(api._args_cache) == records  # the same tensors: the same records
+    torch.testing.assert_close(y1, y0)
+    w.mul_(-1.0)
+    torch.testing.assert_close(fp.conv_bias_activation(x, w, b, padding=1).double(), reference(), rtol=1e-5, atol=1e-5)
+    fp.conv_bias_activation(x, w.clone(), b, padding=1)
+    assert len(api._args_cache) == records + 1  # another weight tensor: records of its own
+
+
 def test_plan_with_explicit_prior_matches_reference():
     x = torch.randn(1, 2, 4, 4)
     plan = fp.Plan(x).bias(torch.randn(2), beta=0.5).activation("tanh", activ_alpha=1.0, activ_beta=2.0, beta=-1.0)

@@ -258,6 +258,42 @@ def _cached_cba_plan(
     return plan, tuple(ops)
 
 
+#: The argument records of recent one-call convolutions, by plan, tensors and scalars: a call with
+#: the weight and bias of an earlier one reuses its records, so the kernel finds its derived data
+#: (repacked weights, folded parameters) and its bound launch again instead of rebuilding them (the
+#: records hold the tensors, whose version counters tell the kernel of in-place changes).
+_args_cache: OrderedDict[tuple, tuple[FusionPlan, OperatorArgs]] = OrderedDict()
+ARGS_CACHE_SIZE = 64
+
+
+def _cached_cba_args(
+    plan: FusionPlan,
+    ops: tuple[FusionOp, ...],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    alpha1: float,
+    alpha2: float,
+    act: ActivationDescriptor,
+) -> OperatorArgs:
+    key = (id(plan), id(weight), id(bias), alpha1, alpha2, act.alpha, act.beta, act.gamma)
+    with _plan_cache_lock:
+        hit = _args_cache.get(key)
+        # the entry holds its plan and tensors, so their ids name them while it lives
+        if hit is not None and hit[0] is plan:
+            _args_cache.move_to_end(key)
+            return hit[1]
+    args = OperatorArgs()
+    args.set(ops[0], ConvArgs(weight=weight, alpha=alpha1, beta=alpha2))
+    if bias is not None:
+        args.set(ops[1], BiasArgs(bias=bias))
+    args.set(ops[-1], ActivationArgs(activ_alpha=act.alpha, activ_beta=act.beta, activ_gamma=act.gamma))
+    with _plan_cache_lock:
+        _args_cache[key] = (plan, args)
+        while len(_args_cache) > ARGS_CACHE_SIZE:
+            _args_cache.popitem(last=False)
+    return args
+
+
 def conv_bias_activation(
     x: Any,
     weight: Any,
@@ -305,11 +341,7 @@ def conv_bias_activation(
         why = z_desc.mismatch(prior, "z") if z_desc is not None else None
         if why:
             raise BadParmError(why)
-    args = OperatorArgs()
-    args.set(ops[0], ConvArgs(weight=weight, alpha=alpha1, beta=alpha2))
-    if bias is not None:
-        args.set(ops[1], BiasArgs(bias=bias))
-    args.set(ops[-1], ActivationArgs(activ_alpha=act.alpha, activ_beta=act.beta, activ_gamma=act.gamma))
+    args = _cached_cba_args(plan, ops, weight, bias, alpha1, alpha2, act)
     if out is None:
         out = empty_like_layout(plan.output_desc, handle.device, x_desc.layout)
     plan.execute(handle, x, out, args, x_desc=x_desc, y_desc=y_desc, prior=prior)
