@@ -1146,6 +1146,29 @@ def test_gluon_plane_chunks_layers(layer):
     run_and_check(plan, "fp16", x, "NCHW", solver="gluon-plane-chunks")
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_conv_bias_activation_repeats_with_its_records(layout):
+    """The one-call convolution on the GPU, called again with the same tensors (its records reused:
+    the kernel's derived data and bound launch found again), then after an in-place change of the
+    weight and of the bias (seen through their version counters), each result the reference's."""
+    x = input_tensor((2, 64, 14, 14), torch.float16, layout)
+    w = (torch.randn(64, 64, 3, 3, device="cuda") / 24).half()
+    b = torch.randn(64, device="cuda").half()
+    if layout == "NHWC":
+        w = w.to(memory_format=torch.channels_last)
+
+    def check(y) -> None:
+        ref = torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1))
+        assert torch.isfinite(y).all() and ((y.double() - ref).norm() / ref.norm()).item() < 1e-2
+
+    for _ in range(3):
+        check(fp.conv_bias_activation(x, w, b, padding=1))
+    w.mul_(-0.5)
+    check(fp.conv_bias_activation(x, w, b, padding=1))
+    b.add_(1.0)
+    check(fp.conv_bias_activation(x, w, b, padding=1))
+
+
 @pytest.mark.parametrize("seed", range(24))
 def test_random_plans(seed):
     torch.manual_seed(seed)
