@@ -17,7 +17,9 @@ the L2 cache as fusionplan-bench does) it times, in one process:
 
 ``separate`` is what NCHW costs when the transposes are passes of their own; a kernel that turns
 its input into NHWC inside itself saves ``out``'s pass and a launch on top. The ratios printed are
-each column over ``nhwc``.
+``nchw`` and the faster ``separate`` over ``nhwc``; ``err`` is the separate runs' relative error
+against ``nchw``'s output. ``--compile-only`` compiles and checks without timing (to warm the
+kernel caches from several processes first).
 """
 
 from __future__ import annotations
