@@ -117,6 +117,12 @@ def test_conv_bias_activation_reuses_its_records_and_sees_in_place_changes():
     torch.testing.assert_close(fp.conv_bias_activation(x, w, b, padding=1).double(), reference(), rtol=1e-5, atol=1e-5)
     fp.conv_bias_activation(x, w.clone(), b, padding=1)
     assert len(api._args_cache) == records + 1  # another weight tensor: records of its own
+    # descriptors are reused by what makes them; an unhashable argument still works (made each time)
+    torch.testing.assert_close(
+        fp.conv_bias_activation(x, w, b, padding=[1, 1]), fp.conv_bias_activation(x, w, b, padding=1)
+    )
+    with pytest.raises(fp.BadParmError, match="padding"):
+        fp.conv_bias_activation(x, w, b, padding=(1, 1, 1))
 
 
 def test_plan_with_explicit_prior_matches_reference():

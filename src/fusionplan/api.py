@@ -258,6 +258,42 @@ def _cached_cba_plan(
     return plan, tuple(ops)
 
 
+#: Descriptors made by recent one-call convolutions, by what makes them (a tensor's dtype, shape and
+#: strides; a convolution's geometry; an activation's mode): descriptors are immutable, and making
+#: and checking them was about 40 % of a call's host time.
+_descriptors: dict[tuple, Any] = {}
+DESCRIPTORS_SIZE = 512
+
+
+def _cached_descriptor(key: tuple, make) -> Any:
+    try:
+        found = _descriptors.get(key)
+    except TypeError:  # an unhashable argument (a list of pads, say): made each time
+        return make()
+    if found is None:
+        if len(_descriptors) >= DESCRIPTORS_SIZE:
+            _descriptors.clear()
+        found = _descriptors[key] = make()
+    return found
+
+
+def _descriptor_of(t: torch.Tensor) -> TensorDescriptor:
+    return _cached_descriptor(("tensor", t.dtype, t.shape, t.stride()), lambda: TensorDescriptor.from_tensor(t))
+
+
+def _conv_descriptor(padding: Any, stride: Any, dilation: Any, groups: int) -> ConvolutionDescriptor:
+    return _cached_descriptor(
+        ("conv", padding, stride, dilation, groups),
+        lambda: ConvolutionDescriptor(
+            _pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups
+        ),
+    )
+
+
+def _activation_descriptor(activation: ActivationMode | str) -> ActivationDescriptor:
+    return _cached_descriptor(("activation", activation), lambda: ActivationDescriptor(activation))
+
+
 #: The argument records of recent one-call convolutions, by plan, tensors and scalars: a call with
 #: the weight and bias of an earlier one reuses its records, so the kernel finds its derived data
 #: (repacked weights, folded parameters) and its bound launch again instead of rebuilding them (the
@@ -320,16 +356,13 @@ def conv_bias_activation(
     x = as_tensor(x, "x")
     weight = as_tensor(weight, "weight")
     handle = handle or default_handle(x.device)
-    if conv is None:
-        conv = ConvolutionDescriptor(
-            _pair(padding, "padding"), _pair(stride, "stride"), _pair(dilation, "dilation"), groups
-        )
-    act = activation if isinstance(activation, ActivationDescriptor) else ActivationDescriptor(activation)
-    x_desc = x_desc or TensorDescriptor.from_tensor(x)
-    w_desc = w_desc or TensorDescriptor.from_tensor(weight)
+    conv = conv or _conv_descriptor(padding, stride, dilation, groups)
+    act = activation if isinstance(activation, ActivationDescriptor) else _activation_descriptor(activation)
+    x_desc = x_desc or _descriptor_of(x)
+    w_desc = w_desc or _descriptor_of(weight)
     if bias is not None:
         bias = as_tensor(bias, "bias")
-        bias_desc = bias_desc or TensorDescriptor.from_tensor(bias)
+        bias_desc = bias_desc or _descriptor_of(bias)
     elif bias_desc is not None:
         raise BadParmError("a bias descriptor was given without a bias tensor")
     plan, ops = _cached_cba_plan(handle, x_desc, w_desc, conv, bias_desc, act.mode)
