@@ -227,8 +227,26 @@ class Plan:
 
 # ---- one call: y = act(alpha1 * conv(x) + alpha2 * z + bias) ---------------------------------------
 _plan_cache: OrderedDict[tuple, tuple[FusionPlan, tuple[FusionOp, ...]]] = OrderedDict()
-_plan_cache_lock = threading.Lock()
+_caches_lock = threading.Lock()  # the one-call caches' (each least recently used first out)
 PLAN_CACHE_SIZE = 256
+
+
+def _recent(cache: OrderedDict, key: tuple) -> Any:
+    """``cache``'s entry under ``key``, now its most recent, or None."""
+    with _caches_lock:
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+        return hit
+
+
+def _remember(cache: OrderedDict, key: tuple, value: Any, size: int) -> Any:
+    """``value`` into ``cache`` under ``key``, the least recent entries past ``size`` dropped."""
+    with _caches_lock:
+        cache[key] = value
+        while len(cache) > size:
+            cache.popitem(last=False)
+    return value
 
 
 def _cached_cba_plan(
@@ -240,41 +258,31 @@ def _cached_cba_plan(
     mode: ActivationMode,
 ) -> tuple[FusionPlan, tuple[FusionOp, ...]]:
     key = (handle.uid, x_desc, w_desc, conv, bias_desc, mode)
-    with _plan_cache_lock:
-        hit = _plan_cache.get(key)
-        if hit is not None:
-            _plan_cache.move_to_end(key)
-            return hit
+    hit = _recent(_plan_cache, key)
+    if hit is not None:
+        return hit
     plan = FusionPlan(x_desc)
     ops = [plan.add_conv_forward(conv, w_desc)]
     if bias_desc is not None:
         ops.append(plan.add_bias_forward(bias_desc))
     ops.append(plan.add_activation_forward(mode))
     plan.compile(handle)
-    with _plan_cache_lock:
-        _plan_cache[key] = (plan, tuple(ops))
-        while len(_plan_cache) > PLAN_CACHE_SIZE:
-            _plan_cache.popitem(last=False)
-    return plan, tuple(ops)
+    return _remember(_plan_cache, key, (plan, tuple(ops)), PLAN_CACHE_SIZE)
 
 
 #: Descriptors made by recent one-call convolutions, by what makes them (a tensor's dtype, shape and
 #: strides; a convolution's geometry; an activation's mode): descriptors are immutable, and making
 #: and checking them was about 40 % of a call's host time.
-_descriptors: dict[tuple, Any] = {}
+_descriptors: OrderedDict[tuple, Any] = OrderedDict()
 DESCRIPTORS_SIZE = 512
 
 
 def _cached_descriptor(key: tuple, make) -> Any:
     try:
-        found = _descriptors.get(key)
+        hit = _recent(_descriptors, key)
     except TypeError:  # an unhashable argument (a list of pads, say): made each time
         return make()
-    if found is None:
-        if len(_descriptors) >= DESCRIPTORS_SIZE:
-            _descriptors.clear()
-        found = _descriptors[key] = make()
-    return found
+    return hit if hit is not None else _remember(_descriptors, key, make(), DESCRIPTORS_SIZE)
 
 
 def _descriptor_of(t: torch.Tensor) -> TensorDescriptor:
@@ -312,22 +320,15 @@ def _cached_cba_args(
     act: ActivationDescriptor,
 ) -> OperatorArgs:
     key = (id(plan), id(weight), id(bias), alpha1, alpha2, act.alpha, act.beta, act.gamma)
-    with _plan_cache_lock:
-        hit = _args_cache.get(key)
-        # the entry holds its plan and tensors, so their ids name them while it lives
-        if hit is not None and hit[0] is plan:
-            _args_cache.move_to_end(key)
-            return hit[1]
+    hit = _recent(_args_cache, key)
+    if hit is not None and hit[0] is plan:  # the entry holds its plan and tensors: their ids name them
+        return hit[1]
     args = OperatorArgs()
     args.set(ops[0], ConvArgs(weight=weight, alpha=alpha1, beta=alpha2))
     if bias is not None:
         args.set(ops[1], BiasArgs(bias=bias))
     args.set(ops[-1], ActivationArgs(activ_alpha=act.alpha, activ_beta=act.beta, activ_gamma=act.gamma))
-    with _plan_cache_lock:
-        _args_cache[key] = (plan, args)
-        while len(_args_cache) > ARGS_CACHE_SIZE:
-            _args_cache.popitem(last=False)
-    return args
+    return _remember(_args_cache, key, (plan, args), ARGS_CACHE_SIZE)[1]
 
 
 def conv_bias_activation(
