@@ -1085,6 +1085,66 @@ def test_gluon_row_pairs_layers(layer):
     run_and_check(plan, "bf16", x, "NCHW", solver="gluon-row-pairs")
 
 
+#: (n, c, h, w, k, stride): gluon-halo's plans: ResNet-50's 3x3 layers on 7x7, 14x14 and 28x28 planes
+#: (stride 1 and 2) at small batches, odd planes (13x11; 13x13 and 15x9 at stride 2), one channel
+#: block (C=64), K past the tile (72, 136, 200) and below it (17), bands of 128-slot tiles.
+GLUON_HALO_CASES = {
+    "7x7": (3, 128, 7, 7, 136, 1),
+    "14x14": (2, 192, 14, 14, 72, 1),
+    "13x11": (2, 64, 13, 11, 17, 1),
+    "28x28": (2, 64, 28, 28, 128, 1),
+    "14x14-s2": (3, 128, 14, 14, 128, 2),
+    "13x13-s2": (2, 64, 13, 13, 200, 2),
+    "15x9-s2": (2, 64, 15, 9, 64, 2),
+    "28x28-s2": (2, 64, 28, 28, 64, 2),
+}
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+@pytest.mark.parametrize("case", list(GLUON_HALO_CASES))
+def test_gluon_halo_tiles(case, precision):
+    """gluon-halo (each channel block's halo gathered once, the nine taps as views of it shifted by
+    whole rows; stride 2 as four phases) over 64- and 128-slot tiles where they fit, 64 and 128
+    output channels, weights rings of 3, 4 and 6 stages, output in planes and channels-last, with
+    and without a prior."""
+    from fusionplan.solvers import gluon_halo
+
+    n, c, h, w, k, stride = GLUON_HALO_CASES[case]
+    x = input_tensor((n, c, h, w), PRECISIONS[precision][0], "NCHW")
+    conv = fp.ConvolutionDescriptor((1, 1), (stride, stride))
+    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=3, s=3, activation=ActivationMode.ELU, param_dtype="float")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle, solver="gluon-halo") == "gluon-halo"
+    kernel = plan._entry(handle).kernel
+    rng = random.Random(case + precision + "halo")
+    oh, ow = plan.output_desc.dims[2:]
+    for pixels in (64, 128):
+        geo = gluon_halo.halo_geometry(oh, ow, stride, pixels)
+        if geo.tile_h == 0:
+            continue
+        for block_n in (64, 128):
+            stages = rng.choice((3, 4, 6))
+            if gluon_halo.shared_bytes(geo, block_n, stages) > gluon_halo.SHARED_BYTES:
+                continue
+            kernel.config = fp.tuning.ConvConfig(pixels, block_n, 64, 8, geo.computing_warps, stages, 1)
+            check_kernel_config(plan, handle, kernel, x, precision, rng)
+
+
+@pytest.mark.parametrize("layer", ["r50_22", "r50_18", "r50_16", "r50_10"])
+def test_gluon_halo_layers(layer):
+    """gluon-halo on the ResNet-50 3x3 layers it takes by default (7x7, 14x14 and 28x28 output planes
+    at stride 1, 7x7 at stride 2), fp16 NCHW input and output, batch 3."""
+    from fusionplan.shapes import resnet50_layer
+    from fusionplan.testing import layer_plan
+
+    s = resnet50_layer(layer)
+    x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")
+    plan = layer_plan(s, x, "CBNA")
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle) == "gluon-halo"
+    run_and_check(plan, "fp16", x, "NCHW")
+
+
 #: (n, c, h, w, k): gluon-plane-chunks' plans: ResNet-50's two 7x7 layers (64 slots an image, two
 #: images a tile) with K of 136 (tiles past the output's channels) and an odd batch (a tile past
 #: the batch's last image), planes of 25 (4 images a tile), 64 (no slot empty) and 15 pixels (8
@@ -1668,6 +1728,7 @@ def test_resnet50_fused_at_batch_32_matches_eager():
         ("triton-conv", "triton-gemm", "NHWC"),
         ("gluon-nchw", "triton-gemm-nchw", "NCHW"),
         ("gluon-nchw-regs", "gluon-nchw", "NCHW"),
+        ("gluon-halo", "gluon-halo", "NCHW"),
     ],
 )
 def test_grid_dependency_keeps_dependent_launches_in_order(first, second, layout, monkeypatch):
@@ -1682,7 +1743,7 @@ def test_grid_dependency_keeps_dependent_launches_in_order(first, second, layout
     conv3 = fp.ConvolutionDescriptor((1, 1))
     plan1 = add_chain(plan_for(x), "CBNA", conv=conv3, k=128, r=3, s=3, param_dtype="float")
     mid = input_tensor(plan1.output_desc.dims, torch.float16, layout)
-    r = 3 if second.startswith("gluon-nchw") else 1
+    r = 3 if second.startswith(("gluon-nchw", "gluon-halo")) else 1
     conv2 = fp.ConvolutionDescriptor((r // 2, r // 2))
     plan2 = add_chain(plan_for(mid), "CBNA", conv=conv2, k=256, r=r, s=r, param_dtype="float")
     assert plan1.compile(handle, solver=first) == first and plan2.compile(handle, solver=second) == second

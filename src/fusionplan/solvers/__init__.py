@@ -14,6 +14,7 @@ from fusionplan.errors import BadParmError, UnsupportedOpError
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
+from fusionplan.solvers.gluon_halo import GluonHaloSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
 from fusionplan.solvers.gluon_nchw_regs import GluonNchwRegsSolver
 from fusionplan.solvers.gluon_plane_chunks import GluonPlaneChunksSolver
@@ -45,6 +46,7 @@ REGISTRY: list[Solver] = [
     TritonGemmSolver(),
     GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by asynchronous copies
     GluonPlaneChunksSolver(),  # Hopper: 1x1 on small NCHW planes, an image's channel planes copied as one run
+    GluonHaloSolver(),  # Hopper: 3x3 on small NCHW planes, a channel block's halo gathered once, taps shifted
     GluonNchwRegsSolver(),  # Hopper: gluon-nchw's convolutions, the input operand of wgmma in registers
     GluonNchwSolver(),  # Hopper: NCHW input gathered by a partition of its own warps
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
