@@ -69,24 +69,28 @@ def test_in_the_registry_before_the_gather_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "name, p, tile_h, pixels, phase_rows, rows, gather_warps, pieces",
+    "name, p, tile_h, pixels, stages, phase_rows, rows, gather_rows, pieces",
     [
-        ("r50_22", 8, 7, 64, 128, 128, 4, 1),  # 7x7: one tile an image; rows 0 .. 72 gathered
-        ("r50_16", 16, 8, 128, 256, 256, 8, 1),  # 14x14: two bands of 8 rows
-        ("r50_10", 32, 4, 128, 256, 256, 8, 1),  # 28x28: seven bands of 4 rows
-        ("r50_18", 8, 7, 64, 64, 512, 8, 1),  # stride 2 to 7x7: four phases of 64 rows
-        ("r50_12", 16, 4, 64, 80, 512, 8, 2),  # stride 2 to 14x14: 64-slot tiles (128 would not fit)
+        ("r50_22", 8, 7, 64, 4, 128, 128, 128, 1),  # 7x7: one tile an image; rows 0 .. 72 gathered
+        ("r50_16", 15, 8, 128, 4, 256, 256, 256, 1),  # 14x14: two bands of 8 rows
+        ("r50_10", 29, 4, 128, 4, 256, 256, 256, 1),  # 28x28: seven bands of 4 rows
+        ("r50_18", 8, 7, 64, 4, 64, 512, 256, 1),  # stride 2 to 7x7: four phases of 64 rows
+        ("r50_12", 15, 8, 128, 3, 136, 640, 128, 5),  # stride 2 to 14x14: 3 stages beside 640-row halos
+        ("r50_06", 29, 4, 128, 3, 152, 640, 128, 5),  # stride 2 to 28x28
     ],
 )
-def test_geometry(name, p, tile_h, pixels, phase_rows, rows, gather_warps, pieces):
+def test_geometry(name, p, tile_h, pixels, stages, phase_rows, rows, gather_rows, pieces):
     plan = layer(name)
-    kernel_cfg = halo.halo_config(plan.spec())
+    cfg = halo.halo_config(plan.spec())
     oh, ow = plan.output_desc.dims[2:]
-    stride = 2 if name in ("r50_18", "r50_12") else 1
-    geo = halo.halo_geometry(oh, ow, stride, kernel_cfg.block_m)
-    assert (geo.p, geo.tile_h, geo.pixels, geo.phase_rows, geo.halo) == (p, tile_h, pixels, phase_rows, rows)
-    assert (geo.gather_warps, geo.pieces, kernel_cfg.num_warps) == (gather_warps, pieces, geo.computing_warps)
-    assert halo.shared_bytes(geo, kernel_cfg.block_n, kernel_cfg.num_stages) <= halo.SHARED_BYTES
+    stride = 2 if name in ("r50_18", "r50_12", "r50_06") else 1
+    geo = halo.halo_geometry(oh, ow, stride, cfg.block_m, cfg.block_n, cfg.num_stages)
+    assert (geo.p, geo.tile_h, geo.pixels, cfg.num_stages) == (p, tile_h, pixels, stages)
+    assert (geo.phase_rows, geo.halo, geo.gather_rows, geo.pieces) == (phase_rows, rows, gather_rows, pieces)
+    assert cfg.num_warps == geo.computing_warps and geo.halo % geo.gather_rows == 0
+    # about 64 loaded values a gathering thread at once
+    assert geo.group * geo.gather_rows * halo.BLOCK_K // (32 * geo.gather_warps) == 64
+    assert halo.shared_bytes(geo, cfg.block_n, cfg.num_stages) <= halo.SHARED_BYTES
 
 
 def emulated_output(x: torch.Tensor, weight: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:
@@ -101,7 +105,7 @@ def emulated_output(x: torch.Tensor, weight: torch.Tensor, stride: int, pixels: 
     geo = halo.halo_geometry(oh, ow, stride, pixels)
     out = torch.full((n, k, oh, ow), float("nan"), dtype=torch.float64)
     r = torch.arange(geo.halo)
-    q, u, v = r // geo.phase_rows, (r % geo.phase_rows) // geo.p, r % geo.p
+    q, u, v = r // geo.phase_rows, (r % geo.phase_rows) // geo.p, (r % geo.phase_rows) % geo.p
     gathered = r < geo.pieces * geo.gather_rows
     slot = torch.arange(geo.pixels)
     for img in range(n):

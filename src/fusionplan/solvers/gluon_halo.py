@@ -8,8 +8,8 @@ for those loads (bench/NOTES.md section 55). Here a program owns one image's ban
 rows and BLOCK_N output channels, and for each block of BLOCK_K input channels a gathering
 partition loads the band's halo ONCE into a 128-byte-swizzled shared buffer, [rows, channels]:
 halo row ``u * P + v`` holds input row ``oh0 - 1 + u`` and column ``v - 1`` (zero outside the
-image), with a pitch P (a power of two) of at least OW + 1 columns, so that the right padding of
-one row is the left padding of the next. Output pixel (i, j) is row ``i * P + j`` of the product
+image), with a pitch P of OW + 1 columns, so that the right padding of one row is the left
+padding of the next. Output pixel (i, j) is row ``i * P + j`` of the product
 and tap (dh, dw) reads the halo from row ``dh * P + dw`` on: nine views of one buffer, each
 shifted by whole 128-byte rows. With stride 2 the halo holds the input's four phases (even and
 odd rows by even and odd columns) one after another, PHASE_ROWS rows each, each phase a stride-1
@@ -83,47 +83,69 @@ def _weights_partition(w_desc, w_bufs, ready, empty, k0, C, steps, NUM_STAGES: g
 
 
 @gluon.jit
+def _gather_piece(
+    block, row0, oh0, chans, layout: gl.constexpr, H: gl.constexpr, W: gl.constexpr, STRIDE: gl.constexpr,
+    P: gl.constexpr, PHASE_ROWS: gl.constexpr, GATHER_ROWS: gl.constexpr,
+):
+    # halo rows row0 .. row0 + GATHER_ROWS - 1 of a channel block: row r is phase q's (a row parity,
+    # b column parity) row u and column v; each thread's channels are constant offsets from its row's
+    # address (the planes are packed, H * W apart)
+    r = row0 + gl.arange(0, GATHER_ROWS, layout=gl.SliceLayout(1, layout))
+    q = r // PHASE_ROWS
+    u = (r % PHASE_ROWS) // P
+    v = (r % PHASE_ROWS) % P
+    ih = STRIDE * (u + oh0 - 1) + q // STRIDE
+    iw = STRIDE * (v - 1) + q % STRIDE
+    inside = (q < STRIDE * STRIDE) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    rows = gl.where(inside, ih * W + iw, 0)
+    return gl.load(block + rows[:, None] + chans[None, :] * (H * W), mask=inside[:, None], other=0.0)
+
+
+@gluon.jit
 def _gather_partition(
     x_img, halos, halo_ready, halo_empty, oh0, num_cb,
     H: gl.constexpr, W: gl.constexpr, STRIDE: gl.constexpr, P: gl.constexpr, PHASE_ROWS: gl.constexpr,
-    GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, BLOCK_K: gl.constexpr,
+    HALO: gl.constexpr, GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, GROUP: gl.constexpr,
+    BLOCK_K: gl.constexpr, ELEM_BITS: gl.constexpr,
 ):
-    # Each channel block's halo, PIECES pieces of GATHER_ROWS rows, a thread one row's BLOCK_K
-    # channels (each a constant offset from the row's address: the planes are packed, HW apart),
-    # into the block's buffer once its last products have finished.
-    HW: gl.constexpr = H * W
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
+    # Each channel block's halo, PIECES pieces of GATHER_ROWS rows (GROUP of them loaded before any is
+    # stored: a store waits for every load in flight), into the block's buffer once its last products
+    # have finished. A thread gathers one row's channels, 8 at a time (16-byte shared stores); a warp's
+    # load is 32 neighbouring halo rows of one channel.
+    layout: gl.constexpr = gl.BlockedLayout(
+        [1, 8], [32, 1], [GATHER_ROWS // 32, gl.num_warps() * 32 // GATHER_ROWS], [1, 0]
+    )
+    halo_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
+    pieces = halos.{reinterpret}(halos.dtype, [2 * HALO // GATHER_ROWS, GATHER_ROWS, BLOCK_K], halo_layout)
     chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
     for cb in range(num_cb):
         buf = cb % 2
-        block = x_img + cb * (BLOCK_K * HW)
-        for piece in gl.static_range(PIECES):
-            # halo row r: phase q (a row parity, b column parity), its row u and column v
-            r = piece * GATHER_ROWS + gl.arange(0, GATHER_ROWS, layout=gl.SliceLayout(1, layout))
-            q = r // PHASE_ROWS
-            u = (r % PHASE_ROWS) // P
-            v = r % P
-            ih = STRIDE * (oh0 + u - 1) + q // STRIDE
-            iw = STRIDE * (v - 1) + q % STRIDE
-            inside = (q < STRIDE * STRIDE) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-            rows = gl.where(inside, ih * W + iw, 0)
-            vals = gl.load(block + rows[:, None] + chans[None, :] * HW, mask=inside[:, None], other=0.0)
-            if piece == 0:  # the block's buffer is free once the products of the block two before have finished
+        block = x_img + cb * (BLOCK_K * H * W)
+        for g in gl.static_range(0, PIECES, GROUP):
+            vals = ()
+            for j in gl.static_range(GROUP):
+                if g + j < PIECES:
+                    vals = vals + (
+                        _gather_piece(block, (g + j) * GATHER_ROWS, oh0, chans, layout, H, W, STRIDE, P, PHASE_ROWS,
+                                      GATHER_ROWS),
+                    )
+            if g == 0:  # the block's buffer is free once the products of the block two before have finished
                 mbarrier.wait(halo_empty.index(buf), ((cb // 2) & 1) ^ 1)
-            halos.index(buf).slice(piece * GATHER_ROWS, GATHER_ROWS).store(vals)
+            for j in gl.static_range(GROUP):
+                if g + j < PIECES:
+                    pieces.index(buf * (HALO // GATHER_ROWS) + g + j).store(vals[j])
         fence_async_shared()  # the stores, before wgmma reads them through the async proxy
         mbarrier.arrive(halo_ready.index(buf))
 
 
 @gluon.jit
-def _shifted(buf, shift: gl.constexpr, HALO: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr,
-             layout: gl.constexpr):
-    # rows shift .. shift + PIXELS of a [HALO, BLOCK_K] buffer as a [PIXELS, BLOCK_K] view: the view of
-    # one row at ``shift`` (an index of the buffer seen as [HALO, 1, BLOCK_K], plain rows: only its
+def _shifted(buf, shift, ROWS: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, layout: gl.constexpr):
+    # rows shift .. shift + PIXELS of a [ROWS, BLOCK_K] buffer as a [PIXELS, BLOCK_K] view: the view of
+    # one row at ``shift`` (an index of the buffer seen as [ROWS, 1, BLOCK_K], plain rows: only its
     # address counts, and later Tritons refuse a one-row view in the swizzled layout) seen again as
     # PIXELS swizzled rows
     rows: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
-    one_row = buf.{reinterpret}(buf.dtype, [HALO, 1, BLOCK_K], rows).index(shift)
+    one_row = buf.{reinterpret}(buf.dtype, [ROWS, 1, BLOCK_K], rows).index(shift)
     return one_row.{reinterpret}(buf.dtype, [PIXELS, BLOCK_K], layout)
 
 
@@ -156,7 +178,7 @@ def _mma_partition(
             s = cb * 9 + t
             stage = s % NUM_STAGES
             mbarrier.wait(ready.index(stage), (s // NUM_STAGES) & 1)
-            view = _shifted(halos.index(buf), start, HALO, PIXELS, BLOCK_K, halo_layout)
+            view = _shifted(halos, buf * HALO + start, 2 * HALO, PIXELS, BLOCK_K, halo_layout)
             acc = warpgroup_mma(w_bufs.index(stage), view.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             # the product of the step before has finished: its weights' stage may be refilled, and at
@@ -175,7 +197,7 @@ def gluon_halo_kernel(
     C, K, sxn, syn, syc, syh, syw, spn, spc, sph, spw,
     H: gl.constexpr, W: gl.constexpr, OH: gl.constexpr, OW: gl.constexpr, STRIDE: gl.constexpr,
     P: gl.constexpr, TILE_H: gl.constexpr, PHASE_ROWS: gl.constexpr, HALO: gl.constexpr,
-    GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, PIXELS: gl.constexpr, BLOCK_N: gl.constexpr,
+    GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, GROUP: gl.constexpr, PIXELS: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr,
     GATHER_REGS: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
@@ -189,7 +211,8 @@ def gluon_halo_kernel(
     k0 = gl.program_id(1) * BLOCK_N
 
     halo_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
-    halos = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2, HALO, BLOCK_K], halo_layout)
+    # the two halo buffers one after another (HALO rows each, whole pieces: not a power of two)
+    halos = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2 * HALO, BLOCK_K], halo_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
@@ -215,8 +238,8 @@ def gluon_halo_kernel(
             (_weights_partition, (w_desc, w_bufs, ready, empty, k0, C, num_cb * 9, NUM_STAGES, BLOCK_K)),
             (
                 _gather_partition,
-                (x_img, halos, halo_ready, halo_empty, oh0, num_cb, H, W, STRIDE, P, PHASE_ROWS, GATHER_ROWS, PIECES,
-                 BLOCK_K),
+                (x_img, halos, halo_ready, halo_empty, oh0, num_cb, H, W, STRIDE, P, PHASE_ROWS, HALO, GATHER_ROWS,
+                 PIECES, GROUP, BLOCK_K, ELEM_BITS),
             ),
         ],
         [1, GATHER_WARPS],
@@ -264,10 +287,11 @@ def render_gluon_halo_source(spec: PlanSpec, stages: list[Stage]) -> str:
 
 @dataclass(frozen=True)
 class HaloGeometry:
-    """Where a program's halo lies: pitch P, TILE_H output rows a band, PIXELS slots a tile (a power
-    of two of at least TILE_H * P), PHASE_ROWS rows a phase (stride 2), HALO rows a buffer (a power
-    of two holding the furthest tap's view), the gathered rows as PIECES pieces of GATHER_ROWS
-    rows (32 a gathering warp)."""
+    """Where a program's halo lies: pitch P (OW + 1: one padding column between rows), TILE_H output
+    rows a band, PIXELS slots a tile (a power of two of at least TILE_H * P), PHASE_ROWS rows a
+    phase (stride 2; at stride 1 the whole buffer), HALO rows a buffer (holding the furthest tap's
+    view, whole pieces), the gathered rows as PIECES pieces of GATHER_ROWS rows by GATHER_WARPS
+    warps, GROUP pieces loaded before any is stored."""
 
     stride: int
     p: int
@@ -276,11 +300,9 @@ class HaloGeometry:
     phase_rows: int
     halo: int
     gather_warps: int
+    gather_rows: int
     pieces: int
-
-    @property
-    def gather_rows(self) -> int:
-        return 32 * self.gather_warps
+    group: int
 
     @property
     def computing_warps(self) -> int:
@@ -288,14 +310,14 @@ class HaloGeometry:
         return 4 if self.pixels == 64 else 8
 
 
-def pow2_at_least(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
-def halo_geometry(oh: int, ow: int, stride: int, pixels: int | None = None) -> HaloGeometry:
+def halo_geometry(
+    oh: int, ow: int, stride: int, pixels: int | None = None, block_n: int = 128, stages: int = 4
+) -> HaloGeometry:
     """The halo of an output plane of ``oh`` x ``ow`` at ``stride`` for tiles of ``pixels`` slots
-    (default: 64 where the whole plane fits them, else 128)."""
-    p = pow2_at_least(ow + 1)  # one padding column between rows
+    (default: 64 where the whole plane fits them, else 128), pieces of 256 rows (8 gathering warps)
+    where the buffers then fit the shared memory beside a ring of ``stages`` stages of ``block_n``
+    channels, else of 128; 4 gathering warps where 128 rows hold what is gathered."""
+    p = ow + 1
     if pixels is None:
         pixels = 64 if oh * p <= 64 else 128
     tile_h = min(oh, pixels // p)
@@ -303,16 +325,21 @@ def halo_geometry(oh: int, ow: int, stride: int, pixels: int | None = None) -> H
         # the band's rows, then the right padding of its last row (the next row's first column)
         gathered = (tile_h + 2) * p + 1
         furthest = 2 * p + 2  # tap (2, 2)
-        phase_rows = pow2_at_least(max(gathered, furthest + pixels))
     else:
         # a phase's rows 0 .. TILE_H (phase row -1 first), whole 8-row swizzle patterns
         phase_rows = -(-(tile_h + 1) * p // 8) * 8
         gathered = 4 * phase_rows
         furthest = 3 * phase_rows + p + 1  # tap (0, 0): the odd rows' odd columns, shifted by one of each
-    halo = pow2_at_least(max(gathered, furthest + pixels))
-    gather_warps = 4 if gathered <= 128 else 8
-    pieces = -(-gathered // (32 * gather_warps))
-    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, gather_warps, pieces)
+    needed = max(gathered, furthest + pixels)
+    warps = 4 if gathered <= 128 else 8
+    for rows in (128,) if warps == 4 else (256, 128):
+        halo = -(-needed // rows) * rows
+        if (2 * halo + stages * block_n) * BLOCK_K * 2 <= SHARED_BYTES:
+            break
+    # about 64 loaded values a gathering thread in flight
+    group = max(1, 64 * 32 * warps // (rows * BLOCK_K))
+    phase_rows = halo if stride == 1 else phase_rows
+    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, -(-gathered // rows), group)
 
 
 def shared_bytes(geo: HaloGeometry, block_n: int, stages: int, size: int = 2) -> int:
@@ -321,18 +348,25 @@ def shared_bytes(geo: HaloGeometry, block_n: int, stages: int, size: int = 2) ->
 
 
 def halo_config(spec: PlanSpec) -> tuning.ConvConfig:
-    """The kernel's configuration: tiles of halo_geometry's slots (64 where 128-slot tiles' halo
-    buffers would not fit the shared memory beside the ring) by tuning.GLUON_HALO_BLOCK_N output
-    channels (64 where K is at most 64), tuning.GLUON_HALO_STAGES weights stages."""
+    """The kernel's configuration: tiles of halo_geometry's slots by tuning.GLUON_HALO_BLOCK_N output
+    channels (64 where K is at most 64) and tuning.GLUON_HALO_STAGES weights stages; where those
+    buffers do not fit the shared memory, fewer stages (3, then 2), then 64-slot tiles."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, oh, ow = conv.output_desc.dims[1:]
+    stride = conv.conv.strides[0]
     block_n = 64 if k <= 64 else tuning.GLUON_HALO_BLOCK_N
+    first = halo_geometry(oh, ow, stride).pixels
     stages = tuning.GLUON_HALO_STAGES
-    geo = halo_geometry(oh, ow, conv.conv.strides[0])
-    if geo.pixels == 128 and shared_bytes(geo, block_n, stages) > SHARED_BYTES:
-        geo = halo_geometry(oh, ow, conv.conv.strides[0], 64)
-    return tuning.ConvConfig(geo.pixels, block_n, BLOCK_K, 8, geo.computing_warps, stages, 1)
+    fits = [
+        (pixels, ring)
+        for pixels in dict.fromkeys((first, 64))
+        for ring in dict.fromkeys((stages, min(stages, 3), 2))
+        if shared_bytes(halo_geometry(oh, ow, stride, pixels, block_n, ring), block_n, ring) <= SHARED_BYTES
+    ]
+    pixels, ring = fits[0] if fits else (first, stages)  # (halo_why_not says why none fits)
+    warps = halo_geometry(oh, ow, stride, pixels, block_n, ring).computing_warps
+    return tuning.ConvConfig(pixels, block_n, BLOCK_K, 8, warps, ring, 1)
 
 
 #: Triton versions (major.minor) whose Gluon takes the halo's shifted views: 3.6. Triton 3.9 refuses
@@ -380,7 +414,7 @@ def halo_why_not(spec: PlanSpec) -> str | None:
     if ow > 127:
         return f"output rows of {ow} pixels: a tile holds whole rows of at most 127 (a pitch of 128)"
     cfg = halo_config(spec)
-    geo = halo_geometry(oh, ow, stride[0], cfg.block_m)
+    geo = halo_geometry(oh, ow, stride[0], cfg.block_m, cfg.block_n, cfg.num_stages)
     if shared_bytes(geo, cfg.block_n, cfg.num_stages) > SHARED_BYTES:
         return (
             f"halo buffers of {geo.halo} rows and {cfg.num_stages} weights stages: "
@@ -430,7 +464,7 @@ class GluonHaloKernel(TritonConvKernel):
 
     def geometry_of(self, cfg: tuning.ConvConfig) -> HaloGeometry:
         oh, ow = self.out_hw
-        return halo_geometry(oh, ow, self.conv_args[2], cfg.block_m)
+        return halo_geometry(oh, ow, self.conv_args[2], cfg.block_m, cfg.block_n, cfg.num_stages)
 
     def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
         geo = self.geometry_of(cfg)
@@ -471,6 +505,7 @@ class GluonHaloKernel(TritonConvKernel):
             geo.halo,
             geo.gather_rows,
             geo.pieces,
+            geo.group,
             geo.pixels,
             cfg.block_n,
             BLOCK_K,
