@@ -291,7 +291,7 @@ class HaloGeometry:
     rows a band, PIXELS slots a tile (a power of two of at least TILE_H * P), PHASE_ROWS rows a
     phase (stride 2; at stride 1 the whole buffer), HALO rows a buffer (holding the furthest tap's
     view, whole pieces), the gathered rows as PIECES pieces of GATHER_ROWS rows by GATHER_WARPS
-    warps, GROUP pieces loaded before any is stored."""
+    warps, GROUP pieces loaded before any is stored; tiles of BLOCK_N output channels."""
 
     stride: int
     p: int
@@ -304,10 +304,13 @@ class HaloGeometry:
     pieces: int
     group: int
 
+    block_n: int
+
     @property
     def computing_warps(self) -> int:
-        """One warpgroup for 64 slots, two for 128 (each its 64 channels of the tile's 128)."""
-        return 4 if self.pixels == 64 else 8
+        """One warpgroup for tiles of up to 64 x 128 (64 accumulator values a thread), else two, each
+        its half of the tile's output channels."""
+        return 4 if self.pixels * self.block_n <= 64 * 128 else 8
 
 
 def halo_geometry(
@@ -339,7 +342,8 @@ def halo_geometry(
     # about 64 loaded values a gathering thread in flight
     group = max(1, 64 * 32 * warps // (rows * BLOCK_K))
     phase_rows = halo if stride == 1 else phase_rows
-    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, -(-gathered // rows), group)
+    pieces = -(-gathered // rows)
+    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, pieces, group, block_n)
 
 
 def shared_bytes(geo: HaloGeometry, block_n: int, stages: int, size: int = 2) -> int:
