@@ -68,6 +68,56 @@ def shift_check_kernel(x_ptr, w_ptr, out_ptr, SHIFT: gl.constexpr, SWZ: gl.const
 
 
 @gluon.jit
+def _tile_origin(H: gl.constexpr, TILE_H: gl.constexpr, BLOCK_N: gl.constexpr):
+    # the program's image, first output row and first output channel
+    bands: gl.constexpr = (H + TILE_H - 1) // TILE_H
+    pid = gl.program_id(0)
+    return pid // bands, (pid % bands) * TILE_H, gl.program_id(1) * BLOCK_N
+
+
+@gluon.jit
+def _halo_rows(oh0, H: gl.constexpr, W: gl.constexpr, P: gl.constexpr, HALO: gl.constexpr, BLOCK_K: gl.constexpr):
+    # a thread gathers one halo row's BLOCK_K channels (8 at a time: 16-byte shared stores); a
+    # warp's load is 32 neighbouring halo rows of one channel: each row's offset in a plane, whether
+    # it lies in the image, and the channels
+    gather_l: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
+    rows = gl.arange(0, HALO, layout=gl.SliceLayout(1, gather_l))
+    ih = oh0 + rows // P - 1
+    iw = rows % P - 1
+    rows_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+    return gl.where(rows_ok, ih * W + iw, 0), rows_ok, gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, gather_l))
+
+
+@gluon.jit
+def _bias_relu_store(
+    acc,
+    b_ptr,
+    y_ptr,
+    n,
+    oh0,
+    k0,
+    K,
+    H: gl.constexpr,
+    W: gl.constexpr,
+    P: gl.constexpr,
+    TILE_H: gl.constexpr,
+    PIXELS: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+):
+    # the [channels, slots] tile + bias, ReLU, into the NCHW output (slot i * P + j: pixel (oh0 + i, j))
+    acc_l: gl.constexpr = acc.type.layout
+    ch = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+    slot = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, acc_l))
+    oh = oh0 + slot // P
+    ow = slot % P
+    valid = (slot // P < TILE_H) & (oh < H) & (ow < W)
+    h = gl.maximum(acc + gl.load(b_ptr + ch)[:, None], 0.0)
+    y_img = y_ptr + n.to(gl.int64) * K * (H * W)
+    mask = valid[None, :] & (ch < K)[:, None]
+    gl.store(y_img + ch[:, None] * (H * W) + (oh * W + ow)[None, :], h.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
 def _gather_halo(x_img, rows_off, rows_ok, chans, c0, HW: gl.constexpr):
     # the halo's [HALO, BLOCK_K] elements of channels c0.. (zero where the row is padding)
     # (the block's first plane as one scalar: each thread's channels are constant offsets from it)
@@ -101,11 +151,7 @@ def halo_conv_kernel(
     W_STAGES: gl.constexpr,
 ):
     HW: gl.constexpr = H * W
-    bands: gl.constexpr = (H + TILE_H - 1) // TILE_H
-    pid = gl.program_id(0)
-    n = pid // bands
-    oh0 = (pid % bands) * TILE_H
-    k0 = gl.program_id(1) * BLOCK_N
+    n, oh0, k0 = _tile_origin(H, TILE_H, BLOCK_N)
     dtype: gl.constexpr = w_desc.dtype
 
     halo_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -121,15 +167,7 @@ def halo_conv_kernel(
     for i in gl.static_range(W_STAGES - 1):
         _request_weights(w_desc, w_bufs, ready, i, k0, C, W_STAGES, BLOCK_K)
 
-    # a thread gathers one halo row's BLOCK_K channels (8 at a time: 16-byte shared stores); a
-    # warp's load is 32 neighbouring halo rows of one channel
-    gather_l: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
-    rows = gl.arange(0, HALO, layout=gl.SliceLayout(1, gather_l))
-    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, gather_l))
-    ih = oh0 + rows // P - 1
-    iw = rows % P - 1
-    rows_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    rows_off = gl.where(rows_ok, ih * W + iw, 0)
+    rows_off, rows_ok, chans = _halo_rows(oh0, H, W, P, HALO, BLOCK_K)
     x_img = x_ptr + n.to(gl.int64) * C * HW
 
     halos.index(0).store(_gather_halo(x_img, rows_off, rows_ok, chans, 0, HW))
@@ -161,14 +199,7 @@ def halo_conv_kernel(
     for i in gl.static_range(W_STAGES):
         mbarrier.invalidate(ready.index(i))
 
-    ch = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    slot = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, acc_l))
-    oh = oh0 + slot // P
-    ow = slot % P
-    valid = (slot // P < TILE_H) & (oh < H) & (ow < W)
-    h = gl.maximum(acc + gl.load(b_ptr + ch)[:, None], 0.0)
-    y_img = y_ptr + n.to(gl.int64) * K * HW
-    gl.store(y_img + ch[:, None] * HW + (oh * W + ow)[None, :], h.to(dtype), mask=valid[None, :] & (ch < K)[:, None])
+    _bias_relu_store(acc, b_ptr, y_ptr, n, oh0, k0, K, H, W, P, TILE_H, PIXELS, BLOCK_N)
 
 
 @gluon.jit
@@ -202,13 +233,7 @@ def _ws_mma_partition(
     # the computing warps gather each block's halo themselves, under the block before's products
     HW: gl.constexpr = H * W
     halo_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    gather_l: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
-    rows = gl.arange(0, HALO, layout=gl.SliceLayout(1, gather_l))
-    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, gather_l))
-    ih = oh0 + rows // P - 1
-    iw = rows % P - 1
-    rows_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    rows_off = gl.where(rows_ok, ih * W + iw, 0)
+    rows_off, rows_ok, chans = _halo_rows(oh0, H, W, P, HALO, BLOCK_K)
     halos.index(0).store(_gather_halo(x_img, rows_off, rows_ok, chans, 0, HW))
     fence_async_shared()
     gl.thread_barrier()
@@ -252,11 +277,7 @@ def halo_ws_kernel(
     W_STAGES: gl.constexpr,
 ):
     HW: gl.constexpr = H * W
-    bands: gl.constexpr = (H + TILE_H - 1) // TILE_H
-    pid = gl.program_id(0)
-    n = pid // bands
-    oh0 = (pid % bands) * TILE_H
-    k0 = gl.program_id(1) * BLOCK_N
+    n, oh0, k0 = _tile_origin(H, TILE_H, BLOCK_N)
     dtype: gl.constexpr = w_desc.dtype
     halo_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     halos = gl.allocate_shared_memory(dtype, [2, HALO, BLOCK_K], halo_l)
@@ -283,17 +304,7 @@ def halo_ws_kernel(
     for i in gl.static_range(W_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 16]
-    )
-    ch = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    slot = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, acc_l))
-    oh = oh0 + slot // P
-    ow = slot % P
-    valid = (slot // P < TILE_H) & (oh < H) & (ow < W)
-    h = gl.maximum(acc + gl.load(b_ptr + ch)[:, None], 0.0)
-    y_img = y_ptr + n.to(gl.int64) * K * HW
-    gl.store(y_img + ch[:, None] * HW + (oh * W + ow)[None, :], h.to(dtype), mask=valid[None, :] & (ch < K)[:, None])
+    _bias_relu_store(acc, b_ptr, y_ptr, n, oh0, k0, K, H, W, P, TILE_H, PIXELS, BLOCK_N)
 
 
 @gluon.jit
@@ -312,13 +323,7 @@ def _g_gather_partition(
 ):
     # gathering warps of their own: their loads' scoreboard never holds up the products
     HW: gl.constexpr = H * W
-    gather_l: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [gl.num_warps(), 1], [1, 0])
-    rows = gl.arange(0, HALO, layout=gl.SliceLayout(1, gather_l))
-    chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, gather_l))
-    ih = oh0 + rows // P - 1
-    iw = rows % P - 1
-    rows_ok = (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-    rows_off = gl.where(rows_ok, ih * W + iw, 0)
+    rows_off, rows_ok, chans = _halo_rows(oh0, H, W, P, HALO, BLOCK_K)
     for cb in range(num_cb):
         buf = cb % 2
         vals = _gather_halo(x_img, rows_off, rows_ok, chans, cb * BLOCK_K, HW)
@@ -386,11 +391,7 @@ def halo_g_kernel(
     GATHER_REGS: gl.constexpr,
 ):
     HW: gl.constexpr = H * W
-    bands: gl.constexpr = (H + TILE_H - 1) // TILE_H
-    pid = gl.program_id(0)
-    n = pid // bands
-    oh0 = (pid % bands) * TILE_H
-    k0 = gl.program_id(1) * BLOCK_N
+    n, oh0, k0 = _tile_origin(H, TILE_H, BLOCK_N)
     dtype: gl.constexpr = w_desc.dtype
     halo_l: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     halos = gl.allocate_shared_memory(dtype, [2, HALO, BLOCK_K], halo_l)
@@ -440,17 +441,7 @@ def halo_g_kernel(
     for i in gl.static_range(2):
         mbarrier.invalidate(halo_ready.index(i))
         mbarrier.invalidate(halo_empty.index(i))
-    acc_l: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[gl.num_warps(), 1], instr_shape=[16, PIXELS, 16]
-    )
-    ch = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
-    slot = gl.arange(0, PIXELS, layout=gl.SliceLayout(0, acc_l))
-    oh = oh0 + slot // P
-    ow = slot % P
-    valid = (slot // P < TILE_H) & (oh < H) & (ow < W)
-    h = gl.maximum(acc + gl.load(b_ptr + ch)[:, None], 0.0)
-    y_img = y_ptr + n.to(gl.int64) * K * HW
-    gl.store(y_img + ch[:, None] * HW + (oh * W + ow)[None, :], h.to(dtype), mask=valid[None, :] & (ch < K)[:, None])
+    _bias_relu_store(acc, b_ptr, y_ptr, n, oh0, k0, K, H, W, P, TILE_H, PIXELS, BLOCK_N)
 
 
 def shift_check() -> None:
