@@ -672,14 +672,16 @@ GLUON_PLANE_CHUNKS_IMAGE_TILES = 0
 #: by whole rows) takes output planes of at most GLUON_HALO_MAX_PLANE pixels at stride 1 and
 #: GLUON_HALO_STRIDED_MAX_PLANE at stride 2, where it measured faster than the gather kernels (H100,
 #: fp16 CBNA, batch 32, CUDA-graph replay, 3 rounds; bench/NOTES.md section 57): r50_22 29.5 ->
-#: 18.3 us, r50_16 20.5 -> 16.7, r50_10 27.0 -> 21.1, r50_18 34.5 -> 22.6; not r50_12 (26.5 against
-#: 29.9) nor r50_06 (29.3 / 34.6), whose halos take 64-slot tiles to fit the shared memory. Tiles
-#: of GLUON_HALO_BLOCK_N output channels, a weights ring of GLUON_HALO_STAGES stages.
+#: 18.3 us, r50_16 20.5 -> 16.7, r50_10 27.0 -> 21.1, r50_18 34.5 -> 22.6; not r50_12 (26.8 against
+#: 26.5: four phases of 136 rows, 3 weights stages beside two 640-row halos) nor r50_06 (39.0 /
+#: 29.3). Tiles of GLUON_HALO_BLOCK_N output channels (256 spills: 3-6x slower), a weights ring of
+#: GLUON_HALO_STAGES stages (fewer where the halos leave no room).
 GLUON_HALO = True
 GLUON_HALO_MAX_PLANE = 784
 GLUON_HALO_STRIDED_MAX_PLANE = 49
 GLUON_HALO_BLOCK_N = 128
 GLUON_HALO_STAGES = 4
+
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
 #: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->
