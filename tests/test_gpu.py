@@ -1102,11 +1102,12 @@ GLUON_HALO_CASES = {
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_HALO_CASES))
-def test_gluon_halo_tiles(case, precision):
+def test_gluon_halo_tiles(case, precision, monkeypatch):
     """gluon-halo (each channel block's halo gathered once, the nine taps as views of it shifted by
     whole rows; stride 2 as four phases) over 64- and 128-slot tiles where they fit, 64, 128 and 256
-    output channels, weights rings of 2 to 6 stages (halos of 256- or 128-row pieces, loaded one or
-    two at a time), output in planes and channels-last, with and without a prior."""
+    output channels, weights rings of 2 to 6 stages, two or three halo buffers (of 256- or 128-row
+    pieces, loaded one or two at a time), output in planes and channels-last, with and without a
+    prior."""
     from fusionplan.solvers import gluon_halo
 
     n, c, h, w, k, stride = GLUON_HALO_CASES[case]
@@ -1121,6 +1122,7 @@ def test_gluon_halo_tiles(case, precision):
     for pixels in (64, 128):
         for block_n in (64, 128, 256):
             stages = rng.choice((2, 3, 4, 6))
+            monkeypatch.setattr(fp.tuning, "GLUON_HALO_BUFFERS", rng.choice((2, 3)))
             geo = gluon_halo.halo_geometry(oh, ow, stride, pixels, block_n, stages)
             if geo.tile_h == 0 or gluon_halo.shared_bytes(geo, block_n, stages) > gluon_halo.SHARED_BYTES:
                 continue

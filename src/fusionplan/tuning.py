@@ -681,6 +681,10 @@ GLUON_HALO_MAX_PLANE = 784
 GLUON_HALO_STRIDED_MAX_PLANE = 49
 GLUON_HALO_BLOCK_N = 128
 GLUON_HALO_STAGES = 4
+#: Halo buffers a program cycles through: the gathering partition runs BUFFERS - 1 channel blocks
+#: ahead of the products. Three measured no faster (r50_18 22.5 us against 22.5, r50_22 18.4 / 18.4,
+#: r50_16 16.6 / 16.6, r50_10 21.1 / 20.7; bench/NOTES.md section 57).
+GLUON_HALO_BUFFERS = 2
 
 #: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
 #: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output

@@ -105,8 +105,8 @@ def _gather_piece(
 def _gather_partition(
     x_img, halos, halo_ready, halo_empty, oh0, num_cb,
     H: gl.constexpr, W: gl.constexpr, STRIDE: gl.constexpr, P: gl.constexpr, PHASE_ROWS: gl.constexpr,
-    HALO: gl.constexpr, GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, GROUP: gl.constexpr,
-    BLOCK_K: gl.constexpr, ELEM_BITS: gl.constexpr,
+    HALO: gl.constexpr, BUFFERS: gl.constexpr, GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr,
+    GROUP: gl.constexpr, BLOCK_K: gl.constexpr, ELEM_BITS: gl.constexpr,
 ):
     # Each channel block's halo, PIECES pieces of GATHER_ROWS rows (GROUP of them loaded before any is
     # stored: a store waits for every load in flight), into the block's buffer once its last products
@@ -116,10 +116,10 @@ def _gather_partition(
         [1, 8], [32, 1], [GATHER_ROWS // 32, gl.num_warps() * 32 // GATHER_ROWS], [1, 0]
     )
     halo_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
-    pieces = halos.{reinterpret}(halos.dtype, [2 * HALO // GATHER_ROWS, GATHER_ROWS, BLOCK_K], halo_layout)
+    pieces = halos.{reinterpret}(halos.dtype, [BUFFERS * HALO // GATHER_ROWS, GATHER_ROWS, BLOCK_K], halo_layout)
     chans = gl.arange(0, BLOCK_K, layout=gl.SliceLayout(0, layout))
     for cb in range(num_cb):
-        buf = cb % 2
+        buf = cb % BUFFERS
         block = x_img + cb * (BLOCK_K * H * W)
         for g in gl.static_range(0, PIECES, GROUP):
             vals = ()
@@ -129,8 +129,8 @@ def _gather_partition(
                         _gather_piece(block, (g + j) * GATHER_ROWS, oh0, chans, layout, H, W, STRIDE, P, PHASE_ROWS,
                                       GATHER_ROWS),
                     )
-            if g == 0:  # the block's buffer is free once the products of the block two before have finished
-                mbarrier.wait(halo_empty.index(buf), ((cb // 2) & 1) ^ 1)
+            if g == 0:  # the block's buffer is free once the products of the block BUFFERS before have finished
+                mbarrier.wait(halo_empty.index(buf), ((cb // BUFFERS) & 1) ^ 1)
             for j in gl.static_range(GROUP):
                 if g + j < PIECES:
                     pieces.index(buf * (HALO // GATHER_ROWS) + g + j).store(vals[j])
@@ -152,8 +152,9 @@ def _shifted(buf, shift, ROWS: gl.constexpr, PIXELS: gl.constexpr, BLOCK_K: gl.c
 @gluon.jit
 def _mma_partition(
     halos, w_bufs, ready, empty, halo_ready, halo_empty, num_cb,
-    STRIDE: gl.constexpr, P: gl.constexpr, PHASE_ROWS: gl.constexpr, HALO: gl.constexpr, PIXELS: gl.constexpr,
-    BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr,
+    STRIDE: gl.constexpr, P: gl.constexpr, PHASE_ROWS: gl.constexpr, HALO: gl.constexpr, BUFFERS: gl.constexpr,
+    PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
+    ELEM_BITS: gl.constexpr,
 ):
     # [channels, pixels] = weights @ halo^T, both read by wgmma from shared memory, one product in flight
     halo_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
@@ -162,8 +163,8 @@ def _mma_partition(
     )
     acc = gl.zeros((BLOCK_N, PIXELS), gl.float32, acc_layout)
     for cb in range(num_cb):
-        buf = cb % 2
-        mbarrier.wait(halo_ready.index(buf), (cb // 2) & 1)
+        buf = cb % BUFFERS
+        mbarrier.wait(halo_ready.index(buf), (cb // BUFFERS) & 1)
         for t in gl.static_range(9):
             # tap (dh, dw) reads input row STRIDE * i + dh - 1: phase a = (dh - 1) mod STRIDE, shifted
             # du = (dh - 1 - a) / STRIDE rows (0 or -1), and alike along the columns
@@ -178,14 +179,14 @@ def _mma_partition(
             s = cb * 9 + t
             stage = s % NUM_STAGES
             mbarrier.wait(ready.index(stage), (s // NUM_STAGES) & 1)
-            view = _shifted(halos, buf * HALO + start, 2 * HALO, PIXELS, BLOCK_K, halo_layout)
+            view = _shifted(halos, buf * HALO + start, BUFFERS * HALO, PIXELS, BLOCK_K, halo_layout)
             acc = warpgroup_mma(w_bufs.index(stage), view.permute((1, 0)), acc, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=[acc])
             # the product of the step before has finished: its weights' stage may be refilled, and at
             # a block's first tap the block before's halo buffer
             mbarrier.arrive(empty.index((s + NUM_STAGES - 1) % NUM_STAGES), pred=s > 0)
             if t == 0:
-                mbarrier.arrive(halo_empty.index(1 - buf), pred=cb > 0)
+                mbarrier.arrive(halo_empty.index((cb + BUFFERS - 1) % BUFFERS), pred=cb > 0)
     acc = warpgroup_mma_wait(num_outstanding=0, deps=[acc])
     return (acc,)
 
@@ -196,7 +197,7 @@ def gluon_halo_kernel(
     {stage_params}
     C, K, sxn, syn, syc, syh, syw, spn, spc, sph, spw,
     H: gl.constexpr, W: gl.constexpr, OH: gl.constexpr, OW: gl.constexpr, STRIDE: gl.constexpr,
-    P: gl.constexpr, TILE_H: gl.constexpr, PHASE_ROWS: gl.constexpr, HALO: gl.constexpr,
+    P: gl.constexpr, TILE_H: gl.constexpr, PHASE_ROWS: gl.constexpr, HALO: gl.constexpr, BUFFERS: gl.constexpr,
     GATHER_ROWS: gl.constexpr, PIECES: gl.constexpr, GROUP: gl.constexpr, PIXELS: gl.constexpr, BLOCK_N: gl.constexpr,
     BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr,
     GATHER_REGS: gl.constexpr, HAS_PRIOR: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
@@ -211,17 +212,17 @@ def gluon_halo_kernel(
     k0 = gl.program_id(1) * BLOCK_N
 
     halo_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=ELEM_BITS, rank=2)
-    # the two halo buffers one after another (HALO rows each, whole pieces: not a power of two)
-    halos = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [2 * HALO, BLOCK_K], halo_layout)
+    # the halo buffers one after another (HALO rows each, whole pieces: not a power of two)
+    halos = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [BUFFERS * HALO, BLOCK_K], halo_layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BLOCK_N, BLOCK_K], w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
-    halo_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    halo_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    halo_ready = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
+    halo_empty = gl.allocate_shared_memory(gl.int64, [BUFFERS, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-    for i in gl.static_range(2):
+    for i in gl.static_range(BUFFERS):
         mbarrier.init(halo_ready.index(i), count=1)
         mbarrier.init(halo_empty.index(i), count=1)
     fence_async_shared()
@@ -232,14 +233,14 @@ def gluon_halo_kernel(
         [
             (
                 _mma_partition,
-                (halos, w_bufs, ready, empty, halo_ready, halo_empty, num_cb, STRIDE, P, PHASE_ROWS, HALO, PIXELS,
-                 BLOCK_N, BLOCK_K, NUM_STAGES, ELEM_BITS),
+                (halos, w_bufs, ready, empty, halo_ready, halo_empty, num_cb, STRIDE, P, PHASE_ROWS, HALO, BUFFERS,
+                 PIXELS, BLOCK_N, BLOCK_K, NUM_STAGES, ELEM_BITS),
             ),
             (_weights_partition, (w_desc, w_bufs, ready, empty, k0, C, num_cb * 9, NUM_STAGES, BLOCK_K)),
             (
                 _gather_partition,
-                (x_img, halos, halo_ready, halo_empty, oh0, num_cb, H, W, STRIDE, P, PHASE_ROWS, HALO, GATHER_ROWS,
-                 PIECES, GROUP, BLOCK_K, ELEM_BITS),
+                (x_img, halos, halo_ready, halo_empty, oh0, num_cb, H, W, STRIDE, P, PHASE_ROWS, HALO, BUFFERS,
+                 GATHER_ROWS, PIECES, GROUP, BLOCK_K, ELEM_BITS),
             ),
         ],
         [1, GATHER_WARPS],
@@ -250,7 +251,7 @@ def gluon_halo_kernel(
     for i in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(ready.index(i))
         mbarrier.invalidate(empty.index(i))
-    for i in gl.static_range(2):
+    for i in gl.static_range(BUFFERS):
         mbarrier.invalidate(halo_ready.index(i))
         mbarrier.invalidate(halo_empty.index(i))
 
@@ -303,8 +304,8 @@ class HaloGeometry:
     gather_rows: int
     pieces: int
     group: int
-
     block_n: int
+    buffers: int
 
     @property
     def computing_warps(self) -> int:
@@ -318,8 +319,9 @@ def halo_geometry(
 ) -> HaloGeometry:
     """The halo of an output plane of ``oh`` x ``ow`` at ``stride`` for tiles of ``pixels`` slots
     (default: 64 where the whole plane fits them, else 128), pieces of 256 rows (8 gathering warps)
-    where the buffers then fit the shared memory beside a ring of ``stages`` stages of ``block_n``
-    channels, else of 128; 4 gathering warps where 128 rows hold what is gathered."""
+    where tuning.GLUON_HALO_BUFFERS buffers then fit the shared memory beside a ring of ``stages``
+    stages of ``block_n`` channels, else of 128; 4 gathering warps where 128 rows hold what is
+    gathered."""
     p = ow + 1
     if pixels is None:
         pixels = 64 if oh * p <= 64 else 128
@@ -334,21 +336,22 @@ def halo_geometry(
         gathered = 4 * phase_rows
         furthest = 3 * phase_rows + p + 1  # tap (0, 0): the odd rows' odd columns, shifted by one of each
     needed = max(gathered, furthest + pixels)
+    buffers = tuning.GLUON_HALO_BUFFERS
     warps = 4 if gathered <= 128 else 8
     for rows in (128,) if warps == 4 else (256, 128):
         halo = -(-needed // rows) * rows
-        if (2 * halo + stages * block_n) * BLOCK_K * 2 <= SHARED_BYTES:
+        if (buffers * halo + stages * block_n) * BLOCK_K * 2 <= SHARED_BYTES:
             break
     # about 64 loaded values a gathering thread in flight
     group = max(1, 64 * 32 * warps // (rows * BLOCK_K))
     phase_rows = halo if stride == 1 else phase_rows
     pieces = -(-gathered // rows)
-    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, pieces, group, block_n)
+    return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, pieces, group, block_n, buffers)
 
 
 def shared_bytes(geo: HaloGeometry, block_n: int, stages: int, size: int = 2) -> int:
-    """Shared memory of the two halo buffers and the weights' ring (rows of BLOCK_K elements)."""
-    return (2 * geo.halo + stages * block_n) * BLOCK_K * size
+    """Shared memory of the halo buffers and the weights' ring (rows of BLOCK_K elements)."""
+    return (geo.buffers * geo.halo + stages * block_n) * BLOCK_K * size
 
 
 def halo_config(spec: PlanSpec) -> tuning.ConvConfig:
@@ -507,6 +510,7 @@ class GluonHaloKernel(TritonConvKernel):
             geo.tile_h,
             geo.phase_rows,
             geo.halo,
+            geo.buffers,
             geo.gather_rows,
             geo.pieces,
             geo.group,
