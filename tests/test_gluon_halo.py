@@ -51,6 +51,15 @@ def test_why_not_names_what_is_missing():
     assert "output rows of 130 pixels" in reason(conv_plan(64, 4, 130))
 
 
+def test_wide_strided_planes_that_do_not_fit_say_why():
+    """Stride 2 onto rows of 100 pixels: the four phases of one output row (a pitch of 101) need halos
+    that do not fit the shared memory beside any ring in 128-slot tiles, and 64 slots cannot hold
+    a row: the plan is refused with the bytes, never given a tile of no rows."""
+    plan = conv_plan(64, 8, 200, stride=2)
+    assert "bytes of shared memory" in halo.halo_why_not(plan.spec())
+    assert halo.halo_config(plan.spec()).block_m == 128
+
+
 def test_in_the_registry_before_the_gather_kernels(monkeypatch):
     """Before gluon-nchw-regs and gluon-nchw, which took these layers before it; where it measured
     faster (stride 1 up to 28x28 planes, stride 2 on 7x7 outputs); a switch."""

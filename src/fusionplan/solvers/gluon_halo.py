@@ -368,6 +368,7 @@ def halo_config(spec: PlanSpec) -> tuning.ConvConfig:
     fits = [
         (pixels, ring)
         for pixels in dict.fromkeys((first, 64))
+        if pixels >= ow + 1  # a tile holds a whole row and its padding column
         for ring in dict.fromkeys((stages, min(stages, 3), 2))
         if shared_bytes(halo_geometry(oh, ow, stride, pixels, block_n, ring), block_n, ring) <= SHARED_BYTES
     ]
