@@ -154,6 +154,11 @@ def emulated_output(x: torch.Tensor, weight: torch.Tensor, stride: int, pixels: 
         (28, 28, 2, 64),
         (28, 28, 2, 128),
         (4, 6, 2, 64),
+        (1, 1, 1, 64),  # degenerate planes: a single pixel, a single row or column
+        (1, 5, 1, 64),
+        (6, 1, 1, 64),
+        (1, 1, 2, 64),
+        (3, 2, 2, 64),
     ],
 )
 def test_emulated_halo_matches_the_convolution(h, w, stride, pixels):
