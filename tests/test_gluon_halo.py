@@ -8,6 +8,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan import tuning
+from fusionplan.shapes import resnet50_layer
 from fusionplan.testing import add_chain
 
 from .test_gluon_nchw import layer
@@ -92,14 +93,13 @@ def test_geometry(name, p, tile_h, pixels, stages, phase_rows, rows, gather_rows
     plan = layer(name)
     cfg = halo.halo_config(plan.spec())
     oh, ow = plan.output_desc.dims[2:]
-    stride = 2 if name in ("r50_18", "r50_12", "r50_06") else 1
-    geo = halo.halo_geometry(oh, ow, stride, cfg.block_m, cfg.block_n, cfg.num_stages)
+    geo = halo.halo_geometry(oh, ow, resnet50_layer(name).stride, cfg.block_m, cfg.block_n, cfg.num_stages)
     assert (geo.p, geo.tile_h, geo.pixels, cfg.num_stages) == (p, tile_h, pixels, stages)
     assert (geo.phase_rows, geo.halo, geo.gather_rows, geo.pieces) == (phase_rows, rows, gather_rows, pieces)
     assert cfg.num_warps == geo.computing_warps and geo.halo % geo.gather_rows == 0
     # about 64 loaded values a gathering thread at once
     assert geo.group * geo.gather_rows * halo.BLOCK_K // (32 * geo.gather_warps) == 64
-    assert halo.shared_bytes(geo, cfg.block_n, cfg.num_stages) <= halo.SHARED_BYTES
+    assert halo.shared_bytes(geo, cfg.num_stages) <= halo.SHARED_BYTES
 
 
 def emulated_output(x: torch.Tensor, weight: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:

@@ -1124,7 +1124,7 @@ def test_gluon_halo_tiles(case, precision, monkeypatch):
             stages = rng.choice((2, 3, 4, 6))
             monkeypatch.setattr(fp.tuning, "GLUON_HALO_BUFFERS", rng.choice((2, 3)))
             geo = gluon_halo.halo_geometry(oh, ow, stride, pixels, block_n, stages)
-            if geo.tile_h == 0 or gluon_halo.shared_bytes(geo, block_n, stages) > gluon_halo.SHARED_BYTES:
+            if geo.tile_h == 0 or gluon_halo.shared_bytes(geo, stages) > gluon_halo.SHARED_BYTES:
                 continue
             kernel.config = fp.tuning.ConvConfig(pixels, block_n, 64, 8, geo.computing_warps, stages, 1)
             check_kernel_config(plan, handle, kernel, x, precision, rng)

@@ -340,7 +340,7 @@ def halo_geometry(
     warps = 4 if gathered <= 128 else 8
     for rows in (128,) if warps == 4 else (256, 128):
         halo = -(-needed // rows) * rows
-        if (buffers * halo + stages * block_n) * BLOCK_K * 2 <= SHARED_BYTES:
+        if ring_bytes(buffers, halo, block_n, stages) <= SHARED_BYTES:
             break
     # about 64 loaded values a gathering thread in flight
     group = max(1, 64 * 32 * warps // (rows * BLOCK_K))
@@ -349,9 +349,15 @@ def halo_geometry(
     return HaloGeometry(stride, p, tile_h, pixels, phase_rows, halo, warps, rows, pieces, group, block_n, buffers)
 
 
-def shared_bytes(geo: HaloGeometry, block_n: int, stages: int, size: int = 2) -> int:
-    """Shared memory of the halo buffers and the weights' ring (rows of BLOCK_K elements)."""
-    return (geo.buffers * geo.halo + stages * block_n) * BLOCK_K * size
+def ring_bytes(buffers: int, halo: int, block_n: int, stages: int) -> int:
+    """Shared memory of ``buffers`` halo buffers of ``halo`` rows and a weights ring of ``stages``
+    stages of ``block_n`` rows (rows of BLOCK_K 16-bit elements)."""
+    return (buffers * halo + stages * block_n) * BLOCK_K * 2
+
+
+def shared_bytes(geo: HaloGeometry, stages: int) -> int:
+    """Shared memory of ``geo``'s halo buffers beside a weights ring of ``stages`` stages."""
+    return ring_bytes(geo.buffers, geo.halo, geo.block_n, stages)
 
 
 def halo_config(spec: PlanSpec) -> tuning.ConvConfig:
@@ -370,7 +376,7 @@ def halo_config(spec: PlanSpec) -> tuning.ConvConfig:
         for pixels in dict.fromkeys((first, 64))
         if pixels >= ow + 1  # a tile holds a whole row and its padding column
         for ring in dict.fromkeys((stages, min(stages, 3), 2))
-        if shared_bytes(halo_geometry(oh, ow, stride, pixels, block_n, ring), block_n, ring) <= SHARED_BYTES
+        if shared_bytes(halo_geometry(oh, ow, stride, pixels, block_n, ring), ring) <= SHARED_BYTES
     ]
     pixels, ring = fits[0] if fits else (first, stages)  # (halo_why_not says why none fits)
     warps = halo_geometry(oh, ow, stride, pixels, block_n, ring).computing_warps
@@ -423,10 +429,11 @@ def halo_why_not(spec: PlanSpec) -> str | None:
         return f"output rows of {ow} pixels: a tile holds whole rows of at most 127 (a pitch of 128)"
     cfg = halo_config(spec)
     geo = halo_geometry(oh, ow, stride[0], cfg.block_m, cfg.block_n, cfg.num_stages)
-    if shared_bytes(geo, cfg.block_n, cfg.num_stages) > SHARED_BYTES:
+    needs = shared_bytes(geo, cfg.num_stages)
+    if needs > SHARED_BYTES:
         return (
             f"halo buffers of {geo.halo} rows and {cfg.num_stages} weights stages: "
-            f"{shared_bytes(geo, cfg.block_n, cfg.num_stages)} bytes of shared memory (> {SHARED_BYTES})"
+            f"{needs} bytes of shared memory (> {SHARED_BYTES})"
         )
     if c * h * w >= 2**31 or k * oh * ow >= 2**31:
         return "an image of 2^31 elements or more: the halo's offsets within an image are 32-bit"
