@@ -102,6 +102,21 @@ def test_geometry(name, p, tile_h, pixels, stages, phase_rows, rows, gather_rows
     assert halo.shared_bytes(geo, cfg.num_stages) <= halo.SHARED_BYTES
 
 
+@pytest.mark.parametrize("name", ["r50_22", "r50_18", "r50_12", "r50_06"])
+def test_find_tries_only_rings_that_fit(name):
+    """NORMAL find's candidates keep the heuristic's tile and take only the weights rings whose shared
+    memory fits beside its halos (r50_12's and r50_06's 640-row halos leave room for 3 stages)."""
+    plan = layer(name)
+    kernel = halo.GluonHaloSolver().build(plan.spec(), fp.Handle("cpu"))  # rendered, not compiled
+    cfg = halo.halo_config(plan.spec())
+    stages = [c.num_stages for c in kernel.candidates]
+    assert cfg.num_stages in stages and 2 in stages
+    for c in kernel.candidates:
+        assert (c.block_m, c.block_n, c.num_warps) == (cfg.block_m, cfg.block_n, cfg.num_warps)
+        assert halo.shared_bytes(kernel.geometry_of(c), c.num_stages) <= halo.SHARED_BYTES
+    assert (max(stages) == 3) == (name in ("r50_12", "r50_06"))
+
+
 def emulated_output(x: torch.Tensor, weight: torch.Tensor, stride: int, pixels: int) -> torch.Tensor:
     """What the kernel computes, in float64: for each image and band, each channel block's halo as the
     gathering partition builds it (the template's arithmetic; rows past the gathered pieces NaN, as

@@ -36,7 +36,7 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -470,9 +470,13 @@ class GluonHaloKernel(TritonConvKernel):
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
-        """NORMAL find's configurations: the heuristic's tile with other weights rings."""
+        """NORMAL find's configurations: the heuristic's tile with the other weights rings whose
+        shared memory fits beside its halos."""
         cfg = halo_config(self.spec)
-        return [tuning.ConvConfig(cfg.block_m, cfg.block_n, BLOCK_K, 8, cfg.num_warps, s, 1) for s in (3, 4, 6)]
+        fitting = [
+            s for s in (2, 3, 4, 6) if shared_bytes(self.geometry_of(replace(cfg, num_stages=s)), s) <= SHARED_BYTES
+        ]
+        return [replace(cfg, num_stages=s) for s in fitting]
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)
