@@ -24,6 +24,7 @@ from torch import nn
 
 import fusionplan as fp
 from fusionplan import solvers, tuning
+from fusionplan.api import empty_like_layout
 from fusionplan.enums import ActivationMode, DataType, Layout
 from fusionplan.ops import ConvForwardOp
 from fusionplan.shapes import ConvShape
@@ -247,8 +248,7 @@ def prepare(case: Case, device: torch.device, rotation_bytes: int, gen: torch.Ge
     out_bytes = math.prod(plan.output_desc.dims) * x0.element_size()
     copies = max(1, min(16, math.ceil(rotation_bytes / max(1, x0.numel() * x0.element_size() + out_bytes))))
     xs = [x0] + [random_tensor(plan.input_desc.dims, case.dtype, device, layout, gen=gen) for _ in range(copies - 1)]
-    fmt = torch.channels_last if layout == Layout.NHWC else torch.contiguous_format
-    ys = [torch.empty(plan.output_desc.dims, dtype=case.dtype, device=device, memory_format=fmt) for _ in xs]
+    ys = [empty_like_layout(plan.output_desc, device, layout) for _ in xs]
     args = random_args(plan, device, param_dtype=torch.float32, gen=gen)
     reference = reference_output(plan, x0, args)
     return PreparedCase(case, plan, args, xs, ys, reference)
