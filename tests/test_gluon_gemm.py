@@ -667,9 +667,10 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
     (the plane's pixels a constant of the source: the copying warps' addresses fit their registers),
     within sm_90's shared memory. Batch 3: 588 pixels, not a multiple of 16 (the masks still cover
     whole copies)."""
-    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\n" + layer_build(name, dtype, "CBNA", "NCHW", batch)
-    info = compile_sm90(build, "gluon-gemm")
+    switches = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\nfp.tuning.GLUON_GEMM_PLANE_PAIRS = False\n"
+    info = compile_sm90(switches + layer_build(name, dtype, "CBNA", "NCHW", batch), "gluon-gemm")
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_PAIRS", False)
     spec = layer(name, getattr(torch, dtype), batch, layout="NCHW").spec()
     pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
     assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]  # four copying warps
@@ -685,7 +686,7 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
     "name, copied, l1, deferred",
     [
         ("r50_13", True, True, False),  # 14x14: 8-byte copies, 128-pixel tiles in turn
-        ("r50_15", True, True, False),  # 96-pixel tiles
+        ("r50_15", False, True, False),  # 14x14 narrowing: plane pairs (their odd halves copied)
         ("r50_17", True, True, False),  # 192-pixel tiles
         ("r50_19", False, False, False),  # 7x7 planes of 98 bytes: gluon-gemm refuses them
         ("r50_11", True, False, False),  # 28x28: 16-byte copies in place of the boxes (K = C / 2)
@@ -696,13 +697,79 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
 )
 def test_planes_are_copied_where_measured_faster(name, copied, l1, deferred):
     """The defaults (tuning.GLUON_GEMM_PLANE_COPIES 2): 14x14 planes by 8-byte copies (through L1),
-    except in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels; planes of whole
+    except in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels, or as pairs where the
+    output is narrow (plane_pairs, whose odd halves also come through L1); planes of whole
     16-byte units by 16-byte copies where the output is at most tuning.GLUON_GEMM_COPY_MAX_WIDENING
     times as wide as the input, else by boxes."""
     spec = layer(name, layout="NCHW").spec()
     assert gluon_gemm.plane_copies(spec) == copied and gluon_gemm.copies_through_l1(spec) == l1
     why = gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS)
     assert (why is not None) == deferred
+
+
+@pytest.mark.parametrize(
+    "name, dtype, pairs",
+    [
+        ("r50_15", torch.float16, True),  # 14x14, K = C / 4
+        ("r50_15", torch.bfloat16, True),
+        ("r50_17", torch.float16, False),  # K = C / 2: all by copies
+        ("r50_13", torch.float16, False),  # K = 4 C
+        ("r50_11", torch.float16, False),  # 28x28: whole 16-byte planes
+        ("r50_21", torch.float16, False),  # 7x7: gluon-gemm refuses them
+    ],
+)
+def test_narrow_14x14_planes_come_as_pairs(name, dtype, pairs):
+    """tuning.GLUON_GEMM_PLANE_PAIRS: planes that start 8 bytes into a 16-byte unit every other channel
+    (14x14, 392 bytes) where the output has at most tuning.GLUON_GEMM_PAIRS_MAX_WIDENING times the
+    input's channels come as pairs (plane_pairs): not copied, each image padded to whole tiles as the
+    boxes' (r50_15's 128-pixel tiles: 256 rows an image)."""
+    spec = layer(name, dtype, layout="NCHW").spec()
+    assert gluon_gemm.plane_pairs(spec) == pairs
+    if pairs:
+        kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
+        assert kernel.pairs and not kernel.copies and kernel.padded == 196
+        tile = kernel.config.block_m
+        assert kernel._rows(kernel.config) == 32 * -(-196 // tile) * tile
+        assert gluon_gemm.gluon_gemm_defer_why(spec, H100_SMS) is None
+
+
+def test_pair_order_puts_each_steps_even_channels_first():
+    """The weights' channels as plane pairs read them: within each step of BLOCK_K channels, the even
+    ones (the boxes' half of the stage), then the odd ones (the copies' half); a permutation."""
+    order = gluon_gemm.pair_order(128, 64)
+    assert order[:4] == [0, 2, 4, 6] and order[31] == 62 and order[32:34] == [1, 3] and order[63] == 63
+    assert order[64:66] == [64, 66] and order[96] == 65
+    assert sorted(order) == list(range(128))
+
+
+def test_pairs_pack_the_weights_in_pair_order():
+    """The packed weights of a plan read as pairs: [K, C], column j holding input channel pair_order[j]."""
+    spec = layer("r50_15", layout="NCHW").spec()
+    kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
+    weight = torch.randn(256, 1024, 1, 1, dtype=torch.float16)
+    packed = kernel.pack(weight)
+    assert packed.shape == (256, 1024) and packed.is_contiguous()
+    order = torch.tensor(gluon_gemm.pair_order(1024, 64))
+    assert torch.equal(packed, weight[:, :, 0, 0][:, order])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_pair_kernels_load_even_halves_by_boxes_and_odd_halves_by_copies(dtype):
+    """Plane pairs on sm_90: a tensor load per part (the even channels' half box) beside the weights',
+    the stage's expect counting both; the odd half by 8-byte asynchronous copies of the four copying
+    warps (32 channels of P pixels: P / 16 a thread), on their own barrier; 8-byte NCHW stores; no
+    spills, within sm_90's shared memory."""
+    info = compile_sm90(layer_build("r50_15", dtype, "CBNA", "NCHW"), "gluon-gemm")
+    spec = layer("r50_15", getattr(torch, dtype), layout="NCHW").spec()
+    cfg = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config
+    parts = gluon_gemm.pixel_parts(cfg.block_m)
+    assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]
+    assert info["async copies by bytes"] == {"8": cfg.block_m // 16}
+    assert info["tensor loads (UTMALDG)"] == 1 + len(parts)
+    assert_stages_expect_their_boxes(info)
+    assert info["global stores by bytes"].keys() == {"8"}
+    assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
+    assert info["shared bytes (dynamic)"] <= 232448
 
 
 def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):

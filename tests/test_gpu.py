@@ -749,7 +749,8 @@ GLUON_GEMM_CASES = {
 #: 64 pixels (no tile divides the first two; the last is smaller than most tiles), K below 64 and
 #: not a multiple of the channel block; planes that start inside 16-byte units, read by
 #: asynchronous copies (tuning.GLUON_GEMM_PLANE_COPIES 1): 196 and 60 pixels; planes of whole
-#: 16-byte units copied too (2): 784 and 120 pixels.
+#: 16-byte units copied too (2): 784 and 120 pixels; the 196- and 60-pixel planes as pairs, the even
+#: channels by boxes and the odd ones by copies (tuning.GLUON_GEMM_PLANE_PAIRS).
 GLUON_GEMM_PLANE_CASES = {
     "planes-28x28": (3, 128, 28, 28, 136, 1),
     "planes-10x12": (5, 192, 10, 12, 24, 1),
@@ -758,6 +759,8 @@ GLUON_GEMM_PLANE_CASES = {
     "planes-copies-6x10": (4, 64, 6, 10, 72, 1),
     "planes-copies-all-28x28": (3, 128, 28, 28, 136, 1),
     "planes-copies-all-10x12": (5, 192, 10, 12, 24, 1),
+    "planes-pairs-14x14": (3, 128, 14, 14, 136, 1),
+    "planes-pairs-6x10": (4, 64, 6, 10, 72, 1),
 }
 
 
@@ -803,6 +806,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
+    monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_PAIRS", "pairs" in case)
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")
@@ -813,6 +817,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     kernel = plan._entry(handle).kernel
     assert kernel.plane == (h * w if case in GLUON_GEMM_PLANE_CASES else 0)
     assert kernel.copies == ("copies" in case)
+    assert kernel.pairs == ("pairs" in case)
     block_k = 128 // x.element_size()
     rng = random.Random(case + precision + chain)
     every_sm = gluon_gemm.multiprocessors

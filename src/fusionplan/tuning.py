@@ -332,6 +332,15 @@ GLUON_GEMM_PLANE_STORE_LANES = 16
 #: Copied planes of whole 16-byte units (GLUON_GEMM_PLANE_COPIES 2) where the output has at most this
 #: many times the input's channels (r50_11's 0.5, r50_01's 1; not r50_03's or r50_07's 4).
 GLUON_GEMM_COPY_MAX_WIDENING = 2
+#: Planes that start 8 bytes into a 16-byte unit every other channel (14x14 fp16) read as pairs: the
+#: even channels' planes by tensor boxes, the odd ones' by 8-byte copies, each image padded to whole
+#: tiles (gluon_gemm.plane_pairs), where the output has at most GLUON_GEMM_PAIRS_MAX_WIDENING times
+#: the input's channels; else all by copies. H100, batch 32, CBNA, fp16 / bf16, 5 rounds
+#: (bench/NOTES.md section 58): r50_15 (1024 -> 256) 13.3 -> 12.1 / 13.3 -> 12.1 us; not r50_17
+#: (1024 -> 512: 18.5 -> 21.1, 18.5 with 196 KB of shared memory) nor r50_13 (256 -> 1024: 12.9 ->
+#: 14.6, its 128-pixel tiles padding 196 pixels to 256).
+GLUON_GEMM_PLANE_PAIRS = True
+GLUON_GEMM_PAIRS_MAX_WIDENING = 0.25
 #: Shared memory of a program reading copied planes by 8-byte copies (gluon_gemm.copies_through_l1)
 #: at most, as gluon_gemm.gemm_stages counts it (the ring, and beside it an estimate of the
 #: epilogue's scratch, which NCHW output's layout change exceeds by up to 16 KB: r50_13 takes

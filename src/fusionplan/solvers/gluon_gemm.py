@@ -27,7 +27,12 @@ section 38). Planes that start inside 16-byte units (14x14: 392 bytes, where no 
 come by 8-byte asynchronous copies from a partition of copying warps into the same swizzled
 [channels, pixels] buffers, the batch's pixels flat (a copy never straddles two images), the output
 by pointer 8 bytes a thread; planes of whole 16-byte units come by 16-byte copies where measured
-faster than the boxes (tuning.GLUON_GEMM_PLANE_COPIES: plane_copies; sections 40 and 41).
+faster than the boxes (tuning.GLUON_GEMM_PLANE_COPIES: plane_copies; sections 40 and 41). Where the
+output is narrow, planes that start 8 bytes into a 16-byte unit every other channel (14x14) come
+as pairs (plane_pairs): the even channels' planes by boxes of the input seen as [N*C/2, 2*H*W]
+(two planes a row of whole 16-byte units) into the stage's first half, the odd ones' by 8-byte
+copies into its second, the weights' channels reordered to match (pair_order; r50_15: 13.3 us ->
+12.1, section 58).
 
 Three ways to run, by the grid (bench/NOTES.md, section 16):
 - a program per tile (one wave): the computing warpgroups return their accumulators and the
@@ -115,7 +120,11 @@ def _load_partition(
     PARTS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, ROW_SLOTS: gl.constexpr,
     PLANES: gl.constexpr, COPIES: gl.constexpr, VEC: gl.constexpr, HW: gl.constexpr,
 ):
-    # the bytes a stage's tensor loads deliver: the weights' box and each part's. COPIES: channel
+    # the bytes a stage's tensor loads deliver: the weights' box and each part's (PAIRS: its even
+    # channels' half). COPIES 2 (PAIRS): planes that start 8 bytes into a 16-byte unit every other
+    # channel (14x14), the even channels' planes by boxes of the input seen as channel pairs, the
+    # odd ones' by 8-byte copies (_copy_odd_planes), each image's pixels padded as the boxes' are.
+    # COPIES 1: channel
     # planes that start inside 16-byte units (14x14: 392 bytes, where no tensor box may start), or
     # any planes (tuning.GLUON_GEMM_PLANE_COPIES 2): each part's [BLOCK_K planes, P pixels] by
     # asynchronous copies into the operand's swizzled rows (_copy_part), every thread's arrival on
@@ -124,9 +133,9 @@ def _load_partition(
     # two images, each copy holds pixels of one.
     STAGE_BYTES: gl.constexpr = (
         w_desc.block_type.nbytes
-        + (a0_desc.block_type.nbytes if not COPIES else 0)
-        + (a1_desc.block_type.nbytes if PARTS > 1 and not COPIES else 0)
-        + (a2_desc.block_type.nbytes if PARTS > 2 and not COPIES else 0)
+        + (a0_desc.block_type.nbytes if COPIES != 1 else 0)
+        + (a1_desc.block_type.nbytes if PARTS > 1 and COPIES != 1 else 0)
+        + (a2_desc.block_type.nbytes if PARTS > 2 and COPIES != 1 else 0)
     )
     n_tiles = gl.cdiv(K, BLOCK_N)
     steps = gl.cdiv(C, BLOCK_K)
@@ -164,6 +173,20 @@ def _copy_part(x_ptr, buf, m, c0, M, C, HW, ROWS: gl.constexpr, P: gl.constexpr,
     pixels = gl.max_contiguous(gl.multiple_of(pixels, VEC), VEC)  # runs of VEC within one image
     planes = rows.to(gl.int64) * HW
     {async_copy}(buf, x_ptr + planes[:, None] + pixels[None, :], mask=(cols < M)[None, :])
+
+
+@gluon.jit
+def _copy_odd_planes(x_ptr, buf, plane0, pix, HW: gl.constexpr, ROWS: gl.constexpr, P: gl.constexpr,
+                     VEC: gl.constexpr):
+    # [ROWS odd channel planes plane0 + 1, plane0 + 3, ..., P pixels from pixel ``pix`` of their image]
+    # (PAIRS: the stage's odd half), VEC pixels a copy (8 bytes: an odd plane of 14x14 starts 8 bytes
+    # into a 16-byte unit), lanes along the pixels; pixels past the plane zero-filled
+    lanes: gl.constexpr = min(32, P // VEC)
+    layout: gl.constexpr = gl.BlockedLayout([1, VEC], [32 // lanes, lanes], [gl.num_warps(), 1], [1, 0])
+    rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    cols = gl.max_contiguous(gl.multiple_of(pix + gl.arange(0, P, layout=gl.SliceLayout(0, layout)), VEC), VEC)
+    planes = (plane0 + 1 + 2 * rows).to(gl.int64) * HW
+    {async_copy}(buf, x_ptr + planes[:, None] + cols[None, :], mask=(cols < HW)[None, :])
 
 
 @gluon.constexpr_function
@@ -435,7 +458,7 @@ if PLANES:
     n_img = offs_m // HWP
     pix = offs_m % HWP
     m_mask = pix < ohw
-    if COPIES:  # flat rows, no padding: HWP = OHW, a multiple of the stores' pixels the compiler sees
+    if COPIES == 1:  # flat rows, no padding: HWP = OHW, a multiple of the stores' pixels the compiler sees
         n_img = offs_m // ohw
         pix = offs_m % ohw
         m_mask = offs_m < M // {vec} * {vec}  # the batch's end
@@ -533,8 +556,15 @@ _PART_STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
 """
 
 #: Part i's load into its stage: a box of P{{i}} pixels, or of P{{i}} / ROW_SLOTS whole output rows.
-_PART_LOAD = """if COPIES:
+_PART_LOAD = """if COPIES == 1:
     _copy_part(x_ptr, a{i}_bufs.index(stage), m0 + {offset}, c0, M, C, HW, BLOCK_K, P{i}, VEC)
+elif COPIES == 2:
+    {tma_load}(
+        a{i}_desc, [(plane_row + c0) // 2, pix0 + {offset}], ready.index(stage),
+        a{i}_bufs.index(stage).slice(0, BLOCK_K // 2),
+    )
+    _copy_odd_planes(x_ptr, a{i}_bufs.index(stage).slice(BLOCK_K // 2, BLOCK_K // 2), plane_row + c0,
+                     pix0 + {offset}, HW, BLOCK_K // 2, P{i}, VEC)
 elif PLANES:
     {tma_load}(a{i}_desc, [plane_row + c0, pix0 + {offset}], ready.index(stage), a{i}_bufs.index(stage))
 elif ROW_SLOTS > 0:
@@ -562,7 +592,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     the second and third under their PARTS condition."""
     epi = emit_stages(stages, spec.ops)
     offsets = ("0", "P0", "P0 + P1")
-    copies = plane_copies(spec)
+    copies = plane_copies(spec) or plane_pairs(spec)  # a partition of copying warps
     vec = plane_copy_vec(spec) if copies else PLANE_COPY_VEC
     parts = []
     channels = {where: _CHANNELS.format(layout=layout) for where, layout in _LAYOUTS}
@@ -882,13 +912,34 @@ def plane_copies(spec: PlanSpec) -> bool:
     of whole 16-byte units too, in place of the boxes (the batch's pixels flat, no image padded to
     whole tiles), where the output has at most tuning.GLUON_GEMM_COPY_MAX_WIDENING times the input's
     channels (wider outputs measured faster from the boxes' tiles, stored by TMA)."""
-    if not channel_planes(spec) or planes_why_not(spec) is not None:
+    if not channel_planes(spec) or planes_why_not(spec) is not None or plane_pairs(spec):
         return False
     _, c, h, w = spec.input_desc.dims
     if h * w * spec.dtype.torch_dtype.itemsize % 16:
         return tuning.GLUON_GEMM_PLANE_COPIES >= 1
     k = spec.output_desc.dims[1]
     return tuning.GLUON_GEMM_PLANE_COPIES >= 2 and k <= tuning.GLUON_GEMM_COPY_MAX_WIDENING * c
+
+
+def plane_pairs(spec: PlanSpec) -> bool:
+    """Whether gluon-gemm reads the plan's channel planes as pairs (COPIES 2, tuning.GLUON_GEMM_PLANE_PAIRS):
+    packed NCHW input read as planes (planes_why_not) whose planes start 8 bytes into a 16-byte unit
+    every other channel (14x14 fp16: 392 bytes), so that two channels' planes are whole 16-byte
+    units: the even channels' planes come by boxes of the input seen as [N*C/2, 2*H*W], the odd
+    ones' by 8-byte asynchronous copies, each image's pixels padded to whole tiles as the boxes';
+    where the output has at most tuning.GLUON_GEMM_PAIRS_MAX_WIDENING times the input's channels
+    (wider outputs measured faster all by copies, their tiles unpadded)."""
+    if not tuning.GLUON_GEMM_PLANE_PAIRS or not channel_planes(spec) or planes_why_not(spec) is not None:
+        return False
+    _, c, h, w = spec.input_desc.dims
+    narrow = spec.output_desc.dims[1] <= tuning.GLUON_GEMM_PAIRS_MAX_WIDENING * c
+    return narrow and h * w * spec.dtype.torch_dtype.itemsize % 16 == 8
+
+
+def pair_order(c: int, block_k: int) -> list[int]:
+    """The weights' input channels in the order plane pairs read them (plane_pairs): each reduction
+    step's BLOCK_K channels as its even channels, then its odd ones."""
+    return [b + j for b in range(0, c, block_k) for parity in (0, 1) for j in range(parity, block_k, 2)]
 
 
 def padded_plane(spec: PlanSpec) -> int:
@@ -905,7 +956,8 @@ def copies_through_l1(spec: PlanSpec) -> bool:
     """Whether copied planes (plane_copies) come by 8-byte copies, which land in L1 on their way
     (16-byte ones bypass it): their program takes tuning.GLUON_GEMM_COPY_SHARED_BYTES of shared
     memory at most, and the rest of the multiprocessor's memory is left to L1 (Launcher.fit_carveout)."""
-    return plane_copies(spec) and plane_copy_vec(spec) * spec.dtype.torch_dtype.itemsize < 16
+    eight_byte = plane_copies(spec) and plane_copy_vec(spec) * spec.dtype.torch_dtype.itemsize < 16
+    return eight_byte or plane_pairs(spec)
 
 
 def gemm_shared_bytes(spec: PlanSpec) -> int:
@@ -972,6 +1024,8 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
         )
     if copies:
         return copies_defer_why(spec, cfg)
+    if plane_pairs(spec):
+        return None  # measured against the copies (tuning.GLUON_GEMM_PLANE_PAIRS)
     if programs <= sms:
         if fp32 and n * oh * ow >= tuning.GLUON_TF32_1X1_MAX_PIXELS:
             return (
@@ -1148,6 +1202,20 @@ class GluonGemmKernel(GluonWindowKernel):
         return plane_copies(self.spec)
 
     @cached_property
+    def pairs(self) -> bool:
+        """Whether the input's channel planes come as pairs, the even ones by boxes (plane_pairs)."""
+        return plane_pairs(self.spec)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        """[K, C]; plane pairs: each reduction step's channels even ones first (pair_order)."""
+        packed = super().pack(weight)
+        if not self.pairs:
+            return packed
+        block_k = 128 // packed.element_size()
+        order = torch.tensor(pair_order(packed.shape[1], block_k), device=packed.device)
+        return packed.index_select(1, order).contiguous()
+
+    @cached_property
     def plane(self) -> int:
         """Pixels of an image's channel planes where the input is read as planes (channel_planes), else 0."""
         _, _, h, w = self.spec.input_desc.dims
@@ -1201,6 +1269,8 @@ class GluonGemmKernel(GluonWindowKernel):
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         if self.copies:
             a_descs = [w_desc] * MAX_PARTS  # tokens: the planes come by asynchronous copies from x
+        elif self.pairs:
+            a_descs = [self._pair_descriptor(x, size, cfg.block_k, bits) for size in sizes]
         elif plane:
             a_descs = [self._plane_descriptor(x, size, cfg.block_k, bits) for size in sizes]
         else:
@@ -1219,18 +1289,18 @@ class GluonGemmKernel(GluonWindowKernel):
             len(parts),
             cfg.num_stages,
             bits,
-            COPY_REGS if self.copies else LOAD_REGS,
+            COPY_REGS if self.copies or self.pairs else LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             not one_wave,  # persistent
             cfg.consumers,
-            COPY_CONSUMER_REGS if self.copies else CONSUMER_REGS,
+            COPY_CONSUMER_REGS if self.copies or self.pairs else CONSUMER_REGS,
             slots,
             gemm_epilogue_mode(x.element_size()),
             store_mode,
             bool(plane),
             gemm_plane_vector(out_strides[:4], out, oh, ow) if plane else 0,
-            self.copies,
+            2 if self.pairs else int(self.copies),  # COPIES
             *flags.values(),
         )
         hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
@@ -1264,6 +1334,13 @@ class GluonGemmKernel(GluonWindowKernel):
         ``size`` pixels (rows of ``size`` elements swizzled as wide as they are, up to 128 bytes)."""
         n, c, h, w = self.spec.input_desc.dims
         return gluon_descriptor(x, [n * c, h * w], [h * w, 1], [block_k, size], plane_swizzle(size, bits), bits)
+
+    def _pair_descriptor(self, x: Tensor, size: int, block_k: int, bits: int):
+        """A part's descriptor of plane pairs (plane_pairs): [N*C/2, 2*H*W], boxes of the even halves of
+        ``block_k`` channels by ``size`` pixels."""
+        n, c, h, w = self.spec.input_desc.dims
+        view = [n * c // 2, 2 * h * w], [2 * h * w, 1]
+        return gluon_descriptor(x, *view, [block_k // 2, size], plane_swizzle(size, bits), bits)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's three descriptors (tokens where the planes come by copies) and pointer, the
