@@ -212,6 +212,20 @@ def test_stem_on_channel_planes_gathers_each_input_row_once():
     assert info["shared bytes (dynamic)"] <= 232448
 
 
+def test_loading_warps_on_channel_planes_take_more_registers(monkeypatch):
+    """Channel planes side by side copy twice as often (4-byte copies): their loading warps take
+    tuning.GLUON_STEM_PLANE_LOAD_REGS and the second computing warpgroup as many fewer, so that the
+    multiprocessor's registers add up as for channels-last input (LOAD_REGS, CONSUMER_REGS)."""
+    from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
+    from fusionplan.solvers.gluon_window import LOAD_REGS
+
+    assert gluon_stem.stem_registers(False) == (LOAD_REGS, CONSUMER_REGS)
+    load, consumer = gluon_stem.stem_registers(True)
+    assert load == fp.tuning.GLUON_STEM_PLANE_LOAD_REGS > LOAD_REGS and load + consumer == LOAD_REGS + CONSUMER_REGS
+    monkeypatch.setattr(fp.tuning, "GLUON_STEM_PLANE_LOAD_REGS", 88)
+    assert gluon_stem.stem_registers(True) == (88, CONSUMER_REGS - 48)
+
+
 def test_odd_stem_compiles():
     """C = 4 and 136 output channels (three blocks), a 3x3 stride-1 filter of dilation 2 (runs of
     more pixels: an accumulator each)."""

@@ -807,6 +807,7 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_PAIRS", "pairs" in case)
+    monkeypatch.setattr(tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 4)  # the pair cases' wider outputs too
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")

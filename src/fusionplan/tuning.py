@@ -453,6 +453,9 @@ GLUON_STEM_SMEM_BYTES = 192 * 1024
 #: load overlaps that kernel's end under programmatic dependent launch), else by the loading
 #: partition.
 GLUON_STEM_FILTER_FIRST = True
+#: Registers of gluon-stem's loading warps on channel-plane input (gluon_stem.stem_registers: the
+#: second computing warpgroup takes as many fewer; channels-last input keeps LOAD_REGS' 40).
+GLUON_STEM_PLANE_LOAD_REGS = 64
 #: gluon-stem: each pixel's output tile stored by TMA from shared memory (channels-last output of
 #: 16-byte aligned strides, rows of whole runs) instead of by pointer after a layout change.
 GLUON_STEM_TMA_STORE = True

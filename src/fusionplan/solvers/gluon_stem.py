@@ -593,6 +593,16 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
+def stem_registers(planes: bool) -> tuple[int, int]:
+    """(LOAD_REGS, CONSUMER_REGS) of a launch: channel planes side by side (twice the copies, of 4
+    bytes: their addresses held in more registers) take tuning.GLUON_STEM_PLANE_LOAD_REGS for the
+    loading warps and the second computing warpgroup as many fewer (the ResNet stem on NCHW input,
+    H100, fp16: 40.2 us at 40, 38.5 at 64, 39.0 at 88; channels-last input unchanged at 33.2-33.6:
+    bench/NOTES.md section 58); channels-last input LOAD_REGS and CONSUMER_REGS."""
+    load = tuning.GLUON_STEM_PLANE_LOAD_REGS if planes else LOAD_REGS
+    return load, CONSUMER_REGS - (load - LOAD_REGS)
+
+
 class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
     solver_name = "gluon-stem"
     stem = "gluon_stem"
@@ -722,8 +732,7 @@ class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
             swizzle,
             bits,
             LOAD_WARPS,
-            LOAD_REGS,
-            CONSUMER_REGS,
+            *stem_registers(arrangement.side > 1),
             CONSUMERS,
             tuning.GLUON_STEM_FILTER_FIRST,
             needs_int64(x, out, p) if idx64 is None else idx64,
