@@ -954,8 +954,9 @@ def padded_plane(spec: PlanSpec) -> int:
 
 def copies_through_l1(spec: PlanSpec) -> bool:
     """Whether copied planes (plane_copies) or the odd halves of plane pairs (plane_pairs) come by
-    8-byte copies, which land in L1 on their way (16-byte ones bypass it): their program takes tuning.GLUON_GEMM_COPY_SHARED_BYTES of shared
-    memory at most, and the rest of the multiprocessor's memory is left to L1 (Launcher.fit_carveout)."""
+    8-byte copies, which land in L1 on their way (16-byte ones bypass it): their program takes
+    tuning.GLUON_GEMM_COPY_SHARED_BYTES of shared memory at most, and the rest of the
+    multiprocessor's memory is left to L1 (Launcher.fit_carveout)."""
     eight_byte = plane_copies(spec) and plane_copy_vec(spec) * spec.dtype.torch_dtype.itemsize < 16
     return eight_byte or plane_pairs(spec)
 
