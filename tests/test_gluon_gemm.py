@@ -753,6 +753,48 @@ def test_pairs_pack_the_weights_in_pair_order():
     assert torch.equal(packed, weight[:, :, 0, 0][:, order])
 
 
+def emulated_pairs(x: torch.Tensor, weight: torch.Tensor, tile: int) -> torch.Tensor:
+    """What the pair kernel computes, in float64, from the template's arithmetic: for each image and
+    tile of ``tile`` pixels (each image padded to whole tiles) and each step of 64 channels, the box of
+    the input seen as [N*C/2, 2*H*W] at row (image * C + c0) / 2 and column pix0 (zeros past the row's
+    end, as TMA fills them; past the plane it reads the odd channel's pixels), the odd channels'
+    planes copied where the pixel lies in the plane (zeros past it), both times the packed weights'
+    step (pair_order); the padding's columns dropped."""
+    n, c, h, w = x.shape
+    hw = h * w
+    pairs, planes = x.double().reshape(n * c // 2, 2 * hw), x.double().reshape(n * c, hw)
+    packed = weight.double()[:, gluon_gemm.pair_order(c, 64)]
+    padded = -(-hw // tile) * tile
+    out = torch.full((n, weight.shape[0], padded), float("nan"), dtype=torch.float64)
+    for img in range(n):
+        for pix0 in range(0, padded, tile):
+            cols = pix0 + torch.arange(tile)
+            acc = torch.zeros(weight.shape[0], tile, dtype=torch.float64)
+            for c0 in range(0, c, 64):
+                even = torch.zeros(32, tile, dtype=torch.float64)
+                in_row = cols < 2 * hw
+                even[:, in_row] = pairs[(img * c + c0) // 2 + torch.arange(32)][:, cols[in_row]]
+                odd = torch.zeros(32, tile, dtype=torch.float64)
+                in_plane = cols < hw
+                odd[:, in_plane] = planes[img * c + c0 + 1 + 2 * torch.arange(32)][:, cols[in_plane]]
+                acc += packed[:, c0 : c0 + 64] @ torch.cat([even, odd])
+            out[img, :, pix0 : pix0 + tile] = acc
+    return out[:, :, :hw].reshape(n, -1, h, w)
+
+
+@pytest.mark.parametrize("h, w, c, tile", [(14, 14, 128, 128), (14, 14, 64, 208), (6, 10, 192, 16), (2, 2, 64, 16)])
+def test_emulated_pairs_match_the_convolution(h, w, c, tile):
+    """The pairs' boxes (even channels, the odd plane's pixels past 196 in the padding's columns) and
+    copies (odd channels) with the weights in pair order give the 1x1 convolution at every pixel."""
+    gen = torch.Generator().manual_seed(h * 1000 + c + tile)
+    x = torch.randn(3, c, h, w, generator=gen)
+    weight = torch.randn(24, c, generator=gen)
+    expected = torch.einsum("kc,nchw->nkhw", weight.double(), x.double())
+    got = emulated_pairs(x, weight, tile)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_pair_kernels_load_even_halves_by_boxes_and_odd_halves_by_copies(dtype):
     """Plane pairs on sm_90: a tensor load per part (the even channels' half box) beside the weights',
