@@ -124,13 +124,12 @@ def _load_partition(
     # channels' half). COPIES 2 (PAIRS): planes that start 8 bytes into a 16-byte unit every other
     # channel (14x14), the even channels' planes by boxes of the input seen as channel pairs, the
     # odd ones' by 8-byte copies (_copy_odd_planes), each image's pixels padded as the boxes' are.
-    # COPIES 1: channel
-    # planes that start inside 16-byte units (14x14: 392 bytes, where no tensor box may start), or
-    # any planes (tuning.GLUON_GEMM_PLANE_COPIES 2): each part's [BLOCK_K planes, P pixels] by
-    # asynchronous copies into the operand's swizzled rows (_copy_part), every thread's arrival on
-    # ``copied`` once its copies have landed (gluon-stem's input rows alike); the weights alone by
-    # TMA on ``ready``. Its pixels are the batch's, flat (M = N * HW, no padding): a tile may span
-    # two images, each copy holds pixels of one.
+    # COPIES 1: channel planes that start inside 16-byte units (14x14: 392 bytes, where no tensor
+    # box may start), or any planes (tuning.GLUON_GEMM_PLANE_COPIES 2): each part's [BLOCK_K planes,
+    # P pixels] by asynchronous copies into the operand's swizzled rows (_copy_part), every thread's
+    # arrival on ``copied`` once its copies have landed (gluon-stem's input rows alike); the weights
+    # alone by TMA on ``ready``. Its pixels are the batch's, flat (M = N * HW, no padding): a tile
+    # may span two images, each copy holds pixels of one.
     STAGE_BYTES: gl.constexpr = (
         w_desc.block_type.nbytes
         + (a0_desc.block_type.nbytes if COPIES != 1 else 0)
@@ -592,7 +591,7 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage]) -> str:
     the second and third under their PARTS condition."""
     epi = emit_stages(stages, spec.ops)
     offsets = ("0", "P0", "P0 + P1")
-    copies = plane_copies(spec) or plane_pairs(spec)  # a partition of copying warps
+    copies = plane_copy_mode(spec) > 0  # a partition of copying warps
     vec = plane_copy_vec(spec) if copies else PLANE_COPY_VEC
     parts = []
     channels = {where: _CHANNELS.format(layout=layout) for where, layout in _LAYOUTS}
@@ -936,6 +935,12 @@ def plane_pairs(spec: PlanSpec) -> bool:
     return narrow and h * w * spec.dtype.torch_dtype.itemsize % 16 == 8
 
 
+def plane_copy_mode(spec: PlanSpec) -> int:
+    """The kernel's COPIES: 2 for plane pairs (plane_pairs), 1 for copied planes (plane_copies), 0
+    where the input comes by tensor boxes alone."""
+    return 2 if plane_pairs(spec) else int(plane_copies(spec))
+
+
 def pair_order(c: int, block_k: int) -> list[int]:
     """The weights' input channels in the order plane pairs read them (plane_pairs): each reduction
     step's BLOCK_K channels as its even channels, then its odd ones."""
@@ -1207,6 +1212,11 @@ class GluonGemmKernel(GluonWindowKernel):
         """Whether the input's channel planes come as pairs, the even ones by boxes (plane_pairs)."""
         return plane_pairs(self.spec)
 
+    @cached_property
+    def copy_mode(self) -> int:
+        """The kernel's COPIES (plane_copy_mode), worked out once: the source and every launch read it."""
+        return plane_copy_mode(self.spec)
+
     def pack(self, weight: Tensor) -> Tensor:
         """[K, C]; plane pairs: each reduction step's channels even ones first (pair_order)."""
         packed = super().pack(weight)
@@ -1290,18 +1300,18 @@ class GluonGemmKernel(GluonWindowKernel):
             len(parts),
             cfg.num_stages,
             bits,
-            COPY_REGS if self.copies or self.pairs else LOAD_REGS,
+            COPY_REGS if self.copy_mode else LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
             not one_wave,  # persistent
             cfg.consumers,
-            COPY_CONSUMER_REGS if self.copies or self.pairs else CONSUMER_REGS,
+            COPY_CONSUMER_REGS if self.copy_mode else CONSUMER_REGS,
             slots,
             gemm_epilogue_mode(x.element_size()),
             store_mode,
             bool(plane),
             gemm_plane_vector(out_strides[:4], out, oh, ow) if plane else 0,
-            2 if self.pairs else int(self.copies),  # COPIES
+            self.copy_mode,
             *flags.values(),
         )
         hwp = m // self.spec.input_desc.dims[0] if plane else 1  # an image's padded pixels
