@@ -3,6 +3,8 @@
 # one compute-sanitizer memcheck run, and the driver's fused-vs-unfused timing.
 #   scripts/gpu_check.sh [OUTDIR]        (needs pytest-xdist for -n)
 #   PART=2/6 scripts/gpu_check.sh ...   (the second of six parts of the suite: pytest --part)
+#   RECORD=F scripts/gpu_check.sh ...   (F lists each test that ended without failing, as it ends;
+#                                        run again with the same F, the suite goes on where it stopped)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:-gpu-check-out}
@@ -15,6 +17,6 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 } | tee "$out/env.txt"
 workers=${WORKERS:-12}
 timeout "${SUITE_TIMEOUT:-480}" python -m pytest -m gpu tests/test_gpu.py -q -n "$workers" -p no:cacheprovider \
-  ${PART:+--part "$PART"} \
+  ${PART:+--part "$PART"} ${RECORD:+--record "$RECORD" --done "$RECORD"} \
   --junitxml="$out/gpu-tests.xml" 2>&1 | tail -40 | tee "$out/gpu-tests.txt"
 echo "suite exit: ${PIPESTATUS[0]}" | tee -a "$out/gpu-tests.txt"

@@ -4,6 +4,7 @@ test module imports it. The CPU solver still comes first on CPU handles; tests t
 Triton kernels ask for them with FUSIONPLAN_BACKEND=triton."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,17 +22,62 @@ def pytest_addoption(parser):
         "order (so each part takes a share of every parametrized test): a suite too long for one run "
         "split over N runs",
     )
+    parser.addoption(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="append to FILE the id of each test that ends with no phase failed (passed or skipped), as it "
+        "ends: with --done, a run cut short by a time limit goes on where it stopped",
+    )
+    parser.addoption(
+        "--done",
+        default=None,
+        metavar="FILE",
+        help="deselect the tests FILE lists (a --record file of an earlier run of the same code); a FILE "
+        "not there yet deselects none",
+    )
+
+
+def pytest_configure(config):
+    record = config.getoption("--record")
+    if record and not hasattr(config, "workerinput"):  # pytest-xdist's workers: their reports reach the main process
+        config.pluginmanager.register(RecordOfEnded(record), "fusionplan-record")
 
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config, items):
     part = config.getoption("--part")
-    if not part:
-        return
-    k, n = parse_part(part)
-    kept = [item for i, item in enumerate(items) if i % n == k - 1]
-    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k - 1])
+    if part:  # before --done, so that a part holds the same tests in every run of it
+        k, n = parse_part(part)
+        keep([item for i, item in enumerate(items) if i % n == k - 1], items, config)
+    done = config.getoption("--done")
+    if done:
+        ended = set(Path(done).read_text().splitlines()) if Path(done).exists() else set()
+        keep([item for item in items if item.nodeid not in ended], items, config)
+
+
+def keep(kept: list, items: list, config) -> None:
+    """Narrow ``items`` to ``kept``, reporting the others as deselected."""
+    ids = {id(item) for item in kept}
+    config.hook.pytest_deselected(items=[item for item in items if id(item) not in ids])
     items[:] = kept
+
+
+class RecordOfEnded:
+    """--record: the id of each test whose setup, call and teardown all ended without failing,
+    appended to a file when its teardown ends (one line each, flushed at once, so that a run killed
+    by a time limit keeps what it finished)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+        self.failed: set[str] = set()
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.failed:
+            self.failed.add(report.nodeid)
+        elif report.when == "teardown" and report.nodeid not in self.failed:
+            with self.path.open("a") as f:
+                f.write(report.nodeid + "\n")
 
 
 def parse_part(text: str) -> tuple[int, int]:

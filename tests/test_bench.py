@@ -165,46 +165,92 @@ def test_tuning_columns_run_the_plan_under_their_values(monkeypatch, tmp_path):
 def test_part_option_splits_the_selected_tests(tmp_path):
     """`pytest --part K/N` (tests/conftest.py): every N-th selected test from the K-th, the parts
     together the whole selection once; a malformed part is a usage error naming the option."""
+    tests = tmp_path / "test_many.py"
+    tests.write_text(
+        "import pytest\n\n@pytest.mark.parametrize('i', range(7), ids=lambda i: f'case{i}')\n"
+        "def test_one(i):\n    print('RAN', i)\n"
+    )
+
+    def ran(*options: str) -> list[int]:
+        return [int(i) for i in run_pytest_on(tests, *options)[1]]
+
+    parts = [ran("--part", f"{k}/3") for k in (1, 2, 3)]
+    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
+    # of the selection 0 1 2 4 5 6 ("-k" also matches the test's folders: an id no folder has)
+    assert ran("-k", "not case3", "--part", "1/2") == [0, 2, 5]
+    code, _ = run_pytest_on(tests, "--part", "4/3")
+    assert code == 4  # pytest's usage error
+
+
+def run_pytest_on(test_file, *options: str) -> tuple[int, list[str]]:
+    """The exit code of `pytest -p tests.conftest -s` on ``test_file`` with ``options`` (run from the
+    repository, so that the conftest's options exist) and the last word of each line its tests
+    printed after "RAN", in order."""
     import subprocess
     import sys
     from pathlib import Path
 
-    (tmp_path / "test_many.py").write_text(
-        "import pytest\n\n@pytest.mark.parametrize('i', range(7), ids=lambda i: f'case{i}')\n"
-        "def test_one(i):\n    print('RAN', i)\n"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-q", "-s", "-p", "no:cacheprovider"]
+        + ["-p", "no:randomly", str(test_file), *options],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    root = Path(__file__).resolve().parents[1]
+    return done.returncode, [line.split()[-1] for line in done.stdout.splitlines() if "RAN " in line]
 
-    def ran(*options: str) -> tuple[int, list[int]]:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "-p",
-                "tests.conftest",
-                "-q",
-                "-s",
-                "-p",
-                "no:cacheprovider",
-                "-p",
-                "no:randomly",
-                str(tmp_path / "test_many.py"),
-                *options,
-            ],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        return done.returncode, [int(line.split()[-1]) for line in done.stdout.splitlines() if "RAN" in line]
 
-    parts = [ran("--part", f"{k}/3")[1] for k in (1, 2, 3)]
-    assert parts == [[0, 3, 6], [1, 4], [2, 5]]
-    # of the selection 0 1 2 4 5 6 ("-k" also matches the test's folders: an id no folder has)
-    assert ran("-k", "not case3", "--part", "1/2")[1] == [0, 2, 5]
-    code, _ = ran("--part", "4/3")
-    assert code == 4  # pytest's usage error
+#: Six cases: case2 fails, case3 skips, case4 kills the process the first time it runs (a run cut
+#: short by a time limit), as a marker file beside the tests says.
+RESUMED_TESTS = """import os, pathlib, pytest
+
+@pytest.mark.parametrize("i", range(6), ids=lambda i: f"case{i}")
+def test_one(i):
+    print("RAN", f"case{i}")
+    if i == 2:
+        assert False
+    if i == 3:
+        pytest.skip("skipped")
+    marker = pathlib.Path(__file__).with_name("killed-once")
+    if i == 4 and not marker.exists():
+        marker.touch()
+        os._exit(3)
+"""
+
+
+def test_record_and_done_go_on_where_a_cut_run_stopped(tmp_path):
+    """`pytest --record F` (tests/conftest.py) appends each test that ended without failing (passed
+    or skipped) as it ends, so a run killed midway keeps what it finished; `--done F` deselects
+    those, so the next run takes the rest and the failures again; with --part, the part is chosen
+    first, so that it holds the same tests in every run."""
+    tests = tmp_path / "test_resumed.py"
+    tests.write_text(RESUMED_TESTS)
+    record = tmp_path / "ended.txt"
+    options = ("--record", str(record), "--done", str(record))
+
+    def ran(*options: str) -> list[str]:
+        return run_pytest_on(tests, *options)[1]
+
+    assert ran(*options) == ["case0", "case1", "case2", "case3", "case4"]  # killed in case4
+    ended = [line.split("::")[-1] for line in record.read_text().splitlines()]
+    assert ended == ["test_one[case0]", "test_one[case1]", "test_one[case3]"]
+    assert ran(*options) == ["case2", "case4", "case5"]
+    assert ran(*options) == ["case2"]  # the failure, each time
+    record.write_text(record.read_text().splitlines()[0] + "\n")  # case0 alone
+    assert ran("--part", "1/2", "--done", str(record)) == ["case2", "case4"]
+
+
+def test_record_of_parallel_workers_is_written_once(tmp_path):
+    """With pytest-xdist's workers the main process writes the record, each test once."""
+    pytest.importorskip("xdist")
+    tests = tmp_path / "test_resumed.py"
+    tests.write_text(RESUMED_TESTS)
+    (tmp_path / "killed-once").touch()  # case4 passes
+    record = tmp_path / "ended.txt"
+    run_pytest_on(tests, "-n", "2", "--record", str(record))
+    ended = sorted(line.split("::")[-1] for line in record.read_text().splitlines())
+    assert ended == [f"test_one[case{i}]" for i in (0, 1, 3, 4, 5)]
 
 
 def test_other_processes_run_for_the_body_and_are_killed_after():
