@@ -250,6 +250,15 @@ GLUON_GEMM_MIN_TILE = 64 * 128
 #:   r50_08 55.3, r50_07 45.5); at 2 steps triton-conv stays faster (r50_03 66.2 against 69.4, r50_01
 #:   24.5 against 28.2).
 GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
+#: Ping-pong's 128 x 128 tiles also where each image's channel planes are padded to whole tiles
+#: (gluon_gemm.padded_plane: planes read by boxes, plane pairs) and 128-pixel tiles pad more of them
+#: than the cost model's tile (gluon_gemm.best_tile) does, when True; else that tile, in persistent
+#: programs of one computing partition. The case: r50_13 read as pairs (14x14 planes, 256 -> 1024;
+#: GLUON_GEMM_PAIRS_MAX_WIDENING 4), whose 128-pixel tiles pad 196 pixels to 256 (12.9 -> 14.6 us
+#: against its copied planes, bench/NOTES.md section 58) where a 208-pixel tile pads them to 208.
+#: Compiled for sm_90, not yet measured: A/B with `--tuning GLUON_GEMM_PAIRS_MAX_WIDENING=4
+#: --tuning GLUON_GEMM_PADDED_PINGPONG=1,0` on r50_13 (NCHW).
+GLUON_GEMM_PADDED_PINGPONG = True
 
 #: gluon-gemm's epilogue runs the chain in the accumulator's own layout and changes only the
 #: 16-bit output's layout for the stores (a quarter of the fp32 accumulator's shared memory, in
