@@ -4,9 +4,9 @@
 # a time limit is taken up where it stopped by the same command:
 #   scripts/gpu_suite.sh OUTDIR            (needs pytest-xdist; WORKERS per part, default 16)
 #   SUITE_TIMEOUT=500 scripts/gpu_suite.sh OUTDIR; scripts/gpu_suite.sh OUTDIR   (two runs, one suite)
-# OUTDIR keeps per part its record (ended-K-of-N.txt) and each run's output (run-R-part-K-of-N.txt);
-# the last lines say how many tests of each part are left. The host's cores, not its GPUs, set the
-# pace (bench/NOTES.md section 59).
+# OUTDIR keeps per part its record (ended-K-of-N.txt) and each run's output (run-R-part-K-of-N.txt:
+# a run that ends lists its 20 slowest tests); the last lines say how many tests of each part are
+# left. The host's cores, not its GPUs, set the pace (bench/NOTES.md section 59).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_suite.sh OUTDIR}
@@ -17,7 +17,7 @@ run=$(( $(find "$out" -name 'run-*-part-1-of-*.txt' | wc -l) + 1 ))
 for ((k = 1; k <= gpus; k++)); do
   record="$out/ended-$k-of-$gpus.txt"
   CUDA_VISIBLE_DEVICES=$((k - 1)) timeout "${SUITE_TIMEOUT:-540}" python -m pytest -m gpu tests/test_gpu.py -q \
-    -n "${WORKERS:-16}" -p no:cacheprovider -rfE --part "$k/$gpus" --record "$record" --done "$record" \
+    -n "${WORKERS:-16}" -p no:cacheprovider -rfE --durations=20 --part "$k/$gpus" --record "$record" --done "$record" \
     > "$out/run-$run-part-$k-of-$gpus.txt" 2>&1 &
 done
 wait
