@@ -804,12 +804,18 @@ def test_pair_kernels_load_even_halves_by_boxes_and_odd_halves_by_copies(dtype):
     info = compile_sm90(layer_build("r50_15", dtype, "CBNA", "NCHW"), "gluon-gemm")
     spec = layer("r50_15", getattr(torch, dtype), layout="NCHW").spec()
     cfg = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config
-    parts = gluon_gemm.pixel_parts(cfg.block_m)
     assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]
-    assert info["async copies by bytes"] == {"8": cfg.block_m // 16}
-    assert info["tensor loads (UTMALDG)"] == 1 + len(parts)
-    assert_stages_expect_their_boxes(info)
+    assert_pair_kernel(info, cfg.block_m)
     assert info["global stores by bytes"].keys() == {"8"}
+
+
+def assert_pair_kernel(info: dict, pixels: int) -> None:
+    """A plane-pair kernel of ``pixels``-pixel tiles compiled for sm_90: a tensor load per part (the
+    even channels' half box) beside the weights', the stage's expect counting them; the odd halves by
+    8-byte copies, pixels / 16 a thread; no spills; within sm_90's shared memory."""
+    assert info["tensor loads (UTMALDG)"] == 1 + len(gluon_gemm.pixel_parts(pixels))
+    assert_stages_expect_their_boxes(info)
+    assert info["async copies by bytes"] == {"8": pixels // 16}
     assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
     assert info["shared bytes (dynamic)"] <= 232448
 
@@ -823,14 +829,17 @@ def test_padded_planes_keep_their_tile_without_padded_pingpong(monkeypatch):
     def kernel():
         return fp.solvers.solver_named("gluon-gemm").build(layer("r50_13", layout="NCHW").spec(), fp.Handle("cpu"))
 
-    assert kernel().pairs and (kernel().config.block_m, kernel().config.consumers) == (128, 2)
+    pairs = kernel()
+    assert pairs.pairs and (pairs.config.block_m, pairs.config.consumers) == (128, 2)
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PADDED_PINGPONG", False)
-    cfg = kernel().config
+    pairs = kernel()
+    cfg = pairs.config
     assert (cfg.block_m, cfg.block_n, cfg.consumers) == (208, 128, 1)
-    assert kernel().programs_and_steps(cfg) == (32 * 8, 4)
+    assert pairs.programs_and_steps(cfg) == (32 * 8, 4)
     assert gluon_gemm.gluon_gemm_defer_why(layer("r50_13", layout="NCHW").spec(), H100_SMS) is None
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 0.25)
-    assert kernel().copies and kernel().config.consumers == 2
+    copies = kernel()
+    assert copies.copies and copies.config.consumers == 2
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -843,12 +852,7 @@ def test_persistent_pair_kernels_of_208_pixels_compile(dtype):
         "tuning.GLUON_GEMM_PAIRS_MAX_WIDENING = 4\n"
         "tuning.GLUON_GEMM_PADDED_PINGPONG = False\n" + layer_build("r50_13", dtype, "CBNA", "NCHW")
     )
-    info = compile_sm90(build, "gluon-gemm")
-    assert info["async copies by bytes"] == {"8": 208 // 16}
-    assert info["tensor loads (UTMALDG)"] == 1 + 3
-    assert_stages_expect_their_boxes(info)
-    assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
-    assert info["shared bytes (dynamic)"] <= 232448
+    assert_pair_kernel(compile_sm90(build, "gluon-gemm"), 208)  # parts of 128, 64 and 16 pixels
 
 
 def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):
