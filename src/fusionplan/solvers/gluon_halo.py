@@ -22,14 +22,15 @@ the buffer. Hopper applies the 128-byte swizzle by address bits, so such a view 
 they were stored (``bench/gluon/halo_probe.py --shift-check``: any row offset is read right with
 the 128-byte swizzle; the 64- and 32-byte swizzles are not).
 
-Partitions: the computing warps (the default partition: one warpgroup for tiles of up to 64
-slots by 128 channels, else two) issue the nine products of each channel block, [channels, pixels] = weights @ halo^T,
-one in flight; one warp brings each tap's weights tile by TMA through a ring; GATHER_WARPS
+Partitions: the computing warps (the default partition: one warpgroup for tiles of up to 64 slots by
+128 channels, else two) issue the nine products of each channel block, [channels, pixels] = weights
+@ halo^T, one in flight; one warp brings each tap's weights tile by TMA through a ring; GATHER_WARPS
 gathering warps load each block's halo (a thread one halo row's BLOCK_K channels, 8 at a time:
-16-byte shared stores; a warp's load is 32 neighbouring halo rows of one channel) into one of two
-halo buffers while the block before is computed. Their loads stay in their own warps: in the
-computing warps (bench/gluon/halo_probe.py's one-partition kernels) the barrier waits shared the
-loads' scoreboard and each block's first product waited for the whole gather.
+16-byte shared stores; a warp's load is 32 neighbouring halo rows of one channel) into one of
+tuning.GLUON_HALO_BUFFERS halo buffers (two) while the blocks before are computed. Their loads stay
+in their own warps: in the computing warps (bench/gluon/halo_probe.py's one-partition kernels) the
+barrier waits shared the loads' scoreboard and each block's first product waited for the whole
+gather.
 
 Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile it for sm_90).
 """
