@@ -820,41 +820,6 @@ def assert_pair_kernel(info: dict, pixels: int) -> None:
     assert info["shared bytes (dynamic)"] <= 232448
 
 
-def test_padded_planes_keep_their_tile_without_padded_pingpong(monkeypatch):
-    """tuning.GLUON_GEMM_PADDED_PINGPONG off: r50_13 read as pairs keeps the cost model's 208-pixel
-    tile (each image's 196 pixels padded to 208) in persistent programs of one partition instead of
-    ping-pong's 128 x 128 tiles (padded to 256); its copied planes (no padding) keep ping-pong."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 4)
-
-    def kernel():
-        return fp.solvers.solver_named("gluon-gemm").build(layer("r50_13", layout="NCHW").spec(), fp.Handle("cpu"))
-
-    pairs = kernel()
-    assert pairs.pairs and (pairs.config.block_m, pairs.config.consumers) == (128, 2)
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PADDED_PINGPONG", False)
-    pairs = kernel()
-    cfg = pairs.config
-    assert (cfg.block_m, cfg.block_n, cfg.consumers) == (208, 128, 1)
-    assert pairs.programs_and_steps(cfg) == (32 * 8, 4)
-    assert gluon_gemm.gluon_gemm_defer_why(layer("r50_13", layout="NCHW").spec(), H100_SMS) is None
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 0.25)
-    copies = kernel()
-    assert copies.copies and copies.config.consumers == 2
-
-
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_persistent_pair_kernels_of_208_pixels_compile(dtype):
-    """r50_13 as pairs in 208-pixel tiles (tuning.GLUON_GEMM_PADDED_PINGPONG off) on sm_90: a tensor
-    load per part (128 + 64 + 16) beside the weights', the odd halves by 8-byte copies (13 a thread),
-    no spills, within sm_90's shared memory."""
-    build = (
-        "from fusionplan import tuning\n"
-        "tuning.GLUON_GEMM_PAIRS_MAX_WIDENING = 4\n"
-        "tuning.GLUON_GEMM_PADDED_PINGPONG = False\n" + layer_build("r50_13", dtype, "CBNA", "NCHW")
-    )
-    assert_pair_kernel(compile_sm90(build, "gluon-gemm"), 208)  # parts of 128, 64 and 16 pixels
-
-
 def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):
     """tuning.GLUON_GEMM_PLANE_STORE_LANES lanes along a plane's pixels for 8-byte stores (PLANE_VEC
     4: 14x14 planes), 4 for 16-byte ones; a count that does not divide a warp is refused."""

@@ -250,15 +250,6 @@ GLUON_GEMM_MIN_TILE = 64 * 128
 #:   r50_08 55.3, r50_07 45.5); at 2 steps triton-conv stays faster (r50_03 66.2 against 69.4, r50_01
 #:   24.5 against 28.2).
 GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
-#: Ping-pong's 128 x 128 tiles also where each image's channel planes are padded to whole tiles
-#: (gluon_gemm.padded_plane: planes read by boxes, plane pairs) and 128-pixel tiles pad more of them
-#: than the cost model's tile (gluon_gemm.best_tile) does, when True; else that tile, in persistent
-#: programs of one computing partition. The case: r50_13 read as pairs (14x14 planes, 256 -> 1024;
-#: GLUON_GEMM_PAIRS_MAX_WIDENING 4), whose 128-pixel tiles pad 196 pixels to 256 (12.9 -> 14.6 us
-#: against its copied planes, bench/NOTES.md section 58) where a 208-pixel tile pads them to 208.
-#: Compiled for sm_90, not yet measured: A/B with `--tuning GLUON_GEMM_PAIRS_MAX_WIDENING=4
-#: --tuning GLUON_GEMM_PADDED_PINGPONG=1,0` on r50_13 (NCHW).
-GLUON_GEMM_PADDED_PINGPONG = True
 
 #: gluon-gemm's epilogue runs the chain in the accumulator's own layout and changes only the
 #: 16-bit output's layout for the stores (a quarter of the fp32 accumulator's shared memory, in
@@ -347,7 +338,8 @@ GLUON_GEMM_COPY_MAX_WIDENING = 2
 #: the input's channels; else all by copies. H100, batch 32, CBNA, fp16 / bf16, 5 rounds
 #: (bench/NOTES.md section 58): r50_15 (1024 -> 256) 13.3 -> 12.1 / 13.3 -> 12.1 us; not r50_17
 #: (1024 -> 512: 18.5 -> 21.1, 18.5 with 196 KB of shared memory) nor r50_13 (256 -> 1024: 12.9 ->
-#: 14.6, its 128-pixel tiles padding 196 pixels to 256).
+#: 14.6, its 128-pixel tiles padding 196 pixels to 256; 16.5 with 208-pixel tiles in persistent
+#: programs of one computing partition, H200, section 60).
 GLUON_GEMM_PLANE_PAIRS = True
 GLUON_GEMM_PAIRS_MAX_WIDENING = 0.25
 #: Shared memory of a program reading copied planes by 8-byte copies (gluon_gemm.copies_through_l1)

@@ -739,12 +739,7 @@ def gluon_gemm_config(
         # take (gemm_store_mode 2: its epilogue under the next tile's products), whatever it pads
         pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, stored_by_tma=True)
         persistent = beyond_one_wave(pixels, block_n)
-    if (
-        persistent
-        and steps >= pingpong_min_steps(size, k)
-        and row_slots <= 128
-        and pingpong_pads_fitly(m, pixels, plane)
-    ):
+    if persistent and steps >= pingpong_min_steps(size, k) and row_slots <= 128:
         # deep reductions beyond one wave: two warpgroups taking 128 x 128 tiles in turn
         stages = gemm_stages(128, 128, block_k, size, True, 4, 2, shared=shared)
         cfg = tuning.ConvConfig(128, 128, block_k, 8, 4, stages, 1, consumers=2)
@@ -785,13 +780,6 @@ def best_tile(
                 best = (rank, pixels, block_n, warps)
     assert best is not None
     return best[1:]
-
-
-def pingpong_pads_fitly(m: int, pixels: int, plane: int) -> bool:
-    """Whether ping-pong's 128-pixel tiles may replace the cost model's ``pixels`` for ``m`` rows of
-    planes padded to whole tiles (``plane`` pixels an image; 0: none padded): always, unless
-    tuning.GLUON_GEMM_PADDED_PINGPONG is off and they pad more rows than ``pixels`` do."""
-    return tuning.GLUON_GEMM_PADDED_PINGPONG or plane_rows(m, 128, plane) <= plane_rows(m, pixels, plane)
 
 
 def pingpong_min_steps(size: int, k: int) -> int:
