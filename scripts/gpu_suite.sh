@@ -6,7 +6,9 @@
 #   SUITE_TIMEOUT=500 scripts/gpu_suite.sh OUTDIR; scripts/gpu_suite.sh OUTDIR   (two runs, one suite)
 # OUTDIR keeps per part its record (ended-K-of-N.txt) and each run's output (run-R-part-K-of-N.txt:
 # a run that ends lists its 20 slowest tests); the last lines say how many tests of each part are
-# left. The host's cores, not its GPUs, set the pace (bench/NOTES.md section 59).
+# left. The host's cores set the pace of compiling (bench/NOTES.md section 59); the tests marked slow
+# (tile tests, minutes each) run first and go to the workers a test at a time (--maxschedchunk 1), so
+# that none is left to run alone at a part's end (section 60).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_suite.sh OUTDIR}
@@ -17,7 +19,7 @@ run=$(( $(find "$out" -name 'run-*-part-1-of-*.txt' | wc -l) + 1 ))
 for ((k = 1; k <= gpus; k++)); do
   record="$out/ended-$k-of-$gpus.txt"
   CUDA_VISIBLE_DEVICES=$((k - 1)) timeout "${SUITE_TIMEOUT:-540}" python -m pytest -m gpu tests/test_gpu.py -q \
-    -n "${WORKERS:-16}" -p no:cacheprovider -rfE --durations=20 --part "$k/$gpus" --record "$record" --done "$record" \
+    -n "${WORKERS:-16}" --maxschedchunk 1 -p no:cacheprovider -rfE --durations=20 --part "$k/$gpus" --record "$record" --done "$record" \
     > "$out/run-$run-part-$k-of-$gpus.txt" 2>&1 &
 done
 wait

@@ -54,6 +54,17 @@ def pytest_collection_modifyitems(config, items):
     if done:
         ended = set(Path(done).read_text().splitlines()) if Path(done).exists() else set()
         keep([item for item in items if item.nodeid not in ended], items, config)
+    slow_first(items)
+
+
+def slow_first(items: list) -> None:
+    """The tests marked slow (minutes each: many kernels compiled one after another) moved ahead of
+    the others, each group in its own order. With pytest-xdist's ``--maxschedchunk 1`` (the GPU
+    scripts) each worker is handed two tests, then one more as each ends: the slow ones start on
+    every worker at once and the short ones fill in around them, instead of a few slow ones at a
+    part's end running alone for minutes. (By default xdist hands out runs of consecutive tests,
+    which would give the slow ones to a few workers.)"""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def keep(kept: list, items: list, config) -> None:

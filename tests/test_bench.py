@@ -253,6 +253,61 @@ def test_record_of_parallel_workers_is_written_once(tmp_path):
     assert ended == [f"test_one[case{i}]" for i in (0, 1, 3, 4, 5)]
 
 
+SLOW_AND_SHORT_TESTS = """import pytest
+
+@pytest.mark.parametrize("i", range(3), ids=lambda i: f"short{i}")
+def test_short(i):
+    print("RAN", f"short{i}")
+
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(3), ids=lambda i: f"slow{i}")
+def test_slow(i):
+    print("RAN", f"slow{i}")
+"""
+
+
+def test_slow_tests_run_first_within_their_part(tmp_path):
+    """Tests marked slow run ahead of the others, each group in collection order (so that pytest-xdist
+    starts them on every worker at once, not at a part's end); --part still chooses from collection
+    order, so a part holds the same tests as before."""
+    tests = tmp_path / "test_slow_and_short.py"
+    tests.write_text(SLOW_AND_SHORT_TESTS)
+    assert run_pytest_on(tests)[1] == ["slow0", "slow1", "slow2", "short0", "short1", "short2"]
+    assert run_pytest_on(tests, "--part", "1/2")[1] == ["slow1", "short0", "short2"]
+
+
+def test_slow_tests_start_on_every_worker(tmp_path):
+    """With pytest-xdist and --maxschedchunk 1 (scripts/gpu_suite.sh, gpu_check.sh) every worker
+    starts with slow tests; by default the first worker takes all of them."""
+    pytest.importorskip("xdist")
+    tests = tmp_path / "test_slow_and_short.py"
+    tests.write_text(
+        "import os, pathlib, pytest\n\n"
+        "def note(name):\n"
+        "    with pathlib.Path(__file__).with_name('order.txt').open('a') as f:\n"
+        "        f.write(os.environ['PYTEST_XDIST_WORKER'] + ' ' + name + '\\n')\n\n"
+        "@pytest.mark.parametrize('i', range(40))\n"
+        "def test_short(i):\n"
+        "    note('short')\n\n"
+        "@pytest.mark.slow\n"
+        "@pytest.mark.parametrize('i', range(4))\n"
+        "def test_slow(i):\n"
+        "    note('slow')\n"
+    )
+
+    def first_two_by_worker(*options: str) -> dict[str, list[str]]:
+        (tmp_path / "order.txt").unlink(missing_ok=True)
+        run_pytest_on(tests, "-n", "2", *options)
+        ran: dict[str, list[str]] = {}
+        for line in (tmp_path / "order.txt").read_text().splitlines():
+            worker, name = line.split()
+            ran.setdefault(worker, []).append(name)
+        return {worker: names[:2] for worker, names in ran.items()}
+
+    assert first_two_by_worker("--maxschedchunk", "1") == {"gw0": ["slow", "slow"], "gw1": ["slow", "slow"]}
+    assert first_two_by_worker()["gw1"] == ["short", "short"]
+
+
 def test_other_processes_run_for_the_body_and_are_killed_after():
     """The load processes of fusionplan.benchmark.contention (here a sleep, no GPU needed) run
     while the body does and are gone after it, even when it raises."""

@@ -790,6 +790,7 @@ GLUON_GEMM_RUNS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_GEMM_RUNS)
 def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
@@ -912,6 +913,7 @@ def gluon_nchw_case(case: str, dtype):
     return plan, x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32"])
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_tiles(case, precision, monkeypatch):
@@ -960,6 +962,7 @@ def test_gluon_nchw_layers(layer, precision):
     run_and_check(plan, precision, x, "NCHW", solver="gluon-nchw")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
@@ -1036,6 +1039,7 @@ def check_tile_with_switches(plan, handle, kernel, x, precision, rng, monkeypatc
     check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_ROW_PAIRS_CASES))
 def test_gluon_row_pairs_tiles(case, precision, monkeypatch):
@@ -1106,6 +1110,7 @@ GLUON_HALO_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_HALO_CASES))
 def test_gluon_halo_tiles(case, precision, monkeypatch):
@@ -1164,6 +1169,7 @@ GLUON_PLANE_CHUNKS_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 @pytest.mark.parametrize("case", list(GLUON_PLANE_CHUNKS_CASES))
 def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
@@ -1258,6 +1264,7 @@ def test_random_plans(seed):
     run_and_check(plan, precision, x, out_layout)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chain", ["CBNA", "NA"])
 def test_repeated_executes_take_the_direct_launch_path(chain):
     """After the first launch, kernels are called directly; the specialization key must follow
@@ -1493,6 +1500,7 @@ def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
     assert result.nonfinite == 0 and result.rel_norm < 1e-2, str(result)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["triton-conv", "triton-window"])
 def test_split_reductions_across_streams_and_graphs(solver):
     """A 14x14 layer at batch 1 leaves most multiprocessors idle: its reduction is split. Repeated
@@ -1702,6 +1710,7 @@ def test_gemm_wide_tiles_reading_a_prior_run_narrower():
     run_and_check(plan, "fp16", x, "NHWC", args=args, prior=prior, solver="triton-gemm")
 
 
+@pytest.mark.slow
 def test_resnet50_fused_at_batch_32_matches_eager():
     """The whole network through fusionplan.torch (residual chains read a prior output: kernels
     compiled at their first call), fp16 channels-last, against eager."""
@@ -1727,6 +1736,7 @@ def test_resnet50_fused_at_batch_32_matches_eager():
     assert (out.argmax(1) == ref.argmax(1)).float().mean().item() > 0.9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "first, second, layout",
     [
