@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def slow_first(items: list) -> None:
-    """The tests marked slow (minutes each: many kernels compiled one after another) moved ahead of
+    """The tests marked slow (a minute or more each: many kernels compiled one after another) moved ahead of
     the others, each group in its own order. With pytest-xdist's ``--maxschedchunk 1`` (the GPU
     scripts) each worker is handed two tests, then one more as each ends: the slow ones start on
     every worker at once and the short ones fill in around them, instead of a few slow ones at a
