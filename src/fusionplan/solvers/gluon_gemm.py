@@ -725,7 +725,7 @@ def gluon_gemm_config(
     the ring (gemm_store_mode); ``plane``: pixels of an image's channel planes (plane_rows);
     ``shared``: the program's shared memory at most (gemm_stages)."""
     size = torch.empty((), dtype=dtype).element_size()
-    block_k = 128 // size  # rows of 128 bytes: the widest swizzle
+    block_k = step_channels(size)
     steps = triton_cdiv(c, block_k)
 
     def beyond_one_wave(pixels: int, block_n: int) -> bool:
@@ -780,6 +780,13 @@ def best_tile(
                 best = (rank, pixels, block_n, warps)
     assert best is not None
     return best[1:]
+
+
+def step_channels(size: int) -> int:
+    """Channels of one reduction step (BLOCK_K) for data of ``size`` bytes: rows of 128 bytes, the
+    widest swizzle. Every configuration gluon-gemm makes takes it, and plane pairs' packed weights
+    are ordered by it (pair_order)."""
+    return 128 // size
 
 
 def pingpong_min_steps(size: int, k: int) -> int:
@@ -896,7 +903,7 @@ def planes_why_not(spec: PlanSpec) -> str | None:
     if h * w * size % 16 and (h * w % PLANE_COPY_VEC or not tuning.GLUON_GEMM_PLANE_COPIES):
         # planes of whole 8-byte units may come by asynchronous copies instead (plane_copies)
         return f"{h}x{w} planes of {h * w * size} bytes are not whole 16-byte units (a tensor descriptor's rows)"
-    block_k = 128 // size
+    block_k = step_channels(size)
     if c % block_k:
         return f"C={c}: boxes of {block_k} channel planes would cross into the next image (C a multiple of {block_k})"
     if n * c >= 2**31:
@@ -1174,7 +1181,7 @@ class GluonGemmKernel(GluonWindowKernel):
         with two taking tiles in turn, in steps of 128-byte rows of the plan's dtype with the
         stages gemm_stages gives; strided, only tiles whose parts hold whole output rows."""
         size = self.spec.dtype.torch_dtype.itemsize
-        block_k = 128 // size
+        block_k = step_channels(size)
         found = [
             tuning.ConvConfig(p, n, block_k, 8, w, gemm_stages(p, n, block_k, size, True, w), 1)
             for p, n in FIND_TILES
@@ -1222,8 +1229,8 @@ class GluonGemmKernel(GluonWindowKernel):
         packed = super().pack(weight)
         if not self.pairs:
             return packed
-        block_k = 128 // packed.element_size()
-        order = torch.tensor(pair_order(packed.shape[1], block_k), device=packed.device)
+        order = pair_order(packed.shape[1], step_channels(packed.element_size()))
+        order = torch.tensor(order, device=packed.device)
         return packed.index_select(1, order).contiguous()
 
     @cached_property
