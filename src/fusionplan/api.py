@@ -10,6 +10,7 @@ descriptors, for code that would otherwise rebuild the same plan on every call.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
+from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, batchnorm_param_dims
 from fusionplan.enums import ActivationMode, BatchNormMode, Layout, coerce_enum
 from fusionplan.errors import BadParmError
 from fusionplan.handle import Handle, resolve_device
@@ -135,8 +136,12 @@ class Plan:
         alpha: float = 1.0,
         beta: float = 0.0,
     ) -> Plan:
+        mode = coerce_enum(BatchNormMode, mode, "batch-norm mode")
         desc, s = _desc_of(scale, "scale")
-        op = self.core.add_batchnorm_inference(coerce_enum(BatchNormMode, mode, "batch-norm mode"), desc)
+        dims = batchnorm_param_dims(mode, self.core.output_desc.dims)
+        if s is not None and s.dim() != len(dims) and s.numel() == math.prod(dims):
+            desc = TensorDescriptor.packed(desc.dtype, dims)  # flat parameters, as the MIOpen layer takes them
+        op = self.core.add_batchnorm_inference(mode, desc)
         return self._bind(
             op,
             BatchNormInferenceArgs,
@@ -185,9 +190,10 @@ class Plan:
         return self
 
     # -- compiling and running ----------------------------------------------------------------
-    def compile(self) -> str:
-        """Compile for the plan's handle; returns the chosen solver's name."""
-        return self.core.compile(self.handle, self.backend)
+    def compile(self, solver: str | None = None) -> str:
+        """Compile for the plan's handle; returns the chosen solver's name. ``solver`` names the
+        solver to use (UnsupportedOpError, with its reason, when it cannot run the plan)."""
+        return self.core.compile(self.handle, self.backend, solver)
 
     def explain(self) -> list[Verdict]:
         return self.core.explain(self.handle, self.backend)

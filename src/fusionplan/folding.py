@@ -130,11 +130,14 @@ def split_at_conv(ops: Sequence[FusionOp]) -> tuple[list[FusionOp], ConvForwardO
     return list(ops), None, []
 
 
-def args_fingerprint(records: Sequence[OpArgs]) -> tuple:
+def args_fingerprint(records: Sequence[OpArgs]) -> tuple | object:
     """Version counters of every argument tensor: equal fingerprints of the same records mean the
-    derived data (folded coefficients, repacked weights) is still valid. Tensors made under
-    torch.inference_mode have no version counter; for them the record's identity is all there is."""
-    return tuple(None if t.is_inference() else t._version for r in records for t in r._tensors)
+    derived data (folded coefficients, repacked weights) is still valid. Records holding a tensor
+    whose edits no version counter sees (ops.is_volatile: DLPack imports, inference tensors) get a
+    fresh object, equal to nothing: what is derived from them is derived again at every execute."""
+    if any(r.volatile for r in records):
+        return object()
+    return tuple(t._version for r in records for t in r._tensors)
 
 
 class PerArgsCache:

@@ -35,16 +35,69 @@ class Phase(enum.Enum):
     BACKWARD = "backward"
 
 
-def as_tensor(value: Any, name: str) -> torch.Tensor:
-    """A torch view of ``value`` (a torch tensor or any DLPack-capable array)."""
+def as_tensor(value: Any, name: str, writable: bool = False) -> torch.Tensor:
+    """A torch view of ``value`` (a torch tensor or any DLPack-capable array). ``writable``: the
+    caller writes into it, so a read-only array (numpy's ``writeable=False``, a read-only memmap,
+    a DLPack export flagged read-only) is a BadParmError rather than memory written behind its
+    owner's back (or a crash, for a read-only mapping)."""
     if isinstance(value, torch.Tensor):
         return value
     if hasattr(value, "__dlpack__"):
+        if writable and is_read_only(value):
+            raise BadParmError(f"{name}: the array is read-only; fusionplan writes its result into it")
         try:
-            return torch.from_dlpack(value)
+            tensor = torch.from_dlpack(value)
         except Exception as exc:  # the producer's own error type varies
             raise BadParmError(f"{name}: cannot import through DLPack: {exc}") from exc
+        return mark_external(tensor)
     raise BadParmError(f"{name}: expected a tensor (torch or DLPack-capable), got {type(value).__name__}")
+
+
+_DLPACK_FLAG_READ_ONLY = 1  # DLPack 1.0's DLPACK_FLAG_BITMASK_READ_ONLY
+_EXTERNAL = "_fusionplan_external"
+
+
+def is_read_only(value: Any) -> bool:
+    """Whether a DLPack-capable array says it must not be written: numpy's flags, else the flags of
+    a DLPack 1.0 export (inspected, not consumed)."""
+    flags = getattr(value, "flags", None)
+    if flags is not None and getattr(flags, "writeable", True) is False:
+        return True
+    try:
+        capsule = value.__dlpack__(max_version=(1, 0))
+    except Exception:  # a producer of DLPack before 1.0 has no read-only flag to show
+        return False
+    return bool(_versioned_capsule_flags(capsule) & _DLPACK_FLAG_READ_ONLY)
+
+
+def _versioned_capsule_flags(capsule: Any) -> int:
+    """The flags of a "dltensor_versioned" capsule (0 for a capsule of an older DLPack)."""
+    import ctypes
+
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    name = get_name(capsule)
+    if name != b"dltensor_versioned":
+        return 0
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    managed = get_pointer(capsule, name)
+    # DLManagedTensorVersioned: {uint32 major, uint32 minor}, void* manager_ctx, void (*deleter)(...), uint64 flags
+    offset = 8 + 2 * ctypes.sizeof(ctypes.c_void_p)
+    return ctypes.c_uint64.from_address(managed + offset).value
+
+
+def mark_external(tensor: torch.Tensor) -> torch.Tensor:
+    """Mark a tensor imported through DLPack: its owner edits its memory without moving torch's
+    version counter, so data derived from it is never cached (see ``is_volatile``)."""
+    setattr(tensor, _EXTERNAL, True)
+    return tensor
+
+
+def is_volatile(tensor: torch.Tensor) -> bool:
+    """True for tensors whose edits torch's version counter does not see: DLPack imports, and
+    inference tensors (which have no version counter)."""
+    return tensor.is_inference() or getattr(tensor, _EXTERNAL, False)
 
 
 def _squeezed(dims: tuple[int, ...]) -> tuple[int, ...]:
@@ -64,14 +117,19 @@ def check_param_descriptor(desc: TensorDescriptor, expected: tuple[int, ...], da
 
 
 def param_tensor(
-    value: Any, name: str, expected: tuple[int, ...], data: DataType, desc: TensorDescriptor | None = None
+    value: Any,
+    name: str,
+    expected: tuple[int, ...],
+    data: DataType,
+    desc: TensorDescriptor | None = None,
+    writable: bool = False,
 ) -> torch.Tensor:
     """Validate a bias / batch-norm parameter or statistics tensor; return it viewed as ``expected``.
 
     Accepted: the exact shape (strides free), or any contiguous tensor with as many elements.
-    dtype: the data's, the descriptor's, or float32 for fp16/bf16 data.
+    dtype: the data's, the descriptor's, or float32 for fp16/bf16 data. ``writable``: a side output.
     """
-    t = as_tensor(value, name)
+    t = as_tensor(value, name, writable)
     if tuple(t.shape) != expected:
         if t.numel() != _numel(expected) or not t.is_contiguous():
             raise BadParmError(
@@ -120,6 +178,7 @@ class OpArgs:
         devices = {t.device for t in tensors}
         object.__setattr__(self, "_tensors", tensors)
         object.__setattr__(self, "_device", devices.pop() if len(devices) == 1 else None)
+        object.__setattr__(self, "volatile", any(is_volatile(t) for t in tensors))
 
     def field_values(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -312,11 +371,15 @@ class _BatchNormOp(FusionOp):
     def signature(self) -> tuple:
         return (type(self).__name__, self.mode)
 
+    #: Arguments the operator writes into (side outputs).
+    side_outputs: ClassVar[tuple[str, ...]] = ()
+
     def _param(self, args: OpArgs, name: str, desc: TensorDescriptor | None = None) -> torch.Tensor:
         value = getattr(args, name)
         if value is None:
             raise BadParmError(f"operator {self.index} ({self.title}): argument {name} is required")
-        return param_tensor(value, f"{self.title} {name}", self.param_dims, self.input_desc.dtype, desc)
+        writable = name in self.side_outputs
+        return param_tensor(value, f"{self.title} {name}", self.param_dims, self.input_desc.dtype, desc, writable)
 
     def _optional_param(self, args: OpArgs, name: str) -> torch.Tensor | None:
         return None if getattr(args, name) is None else self._param(args, name)
@@ -373,6 +436,7 @@ class BatchNormForwardOp(_BatchNormOp):
     phase = Phase.TRAINING_FORWARD
     title = "batch-norm forward training"
     args_type = BatchNormForwardArgs
+    side_outputs = ("saved_mean", "saved_inv_variance", "running_mean", "running_variance")
 
     def __init__(
         self, index: int, input_desc: TensorDescriptor, mode: BatchNormMode | int, running_mean_variance: bool
@@ -416,6 +480,7 @@ class BatchNormBackwardOp(_BatchNormOp):
     phase = Phase.BACKWARD
     title = "batch-norm backward"
     args_type = BatchNormBackwardArgs
+    side_outputs = ("result_scale_diff", "result_bias_diff")
 
     def _check(self, args: BatchNormBackwardArgs) -> BatchNormBackwardArgs:
         if args.x is None:

@@ -307,7 +307,7 @@ class FusionPlan:
                 return
         spec = entry.spec
         x = as_tensor(x, "input")
-        y = as_tensor(y, "output")
+        y = as_tensor(y, "output", writable=True)
         _check_input(spec, x, x_desc)
         _check_output(spec, y, y_desc)
         records = _records(spec, args)

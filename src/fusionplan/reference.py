@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from fusionplan.activations import activation_backward, activation_forward
 from fusionplan.enums import BatchNormMode
@@ -37,6 +36,7 @@ from fusionplan.ops import (
     OpArgs,
     Phase,
 )
+from fusionplan.torch_conv import conv2d
 
 Tensor = torch.Tensor
 
@@ -57,8 +57,7 @@ def reduce_dims(mode: BatchNormMode, ndim: int) -> tuple[int, ...]:
 
 
 def conv_forward(op: ConvForwardOp, x: Tensor, w: Tensor) -> Tensor:
-    c = op.conv
-    return F.conv2d(x, w, None, c.strides, c.pads, c.dilations, c.groups)
+    return conv2d(x, w, None, op.conv)
 
 
 def batchnorm_inference(x: Tensor, scale: Tensor, bias: Tensor, mean: Tensor, var: Tensor, eps: float) -> Tensor:

@@ -454,8 +454,8 @@ class FusedChain(nn.Module):
         for where, name, tensor, ptr, version in sources:
             if where[name] is not tensor:
                 return None
-            if tensor is not None and (tensor.data_ptr() != ptr or version is not None and tensor._version != version):
-                return None
+            if tensor is not None and (tensor.data_ptr() != ptr or version is None or tensor._version != version):
+                return None  # moved, edited, or an inference tensor (no version: no repeat)
         if not _eager_call(x):
             return None
         if direct is not None:

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from fusionplan.activations import activation_forward
 from fusionplan.enums import ActivationMode, Layout
@@ -34,6 +33,7 @@ from fusionplan.ops import (
 )
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.reference_solver import compute_dtype_for
+from fusionplan.torch_conv import canonical, conv2d
 
 Tensor = torch.Tensor
 
@@ -155,9 +155,9 @@ class CpuFoldedKernel(Kernel):
             a.scale = 1.0
             if isinstance(a.shift, Tensor) and _per_channel(a.shift):
                 bias, a.shift = a.shift.reshape(-1).contiguous(), 0.0
-        # oneDNN wants the weights in the activations' layout; another layout is reordered on every call
-        fmt = torch.channels_last if self.spec.input_desc.layout == Layout.NHWC else torch.contiguous_format
-        return FoldedConv(weight.contiguous(memory_format=fmt), bias, a)
+        # oneDNN wants the weights in the activations' layout (another is reordered on every call), and
+        # in canonical strides (torch_conv: unusual strides on size-1 axes miscompute)
+        return FoldedConv(canonical(weight, self.spec.input_desc.layout == Layout.NHWC), bias, a)
 
     # -- execute ------------------------------------------------------------------------------
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
@@ -173,7 +173,7 @@ class CpuFoldedKernel(Kernel):
         for stage, par in stages:
             if isinstance(stage, ConvStage):
                 conv = self.spec.ops[stage.conv].conv
-                h = F.conv2d(h, par.weight, par.bias, conv.strides, conv.pads, conv.dilations, conv.groups)
+                h = conv2d(h, par.weight, par.bias, conv)
                 h, owned = _apply_affine(h, True, par.rest, p), True
             elif isinstance(stage, AffineStage):
                 h, owned = _apply_affine(h, owned, par, p), True
