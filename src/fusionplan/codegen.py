@@ -26,19 +26,23 @@ from fusionplan.folding import ActStage, AffineStage, Stage
 from fusionplan.ops import ActivationForwardOp, FusionOp
 
 #: Forward formulas over fp32 values: {x} the input, {a} {b} {g} activAlpha, activBeta, activGamma.
+#: NaN stays NaN, as in torch's ops: comparisons select (a NaN fails every one), where tl.maximum
+#: and tl.minimum would return the other operand on the GPU.
+_NONNEGATIVE = "tl.where({x} < 0.0, 0.0, {x})"
 ACTIVATION_CODE: dict[ActivationMode, str] = {
     ActivationMode.PASTHRU: "{x}",
     ActivationMode.LOGISTIC: "1.0 / (1.0 + tl.exp(-{x}))",
     ActivationMode.TANH: "{b} * (2.0 / (1.0 + tl.exp(-2.0 * {a} * {x})) - 1.0)",
-    ActivationMode.RELU: "tl.maximum({x}, 0.0)",
-    ActivationMode.SOFTRELU: "tl.maximum({x}, 0.0) + tl.log(1.0 + tl.exp(-tl.abs({x})))",
+    ActivationMode.RELU: _NONNEGATIVE,
+    ActivationMode.SOFTRELU: _NONNEGATIVE + " + tl.log(1.0 + tl.exp(-tl.abs({x})))",
     ActivationMode.ABS: "tl.abs({x})",
-    ActivationMode.POWER: (
-        "tl.where({a} + {b} * {x} > 1e-6, tl.exp({g} * tl.log(tl.maximum({a} + {b} * {x}, 1e-6))), 0.0)"
+    ActivationMode.POWER: (  # x ** 0 is 1 even where x is infinite (exp(0 * log(inf)) would be NaN)
+        "tl.where({a} + {b} * {x} > 1e-6, "
+        "tl.where({g} == 0.0, 1.0, tl.exp({g} * tl.log(tl.maximum({a} + {b} * {x}, 1e-6)))), 0.0)"
     ),
-    ActivationMode.CLIPPEDRELU: "tl.minimum(tl.maximum({x}, 0.0), {a})",
+    ActivationMode.CLIPPEDRELU: f"tl.where({_NONNEGATIVE} > {{a}}, {{a}}, {_NONNEGATIVE})",
     ActivationMode.LEAKYRELU: "tl.where({x} > 0.0, {x}, {a} * {x})",
-    ActivationMode.ELU: "tl.where({x} > 0.0, {x}, {a} * (tl.exp(tl.minimum({x}, 0.0)) - 1.0))",
+    ActivationMode.ELU: "tl.where({x} > 0.0, {x}, {a} * (tl.exp(tl.where({x} > 0.0, 0.0, {x})) - 1.0))",
 }
 
 

@@ -23,6 +23,7 @@ Triton version) means the normal path: a record can cost a recompilation, never 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import functools
@@ -31,6 +32,7 @@ import inspect
 import json
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,6 +163,11 @@ def _launch_hooks() -> tuple:
     return enter, leave
 
 
+#: Triton's interpreter patches triton.language while it runs a kernel: one kernel at a time.
+_INTERPRETER_LOCK = threading.Lock()
+_NO_LOCK = contextlib.nullcontext()
+
+
 class Launcher:
     """Launches a generated kernel, calling the compiled kernel directly after the first launch.
 
@@ -208,9 +215,10 @@ class Launcher:
                 raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
             launch = self.fn[grid]
             try:
-                kernel = with_own_scratch(
-                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
-                )
+                with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
+                    kernel = with_own_scratch(
+                        launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
+                    )
             except Exception as exc:
                 if is_out_of_resources(exc):
                     self._too_large[key] = exc

@@ -8,6 +8,7 @@ often as needed. Adding an operator invalidates every compilation of the plan.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Iterable
@@ -21,6 +22,7 @@ from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _str
 from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction, coerce_enum
 from fusionplan.errors import (
     BadParmError,
+    FusionPlanError,
     InternalError,
     MissingArgumentError,
     NotCompiledError,
@@ -303,7 +305,8 @@ class FusionPlan:
             key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
             checked = self._checked.get(key)
             if checked is not None:
-                _rerun_checked(handle, entry.kernel, checked, x, y, prior)
+                with _typed_errors(entry.solver):
+                    _rerun_checked(handle, entry.kernel, checked, x, y, prior)
                 return
         spec = entry.spec
         x = as_tensor(x, "input")
@@ -317,7 +320,7 @@ class FusionPlan:
             if len(self._checked) >= _CHECKED_KEYS:
                 self._checked.clear()
             self._checked[key] = (records, p is not None)
-        with torch.no_grad(), handle.activate():
+        with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
             entry.kernel.run(x, y, records, p)
 
     def repeater(self, handle: Handle, x: torch.Tensor, y: torch.Tensor, args: OperatorArgs, prior=None):
@@ -367,6 +370,18 @@ class Repeater:
     @property
     def reads_prior(self) -> bool:
         return self.checked[1]
+
+
+@contextlib.contextmanager
+def _typed_errors(solver: str):
+    """A kernel's own failure (Triton's, torch's) raised as InternalError naming the solver: callers
+    of either API see fusionplan's error types only."""
+    try:
+        yield
+    except FusionPlanError:
+        raise
+    except Exception as exc:
+        raise InternalError(f"solver {solver} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _rerun_checked(handle: Handle, kernel, checked: tuple, x: torch.Tensor, y: torch.Tensor, prior) -> None:

@@ -130,8 +130,17 @@ def render_pointwise_source(spec: PlanSpec, stages) -> str:
     )
 
 
+def _pixel_strides(t: Tensor) -> tuple[int, int, int, int]:
+    """t's strides, with a plane of width 1 read as one column: its W stride is its H stride (the
+    kernel's pixel p is then row p), so that one stride steps through the plane's pixels."""
+    sn, sc, sh, sw = t.stride()
+    return (sn, sc, sh, sh) if t.shape[3] == 1 else (sn, sc, sh, sw)
+
+
 def _hw_flat(t: Tensor) -> bool:
-    return t.shape[2] == 1 or t.shape[3] == 1 or t.stride(2) == t.shape[3] * t.stride(3)
+    """Whether pixel p of t's planes is p times its W stride (of _pixel_strides)."""
+    sh, sw = _pixel_strides(t)[2:]
+    return t.shape[2] == 1 or t.shape[3] == 1 or sh == t.shape[3] * sw
 
 
 def _dense_order(*tensors: Tensor) -> bool | None:
@@ -194,7 +203,7 @@ class TritonPointwiseKernel(Repeating, Kernel):
         cfg = self.config
         num_pb = triton_cdiv(h * w, cfg.block_p)
         grid = (n * num_pb, triton_cdiv(c, cfg.block_c), 1)
-        strides = (*x.stride(), *out.stride(), *p.stride())
+        strides = (*_pixel_strides(x), *_pixel_strides(out), *_pixel_strides(p))
         consts = (
             cfg.block_p,
             cfg.block_c,

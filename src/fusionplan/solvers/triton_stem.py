@@ -276,10 +276,14 @@ class TritonStemKernel(TritonConvKernel):
         tails = indent(tails.rstrip("\n").split("\n"), 4)
         dots = "".join(
             f"        b = tl.load(w_r + {p} * w_block, mask=b_mask, other=0.0)\n"
-            f"        acc{p} = tl.dot(b, tl.trans(a), acc{p}, input_precision=DOT_PRECISION)\n"
+            f"        a_px{p} = tl.where(taps_px{p}[None, :], a, 0.0)\n"
+            f"        acc{p} = tl.dot(b, tl.trans(a_px{p}), acc{p}, input_precision=DOT_PRECISION)\n"
             for p in range(px)
         )
-        zeros = "".join(f"    acc{p} = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)\n" for p in range(px))
+        zeros = "".join(
+            f"    acc{p} = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)\n    taps_px{p} = {self.taps_of(spec, p)}\n"
+            for p in range(px)
+        )
         bits = px.bit_length() - 1  # PX = 2 ** bits
         return _TEMPLATE.format(
             px=px,
@@ -291,6 +295,18 @@ class TritonStemKernel(TritonConvKernel):
             order=(0, *range(2, 2 + bits), 1),
             joined_tail=indent(tail.rstrip("\n").split("\n"), 4),
         )
+
+    def taps_of(self, spec: PlanSpec, p: int) -> str:
+        """The stretch positions pixel p's taps meet, as an expression over ``offs_e``. The others
+        hold zeros in p's Toeplitz block, and an infinite input there would make 0 * inf = NaN of
+        an output that does not read it: they are zeroed in p's copy of the stretch."""
+        _, filter_w, stride_w, pad_w, dil_w, _, _ = stretch_geometry(spec)
+        il = self.runs.interleaved
+        start = self.runs.position(p, 0, stride_w, pad_w, dil_w)
+        span = ((filter_w - 1) * dil_w + 1) * il
+        d = f"(offs_e - {start})"
+        gaps = f" & (({d} // {il}) % {dil_w} == 0)" if dil_w > 1 else ""
+        return f"({d} >= 0) & ({d} < {span}){gaps}"
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         runs = triton_cdiv(m, self.runs.pixels)
