@@ -37,10 +37,13 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
     from .execute import run_case
 
     handle = fp.Handle("cuda" if mode == "gpu" else "cpu")
+    crash_at = os.environ.get("FUSIONPLAN_FUZZ_CRASH_INDEX")  # tests of the pool: a worker that dies
     while True:
         index = conn.recv()
         if index is None:
             return
+        if crash_at is not None and index == int(crash_at):
+            os.kill(os.getpid(), signal.SIGSEGV)
         case = draw_case(seed, index, mode, options["training"], options["misuse"])
         try:
             runs = run_case(case, handle, progress=lambda name, i=index: conn.send(("start", i, name)))

@@ -1,0 +1,73 @@
+"""The fuzzer in CI: a short run on the CPU solvers and through Triton's interpreter, and checks
+that its checks fail where they must (a wrong result, a write outside the output, a crash)."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from fusionplan.codegen import interpreter_active
+
+from .fuzz.cases import draw_case
+from .fuzz.execute import compare, guarded_output
+from .fuzz.pool import run_pool
+
+OPTIONS = {"training": 0.1, "misuse": 0.05}
+WORKERS = min(2, os.cpu_count() or 1)
+
+
+def _summary_line(summary) -> str:
+    first = (summary.mismatches + summary.crashes)[:3]
+    return f"{summary.as_dict()['runs_by_solver']}; first failures: {first}"
+
+
+def test_fuzz_cpu_solvers():
+    summary = run_pool("cpu", 20261201, range(2000), WORKERS, OPTIONS, case_timeout=300, log=lambda line: None)
+    assert summary.cases == 2000
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["cpu-folded"] > 1000 and summary.by_solver["misuse"] > 50
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
+def test_fuzz_triton_solvers_interpreted():
+    summary = run_pool("interp", 20261201, range(400), WORKERS, OPTIONS, case_timeout=600, log=lambda line: None)
+    assert summary.cases == 400
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["triton-conv"] > 50 and summary.by_solver["triton-pointwise"] > 30
+
+
+def test_cases_depend_on_seed_and_index_only():
+    assert draw_case(5, 17) == draw_case(5, 17)
+    assert draw_case(5, 17) != draw_case(5, 18)
+
+
+def test_compare_flags_wrong_values_and_misplaced_nan():
+    ref = np.array([1.0, -2.0, math.inf, math.nan])
+    good = torch.tensor([1.0, -2.0, math.inf, math.nan])
+    assert not compare("t", good, ref, 1e-5, 2.0**-23)
+    assert compare("t", torch.tensor([1.0, -2.1, math.inf, math.nan]), ref, 1e-5, 2.0**-23)
+    assert compare("t", torch.tensor([1.0, -2.0, math.inf, 0.0]), ref, 1e-5, 2.0**-23)  # a NaN lost
+    assert compare("t", torch.tensor([math.nan, -2.0, math.inf, math.nan]), ref, 1e-5, 2.0**-23)  # invented
+
+
+def test_guard_band_sees_writes_outside_a_stepped_output():
+    out = guarded_output((1, 2, 3, 2), torch.float32, "NCHW", True, "cpu", None, np.random.default_rng(0))
+    out.y.fill_(1.0)
+    assert out.changed_outside() == 0
+    out.buffer[0] = 3.0
+    assert out.changed_outside() == 1
+    gap = out.y.stride()[2] * 1 + out.y.storage_offset() + 2  # the first gap after row 0
+    out.buffer[gap] = 4.0
+    assert out.changed_outside() == 2
+
+
+def test_a_crash_is_recorded_with_its_repro(monkeypatch):
+    monkeypatch.setenv("FUSIONPLAN_FUZZ_CRASH_INDEX", "3")  # the workers' test hook: die on case 3
+    summary = run_pool("cpu", 1, range(6), 1, OPTIONS, case_timeout=300, log=lambda line: None)
+    assert [c["index"] for c in summary.crashes] == [3]
+    assert "SIGSEGV" in summary.crashes[0]["how"] and "--index 3" in summary.crashes[0]["repro"]
+    assert summary.cases == 6
