@@ -278,7 +278,9 @@ def test_plan_batchnorm_takes_flat_per_activation_parameters():
     s, sh, m, v = torch.randn(60), torch.randn(60), torch.randn(60), torch.rand(60) + 0.5
     y = fp.Plan(x).batchnorm(s, sh, m, v, mode="per_activation")(x)
     r = lambda t: t.double().numpy().reshape(1, 3, 4, 5)  # noqa: E731
-    assert not compare("bn", y, oracle.batchnorm_inference(x.double().numpy(), r(s), r(sh), r(m), r(v), 1e-5), 1e-5, 2.0**-23)
+    assert not compare(
+        "bn", y, oracle.batchnorm_inference(x.double().numpy(), r(s), r(sh), r(m), r(v), 1e-5), 1e-5, 2.0**-23
+    )
 
 
 def test_kernel_failure_is_internal_error():

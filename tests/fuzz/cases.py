@@ -143,7 +143,9 @@ def draw_case(seed: int, index: int, mode: str = "cpu", training: float = 0.1, m
     dtype = r.choice(DTYPES if mode != "interp" else ("float", "float", "half", "double"))
     n = r.randint(1, lim["n"])
     c = r.choice([1, 2, 3, 4, r.randint(1, lim["c"]), r.randint(1, lim["c"]), 8, 16])
-    h, w = (r.choice([1, 1, 2, 3, 7, min(13, lim["hw"]), r.randint(1, lim["hw"]), r.randint(1, lim["hw"])]) for _ in "hw")
+    h, w = (
+        r.choice([1, 1, 2, 3, 7, min(13, lim["hw"]), r.randint(1, lim["hw"]), r.randint(1, lim["hw"])]) for _ in "hw"
+    )
     case: Case = {
         "seed": seed,
         "index": index,

@@ -78,7 +78,11 @@ def _odd_unit_strides(t: torch.Tensor, rng: np.random.Generator) -> torch.Tensor
 def random_tensor(rng, shape, dtype, device, layout="NCHW", scale=1.0, shift=0.0, positive=False, view=False):
     values = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape) * scale + shift
     src = torch.from_numpy(np.asarray(values, dtype=np.float32)).to(dtype)
-    t = _stepped(shape, dtype, layout, device, int(rng.integers(1, 4))) if view else _dense(shape, dtype, layout, device)
+    t = (
+        _stepped(shape, dtype, layout, device, int(rng.integers(1, 4)))
+        if view
+        else _dense(shape, dtype, layout, device)
+    )
     return t.copy_(src.to(device))
 
 
@@ -176,7 +180,10 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None) -> tuple[np.ndarr
     for i, (op, a) in enumerate(zip(ops, t.args)):
         kind = op["kind"]
         pd = t.param_dims[i]
-        p = {k: np64(v).reshape(pd) if pd is not None and v is not None and k != "weight" else np64(v) for k, v in a.items()}
+        p = {
+            k: np64(v).reshape(pd) if pd is not None and v is not None and k != "weight" else np64(v)
+            for k, v in a.items()
+        }
         if kind == "conv":
             r = oracle.conv2d(h, p["weight"], op["pad"], op["stride"], op["dil"], op["groups"])
         elif kind == "bias":
@@ -186,7 +193,9 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None) -> tuple[np.ndarr
         elif kind == "act":
             r = oracle.activation(op["mode"], h, op["a"], op["b"], op["g"])
         elif kind == "bn_train":
-            r, mean, inv, var, count = oracle.batchnorm_training(h, p["scale"], p["bias"], op["eps"], op["per_activation"])
+            r, mean, inv, var, count = oracle.batchnorm_training(
+                h, p["scale"], p["bias"], op["eps"], op["per_activation"]
+            )
             side[(i, "saved_mean")] = mean
             side[(i, "saved_inv_variance")] = inv
             if op["running"]:
@@ -248,8 +257,10 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def guarded_output(dims, dtype, layout: str, stepped: bool, device, fill: torch.Tensor | None, rng) -> Guarded:
     """An output of ``dims`` inside a guard band, set to NaN, or to ``fill`` (the prior)."""
-    shape_of = _stepped(dims, dtype, layout, "meta", int(rng.integers(1, 4))) if stepped else _dense(
-        dims, dtype, layout, "meta"
+    shape_of = (
+        _stepped(dims, dtype, layout, "meta", int(rng.integers(1, 4)))
+        if stepped
+        else _dense(dims, dtype, layout, "meta")
     )
     strides = shape_of.stride()
     span = sum((d - 1) * s for d, s in zip(dims, strides)) + 1
@@ -373,7 +384,12 @@ class ApiPlan(CorePlan):
             kind = op["kind"]
             if kind == "conv":
                 p.conv(
-                    a["weight"], stride=op["stride"], padding=op["pad"], dilation=op["dil"], groups=op["groups"], **blend
+                    a["weight"],
+                    stride=op["stride"],
+                    padding=op["pad"],
+                    dilation=op["dil"],
+                    groups=op["groups"],
+                    **blend,
                 )
             elif kind == "bias":
                 p.bias(a["bias"], **blend)
@@ -430,7 +446,14 @@ class MiopenPlan:
             mode = mi.miopenBNPerActivation if op.get("per_activation") else mi.miopenBNSpatial
             if kind == "conv":
                 conv = _ok(mi.miopenCreateConvolutionDescriptor)
-                _ok(mi.miopenInitConvolutionDescriptor, conv, mi.miopenConvolution, *op["pad"], *op["stride"], *op["dil"])
+                _ok(
+                    mi.miopenInitConvolutionDescriptor,
+                    conv,
+                    mi.miopenConvolution,
+                    *op["pad"],
+                    *op["stride"],
+                    *op["dil"],
+                )
                 _ok(mi.miopenSetConvolutionGroupCount, conv, op["groups"])
                 w = a["weight"]
                 ops.append(_ok(mi.miopenCreateOpConvForward, self.plan, conv, _mi_desc(w, case["dtype"])))
@@ -514,9 +537,10 @@ def _reset_side_outputs(case: dict, t: Tensors) -> None:
             a[name].fill_(math.nan)
 
 
-def run_case(case: dict, handle: fp.Handle, progress=None, solvers: list[str] | None = None) -> list[Run]:
-    """Every run of ``case``: one per solver that claims it (of the mode's families), or the
-    ``solvers`` named. ``progress(solver)`` is called before each, so that a crash can be named."""
+def run_case(case: dict, handle: fp.Handle, progress=None, only: str | None = None) -> list[Run]:
+    """Every run of ``case``: one per solver that claims it (of the mode's families; with ``only``,
+    of those whose names start with it). ``progress(solver)`` is called before each, so that a
+    crash can be named."""
     device = handle.device
     t = make_tensors(case, device)
     running0 = {
@@ -526,7 +550,7 @@ def run_case(case: dict, handle: fp.Handle, progress=None, solvers: list[str] | 
     if "misuse" in case:
         return [_misuse(case, plan, t, handle, progress)]
     claimed = [name for name, family in plan.solvers() if family in MODE_FAMILIES[case["mode"]]]
-    chosen = solvers if solvers is not None else claimed
+    chosen = [name for name in claimed if only is None or name.startswith(only)]
     dt = TORCH_DTYPES[case["dtype"]]
     rng = np.random.default_rng(case["data_seed"] + 1)
     prior = random_tensor(rng, t.out_dims, dt, device) if t.needs_prior else None

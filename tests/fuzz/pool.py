@@ -46,7 +46,8 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
             os.kill(os.getpid(), signal.SIGSEGV)
         case = draw_case(seed, index, mode, options["training"], options["misuse"])
         try:
-            runs = run_case(case, handle, progress=lambda name, i=index: conn.send(("start", i, name)))
+            progress = lambda name, i=index: conn.send(("start", i, name))  # noqa: E731
+            runs = run_case(case, handle, progress=progress, only=options.get("solvers"))
             conn.send(("done", index, [(r.solver, r.failures) for r in runs]))
         except Exception:  # a failure of the fuzzer's own setup, or of a plan's build: reported, not lost
             lines = traceback.format_exc(limit=8).strip().splitlines()
@@ -162,8 +163,10 @@ def run_pool(
                 busy.append(w)
         if time.monotonic() - last_note > 60:
             last_note = time.monotonic()
-            log(f"... {summary.cases} cases, {summary.runs} runs, {len(summary.mismatches)} mismatches, "
-                f"{len(summary.crashes)} crashes, {last_note - start:.0f} s")
+            log(
+                f"... {summary.cases} cases, {summary.runs} runs, {len(summary.mismatches)} mismatches, "
+                f"{len(summary.crashes)} crashes, {last_note - start:.0f} s"
+            )
     for w in pool:
         w.stop()
     summary.seconds = time.monotonic() - start
