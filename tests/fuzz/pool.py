@@ -45,13 +45,27 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
         if crash_at is not None and index == int(crash_at):
             os.kill(os.getpid(), signal.SIGSEGV)
         case = draw_case(seed, index, mode, options["training"], options["misuse"])
+        solver = ["setup"]
+
+        def progress(name: str, index: int = index, solver: list = solver) -> None:
+            solver[0] = name
+            conn.send(("start", index, name))
+
         try:
-            progress = lambda name, i=index: conn.send(("start", i, name))  # noqa: E731
             runs = run_case(case, handle, progress=progress, only=options.get("solvers"))
             conn.send(("done", index, [(r.solver, r.failures) for r in runs]))
-        except Exception:  # a failure of the fuzzer's own setup, or of a plan's build: reported, not lost
+            fatal = any(fatal_text(f) for r in runs for f in r.failures[:1])
+        except Exception as exc:  # a failure of the fuzzer's own setup, or of a plan's build: reported, not lost
             lines = traceback.format_exc(limit=8).strip().splitlines()
-            conn.send(("done", index, [("setup", [lines[-1][:600], *lines[-8:-1]])]))
+            conn.send(("done", index, [(solver[0], [f"{type(exc).__name__}: {exc}"[:600], *lines[-8:-1]])]))
+            fatal = fatal_text(f"{exc} {exc.__cause__}")
+        if fatal:  # the CUDA context is lost: a fresh worker takes the next case
+            return
+
+
+def fatal_text(failure: str) -> bool:
+    """A failure that leaves the worker's CUDA context lost (every later call would fail)."""
+    return "CUDA error" in failure or "illegal" in failure or "cudaError" in failure
 
 
 @dataclass
@@ -155,6 +169,12 @@ def run_pool(
                 continue
             else:
                 _record(summary, mode, seed, message[1], message[2], log)
+                if any(fatal_text(f) for _, failures in message[2] for f in failures[:1]):
+                    w.proc.join(30)  # the worker ends after a fatal case: a fresh one goes on
+                    busy.remove(w)
+                    pool.remove(w)
+                    w = Worker(mode, seed, options)
+                    pool.append(w)
             if w in busy:
                 busy.remove(w)
             out_of_time = time_limit is not None and time.monotonic() - start > time_limit
