@@ -89,9 +89,20 @@ class Summary:
             "mismatches": len(self.mismatches),
             "crashes": len(self.crashes),
             "seconds": round(self.seconds, 1),
-            "mismatch_list": self.mismatches[:200],
+            "mismatch_list": _first_per_solver(self.mismatches, 12),
             "crash_list": self.crashes[:200],
         }
+
+
+def _first_per_solver(entries: list[dict], each: int) -> list[dict]:
+    """The first ``each`` entries of every solver, so that one solver's many cannot hide another's."""
+    seen: Counter = Counter()
+    kept = []
+    for entry in entries:
+        seen[entry["solver"]] += 1
+        if seen[entry["solver"]] <= each:
+            kept.append(entry)
+    return kept
 
 
 class Worker:
