@@ -18,7 +18,9 @@ FILTERS = ((1, 1), (1, 1), (3, 3), (3, 3), (5, 5), (7, 7), (1, 7), (7, 1), (2, 2
 #: Activation parameters (alpha, beta, gamma) drawn per mode, in MIOpen's mode numbers.
 ACTIVATION_PARAMS = {
     2: lambda r: (r.uniform(0.3, 1.5), r.uniform(0.5, 1.5), 1.0),  # TANH
-    6: lambda r: (r.uniform(0.2, 1.0), r.uniform(0.3, 1.0), r.choice([0.0, 1.0, 2.0, 0.5, 3.0])),  # POWER
+    # POWER: no gamma 0, whose step of 1 at the threshold turns a rounding of alpha + beta * x near 1e-6
+    # into a mismatch (tests/test_fuzz_regressions.py covers gamma 0)
+    6: lambda r: (r.uniform(0.2, 1.0), r.uniform(0.3, 1.0), r.choice([1.0, 2.0, 0.5, 3.0])),
     7: lambda r: (r.uniform(0.2, 2.0), 0.0, 1.0),  # CLIPPEDRELU
     8: lambda r: (r.uniform(0.0, 0.5), 0.0, 1.0),  # LEAKYRELU
     9: lambda r: (r.uniform(0.2, 1.5), 0.0, 1.0),  # ELU
