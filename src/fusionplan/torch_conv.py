@@ -35,7 +35,11 @@ def canonical_strides(shape: tuple[int, ...], channels_last: bool) -> tuple[int,
 
 
 def is_channels_last(t: Tensor) -> bool:
-    """Whether ``t``'s channels are its innermost axis (of those longer than 1): NHWC-like."""
+    """Whether ``t`` is NHWC: its strides are NHWC's exactly (which tells the layouts apart on
+    1x1 planes too), or its channels are its innermost axis of those longer than 1."""
+    shape = tuple(t.shape)
+    if t.stride() in (canonical_strides(shape, True), canonical_strides(shape, False)):
+        return t.stride() == canonical_strides(shape, True) and t.stride() != canonical_strides(shape, False)
     inner = [t.stride(d) for d in (2, 3) if t.shape[d] > 1]
     return t.shape[1] > 1 and bool(inner) and t.stride(1) < min(inner)
 
@@ -50,7 +54,8 @@ def canonical(t: Tensor, channels_last: bool) -> Tensor:
 
 def conv2d(x: Tensor, w: Tensor, bias: Tensor | None, conv: ConvolutionDescriptor) -> Tensor:
     """``F.conv2d(x, w, bias, ...)`` with ``conv``'s geometry, on canonical copies where needed."""
-    channels_last = is_channels_last(x)
+    # on 1x1 planes both layouts order the input alike: follow the weight's (a copy of x is small)
+    channels_last = is_channels_last(w if x.shape[2] == x.shape[3] == 1 else x)
     x = canonical(x, channels_last)
     w = canonical(w, channels_last)
     small = min(x.shape[2], x.shape[3]) <= SMALL_PLANE_SIDE
