@@ -324,10 +324,14 @@ def test_threads_through_the_interpreter():
 
 
 def test_activation_code_keeps_nan_on_the_gpu():
-    """On the GPU tl.maximum / tl.minimum return the other operand for a NaN (the interpreter's
-    numpy propagates it, so runs there cannot tell): the formulas must not clamp the input with them."""
+    """On the GPU tl.maximum / tl.minimum return the other operand for a NaN unless told to
+    propagate it (the interpreter's numpy always does, so runs there cannot tell): every clamp of
+    the activation's input says so."""
     from fusionplan.codegen import ACTIVATION_CODE
 
     for mode, code in ACTIVATION_CODE.items():
-        for clamp in ("tl.maximum({x}", "tl.minimum({x}"):
-            assert clamp not in code, f"{mode.name}: {code}"
+        for clamp in ("tl.maximum({x}", "tl.minimum({x}", "tl.minimum(tl.maximum({x}"):
+            at = code.find(clamp)
+            while at >= 0:
+                assert "PropagateNan.ALL" in code[at : code.find(")", code.find("propagate_nan", at)) + 1], code
+                at = code.find(clamp, at + 1)

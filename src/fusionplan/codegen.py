@@ -26,9 +26,11 @@ from fusionplan.folding import ActStage, AffineStage, Stage
 from fusionplan.ops import ActivationForwardOp, FusionOp
 
 #: Forward formulas over fp32 values: {x} the input, {a} {b} {g} activAlpha, activBeta, activGamma.
-#: NaN stays NaN, as in torch's ops: comparisons select (a NaN fails every one), where tl.maximum
-#: and tl.minimum would return the other operand on the GPU.
-_NONNEGATIVE = "tl.where({x} < 0.0, 0.0, {x})"
+#: NaN stays NaN, as in torch's ops: max and min propagate it (by default the GPU's return the other
+#: operand). The flag is spelled through ``triton.language`` so that Gluon's copy (``gl.`` for
+#: ``tl.``) keeps it; one max.NaN instruction, as cheap as the plain max.
+_NAN = "propagate_nan=triton.language.PropagateNan.ALL"
+_NONNEGATIVE = "tl.maximum({x}, 0.0, " + _NAN + ")"
 ACTIVATION_CODE: dict[ActivationMode, str] = {
     ActivationMode.PASTHRU: "{x}",
     ActivationMode.LOGISTIC: "1.0 / (1.0 + tl.exp(-{x}))",
@@ -40,9 +42,9 @@ ACTIVATION_CODE: dict[ActivationMode, str] = {
         "tl.where({a} + {b} * {x} > 1e-6, "
         "tl.where({g} == 0.0, 1.0, tl.exp({g} * tl.log(tl.maximum({a} + {b} * {x}, 1e-6)))), 0.0)"
     ),
-    ActivationMode.CLIPPEDRELU: f"tl.where({_NONNEGATIVE} > {{a}}, {{a}}, {_NONNEGATIVE})",
+    ActivationMode.CLIPPEDRELU: "tl.minimum(" + _NONNEGATIVE + ", {a}, " + _NAN + ")",
     ActivationMode.LEAKYRELU: "tl.where({x} > 0.0, {x}, {a} * {x})",
-    ActivationMode.ELU: "tl.where({x} > 0.0, {x}, {a} * (tl.exp(tl.where({x} > 0.0, 0.0, {x})) - 1.0))",
+    ActivationMode.ELU: "tl.where({x} > 0.0, {x}, {a} * (tl.exp(tl.minimum({x}, 0.0, " + _NAN + ")) - 1.0))",
 }
 
 
