@@ -333,5 +333,5 @@ def test_activation_code_keeps_nan_on_the_gpu():
         for clamp in ("tl.maximum({x}", "tl.minimum({x}", "tl.minimum(tl.maximum({x}"):
             at = code.find(clamp)
             while at >= 0:
-                assert "PropagateNan.ALL" in code[at : code.find(")", code.find("propagate_nan", at)) + 1], code
+                assert "PropagateNan.ALL" in code[at : code.find(")", code.find("propagate_nan", at)) + 1], mode.name
                 at = code.find(clamp, at + 1)
