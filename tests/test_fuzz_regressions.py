@@ -254,11 +254,23 @@ def test_activation_keeps_nan_and_inf(mode, solver):
     assert not compare(solver, p(x), want, 1e-5, 2.0**-23)
 
 
+ON_GPU = torch.cuda.is_available()
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a GPU solver")
+#: The Toeplitz solvers run on the GPU where there is one, else through the interpreter.
+STEM_SOLVERS = [
+    *(("triton-stem", "triton-conv") if ON_GPU else _solvers("triton-stem", "triton-conv")),
+    "cpu-folded",
+    pytest.param("gluon-stem", marks=needs_gpu),
+]
+
+
 @pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
-@pytest.mark.parametrize("solver", _solvers("triton-stem", "triton-conv", "cpu-folded"))
+@pytest.mark.parametrize("solver", STEM_SOLVERS)
 def test_infinite_input_makes_nan_only_where_read(solver, layout):
     """The stem's Toeplitz blocks hold zeros for the taps a pixel does not meet: an infinite input
     there must not reach that pixel (0 * inf)."""
+    device = "cuda" if ON_GPU and solver != "cpu-folded" else "cpu"
+    dtype = torch.float16 if device == "cuda" else torch.float32  # fp32 products would be TF32
     x = torch.randn(1, 3, 16, 16)
     x[0, 1, 5, 7] = math.inf
     x[0, 2, 9, 2] = -math.inf
@@ -266,10 +278,12 @@ def test_infinite_input_makes_nan_only_where_read(solver, layout):
     if layout == "NHWC":
         x = x.contiguous(memory_format=torch.channels_last)
     w = torch.randn(8, 3, 7, 7) * 0.1
-    p = fp.Plan(x).conv(w, padding=3, stride=2).relu()
+    x, w = x.to(dtype), w.to(dtype)
+    p = fp.Plan(x.to(device)).conv(w.to(device), padding=3, stride=2).relu()
     p.compile(solver=solver)
-    want = oracle.activation(3, _conv_ref(x, w, (3, 3), (2, 2), (1, 1), 1), 1, 0, 1)
-    assert not compare(solver, p(x), want, 1e-5, 2.0**-23)
+    want = oracle.activation(3, _conv_ref(x.double(), w.double(), (3, 3), (2, 2), (1, 1), 1), 1, 0, 1)
+    eps = torch.finfo(dtype).eps
+    assert not compare(solver, p(x.to(device)).cpu(), want, 1e-2 if dtype == torch.float16 else 1e-5, eps)
 
 
 # ---- 7. smaller inconsistencies ---------------------------------------------------------------------------
@@ -298,7 +312,8 @@ def test_kernel_failure_is_internal_error():
         p(x, out=y)
 
 
-def test_threads_through_the_interpreter():
+def test_threads_through_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors on machines with a GPU too
     errors, plans = [], []
     for i in range(4):
         x = torch.randn(1, 3 + i, 4, 5)

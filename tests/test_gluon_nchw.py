@@ -50,6 +50,18 @@ def test_why_not_names_what_is_missing():
     assert "needs a Hopper GPU" in reason(odd_plan(8, 3))  # 144 bytes
 
 
+@pytest.mark.parametrize("c, r, dtype", [(4, 2, torch.float16), (2, 2, torch.float32), (1, 4, torch.float32)])
+def test_taps_whose_weights_start_inside_16_byte_units_are_refused(c, r, dtype):
+    """A tap's box of weights starts at column t*C; a tensor copy whose innermost coordinate is not
+    on a 16-byte unit is an illegal instruction on the GPU (fuzzer: --mode gpu --seed 3 --index 23),
+    although the rows (R*S*C elements) are whole units."""
+    assert "a tap's" in reason(odd_plan(c, r, dtype=dtype))
+
+
+def test_one_tap_of_few_channels_is_taken():
+    assert "needs a Hopper GPU" in reason(odd_plan(8, 1, dtype=torch.float32))  # 32-byte rows, column 0
+
+
 @pytest.mark.parametrize(
     "name, batch, why",
     [

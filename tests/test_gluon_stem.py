@@ -183,9 +183,11 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     the stretch (2 x 7 x 2 x 2), both operands from shared memory; the loading warpgroup gathers an
     input row's tile with four 8-byte asynchronous copies a thread and one arrival on the row's
     barrier; 14 tensor loads of the filter; the output tiles stored by TMA; no spills, within
-    sm_90's shared memory."""
+    sm_90's shared memory. As many again, with the stretches through registers (56 matrix loads),
+    on the exact path of rows where a NaN came out (the Toeplitz zeros times an infinite input)."""
     info = compile_sm90(layer_build("r50_00", dtype), "gluon-stem")
-    assert info["HGMMA"] == 56 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["HGMMA"] == 2 * 56 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["LDSM (operand through registers)"] == 56
     assert info["async copies by bytes"] == {"8": 4}
     assert info["tensor loads (UTMALDG)"] == 14
     assert_expects_sum_to_their_loads(info)  # the filter's blocks (the input rows by asynchronous copies)
@@ -197,13 +199,30 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+@pytest.mark.parametrize("c, w, stride, dil", [(3, 7, 2, 1), (4, 5, 1, 2), (2, 3, 1, 1), (3, 7, 2, 2)])
+def test_tap_positions_are_the_toeplitz_blocks_nonzero_columns(layout, c, w, stride, dil):
+    """The exact path's masks: pixel p's taps are where its packed Toeplitz block has weights."""
+    from fusionplan.solvers.gluon_stem import GluonStemKernel, positions_expression, tap_positions
+
+    plan = conv_plan(c=c, h=12, w=w * 5, k=8, r=3, s=w, pads=(1, w // 2), strides=(1, stride), dil=dil, layout=layout)
+    kernel = GluonStemKernel(plan.spec(), fp.Handle("cpu"))
+    blocks = kernel.pack(torch.ones(8, c, 3, w)).reshape(3, kernel.runs.pixels, -1, kernel.runs.block_e)
+    offs_e = torch.arange(kernel.runs.block_e)  # noqa: F841 (the expression names it)
+    for p in range(kernel.runs.pixels):
+        positions = tap_positions(plan.spec(), kernel.arrangement, p)
+        assert positions == torch.nonzero(blocks[0, p, 0]).flatten().tolist()
+        mask = eval(positions_expression(positions, "offs_e"))
+        assert torch.equal(mask, blocks[0, p, 0] != 0)
+
+
 def test_stem_on_channel_planes_gathers_each_input_row_once():
     """NCHW input: as many wgmma as channels-last input (2 x 7 x 2 x 2: the planes side by side in
     one 32-element row), eight 4-byte copies a thread for a row's tile, the filter's 14 blocks by
     tensor loads; the NCHW output's rows joined and stored 16 bytes at a time (8 per thread and
-    warpgroup); no spills, within sm_90's shared memory."""
+    warpgroup); no spills, within sm_90's shared memory. (As many wgmma again on the exact path.)"""
     info = compile_sm90(layer_build("r50_00", "float16", layout="NCHW"), "gluon-stem")
-    assert info["HGMMA"] == 56 and info["HGMMA shapes"] == ["64x64x16"]
+    assert info["HGMMA"] == 2 * 56 and info["HGMMA shapes"] == ["64x64x16"]
     assert info["global stores by bytes"] == {"16": 16}
     assert info["async copies by bytes"] == {"4": 8}
     assert info["tensor loads (UTMALDG)"] == 14

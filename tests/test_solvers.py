@@ -200,6 +200,22 @@ def test_stem_stretches_choose_the_shortest_step(interleaved, filter_w, stride, 
     assert runs.position(0, 0, stride, pad, dil) >= 0 and last == runs.used - 1 < runs.block_e
 
 
+def test_stem_plans_whose_tiles_overflow_shared_memory_are_refused():
+    """fp32, 8 channels, 5x5 dilated along the rows (fuzzer: --mode gpu --seed 4 --index 549): 8-pixel
+    runs of 128-element stretches need about 300 KB a reduction step in every stem tile. The
+    solver says so instead of claiming the plan and failing at its compile; the ResNet stem fits."""
+    from fusionplan.solvers.triton_stem import stem_why_not
+
+    x = torch.empty(2, 8, 1, 13).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((3, 0), dilations=(1, 2))
+    plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "C", k=44, r=5, s=5, conv=conv)
+    assert "KB of shared memory" in stem_why_not(plan.spec())
+    stem = torch.empty(2, 3, 32, 32, dtype=torch.float16).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((3, 3), strides=(2, 2))
+    plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(stem)), "CBA", k=64, r=7, s=7, conv=conv)
+    assert stem_why_not(plan.spec()) is None
+
+
 @pytest.mark.parametrize("solver", ["triton-window", "triton-gemm"])
 def test_descriptor_kernels_find_among_steps_a_tensor_box_can_read(solver, monkeypatch):
     """NORMAL find's candidates of the kernels that read tensor boxes: fp32 steps of at most 32

@@ -474,7 +474,9 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
 
 def gather_why_not(spec: PlanSpec) -> str | None:
     """Why the kernel cannot read the plan's convolution, or None: ungrouped, with each output
-    channel's packed weights (R*S*C elements) whole 16-byte units (a tensor descriptor's rows)."""
+    channel's packed weights (R*S*C elements) whole 16-byte units (a tensor descriptor's rows),
+    and, with more than one tap, each tap's C channels too: a tap's box starts at column t*C, and a
+    tensor copy's innermost coordinate must fall on a 16-byte unit (else an illegal instruction)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     if conv.groups != 1:
@@ -483,6 +485,8 @@ def gather_why_not(spec: PlanSpec) -> str | None:
     size = spec.dtype.torch_dtype.itemsize
     if r * s * c * size % 16:
         return f"the packed weights' rows (R*S*C = {r * s * c} elements of {size} bytes) must be whole 16-byte units"
+    if r * s > 1 and c * size % 16:
+        return f"a tap's {c} channels of {size} bytes are not whole 16-byte units (where its weights' box starts)"
     return None
 
 

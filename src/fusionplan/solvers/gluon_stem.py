@@ -204,8 +204,8 @@ def _rows_partition(
     x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end,
     {stage_params}
     K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-    R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, NUM_SLOTS: gl.constexpr,
-    STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
+    R: gl.constexpr, PX: gl.constexpr, RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr,
+    NUM_SLOTS: gl.constexpr, STR_H: gl.constexpr, SPAN: gl.constexpr, ELEM_BITS: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, TMA_STORE: gl.constexpr,
     PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
@@ -216,6 +216,8 @@ def _rows_partition(
     )
     # the stores' layout: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    # rows with a NaN taken again: the stretches as wgmma's register operand
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=32 // ELEM_BITS)
     # NCHW output: the row's joined pixels, PLANE_VEC contiguous a thread, lanes along the row
     plane_layout: gl.constexpr = gl.BlockedLayout(
         [PLANE_VEC if PLANE_VEC else 1, 1], [PLANE_LANES, 32 // PLANE_LANES], [1, 4], [0, 1]
@@ -317,7 +319,7 @@ _CONSUMER = """(
             _rows_partition,
             (x_bufs, w_bufs, w_ready, ready, empty, y_ptr, prior_ptr, y_desc, y_bufs, start, end, {stage_args}
              K, OH, OW, syn, syc, syh, syw, spn, spc, sph, spw, dil_h,
-             R, PX, RUNS, BLOCK_N, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
+             R, PX, RUNS, BLOCK_N, BLOCK_E, NUM_SLOTS, STR_H, SPAN, ELEM_BITS, IDX64, HAS_PRIOR, {consumer}, CONSUMERS,
              TMA_STORE, PLANE_VEC, PLANE_LANES, {flag_args}),
         )"""
 
@@ -333,6 +335,19 @@ _PRODUCT = """        acc{p} = warpgroup_mma(stretches, w_bufs.index({block}).pe
 #: output row reads go back to the loader. (Each pixel's epilogue as soon as its own products were
 #: done, under the next pixel's, measured 41.6 us on the ResNet stem against 35.6: H100, fp16.)
 _WAIT = """        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])"""
+
+#: A NaN came out where a Toeplitz block's zeros may have met an infinite (or NaN) input that the
+#: pixel does not read (0 * inf): the row again, each pixel's copy of the stretches zeroed off its
+#: taps (exact; only rows with a NaN take it, before their ring slots go back).
+_EXACT = """        spoiled = ({sum} != {sum}).to(gl.int32)
+        if gl.max(gl.max(spoiled, axis=1), axis=0) > 0:
+            offs_e = gl.arange(0, BLOCK_E, layout=gl.SliceLayout(0, out_layout))[None, :]
+{zeros}
+            for r in gl.static_range(R):
+                row_tile = x_bufs.index((row0 + r * dil_h) % NUM_SLOTS).load(out_layout)
+{products}"""
+_EXACT_PRODUCT = """                taps = gl.convert_layout(gl.where({taps}, row_tile, 0.0), a_layout)
+                acc{p} = warpgroup_mma(taps, w_bufs.index(r * PX + {p}).permute((1, 0)), acc{p})"""
 _HAND_BACK = """        following = _ring_row(u + CONSUMERS, start, end, OH, STR_H, SPAN)
         handed = _hand_back(ready, empty, handed, following, seen, NUM_SLOTS)
         seen = gl.maximum(seen, following)"""
@@ -398,7 +413,15 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], arrangement: A
     taps = ["        fence_async_shared()"]
     taps += [_TAP_PRODUCTS.format(r=r, products=products[r]) for r in range(r_taps)]
     accs = ", ".join(f"acc{p}" for p in range(px))  # the wait gives one dependency back itself, several as a tuple
-    pixels = [_WAIT.format(accs=accs) + "\n" + _HAND_BACK]
+    exact = _EXACT.format(
+        sum=" + ".join(f"acc{p}" for p in range(px)),
+        zeros="\n".join(f"            acc{p} = gl.zeros((RUNS, BLOCK_N), gl.float32, acc_layout)" for p in range(px)),
+        products="\n".join(
+            _EXACT_PRODUCT.format(p=p, taps=positions_expression(tap_positions(spec, arrangement, p), "offs_e"))
+            for p in range(px)
+        ),
+    )
+    pixels = [_WAIT.format(accs=accs) + "\n" + exact + "\n" + _HAND_BACK]
     for p in range(px):
         pointer_store = ROW_STORE.format(
             coordinates_in_out=indent(_COORDINATES.format(layout="out_layout", p=p).split("\n"), 4)
@@ -432,6 +455,27 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], arrangement: A
         **fields,
         **names,
     )
+
+
+def tap_positions(spec: PlanSpec, arrangement: Arrangement, p: int) -> list[int]:
+    """The places in a tile's row that pixel p's taps meet (its Toeplitz block's nonzero columns):
+    each tap's C channels side by side (channels-last rows) or one per plane, ``pitch`` apart."""
+    _, filter_w, stride_w, pad_w, dil_w, _, _ = stretch_geometry(spec)
+    c = spec.input_desc.dims[1]
+    apart = arrangement.pitch if arrangement.side > 1 else 1
+    starts = (arrangement.runs.position(p, tap, stride_w, pad_w, dil_w) for tap in range(filter_w))
+    return sorted({at + j * apart for at in starts for j in range(c)})
+
+
+def positions_expression(positions: list[int], name: str) -> str:
+    """A boolean expression over the index tensor ``name`` that holds exactly at ``positions``
+    (sorted): a union of the runs of consecutive ones."""
+    spans, first = [], positions[0]
+    for prev, cur in zip(positions, [*positions[1:], None]):
+        if cur != prev + 1:
+            spans.append(f"(({name} >= {first}) & ({name} <= {prev}))")
+            first = cur
+    return " | ".join(spans)
 
 
 @dataclass(frozen=True)
