@@ -339,8 +339,9 @@ _WAIT = """        {accs} = warpgroup_mma_wait(num_outstanding=0, deps=[{accs}])
 #: A NaN came out where a Toeplitz block's zeros may have met an infinite (or NaN) input that the
 #: pixel does not read (0 * inf): the row again, each pixel's copy of the stretches zeroed off its
 #: taps (exact; only rows with a NaN take it, before their ring slots go back).
-_EXACT = """        spoiled = ({sum} != {sum}).to(gl.int32)
-        if gl.max(gl.max(spoiled, axis=1), axis=0) > 0:
+_EXACT = """        row_sum = {sum}
+        spoiled = gl.sum(gl.sum(row_sum - row_sum, axis=1), axis=0)  # 0, or NaN where an infinity or NaN came out
+        if spoiled != spoiled:
             offs_e = gl.arange(0, BLOCK_E, layout=gl.SliceLayout(0, out_layout))[None, :]
 {zeros}
             for r in gl.static_range(R):

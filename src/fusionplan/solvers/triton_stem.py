@@ -51,7 +51,7 @@ STEM_MAX_STRETCH = 128
 
 #: One reduction step per filter row (channels-last: the channels lie in the stretch) or, for
 #: channel planes (NCHW), per filter row and channel; ``dots``: its products.
-_STEPS = """for t in range(R * CH_STEPS):
+_STEPS = """for t in {steps}:
     r = t // CH_STEPS
     ih = ih0 + r * dil_h
     ok = (q_mask & (ih >= 0) & (ih < H))[:, None] & col_ok
@@ -346,7 +346,9 @@ class TritonStemKernel(TritonConvKernel):
             dot = f"acc{p} = tl.dot(b, tl.trans({{a}}), acc{p}, input_precision=DOT_PRECISION)"
             fast += [load, dot.format(a="a")]
             exact += [load, f"a_px{p} = tl.where(taps_px{p}[None, :], a, 0.0)", dot.format(a=f"a_px{p}")]
-        return (_STEPS.format(dots=indent(lines, 4)) for lines in (fast, exact))
+        # the exact steps unpipelined: buffers of their own would take shared memory from the fast ones
+        steps = "range(R * CH_STEPS)", "tl.range(R * CH_STEPS, num_stages=1)"
+        return tuple(_STEPS.format(steps=st, dots=indent(lines, 4)) for st, lines in zip(steps, (fast, exact)))
 
     def taps_of(self, spec: PlanSpec, p: int) -> str:
         """The stretch positions pixel p's taps meet, as an expression over ``offs_e``. The others
