@@ -35,6 +35,10 @@ def test_cpu_run_writes_every_output(tmp_path, capsys):
     assert (out / "results.csv").read_text().count("\n") == 13
     summary = (out / "summary.md").read_text()
     assert "Geometric means" in summary
+    # the CPU's small peaks in significant digits (not "0 TFLOP/s"), the time over the floor apart
+    # from the speed-ups
+    assert " 0 TFLOP/s" not in summary and " 0 GB/s" not in summary and "vs time_over_floor" not in summary
+    assert "time/floor" in summary
     # the NCHW target's number: CBNA and CBA timed in both layouts (NA, a pointwise chain, too)
     ratios = data["layout_ratios"]
     assert set(ratios) == {"fp32 CBNA", "fp32 CBA", "fp32 NA"} and all(r["layers"] == 2 for r in ratios.values())
@@ -88,8 +92,12 @@ def test_a_solver_whose_kernel_does_not_build_fails_its_column_only(monkeypatch,
 
 
 def test_bad_options_are_refused(capsys):
-    with pytest.raises(SystemExit):
-        main(["--device", "cpu", "--precisions", "fp8"])
+    """Exit status 2 and the reason on stderr, as the driver's."""
+    assert main(["--device", "cpu", "--precisions", "fp8"]) == 2
+    assert main(["--device", "cpu", "--layers", "r50_99"]) == 2
+    assert main(["--device", "cpu", "--shard", "3/2"]) == 2
+    assert main(["--device", "cpu", "--shard", "one/two"]) == 2
+    assert main(["--device", "cpu", "--activation", "bogus"]) == 2
     assert main(["--device", "cpu", "--baselines", "tensorrt"]) == 2
     assert main(["--device", "cpu", "--rounds", "0"]) == 2
     assert main(["--device", "cpu", "--iters", "-1"]) == 2

@@ -542,3 +542,21 @@ def test_last_error_is_per_thread():
     t.start()
     t.join()
     assert main_msg and seen == [""]
+
+
+def test_failed_calls_print_nothing_without_logging_configured():
+    """A refused call is logged at WARNING on the ``fusionplan`` logger (the binding's contract),
+    and an application that configured no logging sees nothing on stderr: the status and
+    miopenGetLastErrorString() carry the reason."""
+    import subprocess
+    import sys
+
+    code = (
+        "from fusionplan.miopen import *\n"
+        "status, d = miopenCreateTensorDescriptor()\n"
+        "assert miopenSet4dTensorDescriptor(d, miopenFloat, 1, -3, 4, 4) == miopenStatusBadParm\n"
+        "assert miopenGetLastErrorString()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == ""

@@ -1,5 +1,11 @@
 """fusionplan: fusion plans (convolution, bias, batch-norm, activation) compiled into one kernel."""
 
+import logging
+
+# A library's logger: its records reach the application's handlers, and with none configured
+# nothing is printed (Python's last-resort handler would write warnings to stderr).
+logging.getLogger("fusionplan").addHandler(logging.NullHandler())
+
 from fusionplan.api import Plan, conv_bias_activation, default_handle
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status

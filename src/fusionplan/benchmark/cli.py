@@ -130,20 +130,34 @@ def _split(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+class BadArgument(ValueError):
+    """A command-line value the bench cannot use (exit status 2, as the driver's)."""
+
+
+def _shard(cases: list[Case], shard: str) -> list[Case]:
+    try:
+        k, n = (int(v) for v in shard.split("/"))
+    except ValueError:
+        raise BadArgument(f"--shard takes K/N (two integers), got {shard!r}") from None
+    if not 0 <= k < n:
+        raise BadArgument(f"--shard K/N needs 0 <= K < N, got {shard!r}")
+    return cases[k::n]
+
+
 def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
     shapes = load_shapes(opts.shapes)
     if opts.layers != "all":
         wanted = _split(opts.layers)
         unknown = set(wanted) - {s.name for s in shapes}
         if unknown:
-            raise SystemExit(f"fusionplan-bench: unknown layers {sorted(unknown)}")
+            raise BadArgument(f"unknown layers {sorted(unknown)}")
         shapes = [s for s in shapes if s.name in wanted]
     gpu = device.type == "cuda"
     batches = [int(b) for b in _split(opts.batch or ("32" if gpu else "1"))]
     precisions = _split(opts.precisions or ("fp16" if gpu else "fp32"))
     for name in precisions:
         if name not in PRECISIONS:
-            raise SystemExit(f"fusionplan-bench: unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
+            raise BadArgument(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
     layouts = _split(opts.layouts)
     modes = [m.upper() for m in _split(opts.modes)]
     activation = coerce_enum(ActivationMode, opts.activation, "activation")
@@ -168,10 +182,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(opts, name) < 1:
             print(f"fusionplan-bench: --{name} must be at least 1, got {getattr(opts, name)}", file=sys.stderr)
             return 2
-    cases = cases_from(opts, device)
-    if opts.shard:
-        k, n = (int(v) for v in opts.shard.split("/"))
-        cases = cases[k::n]
+    try:
+        cases = cases_from(opts, device)
+        cases = _shard(cases, opts.shard) if opts.shard else cases
+    except (BadArgument, FusionPlanError) as exc:
+        print(f"fusionplan-bench: {exc}", file=sys.stderr)
+        return 2
     if opts.baselines == "none":
         baselines = []
     else:

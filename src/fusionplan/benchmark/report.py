@@ -86,7 +86,7 @@ def table_rows(rows: list[Row]) -> tuple[list[str], list[list[str]]]:
             r.solver,
             _fmt(r.fused_ms, ".4f"),
             _fmt(d["tflops"], ".3g"),
-            _fmt(d["gbps"], ".0f"),
+            _fmt(d["gbps"], ".3g"),
             _fmt(d["time_over_floor"], ".2f"),
         ]
         cells += [_fmt(r.times.get(n), ".4f") for n in names]
@@ -118,7 +118,7 @@ def print_table(rows: list[Row], peaks: dict) -> None:
     for line in _layout_ratio_lines(rows):
         print(line)
     for precision, p in peaks.items():
-        print(f"peaks ({precision}): matmul {p['matmul_tflops']:.3g} TFLOP/s, copy {p['copy_gbps']:.0f} GB/s")
+        print(f"peaks ({precision}): matmul {p['matmul_tflops']:.3g} TFLOP/s, copy {p['copy_gbps']:.3g} GB/s")
     for r in rows:
         for name, why in r.errors.items():
             print(f"  {r.case.name}: {name}: {why}")
@@ -164,11 +164,11 @@ def markdown_summary(rows: list[Row], peaks: dict, env: dict, summary: dict) -> 
     lines = ["# fusionplan benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [
-        f"- peaks ({p}): matmul {v['matmul_tflops']:.0f} TFLOP/s, copy {v['copy_gbps']:.0f} GB/s"
+        f"- peaks ({p}): matmul {v['matmul_tflops']:.3g} TFLOP/s, copy {v['copy_gbps']:.3g} GB/s"
         for p, v in peaks.items()
     ]
     lines += ["", "## Geometric means of fused's speed-up (baseline time / fused time)", ""]
-    lines += [f"- {k}: " + ", ".join(f"vs {n} {v:.2f}x" for n, v in s.items()) for k, s in summary.items()]
+    lines += [f"- {k}: {_geomean_text(s)}" for k, s in summary.items()]
     ratios = _layout_ratio_lines(rows)
     if ratios:
         lines += ["", "## Layouts", "", *[f"- {line}" for line in ratios]]

@@ -102,8 +102,18 @@ def candidates(spec: PlanSpec, handle: Handle, backend: str | None = None, solve
     ordered = compile_order(found)
     if ordered:
         return [solver_named(v.solver) for v in ordered]
-    reasons = "; ".join(str(v) for v in found)
-    raise UnsupportedOpError(f"no solver can run the plan {spec.combination}: {reasons}")
+    raise UnsupportedOpError(refusal(spec, found, requested_backend(backend), solver))
+
+
+def refusal(spec: PlanSpec, found: list[Verdict], family: str | None, solver: str | None) -> str:
+    """Why no solver runs ``spec``: each solver that was tried and its reason, a line each, then
+    the names of those that the backend or solver restriction left out."""
+    left_out = [v.solver for v in found if (family and v.family != family) or (solver and v.solver != solver)]
+    lines = [f"  {v}" for v in found if v.solver not in left_out]
+    if left_out:
+        restriction = f"the solver {solver}" if solver else f"the {family} family"
+        lines.append(f"  not tried (compile restricted to {restriction}): {', '.join(left_out)}")
+    return f"no solver can run the plan {spec.combination}:\n" + "\n".join(lines)
 
 
 def compile_order(found: list[Verdict]) -> list[Verdict]:

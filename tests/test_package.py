@@ -1,0 +1,47 @@
+"""What a CPU user installs: the library imports and runs without triton and without the bench's
+table and plotting libraries (extras: fusionplan[gpu], fusionplan[bench])."""
+
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+ROOT = pathlib.Path(__file__).parents[1]
+
+BLOCKER = """
+import sys
+
+class _Missing:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("triton", "rich", "matplotlib"):
+            raise ImportError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, _Missing())
+"""
+
+USE = """
+import torch
+import fusionplan as fp
+import fusionplan.miopen
+import fusionplan.torch
+
+x = torch.randn(1, 3, 8, 8)
+plan = fp.Plan(x).conv(torch.randn(4, 3, 3, 3), padding=1).relu()
+y = plan(x)
+assert plan.solver == "cpu-folded", plan.solver
+print(*plan.explain(), sep="\\n")
+"""
+
+
+def test_install_dependencies_are_what_the_cpu_path_needs():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    names = {d.split(";")[0].split(">")[0].split("=")[0].strip() for d in project["dependencies"]}
+    assert names == {"torch", "numpy"}
+    assert any(d.startswith("triton") for d in project["optional-dependencies"]["gpu"])
+    assert (ROOT / "LICENSE").is_file() and project["readme"] == "README.md"
+
+
+def test_the_library_runs_without_triton_rich_or_matplotlib():
+    out = subprocess.run([sys.executable, "-c", BLOCKER + USE], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "triton-conv [triton]: no: " in out.stdout  # the Triton solvers say why, rather than fail
