@@ -4,7 +4,10 @@ table and plotting libraries (extras: fusionplan[gpu], fusionplan[bench])."""
 import pathlib
 import subprocess
 import sys
-import tomllib
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = pathlib.Path(__file__).parents[1]
 

@@ -2,10 +2,6 @@
 
 import logging
 
-# A library's logger: its records reach the application's handlers, and with none configured
-# nothing is printed (Python's last-resort handler would write warnings to stderr).
-logging.getLogger("fusionplan").addHandler(logging.NullHandler())
-
 from fusionplan.api import Plan, conv_bias_activation, default_handle
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status
@@ -29,6 +25,10 @@ from fusionplan.ops import (
     ConvArgs,
 )
 from fusionplan.plan import FusionPlan, OperatorArgs
+
+# A library's logger: its records reach the application's handlers, and with none configured
+# nothing is printed (Python's last-resort handler would write warnings to stderr).
+logging.getLogger("fusionplan").addHandler(logging.NullHandler())
 
 __version__ = "0.1.0"
 
