@@ -1,9 +1,16 @@
 """Without a GPU, Triton kernels run through Triton's interpreter. Triton reads the flag when it
 is first imported (its own library functions are decorated then), so it is set here, before any
 test module imports it. The CPU solver still comes first on CPU handles; tests that want the
-Triton kernels ask for them with FUSIONPLAN_BACKEND=triton."""
+Triton kernels ask for them with FUSIONPLAN_BACKEND=triton.
+
+The tests never write into the user's cache: the whole run (pytest-xdist's workers inherit the
+variable) uses one temporary cache directory, removed at the end, or FUSIONPLAN_TEST_CACHE_DIR
+where that is set (a GPU host keeping its compiled kernels from one run to the next). Without a
+GPU, the tests marked ``gpu`` are deselected rather than reported as skips."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,6 +18,18 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_RUN_CACHE = "FUSIONPLAN_TESTS_RUN_CACHE"  # the run's temporary directory, for its workers and children
+_MADE_HERE: str | None = None  # removed at the end by the process that made it, and only by it
+if "FUSIONPLAN_TEST_CACHE_DIR" in os.environ:
+    os.environ["FUSIONPLAN_CACHE_DIR"] = os.environ["FUSIONPLAN_TEST_CACHE_DIR"]
+elif _RUN_CACHE in os.environ:  # a pytest-xdist worker, or a test's own pytest run
+    os.environ["FUSIONPLAN_CACHE_DIR"] = os.environ[_RUN_CACHE]
+else:
+    _MADE_HERE = os.environ["FUSIONPLAN_CACHE_DIR"] = os.environ[_RUN_CACHE] = tempfile.mkdtemp(
+        prefix="fusionplan-tests-"
+    )
+os.environ.pop("TRITON_CACHE_DIR", None)  # Triton's cache inside the tests' cache directory too
 
 
 def pytest_addoption(parser):
@@ -38,6 +57,11 @@ def pytest_addoption(parser):
     )
 
 
+def pytest_unconfigure(config):
+    if _MADE_HERE:
+        shutil.rmtree(_MADE_HERE, ignore_errors=True)
+
+
 def pytest_configure(config):
     record = config.getoption("--record")
     if record and not hasattr(config, "workerinput"):  # pytest-xdist's workers: their reports reach the main process
@@ -46,6 +70,8 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
 def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        keep([item for item in items if item.get_closest_marker("gpu") is None], items, config)
     part = config.getoption("--part")
     if part:  # before --done, so that a part holds the same tests in every run of it
         k, n = parse_part(part)

@@ -1,10 +1,12 @@
 """Persistent caches: the perf database, the generated-kernel files, concurrency and damage."""
 
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -402,3 +404,15 @@ def test_flat_runs_on_large_nchw_planes_with_plane_vectors(plane, size, least, v
     assert (flat is not None) == (vec > 1 or plane < tuning.POINTWISE_FLAT_NCHW_PLANES_BELOW)
     monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", 0)
     assert tuning.pointwise_plane_vector(False, plane, size) == 1
+
+
+def test_tests_do_not_write_into_the_users_cache():
+    """conftest.py gives the run its own cache directory (Triton's cache within it)."""
+    import tempfile
+
+    from fusionplan.codegen import cache_dir
+
+    if "FUSIONPLAN_TEST_CACHE_DIR" in os.environ:
+        pytest.skip("the run was given its cache directory")
+    assert Path(cache_dir()).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+    assert "TRITON_CACHE_DIR" not in os.environ or Path(os.environ["TRITON_CACHE_DIR"]).is_relative_to(cache_dir())

@@ -255,7 +255,7 @@ def test_activation_keeps_nan_and_inf(mode, solver):
 
 
 ON_GPU = torch.cuda.is_available()
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a GPU solver")
+needs_gpu = pytest.mark.gpu  # deselected where there is no GPU (conftest.py)
 #: The Toeplitz solvers run on the GPU where there is one, else through the interpreter.
 STEM_SOLVERS = [
     *(("triton-stem", "triton-conv") if ON_GPU else _solvers("triton-stem", "triton-conv")),
