@@ -8,7 +8,7 @@ Every case is compiled and warmed up first; the profiler ranges then hold, case 
 one fusionplan execute (CBNA-ReLU) and, unless ``--no-cudnn``, one cuDNN fused conv+bias+ReLU
 (batch-norm folded), fp16, NHWC or NCHW input and output. ``--layer`` and ``--layout`` take
 comma-separated lists (every layer in every layout, in that order); the cases' order and solvers are
-printed, so that a table of counters (``bench/ncu_table.py``) can name each kernel's case.
+printed, so that a table of counters (``fusionplan.benchmark.ncu_table``) can name each kernel's case.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def prepare(a: argparse.Namespace, layer: str, layout: str) -> tuple[str, Callab
 
 
 def profile(label: str, once: Callable[[], None]) -> None:
-    """One run of a case inside the profiler range, then its label (bench/ncu_table.py's LABEL)."""
+    """One run of a case inside the profiler range, then its label (fusionplan.benchmark.ncu_table's LABEL)."""
     torch.cuda.profiler.start()
     once()
     torch.cuda.synchronize()

@@ -2,7 +2,8 @@
 # The fuzzer on the GPU: random plans on every GPU solver that claims them, then compute-sanitizer
 # memcheck over fuzzed plans and racecheck over those of the warp-specialized (Gluon) solvers.
 #   scripts/gpu_fuzz.sh OUTDIR [SEED]
-#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 (the defaults)
+#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 (the defaults; LAYERS: the
+#   share of layer-like cases, which reach the kernels tuned for networks' layers)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_fuzz.sh OUTDIR [SEED]}
@@ -15,7 +16,7 @@ export PYTHONPATH="src:.${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWA
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
 } | tee "$out/env.txt"
 workers=${WORKERS:-16}
-python -m tests.fuzz --mode gpu --seed "$seed" --cases "${FUZZ_CASES:-100000}" --workers "$workers" \
+python -m tests.fuzz --mode gpu --seed "$seed" --cases "${FUZZ_CASES:-100000}" --workers "$workers" --layers "${LAYERS:-0.4}" \
   --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
 echo "fuzz exit: $?" | tee -a "$out/env.txt"
 if [ "${MEMCHECK_CASES:-150}" -gt 0 ]; then

@@ -12,6 +12,7 @@ import torch
 
 from fusionplan.codegen import interpreter_active
 
+from .fuzz import cases
 from .fuzz.cases import draw_case
 from .fuzz.execute import compare, guarded_output
 from .fuzz.pool import run_pool
@@ -38,6 +39,24 @@ def test_fuzz_triton_solvers_interpreted():
     assert summary.cases == 400
     assert not summary.mismatches and not summary.crashes, _summary_line(summary)
     assert summary.by_solver["triton-conv"] > 50 and summary.by_solver["triton-pointwise"] > 30
+
+
+def test_layer_like_cases_on_the_cpu_solvers():
+    """The draws for the kernels tuned for networks' layers (``--layers``): run on the CPU solvers
+    here, on every GPU solver by the GPU run."""
+    summary = run_pool(
+        "cpu", 20261202, range(40), WORKERS, {**OPTIONS, "layers": 1.0}, case_timeout=300, log=lambda line: None
+    )
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["cpu-folded"] > 20
+
+
+def test_layer_like_cases_leave_the_other_draws_alone():
+    layer_like = [draw_case(3, i, "gpu", layers=0.4) for i in range(200)]
+    plain = [draw_case(3, i, "gpu") for i in range(200)]
+    replaced = [a != b for a, b in zip(layer_like, plain, strict=True)]
+    assert 40 < sum(replaced) < 120
+    assert all(case["dims"][1] in cases.LAYER_CHANNELS for case, new in zip(layer_like, replaced, strict=True) if new)
 
 
 def test_cases_depend_on_seed_and_index_only():

@@ -342,7 +342,7 @@ def test_activation_code_keeps_nan_on_the_gpu():
     """On the GPU tl.maximum / tl.minimum return the other operand for a NaN unless told to
     propagate it (the interpreter's numpy always does, so runs there cannot tell): every clamp of
     the activation's input says so."""
-    from fusionplan.codegen import ACTIVATION_CODE
+    from fusionplan.epilogue import ACTIVATION_CODE
 
     for mode, code in ACTIVATION_CODE.items():
         for clamp in ("tl.maximum({x}", "tl.minimum({x}", "tl.minimum(tl.maximum({x}"):

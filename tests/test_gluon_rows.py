@@ -175,7 +175,7 @@ def test_channel_parameters_can_be_loaded_once_before_the_tiles():
     vectors that Epilogue.channel_loads loads (the prior weights under their flag); per-element
     parameters (a per-activation batch-norm) are still loaded with each tile; without it, nothing
     changes."""
-    from fusionplan.codegen import emit_stages
+    from fusionplan.epilogue import emit_stages
     from fusionplan.folding import AffineStage
 
     stages = [AffineStage((1, 2)), AffineStage((3,), per_element=True)]

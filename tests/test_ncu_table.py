@@ -1,13 +1,10 @@
-"""bench/ncu_table.py: Nsight Compute's raw CSV (a units row, numbers with thousands separators)
+"""fusionplan.benchmark.ncu_table: Nsight Compute's raw CSV (a units row, numbers with thousands separators)
 and bench/ncu_layer.py's case labels, interleaved on one stdout, become one table row a kernel named
 by its case."""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
-
-import ncu_table  # noqa: E402
+from fusionplan.benchmark import ncu_table
 
 ISSUE = "smsp__issue_active.avg.pct_of_peak_sustained_elapsed"
 HEADER = f'"ID","Kernel Name","gpu__time_duration.sum","lts__t_bytes.sum","{ISSUE}"'

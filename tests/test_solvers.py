@@ -240,8 +240,8 @@ def test_unit_activation_alpha_is_a_specialization(alpha, unit, monkeypatch):
     constexpr flag beside HAS_Q that never counts as reading the prior); other alphas, or the
     switch off, multiply. The result either way: test_alpha_beta_blend_prior_output."""
     from fusionplan import tuning
+    from fusionplan.epilogue import reads_prior, stage_arguments
     from fusionplan.solvers import solver_named
-    from fusionplan.solvers.triton_conv import reads_prior, stage_arguments
     from fusionplan.testing import random_record
 
     x = make_input((2, 4, 6, 5), torch.float32, "NCHW")

@@ -398,7 +398,7 @@ GRID_DEPENDENCY = True
 FIT_CARVEOUT = True
 
 #: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
-#: activation, codegen.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
+#: activation, epilogue.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
 #: ahead builds the unit one, another alpha compiles at its first execute); off, every kernel
 #: multiplies by it. H100, fp16 NHWC CBNA, batch 32, every layer (`--tuning EPILOGUE_UNIT_ALPHA=0,1`,
 #: bench/results/2026-11-23-h100-stem-tma-30/): 1.1199 -> 1.1245x cuDNN, the stem (whose epilogue

@@ -27,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--training", type=float, default=0.1, help="share of training plans")
     ap.add_argument("--misuse", type=float, default=0.05, help="share of misuse cases")
+    ap.add_argument(
+        "--layers", type=float, default=0.0, help="share of layer-like cases (channels of real networks' layers)"
+    )
     ap.add_argument("--solvers", default=None, help="only solvers whose names start with this (say gluon-)")
     ap.add_argument("--case-timeout", type=float, default=600.0)
     ap.add_argument("--time-limit", type=float, default=None, help="stop handing out cases after this many seconds")
     ap.add_argument("--summary", default=None, help="write the JSON summary here (default: stdout)")
     args = ap.parse_args(argv)
-    options = {"training": args.training, "misuse": args.misuse, "solvers": args.solvers}
+    options = {"training": args.training, "misuse": args.misuse, "solvers": args.solvers, "layers": args.layers}
     if args.index is not None:
         return _one(args.mode, args.seed, args.index, options)
     from .pool import run_pool, write_summary
@@ -59,7 +62,7 @@ def _one(mode: str, seed: int, index: int, options: dict) -> int:
     from .cases import draw_case
     from .execute import run_case
 
-    case = draw_case(seed, index, mode, options["training"], options["misuse"])
+    case = draw_case(seed, index, mode, options["training"], options["misuse"], options["layers"])
     print(json.dumps(case))
     runs = run_case(case, fp.Handle("cuda" if mode == "gpu" else "cpu"), only=options["solvers"])
     for run in runs:

@@ -138,8 +138,65 @@ def _blends(r: random.Random, ops: list[dict], in_dims: tuple, out_dims: tuple, 
             op["beta"] = r.choice([r.uniform(-1.0, 1.0), 1.0])
 
 
-def draw_case(seed: int, index: int, mode: str = "cpu", training: float = 0.1, misuse: float = 0.0) -> Case:
-    """Case ``index`` of the run seeded ``seed``; ``mode`` (cpu, interp, gpu) bounds the sizes."""
+#: Layer-like cases (``layers``): the channel counts, planes, filters and strides of real networks'
+#: convolutions, where the kernels tuned for them (tensor boxes, warp-specialized tiles) take them.
+LAYER_CHANNELS = (16, 32, 48, 64, 96, 128, 160, 192, 256)
+LAYER_PLANES = (7, 8, 13, 14, 15, 28)
+LAYER_FILTERS = ((1, 1), (1, 1), (1, 1), (3, 3), (3, 3), (3, 3), (5, 5), (1, 7), (7, 1), (7, 7))
+
+
+def _layer_conv(r: random.Random, c: int, h: int, w: int) -> dict:
+    rr, ss = r.choice(LAYER_FILTERS)
+    stride = r.choice([1, 1, 1, 2])
+    groups = r.choice([1, 1, 1, 1, 2, 4, c]) if c % 4 == 0 else 1
+    k = c if groups == c else r.choice(LAYER_CHANNELS)
+    pad = [rr // 2, ss // 2]
+    oh, ow = (h + 2 * pad[0] - rr) // stride + 1, (w + 2 * pad[1] - ss) // stride + 1
+    return {
+        "kind": "conv",
+        "k": k,
+        "r": rr,
+        "s": ss,
+        "pad": pad,
+        "stride": [stride, stride],
+        "dil": [1, 1],
+        "groups": groups,
+        "w_layout": r.choice(["NCHW", "NHWC"]),
+        "w_odd_strides": False,
+        "out": [oh, ow],
+    }
+
+
+def _layer_case(r: random.Random, case: Case) -> Case:
+    """A convolution chain shaped like a network's layer, in place of the case's draws."""
+    dtype = r.choice(["half", "half", "bfloat16", "float"])
+    n, c, side = r.randint(1, 4), r.choice(LAYER_CHANNELS), r.choice(LAYER_PLANES)
+    conv = _layer_conv(r, c, side, side)
+    letters = r.choice(["CBNA", "CBA", "CNA", "CA", "CB", "CN", "C", "CBNAA", "CNB"])
+    ops: list[dict] = []
+    for letter in letters:
+        if letter == "C":
+            ops.append(conv)
+        elif letter == "B":
+            ops.append({"kind": "bias", "param_dtype": _param_dtype(r, dtype)})
+        elif letter == "N":
+            ops.append({"kind": "bn", "per_activation": False, "eps": 1e-5, "param_dtype": "float"})
+        else:
+            ops.append(_activation(r))
+    x_layout = r.choice(["NHWC", "NHWC", "NCHW"])
+    case.update(dtype=dtype, dims=[n, c, side, side], x_layout=x_layout, x_view=False, y_layout="same", y_view=False)
+    case.update(specials=r.choice([0, 0, 0, 1]), phase="inference")
+    _blends(r, ops, (n, c, side, side), (n, conv["k"], *conv["out"]), 0)
+    case["ops"] = ops
+    return case
+
+
+def draw_case(
+    seed: int, index: int, mode: str = "cpu", training: float = 0.1, misuse: float = 0.0, layers: float = 0.0
+) -> Case:
+    """Case ``index`` of the run seeded ``seed``; ``mode`` (cpu, interp, gpu) bounds the sizes. A
+    share ``layers`` of the cases are layer-like (_layer_case), chosen by a stream of their own, so
+    that the other cases are those of a run without them."""
     r = random.Random(f"fusionplan-fuzz:{seed}:{index}")
     lim = LIMITS[mode]
     dtype = r.choice(DTYPES if mode != "interp" else ("float", "float", "half", "double"))
@@ -148,6 +205,10 @@ def draw_case(seed: int, index: int, mode: str = "cpu", training: float = 0.1, m
     h, w = (
         r.choice([1, 1, 2, 3, 7, min(13, lim["hw"]), r.randint(1, lim["hw"]), r.randint(1, lim["hw"])]) for _ in "hw"
     )
+    layer = random.Random(f"fusionplan-fuzz-layers:{seed}:{index}")
+    if layers and layer.random() < layers:
+        base = {"seed": seed, "index": index, "mode": mode, "data_seed": layer.getrandbits(32)}
+        return _layer_case(layer, {**base, "api": layer.choice(["plan", "core", "miopen"])})
     case: Case = {
         "seed": seed,
         "index": index,

@@ -44,7 +44,7 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
             return
         if crash_at is not None and index == int(crash_at):
             os.kill(os.getpid(), signal.SIGSEGV)
-        case = draw_case(seed, index, mode, options["training"], options["misuse"])
+        case = draw_case(seed, index, mode, options["training"], options["misuse"], options.get("layers", 0.0))
         solver = ["setup"]
 
         def progress(name: str, index: int = index, solver: list = solver) -> None:
@@ -166,10 +166,10 @@ def run_pool(
                     continue
                 how = _death(w.proc.exitcode) if dead else f"no answer in {case_timeout:.0f} s"
                 summary.crashes.append(
-                    {"index": w.index, "solver": w.solver, "how": how, "repro": _repro(mode, seed, w.index)}
+                    {"index": w.index, "solver": w.solver, "how": how, "repro": _repro(mode, seed, w.index, options)}
                 )
                 summary.cases += 1
-                log(f"CRASH case {w.index} ({w.solver}): {how}: {_repro(mode, seed, w.index)}")
+                log(f"CRASH case {w.index} ({w.solver}): {how}: {_repro(mode, seed, w.index, options)}")
                 w.proc.kill()
                 busy.remove(w)
                 pool.remove(w)
@@ -179,7 +179,7 @@ def run_pool(
                 w.solver = message[2]
                 continue
             else:
-                _record(summary, mode, seed, message[1], message[2], log)
+                _record(summary, mode, seed, message[1], message[2], log, options)
                 if any(fatal_text(f) for _, failures in message[2] for f in failures[:1]):
                     w.proc.join(30)  # the worker ends after a fatal case: a fresh one goes on
                     busy.remove(w)
@@ -204,15 +204,15 @@ def run_pool(
     return summary
 
 
-def _record(summary: Summary, mode: str, seed: int, index: int, runs: list, log) -> None:
+def _record(summary: Summary, mode: str, seed: int, index: int, runs: list, log, options: dict) -> None:
     summary.cases += 1
     for solver, failures in runs:
         summary.runs += 1
         summary.by_solver[solver.split(":")[0]] += 1
         if failures:
-            entry = {"index": index, "solver": solver, "failures": failures, "repro": _repro(mode, seed, index)}
-            summary.mismatches.append(entry)
-            log(f"MISMATCH case {index} ({solver}): {failures[0][:300]} | {_repro(mode, seed, index)}")
+            repro = _repro(mode, seed, index, options)
+            summary.mismatches.append({"index": index, "solver": solver, "failures": failures, "repro": repro})
+            log(f"MISMATCH case {index} ({solver}): {failures[0][:300]} | {repro}")
 
 
 def _death(code: int | None) -> str:
@@ -221,8 +221,9 @@ def _death(code: int | None) -> str:
     return f"exited with {code}"
 
 
-def _repro(mode: str, seed: int, index: int | None) -> str:
-    return REPRO.format(mode=mode, seed=seed, index=index)
+def _repro(mode: str, seed: int, index: int | None, options: dict) -> str:
+    layers = options.get("layers", 0.0)
+    return REPRO.format(mode=mode, seed=seed, index=index) + (f" --layers {layers}" if layers else "")
 
 
 def write_summary(summary: Summary, path: str | None) -> None:

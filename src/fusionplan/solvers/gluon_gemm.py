@@ -54,9 +54,10 @@ from functools import cached_property
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
+from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver

@@ -42,8 +42,9 @@ from __future__ import annotations
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import TileIndex, emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.enums import DataType
+from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors

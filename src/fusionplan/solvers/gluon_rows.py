@@ -58,9 +58,10 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import TileIndex, emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
+from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver

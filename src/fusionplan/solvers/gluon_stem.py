@@ -46,8 +46,9 @@ from dataclasses import dataclass, replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import TileIndex, emit_stages, indent
+from fusionplan.codegen import indent
 from fusionplan.enums import DataType
+from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver

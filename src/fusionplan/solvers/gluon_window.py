@@ -29,8 +29,9 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import Epilogue, emit_stages, indent, triton_available
+from fusionplan.codegen import indent, triton_available
 from fusionplan.enums import DataType
+from fusionplan.epilogue import Epilogue, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver

@@ -20,17 +20,15 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module, triton_available
+from fusionplan.codegen import indent, interpreter_active, load_module, triton_available
 from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
+from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments, stand_in_stage_arguments
 from fusionplan.folding import (
-    ActStage,
-    AffineStage,
     PerArgsCache,
     Stage,
     pointwise_stages,
     split_at_conv,
-    stage_affine,
 )
 from fusionplan.launch import (
     Launcher,
@@ -42,7 +40,7 @@ from fusionplan.launch import (
     repeat_for,
     split_workspace,
 )
-from fusionplan.ops import ActivationArgs, ConvArgs, OpArgs, Phase
+from fusionplan.ops import ConvArgs, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
 Tensor = torch.Tensor
@@ -318,65 +316,6 @@ def device_why_not(handle, dtype: DataType) -> str | None:
 
 def shares_memory(a: Tensor, b: Tensor) -> bool:
     return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
-def stage_arguments(
-    stages: Sequence[Stage], records: Sequence[OpArgs], channels: int, spatial: tuple[int, int], device: torch.device
-) -> tuple[list, dict[str, bool]]:
-    """Kernel arguments of the epilogue stages for one argument set (fp32 coefficient vectors), and
-    the constexpr flags of emit_stages in its order: per stage whether it reads the prior output
-    (``HAS_Q``), per activation whether its output scale alpha is 1 (``UNIT_AL``)."""
-    values: list = []
-    flags: dict[str, bool] = {}
-    for i, stage in enumerate(stages):
-        if isinstance(stage, AffineStage):
-            a = stage_affine(stage, records, torch.float32)
-            shape = (1, channels, *spatial) if stage.per_element else (1, channels, 1, 1)
-            scale, shift = _vector(a.scale, shape, device), _vector(a.shift, shape, device)
-            has_q = not (isinstance(a.prior_coef, float) and a.prior_coef == 0.0)
-            values += [scale, shift, _vector(a.prior_coef, shape, device) if has_q else scale]
-            flags[f"HAS_Q{i}"] = has_q
-        else:
-            assert isinstance(stage, ActStage)
-            rec = records[stage.op]
-            assert isinstance(rec, ActivationArgs)
-            scalars = [float(v) for v in (rec.activ_alpha, rec.activ_beta, rec.activ_gamma, rec.alpha, rec.beta)]
-            values += scalars  # one compiled kernel whatever numeric types were given
-            flags[f"HAS_Q{i}"] = scalars[4] != 0
-            flags[f"UNIT_AL{i}"] = tuning.EPILOGUE_UNIT_ALPHA and scalars[3] == 1.0
-    return values, flags
-
-
-def reads_prior(flags: dict[str, bool]) -> bool:
-    """Whether a stage with these flags (stage_arguments') reads the prior output."""
-    return any(on for name, on in flags.items() if name.startswith("HAS_Q"))
-
-
-def stand_in_stage_arguments(
-    stages: Sequence[Stage], channels: int, spatial: tuple[int, int], device: torch.device, with_prior: bool = False
-) -> tuple[list, dict[str, bool]]:
-    """Arguments shaped like ``stage_arguments``' for arguments with alpha 1 and, unless
-    ``with_prior``, without beta, with no values computed: compiling ahead needs their types,
-    alignment and flags only."""
-    values: list = []
-    flags: dict[str, bool] = {}
-    for i, stage in enumerate(stages):
-        if isinstance(stage, AffineStage):
-            n = channels * (spatial[0] * spatial[1] if stage.per_element else 1)
-            vector = torch.empty(n, dtype=torch.float32, device=device)
-            values += [vector, vector, vector]
-            flags[f"HAS_Q{i}"] = with_prior
-        else:
-            values += [1.0, 0.0, 1.0, 1.0, 0.0]
-            flags[f"HAS_Q{i}"] = with_prior
-            flags[f"UNIT_AL{i}"] = tuning.EPILOGUE_UNIT_ALPHA
-    return values, flags
-
-
-def _vector(c: float | Tensor, shape: tuple[int, ...], device: torch.device) -> Tensor:
-    if isinstance(c, float):
-        return torch.full((int(torch.Size(shape).numel()),), c, dtype=torch.float32, device=device)
-    return c.to(device=device, dtype=torch.float32).expand(shape).contiguous().reshape(-1)
 
 
 def pack_weights(w: Tensor, groups: int) -> Tensor:

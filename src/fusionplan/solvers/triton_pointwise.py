@@ -18,12 +18,13 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active, load_module
+from fusionplan.codegen import indent, interpreter_active, load_module
+from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments
 from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
 from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import device_why_not, reads_prior, shares_memory, stage_arguments, triton_cdiv
+from fusionplan.solvers.triton_conv import device_why_not, shares_memory, triton_cdiv
 
 Tensor = torch.Tensor
 

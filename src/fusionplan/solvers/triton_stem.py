@@ -29,7 +29,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import emit_stages, indent, interpreter_active
+from fusionplan.codegen import indent, interpreter_active
+from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
