@@ -416,4 +416,3 @@ def test_tests_do_not_write_into_the_users_cache():
         pytest.skip("the run was given its cache directory")
     assert Path(cache_dir()).resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
     assert "TRITON_CACHE_DIR" not in os.environ or Path(os.environ["TRITON_CACHE_DIR"]).is_relative_to(cache_dir())
-
