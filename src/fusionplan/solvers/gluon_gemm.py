@@ -61,6 +61,7 @@ from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
     GluonWindowKernel,
@@ -75,7 +76,6 @@ from fusionplan.solvers.gluon_window import (
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.triton_gemm import gemm_input_why_not
 
 Tensor = torch.Tensor

@@ -34,6 +34,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
     gluon_descriptor,
@@ -43,11 +44,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import (
-    TritonConvKernel,
-    conv_plan_why_not,
-    triton_cdiv,
-)
+from fusionplan.solvers.triton_conv import TritonConvKernel
 from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor

@@ -32,6 +32,7 @@ from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_nchw import (
     _COORDINATES,
@@ -50,7 +51,6 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
 Tensor = torch.Tensor
 

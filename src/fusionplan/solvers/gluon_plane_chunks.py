@@ -45,6 +45,7 @@ import torch
 from fusionplan import tuning
 from fusionplan.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec
+from fusionplan.solvers.conv_toolkit import triton_cdiv
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
@@ -60,7 +61,6 @@ from fusionplan.solvers.gluon_row_pairs import (
     ring_stages,
     staged_input,
 )
-from fusionplan.solvers.triton_conv import triton_cdiv
 
 Tensor = torch.Tensor
 

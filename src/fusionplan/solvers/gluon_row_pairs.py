@@ -47,6 +47,7 @@ from fusionplan.enums import DataType
 from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
 from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
 from fusionplan.solvers.gluon_window import (
@@ -56,7 +57,6 @@ from fusionplan.solvers.gluon_window import (
     hopper_why_not,
     in_gluon_names,
 )
-from fusionplan.solvers.triton_conv import conv_plan_why_not, triton_cdiv
 
 Tensor = torch.Tensor
 

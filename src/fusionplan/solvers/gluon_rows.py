@@ -65,6 +65,7 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import CONSUMER_REGS, multiprocessors
 from fusionplan.solvers.gluon_window import (
     LOAD_REGS,
@@ -77,10 +78,6 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
     plane_vector,
-)
-from fusionplan.solvers.triton_conv import (
-    conv_plan_why_not,
-    triton_cdiv,
 )
 
 Tensor = torch.Tensor

@@ -35,13 +35,8 @@ from fusionplan.epilogue import Epilogue, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import (
-    GRID_DEPENDENCY,
-    conv_plan_why_not,
-    epilogue_tail,
-    header_fields,
-    triton_cdiv,
-)
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.triton_conv import GRID_DEPENDENCY, epilogue_tail, header_fields
 from fusionplan.solvers.triton_window import (
     WINDOW_COORDINATES,
     TritonWindowKernel,

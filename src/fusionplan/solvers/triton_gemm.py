@@ -21,16 +21,14 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import (
-    DescriptorConvKernel,
+from fusionplan.solvers.conv_toolkit import (
     conv_plan_why_not,
     descriptor_input_why_not,
     device_why_not,
     persistent_programs,
-    render_conv_source,
-    store_where,
     triton_cdiv,
 )
+from fusionplan.solvers.triton_conv import DescriptorConvKernel, render_conv_source, store_where
 
 Tensor = torch.Tensor
 

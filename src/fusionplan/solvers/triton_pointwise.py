@@ -24,7 +24,7 @@ from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
 from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.ops import OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.triton_conv import device_why_not, shares_memory, triton_cdiv
+from fusionplan.solvers.conv_toolkit import device_why_not, shares_memory, triton_cdiv
 
 Tensor = torch.Tensor
 

@@ -1,0 +1,82 @@
+"""The convolution solvers' toolkit: the checks every Triton convolution kernel shares (the plan,
+the device and dtype, tensor-descriptor input), and the small helpers of their launches. No solver
+module imports another for these."""
+
+from __future__ import annotations
+
+import torch
+
+from fusionplan.codegen import interpreter_active, triton_available
+from fusionplan.descriptors import Layout, layout_strides
+from fusionplan.enums import DataType
+from fusionplan.folding import split_at_conv
+from fusionplan.ops import Phase
+from fusionplan.solvers.base import PlanSpec
+
+Tensor = torch.Tensor
+
+#: The data types the Triton kernels compute.
+TRITON_DTYPES = (DataType.FLOAT, DataType.HALF, DataType.BFLOAT16)
+
+
+def device_why_not(handle, dtype: DataType) -> str | None:
+    """Shared by the Triton solvers: can Triton run here, for this dtype?"""
+    why = triton_available()
+    if why:
+        return why
+    if handle.device.type != "cuda" and not interpreter_active():
+        return f"needs a CUDA device (or TRITON_INTERPRET=1 for Triton's interpreter); the handle is on {handle.device}"
+    if dtype not in TRITON_DTYPES:
+        return f"{dtype.name} data is not supported by the Triton kernels (fp32, fp16, bf16 are)"
+    if dtype == DataType.BFLOAT16 and handle.device.type != "cuda":
+        return "bf16 dot products are not exact in Triton's interpreter; bf16 runs on CUDA devices only"
+    return None
+
+
+def shares_memory(a: Tensor, b: Tensor) -> bool:
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def grid_dependency_capable(handle) -> bool:
+    """Whether the handle's device runs programmatic dependent launch (Hopper or later, compiled
+    kernels: not Triton's interpreter)."""
+    capability = handle.compute_capability()
+    return capability is not None and capability >= (9, 0) and not interpreter_active()
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def persistent_programs(handle) -> int:
+    """The programs of a persistent kernel's grid: one per multiprocessor of the handle's GPU (two
+    in the interpreter, so that the loop over tiles runs there too)."""
+    if handle.device.type == "cuda":
+        return torch.cuda.get_device_properties(handle.device).multi_processor_count
+    return 2
+
+
+def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
+    """Why tensor descriptors cannot read the plan's input and repacked weights, or None: the input
+    must be packed channels-last, and rows of C input and K output channels whole 16-byte units.
+    ``reading`` says how the input would be read, for the message."""
+    x = spec.input_desc
+    if not x.same_strides(layout_strides(x.dims, Layout.NHWC)):
+        return f"the input must be packed channels-last (NHWC) to be {reading}; it is {x.layout_name}"
+    ch, k = x.dims[1], spec.output_desc.dims[1]
+    size = x.dtype.torch_dtype.itemsize
+    if ch * size % 16 or k * size % 16:
+        return f"tensor descriptors need 16-byte rows: C={ch} and K={k} elements of {size} bytes"
+    return None
+
+
+def conv_plan_why_not(spec: PlanSpec) -> str | None:
+    """What in the plan keeps every Triton convolution kernel from it, or None."""
+    if spec.phase != Phase.INFERENCE:
+        return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
+    pre, conv, _ = split_at_conv(spec.ops)
+    if conv is None:
+        return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
+    if pre:
+        return "operators before the convolution are not fused into the Triton kernel yet"
+    return None
