@@ -203,14 +203,16 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
 @pytest.mark.parametrize("c, w, stride, dil", [(3, 7, 2, 1), (4, 5, 1, 2), (2, 3, 1, 1), (3, 7, 2, 2)])
 def test_tap_positions_are_the_toeplitz_blocks_nonzero_columns(layout, c, w, stride, dil):
     """The exact path's masks: pixel p's taps are where its packed Toeplitz block has weights."""
-    from fusionplan.solvers.gluon_stem import GluonStemKernel, positions_expression, tap_positions
+    from fusionplan.solvers.gluon_stem import GluonStemKernel
+    from fusionplan.solvers.triton_stem import positions_expression, tap_positions
 
     plan = conv_plan(c=c, h=12, w=w * 5, k=8, r=3, s=w, pads=(1, w // 2), strides=(1, stride), dil=dil, layout=layout)
     kernel = GluonStemKernel(plan.spec(), fp.Handle("cpu"))
     blocks = kernel.pack(torch.ones(8, c, 3, w)).reshape(3, kernel.runs.pixels, -1, kernel.runs.block_e)
     offs_e = torch.arange(kernel.runs.block_e)  # noqa: F841 (the expression names it)
     for p in range(kernel.runs.pixels):
-        positions = tap_positions(plan.spec(), kernel.arrangement, p)
+        arrangement = kernel.arrangement
+        positions = tap_positions(plan.spec(), arrangement.runs, p, arrangement.side, arrangement.pitch)
         assert positions == torch.nonzero(blocks[0, p, 0]).flatten().tolist()
         mask = eval(positions_expression(positions, "offs_e"))
         assert torch.equal(mask, blocks[0, p, 0] != 0)

@@ -80,3 +80,15 @@ def conv_plan_why_not(spec: PlanSpec) -> str | None:
     if pre:
         return "operators before the convolution are not fused into the Triton kernel yet"
     return None
+
+
+#: A program's shared memory where the handle has no CUDA device (interpreter and CPU tests): sm_90's.
+HOPPER_SHARED_BYTES = 227 * 1024
+
+
+def shared_bytes_per_program(handle) -> int:
+    """The most shared memory one program of a kernel may take on the handle's device."""
+    if handle is not None and handle.device.type == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(handle.device)
+        return getattr(props, "shared_memory_per_block_optin", HOPPER_SHARED_BYTES)
+    return HOPPER_SHARED_BYTES

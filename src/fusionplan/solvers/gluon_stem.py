@@ -75,9 +75,11 @@ from fusionplan.solvers.triton_stem import (
     TritonStemKernel,
     channels_interleaved,
     joined_pixels,
+    positions_expression,
     stretch_candidates,
     stretch_geometry,
     stretches,
+    tap_positions,
 )
 
 Tensor = torch.Tensor
@@ -416,7 +418,12 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], arrangement: A
         sum=" + ".join(f"acc{p}" for p in range(px)),
         zeros="\n".join(f"            acc{p} = gl.zeros((RUNS, BLOCK_N), gl.float32, acc_layout)" for p in range(px)),
         products="\n".join(
-            _EXACT_PRODUCT.format(p=p, taps=positions_expression(tap_positions(spec, arrangement, p), "offs_e"))
+            _EXACT_PRODUCT.format(
+                p=p,
+                taps=positions_expression(
+                    tap_positions(spec, arrangement.runs, p, arrangement.side, arrangement.pitch), "offs_e"
+                ),
+            )
             for p in range(px)
         ),
     )
@@ -454,27 +461,6 @@ def render_gluon_stem_source(spec: PlanSpec, stages: list[Stage], arrangement: A
         **fields,
         **names,
     )
-
-
-def tap_positions(spec: PlanSpec, arrangement: Arrangement, p: int) -> list[int]:
-    """The places in a tile's row that pixel p's taps meet (its Toeplitz block's nonzero columns):
-    each tap's C channels side by side (channels-last rows) or one per plane, ``pitch`` apart."""
-    _, filter_w, stride_w, pad_w, dil_w, _, _ = stretch_geometry(spec)
-    c = spec.input_desc.dims[1]
-    apart = arrangement.pitch if arrangement.side > 1 else 1
-    starts = (arrangement.runs.position(p, tap, stride_w, pad_w, dil_w) for tap in range(filter_w))
-    return sorted({at + j * apart for at in starts for j in range(c)})
-
-
-def positions_expression(positions: list[int], name: str) -> str:
-    """A boolean expression over the index tensor ``name`` that holds exactly at ``positions``
-    (sorted): a union of the runs of consecutive ones."""
-    spans, first = [], positions[0]
-    for prev, cur in zip(positions, [*positions[1:], None]):
-        if cur != prev + 1:
-            spans.append(f"(({name} >= {first}) & ({name} <= {prev}))")
-            first = cur
-    return " | ".join(spans)
 
 
 @dataclass(frozen=True)

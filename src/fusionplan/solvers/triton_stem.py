@@ -34,7 +34,7 @@ from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, triton_cdiv
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, shared_bytes_per_program, triton_cdiv
 from fusionplan.solvers.triton_conv import TritonConvKernel, epilogue_tail, header_fields
 
 Tensor = torch.Tensor
@@ -228,16 +228,24 @@ def plan_stretches(spec: PlanSpec) -> Stretches:
     return stretches(*stretch_geometry(spec))
 
 
-#: A program's shared memory where the handle has no CUDA device (interpreter and CPU tests): sm_90's.
-HOPPER_SHARED_BYTES = 227 * 1024
+def tap_positions(spec: PlanSpec, runs: Stretches, p: int, side: int = 1, pitch: int = 0) -> list[int]:
+    """The places in a row of stretches that pixel p's taps meet (its Toeplitz block's nonzero
+    columns): each tap's ``runs.interleaved`` channels side by side, in each of ``side`` channel
+    planes' stretches ``pitch`` apart (gluon-stem's rows of planes side by side)."""
+    _, filter_w, stride_w, pad_w, dil_w, _, _ = stretch_geometry(spec)
+    starts = [runs.position(p, tap, stride_w, pad_w, dil_w) for tap in range(filter_w)]
+    return sorted({at + j + k * pitch for at in starts for j in range(runs.interleaved) for k in range(side)})
 
 
-def shared_bytes_per_program(handle) -> int:
-    """The most shared memory one program of a kernel may take on the handle's device."""
-    if handle is not None and handle.device.type == "cuda" and torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(handle.device)
-        return getattr(props, "shared_memory_per_block_optin", HOPPER_SHARED_BYTES)
-    return HOPPER_SHARED_BYTES
+def positions_expression(positions: list[int], name: str) -> str:
+    """A boolean expression over the index tensor ``name`` that holds exactly at ``positions``
+    (sorted): a union of the runs of consecutive ones."""
+    spans, first = [], positions[0]
+    for prev, cur in zip(positions, [*positions[1:], None]):
+        if cur != prev + 1:
+            spans.append(f"(({name} >= {first}) & ({name} <= {prev}))")
+            first = cur
+    return " | ".join(spans)
 
 
 def stem_shared_bytes(cfg: tuning.ConvConfig, runs: Stretches, itemsize: int) -> int:
@@ -273,7 +281,7 @@ def stem_why_not(spec: PlanSpec, handle=None) -> str | None:
     itemsize = spec.dtype.torch_dtype.itemsize
     limit = shared_bytes_per_program(handle)
     if not stem_candidates(runs, itemsize, limit):
-        least = min(stem_shared_bytes(cfg, runs, 1) for cfg in tuning.STEM_CANDIDATES) * itemsize
+        least = min(stem_shared_bytes(cfg, runs, itemsize) for cfg in tuning.STEM_CANDIDATES)
         return (
             f"{runs.pixels}-pixel runs of {runs.block_e}-element stretches need {least // 1024} KB of shared"
             f" memory a program at least; the device gives {limit // 1024} KB"
@@ -349,13 +357,7 @@ class TritonStemKernel(TritonConvKernel):
         """The stretch positions pixel p's taps meet, as an expression over ``offs_e``. The others
         hold zeros in p's Toeplitz block, and an infinite input there would make 0 * inf = NaN of
         an output that does not read it: they are zeroed in p's copy of the stretch."""
-        _, filter_w, stride_w, pad_w, dil_w, _, _ = stretch_geometry(spec)
-        il = self.runs.interleaved
-        start = self.runs.position(p, 0, stride_w, pad_w, dil_w)
-        span = ((filter_w - 1) * dil_w + 1) * il
-        d = f"(offs_e - {start})"
-        gaps = f" & (({d} // {il}) % {dil_w} == 0)" if dil_w > 1 else ""
-        return f"({d} >= 0) & ({d} < {span}){gaps}"
+        return positions_expression(tap_positions(spec, self.runs, p), "offs_e")
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         runs = triton_cdiv(m, self.runs.pixels)
