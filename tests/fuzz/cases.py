@@ -51,17 +51,22 @@ def _conv(r: random.Random, c: int, h: int, w: int, lim: dict) -> dict | None:
     ow = (w + 2 * pad[1] - dil[1] * (ss - 1) - 1) // stride[1] + 1
     if oh < 1 or ow < 1:
         return None
+    w_layout, odd = r.choice(["NCHW", "NHWC"]), r.random() < 0.3  # odd: unusual strides on size-1 axes
+    return _conv_record(k, rr, ss, pad, stride, dil, groups, w_layout, odd, oh, ow)
+
+
+def _conv_record(k, r, s, pad, stride, dil, groups, w_layout, w_odd_strides, oh, ow) -> dict:
     return {
         "kind": "conv",
         "k": k,
-        "r": rr,
-        "s": ss,
+        "r": r,
+        "s": s,
         "pad": pad,
         "stride": stride,
         "dil": dil,
         "groups": groups,
-        "w_layout": r.choice(["NCHW", "NHWC"]),
-        "w_odd_strides": r.random() < 0.3,  # unusual strides on the weight's size-1 axes
+        "w_layout": w_layout,
+        "w_odd_strides": w_odd_strides,
         "out": [oh, ow],
     }
 
@@ -152,19 +157,7 @@ def _layer_conv(r: random.Random, c: int, h: int, w: int) -> dict:
     k = c if groups == c else r.choice(LAYER_CHANNELS)
     pad = [rr // 2, ss // 2]
     oh, ow = (h + 2 * pad[0] - rr) // stride + 1, (w + 2 * pad[1] - ss) // stride + 1
-    return {
-        "kind": "conv",
-        "k": k,
-        "r": rr,
-        "s": ss,
-        "pad": pad,
-        "stride": [stride, stride],
-        "dil": [1, 1],
-        "groups": groups,
-        "w_layout": r.choice(["NCHW", "NHWC"]),
-        "w_odd_strides": False,
-        "out": [oh, ow],
-    }
+    return _conv_record(k, rr, ss, pad, [stride, stride], [1, 1], groups, r.choice(["NCHW", "NHWC"]), False, oh, ow)
 
 
 def _layer_case(r: random.Random, case: Case) -> Case:

@@ -165,11 +165,10 @@ def run_pool(
                 if not (dead or late):
                     continue
                 how = _death(w.proc.exitcode) if dead else f"no answer in {case_timeout:.0f} s"
-                summary.crashes.append(
-                    {"index": w.index, "solver": w.solver, "how": how, "repro": _repro(mode, seed, w.index, options)}
-                )
+                repro = _repro(mode, seed, w.index, options)
+                summary.crashes.append({"index": w.index, "solver": w.solver, "how": how, "repro": repro})
                 summary.cases += 1
-                log(f"CRASH case {w.index} ({w.solver}): {how}: {_repro(mode, seed, w.index, options)}")
+                log(f"CRASH case {w.index} ({w.solver}): {how}: {repro}")
                 w.proc.kill()
                 busy.remove(w)
                 pool.remove(w)
