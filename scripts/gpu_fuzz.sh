@@ -2,14 +2,18 @@
 # The fuzzer on the GPU: random plans on every GPU solver that claims them, then compute-sanitizer
 # memcheck over fuzzed plans and racecheck over those of the warp-specialized (Gluon) solvers.
 #   scripts/gpu_fuzz.sh OUTDIR [SEED]
-#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 (the defaults; LAYERS: the
-#   share of layer-like cases, which reach the kernels tuned for networks' layers)
+#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 FOCUS= (the defaults; LAYERS:
+#   the share of layer-like cases, which reach the kernels tuned for networks' layers; FOCUS: solvers, comma
+#   separated, that every case of the main run is drawn for in turn)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_fuzz.sh OUTDIR [SEED]}
 seed=${2:-1}
 mkdir -p "$out"
 export PYTHONPATH="src:.${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+export FUSIONPLAN_CACHE_DIR=${FUSIONPLAN_CACHE_DIR:-$(mktemp -d)}  # racecheck's report is read against its cubins
+triton=triton-conv,triton-stem,triton-pointwise,triton-depthwise,triton-gemm,triton-gemm-nchw,triton-window
+gluon=gluon-nchw,gluon-nchw-regs,gluon-stem,gluon-rows,gluon-window,gluon-gemm,gluon-halo,gluon-row-pairs,gluon-plane-chunks
 {
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -17,21 +21,24 @@ export PYTHONPATH="src:.${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 PYTHONWA
 } | tee "$out/env.txt"
 workers=${WORKERS:-16}
 python -m tests.fuzz --mode gpu --seed "$seed" --cases "${FUZZ_CASES:-100000}" --workers "$workers" --layers "${LAYERS:-0.4}" \
-  --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
+  ${FOCUS:+--focus "$FOCUS"} --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
 echo "fuzz exit: $?" | tee -a "$out/env.txt"
 if [ "${MEMCHECK_CASES:-150}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 --print-limit 20 \
     python -m tests.fuzz --mode gpu --seed "$((seed + 1000))" --cases "${MEMCHECK_CASES:-150}" --workers 8 \
-    --misuse 0 --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" --summary "$out/memcheck-fuzz.json" > "$out/memcheck.log" 2>&1
+    --misuse 0 --focus "$triton,$gluon" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
+    --summary "$out/memcheck-fuzz.json" > "$out/memcheck.log" 2>&1
   echo "memcheck exit: $?" | tee -a "$out/env.txt"
   grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/memcheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"
 fi
 if [ "${RACECHECK_CASES:-60}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool racecheck --target-processes all --error-exitcode 3 --print-limit 20 \
     python -m tests.fuzz --mode gpu --seed "$((seed + 2000))" --cases "${RACECHECK_CASES:-60}" --workers 8 \
-    --misuse 0 --solvers gluon- --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" --summary "$out/racecheck-fuzz.json" > "$out/racecheck.log" 2>&1
+    --misuse 0 --solvers gluon- --focus "$gluon" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
+    --summary "$out/racecheck-fuzz.json" > "$out/racecheck.log" 2>&1
   echo "racecheck exit: $?" | tee -a "$out/env.txt"
   grep -E "RACECHECK SUMMARY|hazard" "$out/racecheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"
+  python bench/probes/sass_at.py "$out/racecheck.log" "$FUSIONPLAN_CACHE_DIR/triton" > "$out/racecheck-sass.txt" 2>&1
 fi
 python - "$out" <<'PY'
 import json, sys, pathlib

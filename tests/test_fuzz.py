@@ -14,7 +14,7 @@ from fusionplan.codegen import interpreter_active
 
 from .fuzz import cases
 from .fuzz.cases import draw_case
-from .fuzz.execute import compare, guarded_output
+from .fuzz.execute import Tensors, _activation_slack, compare, expected, guarded_output
 from .fuzz.pool import run_pool
 
 OPTIONS = {"training": 0.1, "misuse": 0.05}
@@ -71,6 +71,44 @@ def test_compare_flags_wrong_values_and_misplaced_nan():
     assert compare("t", torch.tensor([1.0, -2.1, math.inf, math.nan]), ref, 1e-5, 2.0**-23)
     assert compare("t", torch.tensor([1.0, -2.0, math.inf, 0.0]), ref, 1e-5, 2.0**-23)  # a NaN lost
     assert compare("t", torch.tensor([math.nan, -2.0, math.inf, math.nan]), ref, 1e-5, 2.0**-23)  # invented
+
+
+def test_steep_activations_widen_the_bound_only_where_they_are_steep():
+    """A square root (POWER, gamma 0.5) just past its threshold: an error at its input within the
+    tolerance (a TF32 convolution's) moves the output far more than the tolerance; the oracle
+    allows that there, and nowhere else (ReLU adds nothing; a wrong value far from the threshold
+    still fails)."""
+    power = {"mode": 6, "a": 0.0, "b": 1.0, "g": 0.5}
+    h = np.array([1e-9, 4.0, -1.0])  # at the threshold, far above it, below it (output 0)
+    allowed = np.full(3, 1e-3)
+    slack = _activation_slack(power, h, allowed, 0.0)
+    assert slack[0] > 0.03 and slack[1] < 1e-6 and slack[2] == 0.0
+    ref = np.sqrt(np.maximum(h, 0.0)) * (h > 1e-6)
+    moved = torch.tensor([math.sqrt(9e-4), 2.0, 0.0], dtype=torch.float64)  # the input off by 9e-4 at 0
+    assert compare("t", moved, ref, 1e-3, 2.0**-10, 4.0)  # without the slack: a mismatch
+    assert not compare("t", moved, ref, 1e-3, 2.0**-10, 4.0, slack)
+    wrong = torch.tensor([math.sqrt(9e-4), 2.1, 0.0], dtype=torch.float64)
+    assert compare("t", wrong, ref, 1e-3, 2.0**-10, 4.0, slack)
+    relu = {"mode": 3, "a": 0.0, "b": 0.0, "g": 1.0}
+    assert not _activation_slack(relu, np.array([-1e-9, 0.0, 3.0]), allowed, 0.0).any()
+
+
+def test_the_oracle_carries_slack_through_later_operators():
+    sqrt = {"kind": "act", "mode": 6, "a": 0.0, "b": 1.0, "g": 0.5, "alpha": 2.0, "beta": 0.0}
+    case = {"phase": "inference", "ops": [sqrt]}
+    x = torch.tensor([[[[1e-9, 4.0]]]], dtype=torch.float64)
+    want = expected(case, Tensors(x, [{}], (1, 1, 1, 2), False, [(1, 1, 1, 1)]), None, 1e-3)
+    assert want.output[0, 0, 0, 1] == 4.0 and want.slack[0, 0, 0, 0] > 0.06  # doubled by alpha 2
+
+
+def test_gluon_kernels_built_for_sm90_on_the_cpu():
+    """Every Gluon solver that takes a plan but for the device builds its kernel and makes its
+    launch (descriptors, layouts, constants): the check that found gluon-rows' 16-byte plane rows,
+    which no swizzle takes, without a GPU."""
+    summary = run_pool("sm90", 20261202, range(600), WORKERS, {**OPTIONS, "misuse": 0.0, "layers": 0.5},
+                       case_timeout=300, log=lambda line: None)  # fmt: skip
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["gluon-nchw"] > 50 and summary.by_solver["gluon-window"] > 20
 
 
 def test_guard_band_sees_writes_outside_a_stepped_output():

@@ -71,6 +71,47 @@ def test_thin_plane_result_is_right():
         assert not compare(solver, p(x), want, 1e-5, 2.0**-23)
 
 
+def test_thin_planes_go_to_torch_in_nchw_and_16_bit_data_in_fp32(monkeypatch):
+    """The calls torch_conv hands torch on the CPU: small planes as NCHW copies (channels-last ones
+    read past the input: values up to 1e38, fuzz case --seed 20261201 --index 1243), 16-bit data
+    in fp32 (bf16 channels-last kernels miscompute and crash on CPUs with AVX512-BF16)."""
+    import torch.nn.functional as F
+
+    from fusionplan import torch_conv
+
+    calls = []
+    real = F.conv2d
+
+    def spy(x, w, *args):
+        calls.append((x.stride(), w.stride(), x.dtype, w.dtype))
+        return real(x, w, *args)
+
+    monkeypatch.setattr(F, "conv2d", spy)
+    conv = fp.ConvolutionDescriptor((2, 2), (1, 2), (3, 1))
+    x = torch.randn(2, 3, 13, 2).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 5, 5).contiguous(memory_format=torch.channels_last)
+    torch_conv.conv2d(x, w, None, conv)
+    assert calls[-1][:2] == (canonical_strides((2, 3, 13, 2), False), canonical_strides((4, 3, 5, 5), False))
+    wide = torch.randn(2, 3, 13, 9).contiguous(memory_format=torch.channels_last)
+    y = torch_conv.conv2d(wide.to(torch.bfloat16), w.to(torch.bfloat16), torch.randn(4).to(torch.bfloat16), conv)
+    assert calls[-1][2:] == (torch.float32, torch.float32) and y.dtype == torch.bfloat16
+    assert calls[-1][0] == canonical_strides((2, 3, 13, 9), True)  # wide planes keep their layout
+
+
+@pytest.mark.parametrize("solver", CPU_SOLVERS)
+def test_bf16_channels_last_view_with_an_infinity_is_right(solver):
+    """Fuzz case --seed 20261201 --index 1243: a bf16 channels-last view of width 2, a 5x5 filter
+    with padding, stride 2 and dilation 3, an infinity in the input."""
+    base = torch.randn(2, 13, 2, 3).to(torch.bfloat16)
+    x = base[..., :1].permute(0, 3, 1, 2)  # (2, 1, 13, 2), pixels 3 elements apart
+    x[0, 0, 9, 0] = math.inf
+    w = torch.randn(1, 1, 5, 5).to(torch.bfloat16)
+    p = fp.Plan(x).conv(w, padding=(2, 2), stride=(1, 2), dilation=(3, 1))
+    p.compile(solver=solver)
+    want = _conv_ref(x, w, (2, 2), (1, 2), (3, 1), 1)
+    assert not compare(solver, p(x), want, 1e-2, 2.0**-7)
+
+
 # ---- 2. torch's CPU convolution miscomputes grouped weights with odd strides on size-1 axes -----------
 @pytest.mark.parametrize("solver", CPU_SOLVERS)
 @pytest.mark.parametrize("chain", ["C", "CB", "CNA"])

@@ -55,6 +55,22 @@ def test_why_not_names_what_is_missing(plan, reason):
     assert reason in verdict(plan()).reason
 
 
+@pytest.mark.parametrize(
+    "c, h, w, r, s, pads, reason",
+    [
+        (64, 8, 8, 1, 7, (0, 3), "take no wgmma swizzle"),  # 8-pixel rows: a 16-byte box row
+        (2, 1, 16, 3, 3, (1, 3), "a tap's weights' box starts at column t*C"),  # C=2: taps off 16-byte units
+        (37, 13, 16, 1, 1, (0, 3), "a tap's weights' box starts at column t*C"),  # rows of 74 bytes
+    ],
+)
+def test_channel_planes_the_copy_engine_cannot_take_are_refused(c, h, w, r, s, pads, reason):
+    """Plans the GPU fuzzer and the sm90 build fuzz found gluon-rows taking and then failing to
+    build (an AssertionError from Gluon's layout or descriptor): now refused, with the reason."""
+    x = torch.empty(2, c, h, w, dtype=torch.float16)
+    plan = add_chain(plan_for(x), "C", conv=fp.ConvolutionDescriptor(pads, (1, 1), (1, 1)), k=32, r=r, s=s)
+    assert reason in verdict(plan).reason
+
+
 def test_grouped_convolutions_are_not_taken():
     x = torch.empty(2, 64, 20, 40, dtype=torch.float16).to(memory_format=torch.channels_last)
     plan = add_chain(plan_for(x), "C", conv=fp.ConvolutionDescriptor((1, 1), groups=2), k=64, r=3, s=3)

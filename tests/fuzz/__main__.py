@@ -5,8 +5,10 @@
     python -m tests.fuzz --mode gpu --seed 1 --cases 20000 --workers 16
     python -m tests.fuzz --mode cpu --seed 1 --index 4711      # one case, in this process, verbose
 
---mode: cpu (the CPU solvers), interp (the Triton solvers through Triton's interpreter) or gpu
-(every GPU solver). Exit status 1 when any run mismatched or crashed.
+--mode: cpu (the CPU solvers), interp (the Triton solvers through Triton's interpreter), gpu
+(every GPU solver) or sm90 (the GPU's cases on the CPU: every Gluon solver that takes a plan but
+for the device builds its kernel and makes its launch). Exit status 1 when any run mismatched or
+crashed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("cpu", "interp", "gpu"), default="cpu")
+    ap.add_argument("--mode", choices=("cpu", "interp", "gpu", "sm90"), default="cpu")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--cases", type=int, default=1000)
     ap.add_argument("--first", type=int, default=0, help="index of the first case")
@@ -31,11 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=float, default=0.0, help="share of layer-like cases (channels of real networks' layers)"
     )
     ap.add_argument("--solvers", default=None, help="only solvers whose names start with this (say gluon-)")
+    ap.add_argument("--focus", default=None, help="draw, for each index, a plan this solver takes (of its variants)")
     ap.add_argument("--case-timeout", type=float, default=600.0)
     ap.add_argument("--time-limit", type=float, default=None, help="stop handing out cases after this many seconds")
     ap.add_argument("--summary", default=None, help="write the JSON summary here (default: stdout)")
     args = ap.parse_args(argv)
-    options = {"training": args.training, "misuse": args.misuse, "solvers": args.solvers, "layers": args.layers}
+    options = {
+        "training": args.training,
+        "misuse": args.misuse,
+        "solvers": args.solvers,
+        "layers": args.layers,
+        "focus": args.focus,
+    }
     if args.index is not None:
         return _one(args.mode, args.seed, args.index, options)
     from .pool import run_pool, write_summary
@@ -57,14 +66,13 @@ def main(argv: list[str] | None = None) -> int:
 def _one(mode: str, seed: int, index: int, options: dict) -> int:
     if mode == "interp":
         os.environ["TRITON_INTERPRET"] = "1"
-    import fusionplan as fp
 
-    from .cases import draw_case
-    from .execute import run_case
+    from .execute import focused_case, fuzz_handle, run_case
 
-    case = draw_case(seed, index, mode, options["training"], options["misuse"], options["layers"])
+    handle = fuzz_handle(mode)
+    case = focused_case(seed, index, mode, options, handle)
     print(json.dumps(case))
-    runs = run_case(case, fp.Handle("cuda" if mode == "gpu" else "cpu"), only=options["solvers"])
+    runs = run_case(case, handle, only=options["solvers"])
     for run in runs:
         print(f"{run.solver}: {'ok' if not run.failures else ''}")
         for failure in run.failures:

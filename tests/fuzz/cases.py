@@ -29,6 +29,7 @@ LIMITS = {  # the largest sides drawn: the interpreter runs kernels element by e
     "cpu": {"n": 3, "c": 20, "hw": 14, "k": 20},
     "interp": {"n": 2, "c": 10, "hw": 9, "k": 10},
     "gpu": {"n": 4, "c": 72, "hw": 24, "k": 72},
+    "sm90": {"n": 4, "c": 72, "hw": 24, "k": 72},  # the GPU's cases, built for sm_90 on the CPU
 }
 
 
@@ -185,12 +186,20 @@ def _layer_case(r: random.Random, case: Case) -> Case:
 
 
 def draw_case(
-    seed: int, index: int, mode: str = "cpu", training: float = 0.1, misuse: float = 0.0, layers: float = 0.0
+    seed: int,
+    index: int,
+    mode: str = "cpu",
+    training: float = 0.1,
+    misuse: float = 0.0,
+    layers: float = 0.0,
+    variant: int = 0,
 ) -> Case:
-    """Case ``index`` of the run seeded ``seed``; ``mode`` (cpu, interp, gpu) bounds the sizes. A
-    share ``layers`` of the cases are layer-like (_layer_case), chosen by a stream of their own, so
-    that the other cases are those of a run without them."""
-    r = random.Random(f"fusionplan-fuzz:{seed}:{index}")
+    """Case ``index`` of the run seeded ``seed``; ``mode`` (cpu, interp, gpu, sm90) bounds the sizes.
+    A share ``layers`` of the cases are layer-like (_layer_case), chosen by a stream of their own,
+    so that the other cases are those of a run without them; ``variant`` > 0 draws another case in
+    the index's place, layer-like for odd variants (focused_case's further tries)."""
+    suffix = f":{variant}" if variant else ""
+    r = random.Random(f"fusionplan-fuzz:{seed}:{index}{suffix}")
     lim = LIMITS[mode]
     dtype = r.choice(DTYPES if mode != "interp" else ("float", "float", "half", "double"))
     n = r.randint(1, lim["n"])
@@ -198,8 +207,8 @@ def draw_case(
     h, w = (
         r.choice([1, 1, 2, 3, 7, min(13, lim["hw"]), r.randint(1, lim["hw"]), r.randint(1, lim["hw"])]) for _ in "hw"
     )
-    layer = random.Random(f"fusionplan-fuzz-layers:{seed}:{index}")
-    if layers and layer.random() < layers:
+    layer = random.Random(f"fusionplan-fuzz-layers:{seed}:{index}{suffix}")
+    if variant % 2 == 1 or (not variant and layers and layer.random() < layers):
         base = {"seed": seed, "index": index, "mode": mode, "data_seed": layer.getrandbits(32)}
         return _layer_case(layer, {**base, "api": layer.choice(["plan", "core", "miopen"])})
     case: Case = {

@@ -29,14 +29,11 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
     torch.set_num_threads(1)
     import logging
 
-    import fusionplan as fp
-
     logging.getLogger("fusionplan").setLevel(logging.ERROR)  # misuse cases log their failed calls
 
-    from .cases import draw_case
-    from .execute import run_case
+    from .execute import focused_case, fuzz_handle, run_case
 
-    handle = fp.Handle("cuda" if mode == "gpu" else "cpu")
+    handle = fuzz_handle(mode)
     crash_at = os.environ.get("FUSIONPLAN_FUZZ_CRASH_INDEX")  # tests of the pool: a worker that dies
     while True:
         index = conn.recv()
@@ -44,7 +41,6 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
             return
         if crash_at is not None and index == int(crash_at):
             os.kill(os.getpid(), signal.SIGSEGV)
-        case = draw_case(seed, index, mode, options["training"], options["misuse"], options.get("layers", 0.0))
         solver = ["setup"]
 
         def progress(name: str, index: int = index, solver: list = solver) -> None:
@@ -52,6 +48,7 @@ def _worker(conn, mode: str, seed: int, options: dict) -> None:
             conn.send(("start", index, name))
 
         try:
+            case = focused_case(seed, index, mode, options, handle)
             runs = run_case(case, handle, progress=progress, only=options.get("solvers"))
             conn.send(("done", index, [(r.solver, r.failures) for r in runs]))
             fatal = any(fatal_text(f) for r in runs for f in r.failures[:1])
@@ -222,7 +219,8 @@ def _death(code: int | None) -> str:
 
 def _repro(mode: str, seed: int, index: int | None, options: dict) -> str:
     layers = options.get("layers", 0.0)
-    return REPRO.format(mode=mode, seed=seed, index=index) + (f" --layers {layers}" if layers else "")
+    focus = f" --focus {options['focus']}" if options.get("focus") else ""
+    return REPRO.format(mode=mode, seed=seed, index=index) + (f" --layers {layers}" if layers else "") + focus
 
 
 def write_summary(summary: Summary, path: str | None) -> None:

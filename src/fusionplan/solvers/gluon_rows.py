@@ -821,8 +821,9 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
 
 def plane_rows_why_not(spec: PlanSpec) -> str | None:
     """Why gluon-rows does not take the plan's channel planes, or None (tuning.GLUON_ROWS_PLANES,
-    at most 64 channels, rows of whole 16-byte units that an output row's box holds from column 0,
-    the filter and the shallowest ring within tuning.GLUON_ROWS_RING_BYTES)."""
+    at most 64 channels and a multiple of 8, rows of whole 16-byte units that an output row's box of at least 16 pixels
+    (a swizzled box row) holds from column 0, the filter and the shallowest ring within
+    tuning.GLUON_ROWS_RING_BYTES)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     if not tuning.GLUON_ROWS_PLANES:
@@ -830,11 +831,17 @@ def plane_rows_why_not(spec: PlanSpec) -> str | None:
     n, c, h, w = spec.input_desc.dims
     if c > 64:
         return f"C={c} channel planes: a box holds at most 64"
+    if c * 2 % 16:
+        return f"C={c} channel planes: a tap's weights' box starts at column t*C, a tensor copy's on 16-byte units"
     if w * 2 % 16:
         return f"rows of {w} pixels: a tensor box's rows must be whole 16-byte units (W a multiple of 8)"
     pixels = row_pixels(spec.output_desc.dims[3])
     if w > pixels or pixels > 256:
         return f"input rows of {w} pixels do not fit an output row's box of {pixels}"
+    if pixels * 2 < 32:
+        return (
+            f"output rows of {pixels} pixels: a box's {pixels * 2}-byte rows take no wgmma swizzle (32 bytes or more)"
+        )
     if shifted_planes_why_not(spec) is None:
         return None
     r, s = conv.w_desc.dims[2:]
