@@ -395,6 +395,7 @@ def gluon_gemm_kernel(
         )
         _invalidate_barriers(ready, empty, copied, turn, NUM_STAGES, COPIES, CONSUMERS)
         tile = gl.program_id(0)
+        y_bufs = None  # a persistent program's own output buffer (TMA_STORE 2), which this path never takes
 {epilogue}
 '''
 
