@@ -48,3 +48,29 @@ def test_the_library_runs_without_triton_rich_or_matplotlib():
     out = subprocess.run([sys.executable, "-c", BLOCKER + USE], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "triton-conv [triton]: no: " in out.stdout  # the Triton solvers say why, rather than fail
+
+
+def _fusionplan_imports(module: str) -> set[str]:
+    """The fusionplan modules ``module`` (a path under src/fusionplan) imports, at any depth of its code."""
+    import ast
+
+    tree = ast.parse((ROOT / "src" / "fusionplan" / module).read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fusionplan":
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names if a.name.split(".")[0] == "fusionplan")
+    return names
+
+
+def test_imports_run_one_way_down_the_layers():
+    """The data layer imports nothing above it: enums nothing of fusionplan, errors only enums, the
+    random samples only descriptors, enums and operators; the perf database takes the version
+    without importing the package; no solver imports the test helpers (fusionplan.testing)."""
+    assert _fusionplan_imports("enums.py") == set()
+    assert _fusionplan_imports("errors.py") == {"fusionplan.enums"}
+    assert _fusionplan_imports("samples.py") <= {"fusionplan.enums", "fusionplan.ops", "fusionplan.descriptors"}
+    assert "fusionplan" not in _fusionplan_imports("perfdb.py")
+    solvers = sorted((ROOT / "src" / "fusionplan" / "solvers").glob("*.py"))
+    assert [p.name for p in solvers if "fusionplan.testing" in _fusionplan_imports(f"solvers/{p.name}")] == []

@@ -25,12 +25,11 @@ from fusionplan.ops import (
     ConvArgs,
 )
 from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.version import __version__ as __version__
 
 # A library's logger: its records reach the application's handlers, and with none configured
 # nothing is printed (Python's last-resort handler would write warnings to stderr).
 logging.getLogger("fusionplan").addHandler(logging.NullHandler())
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ActivationArgs",

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, batchnorm_param_dims
-from fusionplan.enums import ActivationMode, BatchNormMode, Layout, coerce_enum
-from fusionplan.errors import BadParmError
+from fusionplan.enums import ActivationMode, BatchNormMode, Layout
+from fusionplan.errors import BadParmError, coerce_enum
 from fusionplan.handle import Handle, resolve_device
 from fusionplan.ops import (
     ActivationArgs,

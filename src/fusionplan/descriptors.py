@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionplan.enums import ActivationMode, BatchNormMode, ConvMode, DataType, Layout, coerce_enum
-from fusionplan.errors import BadParmError
+from fusionplan.enums import ActivationMode, BatchNormMode, ConvMode, DataType, Layout
+from fusionplan.errors import BadParmError, coerce_enum
 
 MAX_DIMS = 5
 

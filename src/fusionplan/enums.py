@@ -103,25 +103,3 @@ class ActivationMode(enum.IntEnum):
 class BatchNormMode(enum.IntEnum):
     PER_ACTIVATION = 0
     SPATIAL = 1
-
-
-def coerce_enum(enum_cls: type[enum.IntEnum], value: object, what: str) -> enum.IntEnum:
-    """Turn an int, a member or a (case-insensitive) member name into ``enum_cls``.
-
-    Raises BadParmError naming ``what`` and the accepted values when it is none of them.
-    """
-    from fusionplan.errors import BadParmError
-
-    if isinstance(value, enum_cls):
-        return value
-    if isinstance(value, str):
-        key = value.strip().upper().replace("-", "_")
-        if key in enum_cls.__members__:
-            return enum_cls[key]
-    elif isinstance(value, int) and not isinstance(value, bool):
-        try:
-            return enum_cls(value)
-        except ValueError:
-            pass
-    accepted = ", ".join(f"{m.name}={m.value}" for m in enum_cls)
-    raise BadParmError(f"{what}: {value!r} is not a valid {enum_cls.__name__} ({accepted})")

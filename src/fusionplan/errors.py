@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 from fusionplan.enums import Status
 
 
@@ -39,3 +41,23 @@ class InternalError(FusionPlanError):
     """fusionplan itself failed (a bug): reported, never hidden as success."""
 
     status = Status.INTERNAL_ERROR
+
+
+def coerce_enum(enum_cls: type[enum.IntEnum], value: object, what: str) -> enum.IntEnum:
+    """Turn an int, a member or a (case-insensitive) member name into ``enum_cls``.
+
+    Raises BadParmError naming ``what`` and the accepted values when it is none of them.
+    """
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, str):
+        key = value.strip().upper().replace("-", "_")
+        if key in enum_cls.__members__:
+            return enum_cls[key]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return enum_cls(value)
+        except ValueError:
+            pass
+    accepted = ", ".join(f"{m.name}={m.value}" for m in enum_cls)
+    raise BadParmError(f"{what}: {value!r} is not a valid {enum_cls.__name__} ({accepted})")

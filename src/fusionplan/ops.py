@@ -21,8 +21,8 @@ from fusionplan.descriptors import (
     batchnorm_param_dims,
     finite_float,
 )
-from fusionplan.enums import ActivationMode, BatchNormMode, ConvMode, DataType, coerce_enum
-from fusionplan.errors import BadParmError, UnsupportedOpError
+from fusionplan.enums import ActivationMode, BatchNormMode, ConvMode, DataType
+from fusionplan.errors import BadParmError, UnsupportedOpError, coerce_enum
 
 HALF_TYPES = (DataType.HALF, DataType.BFLOAT16)
 

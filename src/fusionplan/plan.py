@@ -19,7 +19,7 @@ import torch
 
 from fusionplan import solvers, tuning
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
-from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction, coerce_enum
+from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction
 from fusionplan.errors import (
     BadParmError,
     FusionPlanError,
@@ -28,6 +28,7 @@ from fusionplan.errors import (
     NotCompiledError,
     TensorMismatchError,
     UnsupportedOpError,
+    coerce_enum,
 )
 from fusionplan.handle import Handle
 from fusionplan.ops import (

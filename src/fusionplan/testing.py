@@ -7,47 +7,21 @@ MIOpen's rule, rms(out - ref) / (sqrt(n) * max|ref|) < 80 * eps(T).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType, Layout
-from fusionplan.ops import (
-    ActivationArgs,
-    ActivationForwardOp,
-    BatchNormInferenceArgs,
-    BatchNormInferenceOp,
-    BiasArgs,
-    BiasForwardOp,
-    ConvArgs,
-    ConvForwardOp,
-    FusionOp,
-    OpArgs,
-)
 from fusionplan.plan import FusionPlan, OperatorArgs
 from fusionplan.reference import run_reference
+from fusionplan.samples import ACTIV_PARAMS, random_record, random_tensor  # noqa: F401 (re-exported)
 
 #: Machine epsilon of each data type (TF32 has fp16's 10-bit mantissa).
 EPS = {torch.float32: 2.0**-23, torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7, torch.float64: 2.0**-52}
 TF32_EPS = 2.0**-10
 #: Relative-norm tolerance against the float64 reference, by data type.
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2, torch.float64: 1e-12}
-
-#: Activation parameters that exercise each formula's alpha/beta/gamma.
-ACTIV_PARAMS = {
-    ActivationMode.PASTHRU: (1.0, 0.0, 1.0),
-    ActivationMode.LOGISTIC: (1.0, 0.0, 1.0),
-    ActivationMode.TANH: (0.7, 1.3, 1.0),
-    ActivationMode.RELU: (1.0, 0.0, 1.0),
-    ActivationMode.SOFTRELU: (1.0, 0.0, 1.0),
-    ActivationMode.ABS: (1.0, 0.0, 1.0),
-    ActivationMode.POWER: (0.5, 0.8, 2.0),
-    ActivationMode.CLIPPEDRELU: (0.6, 0.0, 1.0),
-    ActivationMode.LEAKYRELU: (0.1, 0.0, 1.0),
-    ActivationMode.ELU: (0.9, 0.0, 1.0),
-}
 
 
 def add_chain(
@@ -91,59 +65,6 @@ def layer_plan(shape, x: torch.Tensor, chain: str) -> FusionPlan:
     conv = ConvolutionDescriptor((shape.pad, shape.pad), (shape.stride, shape.stride), (1, 1), shape.groups)
     plan = FusionPlan(TensorDescriptor.from_tensor(x))
     return add_chain(plan, chain, conv=conv, k=shape.k, r=shape.r, s=shape.s, w_layout="NHWC", param_dtype="float")
-
-
-def random_tensor(
-    shape: Sequence[int],
-    dtype: torch.dtype,
-    device: torch.device | str = "cpu",
-    layout: Layout | None = None,
-    scale: float = 1.0,
-    shift: float = 0.0,
-    gen: torch.Generator | None = None,
-) -> torch.Tensor:
-    """Normal random data (never zeros), made in float32 then cast, in ``layout``."""
-    t = (torch.randn(tuple(shape), generator=gen) * scale + shift).to(dtype)
-    if layout == Layout.NHWC and t.ndim == 4:
-        t = t.to(memory_format=torch.channels_last)
-    return t.to(device)
-
-
-def random_record(
-    op: FusionOp,
-    device: torch.device | str = "cpu",
-    param_dtype: torch.dtype | None = None,
-    alpha: float = 1.0,
-    beta: float = 0.0,
-    activ_params: tuple[float, float, float] | None = None,
-    epsilon: float = 1e-5,
-    gen: torch.Generator | None = None,
-) -> OpArgs:
-    """A fresh random argument record for an inference operator."""
-    dt = op.input_desc.dtype.torch_dtype
-    pdt = param_dtype or dt
-    if isinstance(op, ConvForwardOp):
-        fan_in = math.prod(op.w_desc.dims[1:])
-        w = random_tensor(op.w_desc.dims, dt, device, op.w_desc.layout, 1.0 / math.sqrt(fan_in), gen=gen)
-        return ConvArgs(weight=w, alpha=alpha, beta=beta)
-    if isinstance(op, BiasForwardOp):
-        return BiasArgs(bias=random_tensor(op.param_dims, pdt, device, gen=gen), alpha=alpha, beta=beta)
-    if isinstance(op, BatchNormInferenceOp):
-        dims = op.param_dims
-        var = (torch.rand(dims, generator=gen) + 0.5).to(pdt).to(device)
-        return BatchNormInferenceArgs(
-            scale=random_tensor(dims, pdt, device, gen=gen),
-            bias=random_tensor(dims, pdt, device, gen=gen),
-            mean=random_tensor(dims, pdt, device, scale=0.5, gen=gen),
-            variance=var,
-            epsilon=epsilon,
-            alpha=alpha,
-            beta=beta,
-        )
-    if isinstance(op, ActivationForwardOp):
-        a, b, g = activ_params or ACTIV_PARAMS[op.mode]
-        return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta)
-    raise TypeError(f"no random arguments for {op.title}")
 
 
 def random_args(plan: FusionPlan, device: torch.device | str = "cpu", **kw) -> OperatorArgs:

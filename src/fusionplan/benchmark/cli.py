@@ -24,8 +24,8 @@ from fusionplan import tuning
 from fusionplan.benchmark.cases import PRECISIONS, TUNING_PREFIX, Case
 from fusionplan.benchmark.report import environment, print_table, write_outputs
 from fusionplan.benchmark.runner import BASELINES, run_suite
-from fusionplan.enums import ActivationMode, coerce_enum
-from fusionplan.errors import FusionPlanError
+from fusionplan.enums import ActivationMode
+from fusionplan.errors import FusionPlanError, coerce_enum
 from fusionplan.handle import resolve_device
 from fusionplan.shapes import load_shapes
 

@@ -40,6 +40,7 @@ from fusionplan.launch import (
     split_workspace,
 )
 from fusionplan.ops import ConvArgs, OpArgs
+from fusionplan.samples import random_record
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import (
     conv_plan_why_not,
@@ -579,8 +580,6 @@ class TritonConvKernel(Repeating, Kernel):
     def find(self, device: torch.device) -> tuning.ConvConfig:
         """NORMAL find mode: the perf database's winner for this kernel, or benchmark every
         candidate configuration on random data of the plan's shapes and store the fastest."""
-        from fusionplan.testing import random_record  # testing builds on the plan layer: import late
-
         props = torch.cuda.get_device_properties(device)
         device_name = f"{props.name} sm_{props.major}{props.minor}"
         data: list = []  # made on the first benchmark only: a perf database hit needs none of it
