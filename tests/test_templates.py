@@ -18,7 +18,7 @@ from fusionplan.codegen import interpreter_active
 from fusionplan.solvers import solver_named
 
 from .fuzz.cases import draw_case
-from .fuzz.execute import GLUON_DEVICE_ONLY, CorePlan, make_tensors
+from .fuzz.execute import CorePlan, make_tensors, only_the_device_missing
 
 pytest.importorskip("triton")
 #: Checks a rendered template must pass: undefined names (F821), redefinitions and names used before
@@ -34,7 +34,7 @@ def rendered_sources(cases: int) -> dict[str, str]:
         case = draw_case(5, index, "sm90", 0.0, 0.0, 0.5)
         plan = CorePlan(case, make_tensors(case, "cpu", values=False), handle)
         for verdict in plan.plan.explain(handle):
-            if not (verdict.applicable or (verdict.reason or "").startswith(GLUON_DEVICE_ONLY)):
+            if not (verdict.applicable or only_the_device_missing(verdict)):
                 continue
             kernel = solver_named(verdict.solver).build(plan.plan.spec(), handle)
             source = kernel.source() if hasattr(kernel, "source") else None

@@ -46,6 +46,12 @@ MODE_FAMILIES = {"cpu": ("cpu", "reference"), "interp": ("triton",), "gpu": ("tr
 GLUON_DEVICE_ONLY = "needs a Hopper GPU (Gluon has no interpreter)"
 
 
+def only_the_device_missing(verdict) -> bool:
+    """Whether a solver's verdict on a CPU handle refuses only for want of a Hopper GPU (a Gluon
+    solver that would take the plan there)."""
+    return bool(verdict.reason) and verdict.reason.startswith(GLUON_DEVICE_ONLY)
+
+
 class StatusError(Exception):
     """A MIOpen-layer call that did not return Success."""
 
@@ -361,14 +367,15 @@ def compare(
     with np.errstate(invalid="ignore"):  # inf - inf where both are infinite (not compared here)
         diff = np.abs(o - r)[finite]
     scale = max(np.abs(r[finite]).max(), magnitude, 1e-30)
-    bound = tol * (np.abs(r[finite]) + scale) + slack.reshape(o.shape)[finite]
+    allowed = slack.reshape(o.shape)[finite]
+    bound = tol * (np.abs(r[finite]) + scale) + allowed
     if (diff > bound).any():
         worst = int(np.argmax(diff - bound))
         failures.append(
             f"{name}: {int((diff > bound).sum())} of {diff.size} elements off (worst {o[finite][worst]!r} "
             f"vs {r[finite][worst]!r}; max|ref| {scale:.3g}, tolerance {tol:g})"
         )
-    beyond = np.maximum(diff - slack.reshape(o.shape)[finite], 0.0)
+    beyond = np.maximum(diff - allowed, 0.0)
     rms = math.sqrt(float((beyond**2).mean())) / scale
     if rms >= 80 * eps:
         failures.append(f"{name}: rms(out - ref) / max|ref| = {rms:.3g} >= 80 eps ({80 * eps:.3g})")
@@ -598,11 +605,11 @@ def claims(case: dict, handle: fp.Handle, solver: str) -> bool:
     plan = CorePlan(case, make_tensors(case, handle.device, values=False), handle)
     for v in plan.plan.explain(handle):
         if v.solver == solver:
-            return v.applicable or (case["mode"] == "sm90" and v.reason.startswith(GLUON_DEVICE_ONLY))
+            return v.applicable or (case["mode"] == "sm90" and only_the_device_missing(v))
     raise ValueError(f"no solver named {solver!r}")
 
 
-#: Layer-like variants focused_case tries before it gives up on the focus for an index.
+#: Draws (the plain one and its variants) focused_case tries before it gives up on the focus for an index.
 FOCUS_TRIES = 400
 
 
@@ -710,7 +717,7 @@ def _sm90_builds(plan, t: Tensors, handle: fp.Handle, progress, only: str | None
     from fusionplan.solvers import solver_named
 
     core = plan.plan.core if isinstance(plan, MiopenPlan) else plan.plan
-    names = [v.solver for v in core.explain(handle) if v.reason and v.reason.startswith(GLUON_DEVICE_ONLY)]
+    names = [v.solver for v in core.explain(handle) if only_the_device_missing(v)]
     spec = core.spec()
     runs = []
     for name in (n for n in names if only is None or n.startswith(only)):
