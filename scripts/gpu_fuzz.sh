@@ -2,9 +2,11 @@
 # The fuzzer on the GPU: random plans on every GPU solver that claims them, then compute-sanitizer
 # memcheck over fuzzed plans and racecheck over those of the warp-specialized (Gluon) solvers.
 #   scripts/gpu_fuzz.sh OUTDIR [SEED]
-#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 FOCUS= (the defaults; LAYERS:
-#   the share of layer-like cases, which reach the kernels tuned for networks' layers; FOCUS: solvers, comma
-#   separated, that every case of the main run is drawn for in turn)
+#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 FOCUS= SOLVERS= (the defaults;
+#   LAYERS: the share of layer-like cases, which reach the kernels tuned for networks' layers; FOCUS: solvers,
+#   comma separated, that every case of the main run is drawn for in turn; SOLVERS: run only these (prefixes,
+#   comma separated) in the main run and under memcheck; racecheck takes the Gluon ones of FOCUS, or
+#   RACECHECK_FOCUS)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_fuzz.sh OUTDIR [SEED]}
@@ -20,13 +22,18 @@ gluon=gluon-nchw,gluon-nchw-regs,gluon-stem,gluon-rows,gluon-window,gluon-gemm,g
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version())"
 } | tee "$out/env.txt"
 workers=${WORKERS:-16}
+focus_gluon() {  # the Gluon solvers of FOCUS, or all of them
+  local picked
+  picked=$(tr , '\n' <<< "${FOCUS:-}" | grep '^gluon-' | paste -sd, -)
+  echo "${picked:-$gluon}"
+}
 python -m tests.fuzz --mode gpu --seed "$seed" --cases "${FUZZ_CASES:-100000}" --workers "$workers" --layers "${LAYERS:-0.4}" \
-  ${FOCUS:+--focus "$FOCUS"} --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
+  ${FOCUS:+--focus "$FOCUS"} ${SOLVERS:+--solvers "$SOLVERS"} --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
 echo "fuzz exit: $?" | tee -a "$out/env.txt"
 if [ "${MEMCHECK_CASES:-150}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 --print-limit 20 \
     python -m tests.fuzz --mode gpu --seed "$((seed + 1000))" --cases "${MEMCHECK_CASES:-150}" --workers 8 \
-    --misuse 0 --focus "$triton,$gluon" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
+    --misuse 0 --focus "${FOCUS:-$triton,$gluon}" ${SOLVERS:+--solvers "$SOLVERS"} --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
     --summary "$out/memcheck-fuzz.json" > "$out/memcheck.log" 2>&1
   echo "memcheck exit: $?" | tee -a "$out/env.txt"
   grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/memcheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"
@@ -34,7 +41,7 @@ fi
 if [ "${RACECHECK_CASES:-60}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool racecheck --target-processes all --error-exitcode 3 --print-limit 20 \
     python -m tests.fuzz --mode gpu --seed "$((seed + 2000))" --cases "${RACECHECK_CASES:-60}" --workers 8 \
-    --misuse 0 --solvers gluon- --focus "$gluon" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
+    --misuse 0 --solvers gluon- --focus "${RACECHECK_FOCUS:-$(focus_gluon)}" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
     --summary "$out/racecheck-fuzz.json" > "$out/racecheck.log" 2>&1
   echo "racecheck exit: $?" | tee -a "$out/env.txt"
   grep -E "RACECHECK SUMMARY|hazard" "$out/racecheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--layers", type=float, default=0.0, help="share of layer-like cases (channels of real networks' layers)"
     )
-    ap.add_argument("--solvers", default=None, help="only solvers whose names start with this (say gluon-)")
+    ap.add_argument("--solvers", default=None, help="only solvers with these name prefixes, comma separated")
     ap.add_argument("--focus", default=None, help="draw, for each index, a plan this solver takes (of its variants)")
     ap.add_argument("--case-timeout", type=float, default=600.0)
     ap.add_argument("--time-limit", type=float, default=None, help="stop handing out cases after this many seconds")

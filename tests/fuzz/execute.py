@@ -655,9 +655,14 @@ def _reset_side_outputs(case: dict, t: Tensors) -> None:
             a[name].fill_(math.nan)
 
 
+def picked(name: str, only: str | None) -> bool:
+    """Whether solver ``name`` is among ``only``: prefixes, comma separated (None: every solver)."""
+    return only is None or name.startswith(tuple(only.split(",")))
+
+
 def run_case(case: dict, handle: fp.Handle, progress=None, only: str | None = None) -> list[Run]:
     """Every run of ``case``: one per solver that claims it (of the mode's families; with ``only``,
-    of those whose names start with it). ``progress(solver)`` is called before each, so that a
+    of those whose names start with one of its prefixes). ``progress(solver)`` is called before each, so that a
     crash can be named."""
     device = handle.device
     t = make_tensors(case, device)
@@ -670,7 +675,7 @@ def run_case(case: dict, handle: fp.Handle, progress=None, only: str | None = No
     if case["mode"] == "sm90":
         return _sm90_builds(plan, t, handle, progress, only)
     claimed = [name for name, family in plan.solvers() if family in MODE_FAMILIES[case["mode"]]]
-    chosen = [name for name in claimed if only is None or name.startswith(only)]
+    chosen = [name for name in claimed if picked(name, only)]
     if not chosen:
         return []  # no run: the oracle's float64 chain is not worth computing
     dt = TORCH_DTYPES[case["dtype"]]
@@ -720,7 +725,7 @@ def _sm90_builds(plan, t: Tensors, handle: fp.Handle, progress, only: str | None
     names = [v.solver for v in core.explain(handle) if only_the_device_missing(v)]
     spec = core.spec()
     runs = []
-    for name in (n for n in names if only is None or n.startswith(only)):
+    for name in (n for n in names if picked(n, only)):
         if progress:
             progress(name)
         run = Run(name)
