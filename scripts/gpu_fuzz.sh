@@ -5,8 +5,8 @@
 #   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 FOCUS= SOLVERS= (the defaults;
 #   LAYERS: the share of layer-like cases, which reach the kernels tuned for networks' layers; FOCUS: solvers,
 #   comma separated, that every case of the main run is drawn for in turn; SOLVERS: run only these (prefixes,
-#   comma separated) in the main run and under memcheck; racecheck takes the Gluon ones of FOCUS, or
-#   RACECHECK_FOCUS)
+#   comma separated) in the main run and under memcheck; memcheck focuses on MEMCHECK_FOCUS (and runs
+#   only those), else as the main run; racecheck takes the Gluon ones of FOCUS, or RACECHECK_FOCUS)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=${1:?usage: scripts/gpu_fuzz.sh OUTDIR [SEED]}
@@ -33,7 +33,7 @@ echo "fuzz exit: $?" | tee -a "$out/env.txt"
 if [ "${MEMCHECK_CASES:-150}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 --print-limit 20 \
     python -m tests.fuzz --mode gpu --seed "$((seed + 1000))" --cases "${MEMCHECK_CASES:-150}" --workers 8 \
-    --misuse 0 --focus "${FOCUS:-$triton,$gluon}" ${SOLVERS:+--solvers "$SOLVERS"} --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
+    --misuse 0 --focus "${MEMCHECK_FOCUS:-${FOCUS:-$triton,$gluon}}" --solvers "${MEMCHECK_FOCUS:-${SOLVERS:-$triton,$gluon,reference}}" --time-limit "$((${SANITIZER_SECONDS:-150} - 40))" \
     --summary "$out/memcheck-fuzz.json" > "$out/memcheck.log" 2>&1
   echo "memcheck exit: $?" | tee -a "$out/env.txt"
   grep -E "ERROR SUMMARY|Invalid|out of bounds" "$out/memcheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"
