@@ -197,7 +197,7 @@ def _conv_tuning_key(
             plan.add_batchnorm_inference(bn, fp.TensorDescriptor.packed("float", dims))
         else:
             plan.add_activation_forward(act)
-    from fusionplan.solvers.triton_conv import TritonConvKernel
+    from fusionplan.solvers.conv_kernel import TritonConvKernel
 
     handle = fp.Handle("cpu", allow_tf32=tf32)
     return (

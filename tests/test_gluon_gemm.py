@@ -871,7 +871,7 @@ def test_fit_carveout_gives_kernels_a_module_of_their_own(solver, name, monkeypa
     """tuning.FIT_CARVEOUT: every convolution kernel's launcher fits its carve-out, from a module of
     its own (the source marked), so that an A/B in one process never shares a loaded kernel, whose
     carve-out is the driver's attribute, between the two sides."""
-    from fusionplan.solvers.triton_conv import CARVEOUT_MARK
+    from fusionplan.solvers.conv_kernel import CARVEOUT_MARK
 
     spec = layer(name, layout="NCHW").spec()
     monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", False)

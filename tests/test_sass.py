@@ -241,8 +241,8 @@ def test_gemm_products_overlap_in_tf32_too(dtype):
 #: Programmatic dependent launch switched on for the build, on a device that runs it (the CPU
 #: handle's kernels otherwise launch plainly).
 GRID_DEPENDENCY_ON = (
-    "import fusionplan.tuning as t\nfrom fusionplan.solvers import triton_conv\n"
-    "t.GRID_DEPENDENCY = True\ntriton_conv.grid_dependency_capable = lambda handle: True\n"
+    "import fusionplan.tuning as t\nfrom fusionplan.solvers import conv_kernel\n"
+    "t.GRID_DEPENDENCY = True\nconv_kernel.grid_dependency_capable = lambda handle: True\n"
 )
 ORDER = "grid dependency (W wait, P trigger, G global access) in order"
 

@@ -179,7 +179,7 @@ class Launcher:
 
     ``grid_dependency``: compile the kernel for programmatic dependent launch (Triton's
     ``launch_pdl``), for kernels that wait for the kernel before them on the stream before they
-    touch global memory (triton_conv.GRID_DEPENDENCY): every launch then may begin while that
+    touch global memory (conv_kernel.GRID_DEPENDENCY): every launch then may begin while that
     kernel ends.
 
     ``fit_carveout``: each compiled kernel prefers the smallest shared-memory carve-out that holds

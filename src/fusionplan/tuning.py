@@ -377,7 +377,7 @@ GLUON_WINDOW_MMA_EPILOGUE = True
 GLUON_WINDOW_WIDE_CHANNELS = True
 
 #: The convolution kernels launch with programmatic dependent launch on Hopper GPUs
-#: (launch.Launcher's grid_dependency, triton_conv.GRID_DEPENDENCY): each may begin (its blocks
+#: (launch.Launcher's grid_dependency, conv_kernel.GRID_DEPENDENCY): each may begin (its blocks
 #: placed, barriers set up) while the kernel before it on the stream ends, and waits for that
 #: kernel's end before it touches global memory. H100, fp16, batch 32, CBNA, CUDA-graph replay, the
 #: A/B of every layer (`fusionplan-bench --layouts NHWC,NCHW --graph --tuning GRID_DEPENDENCY=0,1`,

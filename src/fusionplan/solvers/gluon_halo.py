@@ -45,6 +45,7 @@ from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT, gather_why_not
 from fusionplan.solvers.gluon_window import (
@@ -54,7 +55,6 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import TritonConvKernel
 from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor

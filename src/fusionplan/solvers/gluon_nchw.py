@@ -34,6 +34,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_window import (
@@ -44,7 +45,6 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_conv import TritonConvKernel
 from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor
@@ -318,7 +318,7 @@ OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes
     ohw = OH * OW
 """
 
-#: A split reduction's end (triton_conv.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
+#: A split reduction's end (conv_kernel.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
 #: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
 #: split order (the same result whichever arrives last), resets the tile's counter for the next
 #: launch and goes on to the epilogue; the others end here.

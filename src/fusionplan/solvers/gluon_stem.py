@@ -52,6 +52,7 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import DescriptorConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
 from fusionplan.solvers.gluon_rows import BLOCK_N, ROW_CHANNELS, ROW_END, ROW_RUN, ROW_STORE, row_run_grid
@@ -68,7 +69,6 @@ from fusionplan.solvers.gluon_window import (
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.triton_conv import DescriptorConvKernel
 from fusionplan.solvers.triton_stem import (
     STEM_MAX_CHANNELS,
     Stretches,

@@ -35,8 +35,8 @@ from fusionplan.epilogue import Epilogue, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import GRID_DEPENDENCY, epilogue_tail, header_fields
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.triton_conv import GRID_DEPENDENCY, epilogue_tail, header_fields
 from fusionplan.solvers.triton_window import (
     WINDOW_COORDINATES,
     TritonWindowKernel,
@@ -260,7 +260,7 @@ def gluon_names() -> dict[str, str]:
     ``async_store``), the pointer-based asynchronous copy (3.6: ``async_copy_global_to_shared``;
     later: ``async_load``), the shared-memory view change (3.6: ``_reinterpret``; later:
     ``reinterpret``) and the barrier of a partition's warps (3.6: ``gl.thread_barrier``; later:
-    ``gl.barrier``); and triton_conv's GRID_DEPENDENCY in Gluon's names, which every Gluon
+    ``gl.barrier``); and conv_kernel's GRID_DEPENDENCY in Gluon's names, which every Gluon
     template holds (after its barriers are set up)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language import _core
@@ -458,7 +458,7 @@ def in_gluon_names(text: str) -> str:
 
 
 def gluon_epilogue_tail(epi, store: str) -> str:
-    """triton_conv's epilogue_tail of ``epi`` and ``store`` in Gluon's names."""
+    """conv_kernel's epilogue_tail of ``epi`` and ``store`` in Gluon's names."""
     return in_gluon_names(epilogue_tail(epi, store))
 
 

@@ -21,8 +21,8 @@ from fusionplan.codegen import interpreter_active
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, triton_cdiv
-from fusionplan.solvers.triton_conv import TritonConvKernel, render_conv_source
 
 Tensor = torch.Tensor
 

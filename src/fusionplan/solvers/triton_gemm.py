@@ -21,6 +21,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source, store_where
 from fusionplan.solvers.conv_toolkit import (
     conv_plan_why_not,
     descriptor_input_why_not,
@@ -28,7 +29,6 @@ from fusionplan.solvers.conv_toolkit import (
     persistent_programs,
     triton_cdiv,
 )
-from fusionplan.solvers.triton_conv import DescriptorConvKernel, render_conv_source, store_where
 
 Tensor = torch.Tensor
 

@@ -34,8 +34,8 @@ from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel, epilogue_tail, header_fields
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, shared_bytes_per_program, triton_cdiv
-from fusionplan.solvers.triton_conv import TritonConvKernel, epilogue_tail, header_fields
 
 Tensor = torch.Tensor
 

@@ -28,8 +28,8 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, descriptor_input_why_not, device_why_not, triton_cdiv
-from fusionplan.solvers.triton_conv import DescriptorConvKernel, render_conv_source
 
 Tensor = torch.Tensor
 
