@@ -237,8 +237,7 @@ def test_loading_warps_on_channel_planes_take_more_registers(monkeypatch):
     """Channel planes side by side copy twice as often (4-byte copies): their loading warps take
     tuning.GLUON_STEM_PLANE_LOAD_REGS and the second computing warpgroup as many fewer, so that the
     multiprocessor's registers add up as for channels-last input (LOAD_REGS, CONSUMER_REGS)."""
-    from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
-    from fusionplan.solvers.gluon_window import LOAD_REGS
+    from fusionplan.solvers.gluon_toolkit import CONSUMER_REGS, LOAD_REGS
 
     assert gluon_stem.stem_registers(False) == (LOAD_REGS, CONSUMER_REGS)
     load, consumer = gluon_stem.stem_registers(True)

@@ -185,7 +185,7 @@ def even_rows_gemm_kernel(
 
 def render() -> str:
     """The probe's kernel source."""
-    from fusionplan.solvers.gluon_window import gluon_names
+    from fusionplan.solvers.gluon_toolkit import gluon_names
 
     return _SOURCE.format(block_n=BLOCK_N, block_k=BLOCK_K, **gluon_names())
 
@@ -197,7 +197,7 @@ def build():
 def input_descriptor(x, geo: Geometry, row_boxes: bool):
     """The even input rows: the view [OH, N * C, W] in boxes [R, 64, WB], or (``row_boxes``) the view
     [N * C, OH, W] in boxes [64, 1, WB]."""
-    from fusionplan.solvers.gluon_window import gluon_descriptor
+    from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
     n, c, h, w = x.shape
     if row_boxes:
@@ -207,7 +207,7 @@ def input_descriptor(x, geo: Geometry, row_boxes: bool):
 
 def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int, row_boxes: bool = False) -> None:
     """y = relu(conv1x1(x, w, stride 2) + bias): x [N, C, H, W] and y [N, K, OH, OW] NCHW, 16-bit."""
-    from fusionplan.solvers.gluon_window import gluon_descriptor
+    from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
     n, c = x.shape[:2]
     k = w2d.shape[0]

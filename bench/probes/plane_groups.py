@@ -78,7 +78,7 @@ def plane_groups_kernel(x_desc, w_desc, y_ptr, FIRST_BOX: gl.constexpr):
 def build():
     """The prototype's kernel, generated for an offset of PLANE - FIRST_BOX elements."""
     from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
-    from fusionplan.solvers.gluon_window import gluon_names
+    from fusionplan.solvers.gluon_toolkit import gluon_names
 
     names = gluon_names()
     source = _SOURCE.format(
@@ -92,7 +92,7 @@ def build():
 
 def descriptors(x: torch.Tensor, w: torch.Tensor):
     """x as [N * C / 2, 392] (pairs of 14x14 planes) in [BC, 64] boxes, w [64, BC], both swizzled."""
-    from fusionplan.solvers.gluon_window import gluon_descriptor
+    from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
     pairs = x.reshape(-1, 2 * PLANE)
     x_desc = gluon_descriptor(pairs, list(pairs.shape), [2 * PLANE, 1], [BC, 64], 128, 16)

@@ -198,7 +198,7 @@ def plane_groups_gemm_kernel(
 def render(geo: Geometry) -> str:
     """The probe's kernel source for one plane size."""
     from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
-    from fusionplan.solvers.gluon_window import gluon_names
+    from fusionplan.solvers.gluon_toolkit import gluon_names
 
     names = gluon_names()
     columns = geo.columns()
@@ -270,7 +270,7 @@ def build(geo: Geometry):
 
 def launch(kernel, geo: Geometry, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, y: torch.Tensor) -> None:
     """y = relu(conv1x1(x, w) + bias), x [N, C, H, W] and y [N, K, H, W] NCHW fp16."""
-    from fusionplan.solvers.gluon_window import gluon_descriptor
+    from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
     n, c = x.shape[:2]
     k, g = w.shape[0], geo.residues

@@ -164,7 +164,7 @@ BUFFERS = ", ".join([f"e{q}_bufs, o{q}_bufs" for q in range(len(PARTS))] + ["nbu
 
 def render() -> str:
     """The probe's kernel source."""
-    from fusionplan.solvers.gluon_window import gluon_names
+    from fusionplan.solvers.gluon_toolkit import gluon_names
 
     names = gluon_names()
     box_loads, products, moves, stores, accs = [], [], [], [], []
@@ -236,7 +236,7 @@ def launch(kernel, x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor, 
     """y = relu(conv1x1(x, w) + bias), x [N, C, 14, 14] and y [N, K, 14, 14] NCHW fp16."""
     from triton.experimental.gluon import language as gl
 
-    from fusionplan.solvers.gluon_window import gluon_descriptor
+    from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
     n, c = x.shape[:2]
     k = w_packed.shape[0] // 2

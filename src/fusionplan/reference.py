@@ -172,3 +172,8 @@ def write_side_outputs(result: ReferenceResult, records: Sequence[OpArgs]) -> No
         target = getattr(records[index], name)
         if target is not None:
             target.copy_(value.reshape(target.shape))
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the reference computes a plan of ``dtype`` in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

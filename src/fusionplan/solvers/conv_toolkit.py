@@ -92,3 +92,41 @@ def shared_bytes_per_program(handle) -> int:
         props = torch.cuda.get_device_properties(handle.device)
         return getattr(props, "shared_memory_per_block_optin", HOPPER_SHARED_BYTES)
     return HOPPER_SHARED_BYTES
+
+
+#: A persistent GEMM's loop over its tiles (num_pid_m given): each program walks tiles NUM_PROGRAMS
+#: apart, in GROUP_M order; ``{loop}``: how the loop is written and why.
+PERSISTENT_TILES = """    num_pid_n = tl.cdiv(K, BLOCK_N)
+    num_tiles = num_pid_m * num_pid_n
+    k_steps = tl.cdiv(C, BLOCK_K)
+    num_pid_in_group = GROUP_M * num_pid_n
+{loop}
+        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
+        group_id = tile // num_pid_in_group
+        first_pid_m = group_id * GROUP_M
+        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
+        pid_n = (tile % num_pid_in_group) // group_size_m"""
+
+
+def gemm_input_why_not(spec: PlanSpec, reading: str) -> str | None:
+    """Why the GEMM kernels cannot read the input of the plan's 1x1 convolution through tensor
+    descriptors (``reading``: how, for the message), or None: ungrouped, packed channels-last with
+    16-byte rows, fewer than 2^31 pixels."""
+    _, conv, _ = split_at_conv(spec.ops)
+    assert conv is not None
+    if conv.conv.groups != 1:
+        return "grouped convolutions are not one GEMM"
+    why = descriptor_input_why_not(spec, reading)
+    if why:
+        return why
+    n, _, h, w = spec.input_desc.dims
+    if n * h * w >= 2**31:
+        return "more than 2^31 - 1 pixels do not fit a tensor descriptor's dimension"
+    return None
+
+
+def pack_rows_rsc(weight: Tensor) -> Tensor:
+    """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
+    the reduction contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
+    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()

@@ -31,8 +31,8 @@ from fusionplan.ops import (
     OpArgs,
     Phase,
 )
+from fusionplan.reference import compute_dtype_for
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.reference_solver import compute_dtype_for
 from fusionplan.torch_conv import canonical, conv2d
 
 Tensor = torch.Tensor

@@ -55,16 +55,16 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import indent
-from fusionplan.descriptors import Layout, layout_strides
 from fusionplan.enums import DataType
 from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, gemm_input_why_not, triton_cdiv
+from fusionplan.solvers.gluon_toolkit import (
+    CONSUMER_REGS,
     LOAD_REGS,
-    GluonWindowKernel,
+    channel_planes,
     epilogue_mode,
     gluon_descriptor,
     gluon_dtype_why_not,
@@ -73,16 +73,14 @@ from fusionplan.solvers.gluon_window import (
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    multiprocessors,
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.triton_gemm import gemm_input_why_not
+from fusionplan.solvers.gluon_window import GluonWindowKernel
 
 Tensor = torch.Tensor
 
-#: Registers of each computing warpgroup where two take tiles in turn (ConvConfig.consumers = 2):
-#: with the loading warp's LOAD_REGS, two warpgroups of this many fill the multiprocessor's 64K.
-CONSUMER_REGS = 232
 
 #: Channel planes that start inside 16-byte units (14x14: 392 bytes, no tensor boxes) come by
 #: asynchronous copies of this many 16-bit pixels (8 bytes; planes of whole 16-byte units, where
@@ -871,14 +869,6 @@ def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
     return None
 
 
-def channel_planes(spec: PlanSpec) -> bool:
-    """Whether the plan's input is packed NCHW (and not also packed channels-last, as with one
-    channel or 1x1 images): gluon-gemm would read it as channel planes."""
-    x = spec.input_desc
-    nchw = x.same_strides(layout_strides(x.dims, Layout.NCHW))
-    return nchw and not x.same_strides(layout_strides(x.dims, Layout.NHWC))
-
-
 def planes_why_not(spec: PlanSpec) -> str | None:
     """Why gluon-gemm cannot read the plan's packed NCHW input as channel planes, or None
     (tuning.GLUON_GEMM_PLANES): the input seen as [N*C, H*W] is a tensor descriptor where the planes
@@ -985,13 +975,6 @@ def plane_copy_vec(spec: PlanSpec) -> int:
     16-byte units, else PLANE_COPY_VEC (8 bytes)."""
     _, _, h, w = spec.input_desc.dims
     return 8 if h * w % 8 == 0 else PLANE_COPY_VEC
-
-
-def multiprocessors(handle) -> int:
-    """The handle's device's multiprocessors (the H100's where it has none: CPU compiles and tests)."""
-    if handle.device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(handle.device).multi_processor_count
-    return tuning.SPLIT_K_TARGET
 
 
 def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:

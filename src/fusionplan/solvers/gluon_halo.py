@@ -46,16 +46,17 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_nchw import _STORE, OUT_LAYOUT, gather_why_not
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
+from fusionplan.solvers.gluon_toolkit import (
+    GATHER_STORE,
+    OUT_LAYOUT,
+    gather_why_not,
     gluon_descriptor,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
 )
-from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor
 
@@ -284,7 +285,7 @@ BLOCK_K = 64
 
 def render_gluon_halo_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    epilogue = gluon_epilogue(spec, stages, _COORDINATES, GATHER_STORE, 4)
     return _TEMPLATE.format(out_layout=OUT_LAYOUT, weights_regs=WEIGHTS_REGS, **epilogue, **gluon_names())
 
 

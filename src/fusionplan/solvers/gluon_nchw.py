@@ -35,17 +35,19 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_gemm import multiprocessors
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
+from fusionplan.solvers.gluon_toolkit import (
+    GATHER_STORE,
+    OUT_LAYOUT,
+    gather_why_not,
     gluon_descriptor,
     gluon_dtype_why_not,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    multiprocessors,
 )
-from fusionplan.solvers.triton_window import pack_rows_rsc
 
 Tensor = torch.Tensor
 
@@ -308,15 +310,6 @@ def gluon_nchw_kernel(
 {split}{coordinates_in_acc}
 {tail}'''
 
-#: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.
-OUT_LAYOUT = """    # the stores' layout, [pixels, channels]: NCHW output, lanes along a plane's pixels; else 8
-    # contiguous channels per thread (16-byte stores)
-    if OUT_PIXEL_MAJOR:
-        out_layout: gl.constexpr = gl.BlockedLayout([1, 1], [32, 1], [1, gl.num_warps()], [0, 1])
-    else:
-        out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-    ohw = OH * OW
-"""
 
 #: A split reduction's end (conv_kernel.SPLIT_K_REDUCE in Gluon's terms): each of a tile's
 #: SPLIT_K programs stores its fp32 partial of the accumulator; the last to arrive sums them in
@@ -371,13 +364,6 @@ oh = pix // OW
 ow = pix % OW
 ch = offs_n"""
 
-#: The store: the output, in its own dtype, changes layout first (lanes along the pixels for
-#: NCHW output, 16-byte pieces of a pixel's channels otherwise).
-_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
-{coordinates_in_out}
-    mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
-"""
 
 #: Registers a thread of the computing warpgroup keeps beside its accumulator (the epilogue's, the
 #: addresses): the gathering partitions share the rest of the multiprocessor's 64K (mma_regs).
@@ -462,29 +448,11 @@ def gather_regs(warps: int, gatherers: int, computing: int) -> int:
 def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     gatherers = {f"gatherer_{i}_of_{n}": _GATHERER.format(part=i, parts=n) for n in (1, 2, 3) for i in range(n)}
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    epilogue = gluon_epilogue(spec, stages, _COORDINATES, GATHER_STORE, 4)
     shared = {"gather_step": GATHER_STEP, "out_layout": OUT_LAYOUT}
     names = gluon_names()
     split = GLUON_SPLIT_REDUCE.format(**names)
     return _TEMPLATE.format(mma=_MMA, split=split, **shared, **gatherers, **epilogue, **names)
-
-
-def gather_why_not(spec: PlanSpec) -> str | None:
-    """Why the kernel cannot read the plan's convolution, or None: ungrouped, with each output
-    channel's packed weights (R*S*C elements) whole 16-byte units (a tensor descriptor's rows),
-    and, with more than one tap, each tap's C channels too: a tap's box starts at column t*C, and a
-    tensor copy's innermost coordinate must fall on a 16-byte unit (else an illegal instruction)."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    if conv.groups != 1:
-        return f"grouped convolutions (groups={conv.groups}) are not gathered"
-    k, c, r, s = conv.w_desc.dims
-    size = spec.dtype.torch_dtype.itemsize
-    if r * s * c * size % 16:
-        return f"the packed weights' rows (R*S*C = {r * s * c} elements of {size} bytes) must be whole 16-byte units"
-    if r * s > 1 and c * size % 16:
-        return f"a tap's {c} channels of {size} bytes are not whole 16-byte units (where its weights' box starts)"
-    return None
 
 
 def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = False) -> str | None:

@@ -33,23 +33,23 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_nchw import (
     _COORDINATES,
-    _STORE,
     GATHER_STEP,
-    OUT_LAYOUT,
     GluonNchwKernel,
     gather_defer_why,
-    gather_why_not,
     ring_bytes,
     step_bytes,
 )
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.gluon_toolkit import (
+    GATHER_STORE,
+    OUT_LAYOUT,
+    gather_why_not,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
+    multiprocessors,
 )
 
 Tensor = torch.Tensor
@@ -240,7 +240,7 @@ def gluon_nchw_regs_kernel(
 
 def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 4)
+    epilogue = gluon_epilogue(spec, stages, _COORDINATES, GATHER_STORE, 4)
     return _TEMPLATE.format(gather_step=GATHER_STEP, out_layout=OUT_LAYOUT, **epilogue, **gluon_names())
 
 

@@ -46,7 +46,6 @@ from fusionplan import tuning
 from fusionplan.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.conv_toolkit import triton_cdiv
-from fusionplan.solvers.gluon_gemm import multiprocessors
 from fusionplan.solvers.gluon_row_pairs import (
     COORDINATES_HEAD,
     GATHER_PARAMS,
@@ -61,6 +60,7 @@ from fusionplan.solvers.gluon_row_pairs import (
     ring_stages,
     staged_input,
 )
+from fusionplan.solvers.gluon_toolkit import multiprocessors
 
 Tensor = torch.Tensor
 

@@ -48,14 +48,16 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_gemm import channel_planes, multiprocessors
-from fusionplan.solvers.gluon_nchw import GluonNchwKernel, gather_why_not
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.gluon_nchw import GluonNchwKernel
+from fusionplan.solvers.gluon_toolkit import (
+    channel_planes,
+    gather_why_not,
     gluon_epilogue,
     gluon_names,
     gluon_why_not,
     hopper_why_not,
     in_gluon_names,
+    multiprocessors,
 )
 
 Tensor = torch.Tensor

@@ -66,10 +66,14 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_gemm import CONSUMER_REGS, multiprocessors
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.gluon_toolkit import (
+    BLOCK_N,
+    CONSUMER_REGS,
     LOAD_REGS,
-    GluonWindowKernel,
+    ROW_CHANNELS,
+    ROW_END,
+    ROW_RUN,
+    ROW_STORE,
     gluon_channel_loads,
     gluon_descriptor,
     gluon_epilogue_tail,
@@ -78,12 +82,12 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
     plane_vector,
+    row_run_grid,
 )
+from fusionplan.solvers.gluon_window import GluonWindowKernel
 
 Tensor = torch.Tensor
 
-#: Output channels of a program: one warpgroup's wgmma rows.
-BLOCK_N = 64
 
 #: Shifted channel planes (plane_mode 2): the shifter's registers, what the computing warpgroups'
 #: CONSUMER_REGS leave its warpgroup (a plane's row of up to 64 16-bit pixels and its moved copy,
@@ -508,34 +512,9 @@ def plane_taps(r_taps: int, shifts: list[int], reinterpret: str) -> list[str]:
     return [*columns, "        acc = row"]
 
 
-#: The program's run of output rows (row_run_grid's programs), in a Gluon template's kernel body
-#: after its barriers: its share of the N * OH rows, image by image.
-ROW_RUN = """    # the program's run of output rows: its share of the N * OH rows, in order
-    # (in 64 bits: the product of a program's index and the rows may pass 2^31)
-    units = N * OH
-    start = ((gl.program_id(0).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)
-    end = (((gl.program_id(0) + 1).to(gl.int64) * units) // gl.num_programs(0)).to(gl.int32)"""
-
-#: An output row's channels, their masks and its pixels' index in their image, in ``{layout}``
-#: (after ``ow``, the pixels' columns; n_img and oh: the row's image and row).
-ROW_CHANNELS = """offs_n = k0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, {layout}))
-m_mask = ow < OW
-n_mask = offs_n < K
-ch = offs_n
-if IDX64:
-    ch = ch.to(gl.int64)
-pix = oh * OW + ow"""
-
 #: The output row's pixels and channels in ``{layout}``.
 _COORDINATES = "ow = gl.arange(0, PIX, layout=gl.SliceLayout(1, {layout}))\n" + ROW_CHANNELS
 
-#: An output row's end, its products done: the chain in the accumulator's own layout, then the
-#: store (only the output changes layout).
-ROW_END = """n_img = u // OH
-oh = u % OH
-if IDX64:  # offsets of outputs past 2^31 elements
-    n_img = n_img.to(gl.int64)
-ohw = OH * OW"""
 
 #: Halves: a computing warpgroup's rows alternate between handing its partial sum over and taking
 #: the other's (then the row's end).
@@ -558,12 +537,6 @@ _EXCHANGE_INVAL = """    for i in gl.static_range(2):
         mbarrier.invalidate(free.index(i))
 """
 
-#: The store, after the output's layout change (the chain ran in the accumulator's layout).
-ROW_STORE = """    h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
-{coordinates_in_out}
-    mask = m_mask[:, None] & n_mask[None, :]
-    gl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc, h, mask=mask)
-"""
 
 #: Channel planes: the store of PLANE_VEC pixels a thread where they are whole 16-byte units
 #: (the row's start, the planes' strides and OW multiples of PLANE_VEC, told to the compiler).
@@ -725,13 +698,6 @@ def plane_rows(spec: PlanSpec) -> bool:
     from column 0, plane_mode 1 or 2) rather than channels-last rows."""
     x = spec.input_desc
     return x.dims[1] > 1 and x.same_strides(layout_strides(x.dims, Layout.NCHW))
-
-
-def row_run_grid(handle, rows: int, k: int) -> tuple[int, int, int]:
-    """The grid of a kernel whose programs take runs of ``rows`` output rows: the multiprocessors
-    shared among the blocks of BLOCK_N output channels, at most one program per output row."""
-    blocks = triton_cdiv(k, BLOCK_N)
-    return min(rows, max(1, multiprocessors(handle) // blocks)), blocks, 1
 
 
 def row_pixels(ow: int) -> int:

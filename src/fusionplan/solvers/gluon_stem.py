@@ -54,10 +54,14 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import DescriptorConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_gemm import CONSUMER_REGS
-from fusionplan.solvers.gluon_rows import BLOCK_N, ROW_CHANNELS, ROW_END, ROW_RUN, ROW_STORE, row_run_grid
-from fusionplan.solvers.gluon_window import (
+from fusionplan.solvers.gluon_toolkit import (
+    BLOCK_N,
+    CONSUMER_REGS,
     LOAD_REGS,
+    ROW_CHANNELS,
+    ROW_END,
+    ROW_RUN,
+    ROW_STORE,
     gluon_channel_loads,
     gluon_descriptor,
     gluon_epilogue_tail,
@@ -66,6 +70,7 @@ from fusionplan.solvers.gluon_window import (
     gluon_why_not,
     hopper_why_not,
     plane_vector,
+    row_run_grid,
     sixteen_bit_output,
     tma_store_strides_fit,
 )

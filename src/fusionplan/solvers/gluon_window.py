@@ -23,20 +23,28 @@ Gluon has no interpreter: the kernel runs on Hopper GPUs only (CPU tests compile
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent, triton_available
 from fusionplan.enums import DataType
-from fusionplan.epilogue import Epilogue, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_kernel import GRID_DEPENDENCY, epilogue_tail, header_fields
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.gluon_toolkit import (
+    LOAD_REGS,
+    epilogue_mode,
+    gluon_descriptor,
+    gluon_dtype_why_not,
+    gluon_epilogue,
+    gluon_names,
+    gluon_why_not,
+    hopper_why_not,
+    sixteen_bit_output,
+    tma_store_strides_fit,
+)
 from fusionplan.solvers.triton_window import (
     WINDOW_COORDINATES,
     TritonWindowKernel,
@@ -250,111 +258,6 @@ _STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
                  h.to(y_ptr.dtype.element_ty), mask=mask)
 """
 
-#: Registers of the loading warp: it computes coordinates only; the computing warpgroups get the rest.
-LOAD_REGS = 40
-
-
-def gluon_names() -> dict[str, str]:
-    """Names that differ between Triton versions, for the generated source: the TMA load and store
-    (3.6: ``async_copy_global_to_shared``, ``async_copy_shared_to_global``; later: ``async_load``,
-    ``async_store``), the pointer-based asynchronous copy (3.6: ``async_copy_global_to_shared``;
-    later: ``async_load``), the shared-memory view change (3.6: ``_reinterpret``; later:
-    ``reinterpret``) and the barrier of a partition's warps (3.6: ``gl.thread_barrier``; later:
-    ``gl.barrier``); and conv_kernel's GRID_DEPENDENCY in Gluon's names, which every Gluon
-    template holds (after its barriers are set up)."""
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language import _core
-    from triton.experimental.gluon.language.nvidia.ampere import async_copy
-    from triton.experimental.gluon.language.nvidia.hopper import tma
-
-    return {
-        "tma_load": "tma.async_load" if hasattr(tma, "async_load") else "tma.async_copy_global_to_shared",
-        "tma_store": "tma.async_store" if hasattr(tma, "async_store") else "tma.async_copy_shared_to_global",
-        "async_copy": (
-            "async_copy.async_load" if hasattr(async_copy, "async_load") else "async_copy.async_copy_global_to_shared"
-        ),
-        "reinterpret": "reinterpret" if hasattr(_core.shared_memory_descriptor, "reinterpret") else "_reinterpret",
-        "thread_barrier": "gl.barrier" if hasattr(gl, "barrier") else "gl.thread_barrier",
-        "grid_dependency": GRID_DEPENDENCY.format(lang="gl"),
-    }
-
-
-def gl_layout(swizzle: int, bits: int, rank: int):
-    """The shared-memory layout of a tensor-descriptor box of ``bits``-bit elements, rows of ``swizzle`` bytes."""
-    from triton.experimental.gluon import language as gl
-
-    return gl.NVMMASharedLayout(swizzle_byte_width=swizzle, element_bitwidth=bits, rank=rank)
-
-
-def gluon_descriptor(tensor: Tensor, shape: list[int], strides: list[int], box: list[int], swizzle: int, bits: int):
-    """Gluon's host descriptor of ``tensor`` seen with ``shape`` and ``strides`` (elements), read in
-    ``box`` boxes laid out in shared memory as gl_layout gives."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    return TensorDescriptor(tensor, shape, strides, box, gl_layout(swizzle, bits, len(shape)))
-
-
-def gluon_why_not() -> str | None:
-    """None when this Triton has Gluon's Hopper dialect, else why not."""
-    why = triton_available()
-    if why:
-        return why
-    try:
-        from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma  # noqa: F401
-
-        gluon_names()
-    except Exception as exc:  # an older Triton, or a dialect that moved
-        return f"this Triton has no Gluon Hopper dialect ({type(exc).__name__}: {exc})"
-    return None
-
-
-def hopper_why_not(handle) -> str | None:
-    """Why the handle's device cannot run a Gluon wgmma kernel, or None (compute capability 9.x)."""
-    if handle.device.type != "cuda":
-        return f"needs a Hopper GPU (Gluon has no interpreter); the handle is on {handle.device}"
-    capability = handle.compute_capability()
-    if capability is None:
-        return "needs a Hopper GPU; this torch sees no CUDA device"
-    major, minor = capability
-    if major != 9:
-        return f"needs a Hopper GPU (compute capability 9.x, for wgmma); the device is {major}.{minor}"
-    return None
-
-
-def gluon_dtype_why_not(spec: PlanSpec, tf32: bool, exact: str) -> str | None:
-    """Why the Gluon kernels cannot compute the plan's data type, or None (``tf32``: whether the
-    handle allows TF32 products of fp32 data; ``exact``: the Triton solver with full-precision fp32)."""
-    if spec.dtype == DataType.FLOAT and not tf32:
-        return f"fp32 data without TF32: wgmma has no full-precision fp32 product ({exact} has)"
-    if spec.dtype not in (DataType.HALF, DataType.BFLOAT16, DataType.FLOAT):
-        return f"{spec.dtype.name} data: the kernel's products are fp16, bf16 or TF32"
-    return None
-
-
-def tma_store_strides_fit(strides: tuple[int, ...], ow: int, pixels: int, itemsize: int) -> bool:
-    """Whether output strides (syn, syc, syh, syw) let TMA store tiles of the output seen as [N, OH,
-    OW / pixels, pixels, K] (windows: ``pixels`` 1): contiguous channels, strides of whole 16-byte
-    units, whole runs of ``pixels``."""
-    syn, syc, syh, syw = strides
-    return syc == 1 and ow % pixels == 0 and all(stride * itemsize % 16 == 0 for stride in (syn, syh, syw))
-
-
-def plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
-    """Output pixels a thread can store together along channel planes (stores by pointer, lanes
-    along a plane's pixels): 0 where the output's pixels are not contiguous or its channels are
-    (channels-last: stored along the channels); 8 (16 bytes) where its image, channel and row
-    strides are multiples of 8 and its 16-bit data 16-byte aligned; else 1."""
-    syn, syc, syh, syw = strides
-    if syw != 1 or syc == 1:
-        return 0
-    aligned = all(s % 8 == 0 for s in (syn, syc, syh)) and out.data_ptr() % 16 == 0
-    return 8 if aligned and out.element_size() == 2 else 1
-
-
-def sixteen_bit_output(spec: PlanSpec) -> bool:
-    """Whether the plan's output is 16-bit data of the plan's dtype (what the TMA stores' tiles hold)."""
-    return spec.dtype.torch_dtype.itemsize == 2 and spec.output_desc.dtype == spec.dtype
-
 
 def window_tma_store(spec: PlanSpec) -> bool:
     """Whether gluon-window stores the plan's output windows by TMA (tuning.GLUON_WINDOW_TMA_STORE):
@@ -433,63 +336,6 @@ def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tupl
 def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
     return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
-
-
-def gluon_epilogue(
-    spec: PlanSpec, stages: list[Stage], coordinates: str, store: str, depth: int, epi: Epilogue | None = None
-) -> dict:
-    """A Gluon template's epilogue fields: the tile's ``coordinates`` in the accumulator's layout
-    and in the stores' (each indented ``depth`` spaces), the tail (the chain of ``stages``, then
-    ``store``, whose ``{coordinates_in_out}`` takes the stores' coordinates) and the header's
-    fields; the generated epilogue's ``tl.`` calls all have ``gl.`` counterparts of the same meaning.
-    ``epi``: the chain as emit_stages gave it (default: its per-channel parameters loaded in the tail)."""
-    epi = epi or emit_stages(stages, spec.ops)
-    coords = {
-        f"coordinates_{where}": indent(coordinates.format(layout=layout).split("\n"), depth)
-        for where, layout in COORDINATE_LAYOUTS
-    }
-    tail = gluon_epilogue_tail(epi, store.format(coordinates_in_out=coords["coordinates_in_out"], **gluon_names()))
-    return {"tail": tail, **coords, **gluon_header_fields(spec, stages, epi)}
-
-
-def in_gluon_names(text: str) -> str:
-    """Triton source of the shared emitters (``tl.`` calls) in Gluon's names (``gl.``)."""
-    return re.sub(r"\btl\.", "gl.", text)
-
-
-def gluon_epilogue_tail(epi, store: str) -> str:
-    """conv_kernel's epilogue_tail of ``epi`` and ``store`` in Gluon's names."""
-    return in_gluon_names(epilogue_tail(epi, store))
-
-
-def gluon_channel_loads(epi) -> str:
-    """The chain's per-channel loads before the tiles (emit_stages' hoist_channels) in Gluon's
-    names, at a partition's depth; ``pass`` where there are none."""
-    return in_gluon_names(indent(epi.channel_loads, 4)) if epi.channel_loads else "    pass"
-
-
-def gluon_header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict:
-    """header_fields in Gluon's names, and the stages' parameters and flags as arguments to pass on
-    to a warp-specialized kernel's partitions (``stage_args``, ``flag_args``)."""
-    fields = header_fields(spec, stages, epi)
-    fields["stage_flags"] = fields["stage_flags"].replace("tl.constexpr", "gl.constexpr")
-    fields["stage_args"] = "".join(p + ", " for p in epi.params)
-    fields["flag_args"] = "".join(f + ", " for f in epi.constexprs)
-    return fields
-
-
-#: Where the epilogue's pixels and channels are laid out: the accumulator's layout, the stores'.
-COORDINATE_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
-
-
-def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) -> int:
-    """A Gluon kernel's MMA_EPILOGUE for data of ``size`` bytes: 1, the chain in the accumulator's
-    layout (``in_acc_layout``) and the output's layout changed for the stores; 2, as 1 but fp32
-    output (with ``fp32_acc_stores``) stored from the accumulator's layout; 0, the accumulator's
-    layout changed first."""
-    if not in_acc_layout:
-        return 0
-    return 2 if size == 4 and fp32_acc_stores else 1
 
 
 def window_weights_first(cfg: tuning.ConvConfig) -> int:

@@ -11,12 +11,8 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan.ops import OpArgs
-from fusionplan.reference import run_reference, write_side_outputs
+from fusionplan.reference import compute_dtype_for, run_reference, write_side_outputs
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-
-
-def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class ReferenceKernel(Kernel):

@@ -23,9 +23,10 @@ from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source, store_where
 from fusionplan.solvers.conv_toolkit import (
+    PERSISTENT_TILES,
     conv_plan_why_not,
-    descriptor_input_why_not,
     device_why_not,
+    gemm_input_why_not,
     persistent_programs,
     triton_cdiv,
 )
@@ -80,19 +81,6 @@ def gemm_kernel(
         ch = offs_n
 {tail}'''
 
-#: A persistent GEMM's loop over its tiles (num_pid_m given): each program walks tiles NUM_PROGRAMS
-#: apart, in GROUP_M order; ``{loop}``: how the loop is written and why.
-PERSISTENT_TILES = """    num_pid_n = tl.cdiv(K, BLOCK_N)
-    num_tiles = num_pid_m * num_pid_n
-    k_steps = tl.cdiv(C, BLOCK_K)
-    num_pid_in_group = GROUP_M * num_pid_n
-{loop}
-        # GROUP_M swizzle: neighbouring tiles share weight columns in L2
-        group_id = tile // num_pid_in_group
-        first_pid_m = group_id * GROUP_M
-        group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
-        pid_m = first_pid_m + ((tile % num_pid_in_group) % group_size_m)
-        pid_n = (tile % num_pid_in_group) // group_size_m"""
 
 _TEMPLATE = _TEMPLATE.replace(
     "{persistent_tiles}",
@@ -144,23 +132,6 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
     if conv.w_desc.dims[2:] != (1, 1) or c.strides != (1, 1) or c.pads != (0, 0):
         return "only 1x1 convolutions with stride 1 and no padding are plain GEMMs"
     return gemm_input_why_not(spec, "read as a matrix")
-
-
-def gemm_input_why_not(spec: PlanSpec, reading: str) -> str | None:
-    """Why the GEMM kernels cannot read the input of the plan's 1x1 convolution through tensor
-    descriptors (``reading``: how, for the message), or None: ungrouped, packed channels-last with
-    16-byte rows, fewer than 2^31 pixels."""
-    _, conv, _ = split_at_conv(spec.ops)
-    assert conv is not None
-    if conv.conv.groups != 1:
-        return "grouped convolutions are not one GEMM"
-    why = descriptor_input_why_not(spec, reading)
-    if why:
-        return why
-    n, _, h, w = spec.input_desc.dims
-    if n * h * w >= 2**31:
-        return "more than 2^31 - 1 pixels do not fit a tensor descriptor's dimension"
-    return None
 
 
 class TritonGemmKernel(DescriptorConvKernel):

@@ -41,8 +41,13 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source, store_where
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, persistent_programs, triton_cdiv
-from fusionplan.solvers.triton_gemm import PERSISTENT_TILES
+from fusionplan.solvers.conv_toolkit import (
+    PERSISTENT_TILES,
+    conv_plan_why_not,
+    device_why_not,
+    persistent_programs,
+    triton_cdiv,
+)
 
 Tensor = torch.Tensor
 

@@ -29,7 +29,13 @@ from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, descriptor_input_why_not, device_why_not, triton_cdiv
+from fusionplan.solvers.conv_toolkit import (
+    conv_plan_why_not,
+    descriptor_input_why_not,
+    device_why_not,
+    pack_rows_rsc,
+    triton_cdiv,
+)
 
 Tensor = torch.Tensor
 
@@ -308,12 +314,6 @@ def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
         f"strided 1x1 filter, {pixels} >= {tuning.WINDOW_STRIDED_1X1_MAX_PIXELS} output pixels: "
         "triton-conv measured faster (fp16: r50_08 29.7 against 38.9 us, r50_14 22.3 against 26.5)"
     )
-
-
-def pack_rows_rsc(weight: Tensor) -> Tensor:
-    """[K, C, R, S] -> [K, R*S*C]: each output channel's row in the input box's (r, s, c) order,
-    the reduction contiguous (the A operand, K-major as wgmma needs it for every dtype)."""
-    return weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()
 
 
 class TritonWindowKernel(DescriptorConvKernel):
