@@ -350,6 +350,10 @@ class TritonConvKernel(Repeating, Kernel):
     solver_name = "triton-conv"
     stem = "conv"  # generated files and the kernel function are named after it
     kmajor_fp32_weights = True  # the implicit GEMM reads fp32 weights K-major (kernels of their own layout: False)
+    #: Whether the kernel reads its input through tensor descriptors, whose base address must be
+    #: 16-byte aligned: other inputs, and launches too large for the device even on a narrower
+    #: tile, run through triton-conv's implicit GEMM for the same plan.
+    reads_descriptors = False
 
     def fits_carveout(self) -> bool:
         """Whether the kernel prefers the smallest shared-memory carve-out it fits (Launcher's
@@ -357,6 +361,9 @@ class TritonConvKernel(Repeating, Kernel):
         return tuning.FIT_CARVEOUT
 
     def __init__(self, spec: PlanSpec, handle) -> None:
+        self._handle = handle
+        self._conv_kernel: TritonConvKernel | None = None
+        self._warned_too_large = False
         self.spec = spec
         _, conv, post = split_at_conv(spec.ops)
         assert conv is not None
@@ -478,7 +485,10 @@ class TritonConvKernel(Repeating, Kernel):
         return packed, values, flags
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        self._run_config(self.config, x, y, records, prior)
+        if self.reads_descriptors:
+            self._run_through_descriptors(x, y, records, prior)
+        else:
+            self._run_config(self.config, x, y, records, prior)
 
     def _run_config(
         self, cfg: tuning.ConvConfig, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None
@@ -607,8 +617,13 @@ class TritonConvKernel(Repeating, Kernel):
         return tuning.find_config(self.solver_name, self.tuning_key(), device_name, candidates, benchmark)
 
     def find_candidates(self) -> list[tuning.ConvConfig]:
-        """The configurations NORMAL find benchmarks beside the heuristic's."""
-        return list(self.candidates)
+        """The configurations NORMAL find benchmarks beside the heuristic's; through descriptors,
+        with reduction steps of at most 128-byte rows in the plan's dtype (the widest swizzle of a
+        tensor box: fp32 steps of 64 channels could not be read at all)."""
+        if not self.reads_descriptors:
+            return list(self.candidates)
+        most = 128 // self.spec.dtype.torch_dtype.itemsize
+        return list(dict.fromkeys(replace(c, block_k=min(c.block_k, most)) for c in self.candidates))
 
     def tuning_key(self) -> tuple:
         """Everything the generated code and its tuning depend on (rows of slots, where taken, too:
@@ -616,18 +631,7 @@ class TritonConvKernel(Repeating, Kernel):
         key = (self._source, self.spec.signature(), self.dot_precision, self.fold_s)
         return (*key, ("pixel_slots", self.pixel_slots)) if self.pixel_slots else key
 
-
-class DescriptorConvKernel(TritonConvKernel):
-    """Base of kernels that read the input through tensor descriptors, whose base address must be
-    16-byte aligned: other inputs run through triton-conv's implicit GEMM for the same plan."""
-
-    def __init__(self, spec: PlanSpec, handle) -> None:
-        self._handle = handle
-        self._conv_kernel: TritonConvKernel | None = None
-        self._warned_too_large = False
-        super().__init__(spec, handle)
-
-    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+    def _run_through_descriptors(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
         if x.data_ptr() % 16:
             self._implicit_gemm().run(x, y, records, prior)
             return
@@ -649,12 +653,6 @@ class DescriptorConvKernel(TritonConvKernel):
     def narrower_config(self) -> tuning.ConvConfig | None:
         """A configuration to try where the kernel's own does not fit the device, or None."""
         return None
-
-    def find_candidates(self) -> list[tuning.ConvConfig]:
-        """The candidates with reduction steps of at most 128-byte rows in the plan's dtype (the
-        widest swizzle of a tensor box: fp32 steps of 64 channels could not be read at all)."""
-        most = 128 // self.spec.dtype.torch_dtype.itemsize
-        return list(dict.fromkeys(replace(c, block_k=min(c.block_k, most)) for c in self.candidates))
 
     def _implicit_gemm(self) -> TritonConvKernel:
         if self._conv_kernel is None:

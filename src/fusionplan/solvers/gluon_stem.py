@@ -52,7 +52,6 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_kernel import DescriptorConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_toolkit import (
     BLOCK_N,
@@ -637,7 +636,8 @@ def stem_registers(planes: bool) -> tuple[int, int]:
     return load, CONSUMER_REGS - (load - LOAD_REGS)
 
 
-class GluonStemKernel(DescriptorConvKernel, TritonStemKernel):
+class GluonStemKernel(TritonStemKernel):
+    reads_descriptors = True
     solver_name = "gluon-stem"
     stem = "gluon_stem"
     splits_reduction = False

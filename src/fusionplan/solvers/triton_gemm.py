@@ -21,7 +21,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source, store_where
+from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source, store_where
 from fusionplan.solvers.conv_toolkit import (
     PERSISTENT_TILES,
     conv_plan_why_not,
@@ -134,7 +134,8 @@ def gemm_why_not(spec: PlanSpec) -> str | None:
     return gemm_input_why_not(spec, "read as a matrix")
 
 
-class TritonGemmKernel(DescriptorConvKernel):
+class TritonGemmKernel(TritonConvKernel):
+    reads_descriptors = True
     solver_name = "triton-gemm"
     splits_reduction = False  # its own template: no split reduction
     kmajor_fp32_weights = True  # fp32 weights as [K, C] (TF32 wgmma reads B along the reduction)

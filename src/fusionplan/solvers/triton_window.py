@@ -28,7 +28,7 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import host_descriptor, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_kernel import DescriptorConvKernel, render_conv_source
+from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source
 from fusionplan.solvers.conv_toolkit import (
     conv_plan_why_not,
     descriptor_input_why_not,
@@ -316,7 +316,8 @@ def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
     )
 
 
-class TritonWindowKernel(DescriptorConvKernel):
+class TritonWindowKernel(TritonConvKernel):
+    reads_descriptors = True
     solver_name = "triton-window"
     stem = "window"
     candidates = tuning.WINDOW_CANDIDATES
