@@ -13,6 +13,7 @@ import torch
 import fusionplan as fp
 from fusionplan import tuning
 from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.solvers.window_toolkit import reads_one_view
 from fusionplan.testing import add_chain
 
 from .util import (
@@ -840,7 +841,7 @@ def test_strided_window_solver(case, out_layout):
     )
     handle = compile_named(plan, "triton-window")  # fp32 strided: after triton-conv
     kernel = plan._entry(handle).kernel
-    assert kernel._one_view(kernel.config) == (case in ONE_VIEW_CASES)
+    assert reads_one_view(kernel.spec, kernel.config) == (case in ONE_VIEW_CASES)
     x32 = make_input((n, c, h, w), torch.float32, "NHWC")
     plan32 = add_chain(plan_for(x32), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
     verdict = next(v for v in plan32.explain(fp.Handle("cpu")) if v.solver == "triton-window")
@@ -858,7 +859,7 @@ def test_strided_window_solver_fp32_one_view(case):
     x = make_input((n, c, h, w), torch.float32, "NHWC")
     plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor(pads, strides), k=k, r=r, s=s)
     handle = compile_named(plan, "triton-window")
-    assert plan._entry(handle).kernel._one_view(plan._entry(handle).kernel.config)
+    assert reads_one_view(plan._entry(handle).kernel.spec, plan._entry(handle).kernel.config)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, "NHWC"))
 
 

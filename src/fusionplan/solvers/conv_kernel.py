@@ -401,6 +401,22 @@ class TritonConvKernel(Repeating, Kernel):
                 self.config = self.with_split(self.find(handle.device))
             self.compile_ahead(handle.device)
 
+    @property
+    def taps(self) -> int:
+        """The filter's taps (R*S)."""
+        r, s = self.conv.w_desc.dims[2:]
+        return r * s
+
+    @property
+    def strided(self) -> bool:
+        """Whether the convolution's stride is above 1 in either dimension."""
+        return self.conv_args[2:4] != (1, 1)
+
+    @property
+    def depth(self) -> int:
+        """Products in a tile's reduction for each of its outputs (R*S*C)."""
+        return self.taps * self.geometry[1]
+
     def source(self) -> str:
         return self._source
 

@@ -60,10 +60,12 @@ from fusionplan.epilogue import emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, gemm_input_why_not, triton_cdiv
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, gemm_input_why_not, pack_rows_rsc, triton_cdiv
 from fusionplan.solvers.gluon_toolkit import (
     CONSUMER_REGS,
     LOAD_REGS,
+    box_swizzle_and_bits,
     channel_planes,
     epilogue_mode,
     gluon_descriptor,
@@ -77,7 +79,6 @@ from fusionplan.solvers.gluon_toolkit import (
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.gluon_window import GluonWindowKernel
 
 Tensor = torch.Tensor
 
@@ -1151,7 +1152,9 @@ def strided_defer_why(spec: PlanSpec, programs: int, sms: int, cfg: tuning.ConvC
 FIND_TILES = ((96, 128), (128, 128), (192, 128), (64, 128), (208, 128), (112, 64), (64, 256), (96, 256))
 
 
-class GluonGemmKernel(GluonWindowKernel):
+class GluonGemmKernel(TritonConvKernel):
+    reads_descriptors = True
+    splits_reduction = False
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
 
@@ -1211,7 +1214,7 @@ class GluonGemmKernel(GluonWindowKernel):
 
     def pack(self, weight: Tensor) -> Tensor:
         """[K, C]; plane pairs: each reduction step's channels even ones first (pair_order)."""
-        packed = super().pack(weight)
+        packed = pack_rows_rsc(weight)
         if not self.pairs:
             return packed
         order = pair_order(packed.shape[1], step_channels(packed.element_size()))
@@ -1268,7 +1271,7 @@ class GluonGemmKernel(GluonWindowKernel):
         sizes = (*parts, *(unused,) * (MAX_PARTS - len(parts)))
         tiles = triton_cdiv(k, cfg.block_n) * triton_cdiv(m, cfg.block_m)
         grid = (min(tiles, multiprocessors(self._handle)), 1, 1)  # persistent: a program per multiprocessor
-        swizzle, bits = self._swizzle_and_bits(cfg)
+        swizzle, bits = box_swizzle_and_bits(self.spec, cfg)
         w_desc = gluon_descriptor(packed, [k, c], [c, 1], [cfg.block_n, cfg.block_k], swizzle, bits)
         if self.copies:
             a_descs = [w_desc] * MAX_PARTS  # tokens: the planes come by asynchronous copies from x

@@ -32,12 +32,15 @@ from fusionplan import tuning
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_nchw import (
-    _COORDINATES,
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
+from fusionplan.solvers.gather_toolkit import (
+    GATHER_COORDINATES,
     GATHER_STEP,
-    GluonNchwKernel,
     gather_defer_why,
+    gather_launch_args,
+    gather_programs_and_steps,
+    gather_with_split,
     ring_bytes,
     step_bytes,
 )
@@ -240,7 +243,7 @@ def gluon_nchw_regs_kernel(
 
 def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    epilogue = gluon_epilogue(spec, stages, _COORDINATES, GATHER_STORE, 4)
+    epilogue = gluon_epilogue(spec, stages, GATHER_COORDINATES, GATHER_STORE, 4)
     return _TEMPLATE.format(gather_step=GATHER_STEP, out_layout=OUT_LAYOUT, **epilogue, **gluon_names())
 
 
@@ -365,10 +368,19 @@ def regs_unrolled(cfg: tuning.ConvConfig) -> bool:
     return bool(tuning.GLUON_NCHW_REGS_UNROLLED) and share <= tuning.GLUON_NCHW_REGS_UNROLLED_MAX_ACC
 
 
-class GluonNchwRegsKernel(GluonNchwKernel):
+class GluonNchwRegsKernel(TritonConvKernel):
     solver_name = "gluon-nchw-regs"
     stem = "gluon_nchw_regs"
     splits_reduction = False  # its template has no split reduction's end
+    programs_and_steps = gather_programs_and_steps
+
+    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
+        return gather_with_split(self, cfg)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        return pack_rows_rsc(weight)
+
+    _launch_args = gather_launch_args  # with this kernel's launch_constants and launch_grid
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -390,6 +402,10 @@ class GluonNchwRegsKernel(GluonNchwKernel):
         # warps along the pixels, steps of loads in flight, the loop's unrolling; no split reduction
         own = (min(cfg.num_warps, cfg.block_m // 32), tuning.GLUON_NCHW_REGS_AHEAD, regs_unrolled(cfg))
         return ring_stages(cfg.num_stages), own, ()
+
+    def launch_grid(self, cfg: tuning.ConvConfig, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+        """The launch's grid: gather_launch's (a program a tile)."""
+        return grid
 
 
 class GluonNchwRegsSolver(Solver):

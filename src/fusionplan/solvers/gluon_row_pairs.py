@@ -47,8 +47,9 @@ from fusionplan.enums import DataType
 from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
-from fusionplan.solvers.gluon_nchw import GluonNchwKernel
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
+from fusionplan.solvers.gather_toolkit import gather_launch_args, gather_with_split
 from fusionplan.solvers.gluon_toolkit import (
     channel_planes,
     gather_why_not,
@@ -784,10 +785,18 @@ def render_staged_source(
     )
 
 
-class GluonRowPairsKernel(GluonNchwKernel):
+class GluonRowPairsKernel(TritonConvKernel):
     solver_name = "gluon-row-pairs"
     stem = "gluon_row_pairs"
     splits_reduction = False
+
+    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
+        return gather_with_split(self, cfg)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        return pack_rows_rsc(weight)
+
+    _launch_args = gather_launch_args  # with this kernel's launch_constants and launch_grid
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:

@@ -65,7 +65,8 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
 from fusionplan.solvers.gluon_toolkit import (
     BLOCK_N,
     CONSUMER_REGS,
@@ -84,7 +85,7 @@ from fusionplan.solvers.gluon_toolkit import (
     plane_vector,
     row_run_grid,
 )
-from fusionplan.solvers.gluon_window import GluonWindowKernel
+from fusionplan.solvers.window_toolkit import window_shape_args
 
 Tensor = torch.Tensor
 
@@ -877,7 +878,8 @@ def fewest_slots(r: int, dil_h: int, pixels: int) -> int:
     return max(least_slots(r, dil_h), filter_slots(r, pixels))
 
 
-class GluonRowsKernel(GluonWindowKernel):
+class GluonRowsKernel(TritonConvKernel):
+    reads_descriptors = True
     solver_name = "gluon-rows"
     stem = "gluon_rows"
     splits_reduction = False
@@ -887,6 +889,9 @@ class GluonRowsKernel(GluonWindowKernel):
         # launch take it from here, whatever the tuning switches it reads say later
         self.mode = plane_mode(spec)
         super().__init__(spec, handle)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        return pack_rows_rsc(weight)
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
@@ -969,7 +974,7 @@ class GluonRowsKernel(GluonWindowKernel):
         r, s = self.conv.w_desc.dims[2:]
         depth = r * s * c
         w_desc = gluon_descriptor(packed, [self.k, depth], [depth, 1], [BLOCK_N, cfg.block_k], w_swizzle, bits)
-        shape_args = self._shape_args(out, p, strides)
+        shape_args = window_shape_args(self, out, p, strides)
         consts = (
             r,
             s,

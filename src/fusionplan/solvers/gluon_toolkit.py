@@ -288,3 +288,10 @@ def row_run_grid(handle, rows: int, k: int) -> tuple[int, int, int]:
     shared among the blocks of BLOCK_N output channels, at most one program per output row."""
     blocks = triton_cdiv(k, BLOCK_N)
     return min(rows, max(1, multiprocessors(handle) // blocks)), blocks, 1
+
+
+def box_swizzle_and_bits(spec: PlanSpec, cfg: tuning.ConvConfig) -> tuple[int, int]:
+    """The swizzle of a reduction step's box rows (128 bytes, or the row if shorter) and the
+    plan's element bits."""
+    bits = spec.dtype.torch_dtype.itemsize * 8
+    return min(128, cfg.block_k * bits // 8), bits

@@ -32,9 +32,11 @@ from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
 from fusionplan.solvers.gluon_toolkit import (
     LOAD_REGS,
+    box_swizzle_and_bits,
     epilogue_mode,
     gluon_descriptor,
     gluon_dtype_why_not,
@@ -45,17 +47,21 @@ from fusionplan.solvers.gluon_toolkit import (
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.triton_window import (
+from fusionplan.solvers.window_toolkit import (
     WINDOW_COORDINATES,
-    TritonWindowKernel,
     filter_is_1x1,
+    one_view_geometry,
     one_view_why_not,
     strided_1x1_defer_why,
     strided_taps_defer_why,
+    weight_geometry,
     window_config,
     window_grid_defer_why,
     window_programs,
+    window_programs_and_steps,
+    window_shape_args,
     window_why_not,
+    windows,
 )
 
 Tensor = torch.Tensor
@@ -359,7 +365,8 @@ def window_epilogue_mode(size: int) -> int:
     return epilogue_mode(size, tuning.GLUON_WINDOW_MMA_EPILOGUE)
 
 
-class GluonWindowKernel(TritonWindowKernel):
+class GluonWindowKernel(TritonConvKernel):
+    reads_descriptors = True
     solver_name = "gluon-window"
     stem = "gluon_window"
     splits_reduction = False  # grids below 100 programs defer to triton-conv (window_grid_defer_why)
@@ -368,6 +375,12 @@ class GluonWindowKernel(TritonWindowKernel):
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
         return render_gluon_source(spec, stages)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        return pack_rows_rsc(weight)
+
+    def programs_and_steps(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
+        return window_programs_and_steps(self, cfg)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         return gluon_config(self.spec)
@@ -385,10 +398,10 @@ class GluonWindowKernel(TritonWindowKernel):
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
-        window, windows = self._windows(cfg)
-        grid = (windows, triton_cdiv(self.k, cfg.block_n), 1)
+        window, n_windows = windows(self, cfg)
+        grid = (n_windows, triton_cdiv(self.k, cfg.block_n), 1)
         x_desc, w_desc = self._gluon_descriptors(cfg, window, x, packed)
-        shape_args = self._shape_args(out, p, strides)
+        shape_args = window_shape_args(self, out, p, strides)
         out_strides = tuple(shape_args[7:11])  # syn, syc, syh, syw
         fits = tma_store_strides_fit(out_strides, 1, 1, 2) and out.data_ptr() % 16 == 0
         tma_store = self.tma_store and cfg.block_m >= tuning.TMA_STORE_MIN_PIXELS and fits
@@ -400,7 +413,7 @@ class GluonWindowKernel(TritonWindowKernel):
             cfg.block_n,
             cfg.block_k,
             cfg.num_stages,
-            *self._swizzle_and_bits(cfg),
+            *box_swizzle_and_bits(self.spec, cfg),
             LOAD_REGS,
             needs_int64(out, p) if idx64 is None else idx64,
             has_prior,
@@ -412,11 +425,6 @@ class GluonWindowKernel(TritonWindowKernel):
         )
         args = [x_desc, w_desc, out, p, y_desc, *values, *shape_args, *consts]
         return grid, cfg, args
-
-    def _swizzle_and_bits(self, cfg: tuning.ConvConfig) -> tuple[int, int]:
-        """The boxes' element bits and the swizzle of their rows (128 bytes, or the row if shorter)."""
-        bits = self.spec.dtype.torch_dtype.itemsize * 8
-        return min(128, cfg.block_k * bits // 8), bits
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """The input's descriptor, the output's pointer and, where windows are stored by TMA, its
@@ -440,9 +448,9 @@ class GluonWindowKernel(TritonWindowKernel):
         """Gluon's host descriptors of the input's one view of every stride class (the only view this
         kernel reads) and of the packed weights (triton-window's geometry), with the shared-memory
         layouts of their boxes."""
-        swizzle, bits = self._swizzle_and_bits(cfg)
-        x_desc = gluon_descriptor(x, *self._one_view_geometry(cfg, window), swizzle, bits)
-        w_desc = gluon_descriptor(packed, *self._weight_geometry(cfg), swizzle, bits)
+        swizzle, bits = box_swizzle_and_bits(self.spec, cfg)
+        x_desc = gluon_descriptor(x, *one_view_geometry(self, cfg, window), swizzle, bits)
+        w_desc = gluon_descriptor(packed, *weight_geometry(self, cfg), swizzle, bits)
         return x_desc, w_desc
 
 
