@@ -204,7 +204,7 @@ def test_stem_kernel_gathers_each_input_row_once(dtype):
 def test_tap_positions_are_the_toeplitz_blocks_nonzero_columns(layout, c, w, stride, dil):
     """The exact path's masks: pixel p's taps are where its packed Toeplitz block has weights."""
     from fusionplan.solvers.gluon_stem import GluonStemKernel
-    from fusionplan.solvers.triton_stem import positions_expression, tap_positions
+    from fusionplan.solvers.stem_toolkit import positions_expression, tap_positions
 
     plan = conv_plan(c=c, h=12, w=w * 5, k=8, r=3, s=w, pads=(1, w // 2), strides=(1, stride), dil=dil, layout=layout)
     kernel = GluonStemKernel(plan.spec(), fp.Handle("cpu"))

@@ -191,7 +191,7 @@ def test_no_applicability_check_raises_on_common_plans():
 )
 def test_stem_stretches_choose_the_shortest_step(interleaved, filter_w, stride, pad, dil, itemsize, expected):
     """The stretch per filter row first (tensor-core work), then longer runs, then wider vectors."""
-    from fusionplan.solvers.triton_stem import stretches
+    from fusionplan.solvers.stem_toolkit import stretches
 
     runs = stretches(interleaved, filter_w, stride, pad, dil, 112, itemsize)
     assert {k: getattr(runs, k) for k in expected} == expected

@@ -52,6 +52,7 @@ from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, triton_cdiv
 from fusionplan.solvers.gluon_toolkit import (
     BLOCK_N,
@@ -73,10 +74,9 @@ from fusionplan.solvers.gluon_toolkit import (
     sixteen_bit_output,
     tma_store_strides_fit,
 )
-from fusionplan.solvers.triton_stem import (
+from fusionplan.solvers.stem_toolkit import (
     STEM_MAX_CHANNELS,
     Stretches,
-    TritonStemKernel,
     channels_interleaved,
     joined_pixels,
     positions_expression,
@@ -84,6 +84,7 @@ from fusionplan.solvers.triton_stem import (
     stretch_geometry,
     stretches,
     tap_positions,
+    toeplitz_pack,
 )
 
 Tensor = torch.Tensor
@@ -636,11 +637,18 @@ def stem_registers(planes: bool) -> tuple[int, int]:
     return load, CONSUMER_REGS - (load - LOAD_REGS)
 
 
-class GluonStemKernel(TritonStemKernel):
+class GluonStemKernel(TritonConvKernel):
     reads_descriptors = True
     solver_name = "gluon-stem"
     stem = "gluon_stem"
     splits_reduction = False
+
+    def __init__(self, spec: PlanSpec, handle) -> None:
+        self.runs = self.plan_runs(spec)  # before the kernel is rendered
+        super().__init__(spec, handle)
+
+    def tuning_key(self) -> tuple:
+        return (self._source, self.spec.signature(), self.dot_precision, self.runs)
 
     def plan_runs(self, spec: PlanSpec) -> Stretches:
         self.arrangement = stem_arrangement(spec)
@@ -674,7 +682,11 @@ class GluonStemKernel(TritonStemKernel):
         side_by_side_blocks for channel planes) as [R * PX * KP, BLOCK_E], the output channels
         padded with zeros to KP, a multiple of BLOCK_N (a tensor box of a block's channels never
         reaches into the next block)."""
-        blocks = self.side_by_side_blocks(weight) if self.arrangement.side > 1 else super().pack(weight)
+        blocks = (
+            self.side_by_side_blocks(weight)
+            if self.arrangement.side > 1
+            else toeplitz_pack(weight, self.runs, self.conv_args)
+        )
         r, _, px, k, e = blocks.shape
         kp = triton_cdiv(k, BLOCK_N) * BLOCK_N
         padded = blocks.new_zeros((r, px, kp, e))
