@@ -80,18 +80,13 @@ def test_imports_run_one_way_down_the_layers():
 #: convolution kernel, template and toolkits. The others hold one solver each.
 SHARED_SOLVER_MODULES = {
     "__init__", "base", "conv_toolkit", "conv_kernel", "gluon_toolkit", "window_toolkit", "gather_toolkit",
-    "stem_toolkit",
+    "stem_toolkit", "staged_toolkit",
 }  # fmt: skip
-#: Solver modules that still import a sibling, for the kernel class they derive from (the sibling's
-#: own kernel); each goes once that base class moves to a shared module or the hierarchy flattens.
-DERIVED_KERNELS = {
-    ("gluon_plane_chunks", "gluon_row_pairs"),
-}
 
 
-def test_solver_modules_import_no_sibling_but_the_kernels_they_derive_from():
-    """A solver's module imports the shared modules, never another solver's (but for the listed
-    derived kernels, which shrink and may not grow)."""
+def test_solver_modules_import_no_sibling():
+    """A solver's module imports the shared modules, never another solver's; the shared modules
+    import no solver's."""
     solvers = ROOT / "src" / "fusionplan" / "solvers"
     pairs = set()
     for path in solvers.glob("*.py"):
@@ -101,8 +96,32 @@ def test_solver_modules_import_no_sibling_but_the_kernels_they_derive_from():
             parts = module.split(".")
             if parts[:2] == ["fusionplan", "solvers"] and len(parts) == 3 and parts[2] not in SHARED_SOLVER_MODULES:
                 pairs.add((path.stem, parts[2]))
-    assert pairs == DERIVED_KERNELS
+    assert pairs == set()
     shared = {f"solvers/{m}.py" for m in SHARED_SOLVER_MODULES - {"__init__"}}
     for module in shared:  # the shared modules import no solver
         below = {m.split(".")[2] for m in _fusionplan_imports(module) if m.startswith("fusionplan.solvers.")}
         assert below <= SHARED_SOLVER_MODULES, (module, below)
+
+
+def test_kernel_classes_are_a_base_and_the_solvers_own():
+    """Reading a solver's kernel means reading its class and at most one base of the solvers
+    package (conv_kernel.TritonConvKernel), above base.Kernel."""
+    import inspect
+
+    import fusionplan.solvers as solvers
+    from fusionplan.solvers.base import Kernel
+
+    kernels = {
+        cls
+        for module in vars(solvers).values()
+        if inspect.ismodule(module) and module.__name__.startswith("fusionplan.solvers.")
+        for cls in vars(module).values()
+        if inspect.isclass(cls) and issubclass(cls, Kernel) and cls is not Kernel
+    }
+    assert len(kernels) >= 18
+    deep = {}
+    for cls in kernels:
+        chain = [c.__name__ for c in cls.__mro__ if c.__module__.startswith("fusionplan.solvers.") and c is not Kernel]
+        if len(chain) > 2:
+            deep[cls.__name__] = chain
+    assert deep == {}

@@ -44,23 +44,26 @@ import torch
 
 from fusionplan import tuning
 from fusionplan.folding import Stage
-from fusionplan.solvers.base import Kernel, PlanSpec
-from fusionplan.solvers.conv_toolkit import triton_cdiv
-from fusionplan.solvers.gluon_row_pairs import (
+from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_kernel import TritonConvKernel
+from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
+from fusionplan.solvers.gather_toolkit import gather_launch_args, gather_with_split
+from fusionplan.solvers.gluon_toolkit import gather_why_not, gluon_why_not, hopper_why_not, multiprocessors
+from fusionplan.solvers.staged_toolkit import (
     COORDINATES_HEAD,
     GATHER_PARAMS,
     PAIRS_BLOCK_K,
     PAIRS_PIXELS,
     PAIRS_SHARED_BYTES,
-    GluonRowPairsKernel,
-    GluonRowPairsSolver,
     planes_1x1_why_not,
     raw_ring_bytes,
     render_staged_source,
     ring_stages,
     staged_input,
+    staged_launch_constants,
+    staged_launch_grid,
+    staged_programs_and_steps,
 )
-from fusionplan.solvers.gluon_toolkit import multiprocessors
 
 Tensor = torch.Tensor
 
@@ -333,7 +336,19 @@ def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str
     return render_staged_source(spec, stages, title, "gluon_plane_chunks", gathers, places)
 
 
-class GluonPlaneChunksKernel(GluonRowPairsKernel):
+class GluonPlaneChunksKernel(TritonConvKernel):
+    splits_reduction = False
+    programs_and_steps = staged_programs_and_steps
+    launch_constants = staged_launch_constants  # gather_launch_args' hooks
+    launch_grid = staged_launch_grid
+    _launch_args = gather_launch_args
+
+    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
+        return gather_with_split(self, cfg)
+
+    def pack(self, weight: Tensor) -> Tensor:
+        return pack_rows_rsc(weight)
+
     solver_name = "gluon-plane-chunks"
     stem = "gluon_plane_chunks"
 
@@ -423,14 +438,20 @@ class GluonPlaneChunksKernel(GluonRowPairsKernel):
         return CHUNK_VEC // 2 if self.shifted(x) else CHUNK_VEC
 
 
-class GluonPlaneChunksSolver(GluonRowPairsSolver):
-    """gluon-row-pairs' kernel and rules on the chunks' input (chunks_why_not)."""
+class GluonPlaneChunksSolver(Solver):
+    """gluon-row-pairs' staged kernel and rules on the chunks' input (chunks_why_not)."""
 
     name = "gluon-plane-chunks"
+    family = "triton"
 
-    @staticmethod
-    def input_why_not(spec: PlanSpec) -> str | None:
-        return chunks_why_not(spec)
+    def why_not(self, spec: PlanSpec, handle) -> str | None:
+        return (
+            conv_plan_why_not(spec)
+            or chunks_why_not(spec)
+            or gather_why_not(spec)
+            or gluon_why_not()
+            or hopper_why_not(handle)
+        )
 
     def defer_why(self, spec: PlanSpec, handle) -> str | None:
         return chunks_defer_why(spec, multiprocessors(handle))
