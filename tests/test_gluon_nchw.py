@@ -14,6 +14,7 @@ from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build,
 
 pytest.importorskip("triton")
 gluon_nchw = pytest.importorskip("fusionplan.solvers.gluon_nchw")
+gather_toolkit = pytest.importorskip("fusionplan.solvers.gather_toolkit")
 if gluon_nchw.gluon_why_not():
     pytest.skip(gluon_nchw.gluon_why_not(), allow_module_level=True)
 
@@ -191,7 +192,7 @@ def test_strided_16_bit_gathers_take_the_strided_ring(monkeypatch):
 def test_reductions_split_where_the_grid_leaves_half_the_gpu_idle(programs, depth, split):
     """Powers of two while the grid stays within the multiprocessors and each part keeps
     tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products; grids of half the GPU or more stay whole."""
-    assert gluon_nchw.gather_split(programs, depth, H100_SMS) == split
+    assert gather_toolkit.gather_split(programs, depth, H100_SMS) == split
 
 
 def test_split_kernel_sums_fp32_partials_of_the_tile():

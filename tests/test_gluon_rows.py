@@ -13,6 +13,7 @@ from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, 
 
 pytest.importorskip("triton")
 gluon_rows = pytest.importorskip("fusionplan.solvers.gluon_rows")
+rows_template = pytest.importorskip("fusionplan.solvers.templates.gluon_rows")
 if gluon_rows.gluon_why_not():
     pytest.skip(gluon_rows.gluon_why_not(), allow_module_level=True)
 
@@ -314,7 +315,7 @@ def emulated_move(offset: int, length: int, with_next: bool = False):
     def interleave(e, o):
         return torch.stack((e, o), dim=2).reshape(e.shape[0], 2 * e.shape[1])
 
-    source = gluon_rows.move_function("moved", offset, length, with_next).replace("@gluon.jit\n", "")
+    source = rows_template.move_function("moved", offset, length, with_next).replace("@gluon.jit\n", "")
     scope = {"_halves": halves, "_interleave": interleave, "gl": type("gl", (), {"zeros_like": torch.zeros_like})}
     exec(source, scope)
     return scope["moved"]

@@ -13,6 +13,7 @@ from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, 
 
 pytest.importorskip("triton")
 gluon_stem = pytest.importorskip("fusionplan.solvers.gluon_stem")
+stem_template = pytest.importorskip("fusionplan.solvers.templates.gluon_stem")
 triton_stem = pytest.importorskip("fusionplan.solvers.triton_stem")
 if gluon_stem.gluon_why_not():
     pytest.skip(gluon_stem.gluon_why_not(), allow_module_level=True)
@@ -297,9 +298,9 @@ def test_tma_store_by_plan(monkeypatch):
 def test_joined_rows_put_each_runs_pixels_in_order():
     """The row's tile from its pixels' tiles: pixel p of run q at row q * PX + p (the pixels' bits
     moved before the channels, the highest first), a single pixel's tile as it is."""
-    assert gluon_stem.joined_row(1) == "h0"
-    assert gluon_stem.joined_row(2) == "gl.reshape(gl.permute(gl.join(h0, h1), (0, 2, 1)), [RUNS * PX, BLOCK_N])"
-    four = gluon_stem.joined_row(4)
+    assert stem_template.joined_row(1) == "h0"
+    assert stem_template.joined_row(2) == "gl.reshape(gl.permute(gl.join(h0, h1), (0, 2, 1)), [RUNS * PX, BLOCK_N])"
+    four = stem_template.joined_row(4)
     assert "gl.join(gl.join(h0, h2), gl.join(h1, h3))" in four and "(0, 2, 3, 1)" in four
     q, p = torch.meshgrid(torch.arange(5), torch.arange(4), indexing="ij")
     tiles = [q[:, i, None].expand(5, 3) * 4 + i for i in range(4)]  # [runs, channels]: the pixel's column

@@ -924,7 +924,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     gathers' stores), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
-    from fusionplan.solvers import gluon_nchw
+    from fusionplan.solvers import gather_toolkit
 
     dtype, tf32 = PRECISIONS[precision][:2]
     plan, x = gluon_nchw_case(case, dtype)
@@ -932,7 +932,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     assert plan.compile(handle, solver="gluon-nchw") == "gluon-nchw"
     kernel = plan._entry(handle).kernel
     rng = random.Random(case + precision)
-    for pixels, block_n in gluon_nchw.GATHER_TILES:
+    for pixels, block_n in gather_toolkit.GATHER_TILES:
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided plans' steps)
         # rings of 6 stages let three partitions run (shared_ring: two stages or more each); 64 x 256
         # tiles of 128-byte steps hold four in tuning.GLUON_NCHW_RING_BYTES

@@ -85,8 +85,8 @@ SHARED_SOLVER_MODULES = {
 
 
 def test_solver_modules_import_no_sibling():
-    """A solver's module imports the shared modules, never another solver's; the shared modules
-    import no solver's."""
+    """A solver's module imports the shared modules and its own template (solvers/templates), never
+    another solver's; the shared modules and the templates import no solver's."""
     solvers = ROOT / "src" / "fusionplan" / "solvers"
     pairs = set()
     for path in solvers.glob("*.py"):
@@ -94,10 +94,14 @@ def test_solver_modules_import_no_sibling():
             continue
         for module in _fusionplan_imports(f"solvers/{path.name}"):
             parts = module.split(".")
-            if parts[:2] == ["fusionplan", "solvers"] and len(parts) == 3 and parts[2] not in SHARED_SOLVER_MODULES:
+            if parts[:3] == ["fusionplan", "solvers", "templates"]:  # its own template only
+                if parts[3:] != [path.stem]:
+                    pairs.add((path.stem, module))
+            elif parts[:2] == ["fusionplan", "solvers"] and len(parts) == 3 and parts[2] not in SHARED_SOLVER_MODULES:
                 pairs.add((path.stem, parts[2]))
     assert pairs == set()
     shared = {f"solvers/{m}.py" for m in SHARED_SOLVER_MODULES - {"__init__"}}
+    shared |= {f"solvers/templates/{p.name}" for p in (solvers / "templates").glob("*.py")}
     for module in shared:  # the shared modules import no solver
         below = {m.split(".")[2] for m in _fusionplan_imports(module) if m.startswith("fusionplan.solvers.")}
         assert below <= SHARED_SOLVER_MODULES, (module, below)

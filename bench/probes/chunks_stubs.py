@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from tile_sweep import parse_tiles, sweep_layer  # noqa: E402
 
-from fusionplan.solvers import gluon_plane_chunks, gluon_row_pairs  # noqa: E402
+from fusionplan.solvers import gluon_plane_chunks, staged_toolkit  # noqa: E402
 
 NO_GATHER = (
     """    _, _, places = geo
@@ -79,12 +79,12 @@ def variant_source(name: str) -> str:
 
 def variant_template(name: str) -> str:
     """gluon-row-pairs' template of variant ``name``."""
-    return replaced(gluon_row_pairs._TEMPLATE, (ACC_STORES,) if name == "acc-stores" else ())
+    return replaced(staged_toolkit._TEMPLATE, (ACC_STORES,) if name == "acc-stores" else ())
 
 
 def variant_store(name: str) -> str:
     """gluon-row-pairs' store text of variant ``name``."""
-    return replaced(gluon_row_pairs._STORE, (NO_STORES,) if name == "no-stores" else ())
+    return replaced(staged_toolkit._STORE, (NO_STORES,) if name == "no-stores" else ())
 
 
 def main() -> None:
@@ -116,15 +116,15 @@ def main() -> None:
         splits=[1],
         warm=opts.warm,
     )
-    original = gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE
+    original = gluon_plane_chunks.CHUNKS_GATHER, staged_toolkit._STORE, staged_toolkit._TEMPLATE
     for layer in opts.layers.split(","):
         for name in opts.variants.split(","):
             patched = variant_source(name), variant_store(name), variant_template(name)
-            gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE = patched
+            gluon_plane_chunks.CHUNKS_GATHER, staged_toolkit._STORE, staged_toolkit._TEMPLATE = patched
             try:
                 rows = sweep_layer(shapes[layer], sweep)
             finally:
-                gluon_plane_chunks.CHUNKS_GATHER, gluon_row_pairs._STORE, gluon_row_pairs._TEMPLATE = original
+                gluon_plane_chunks.CHUNKS_GATHER, staged_toolkit._STORE, staged_toolkit._TEMPLATE = original
             for _, line in sorted(rows):
                 print(f"{layer} {name}:{line}")
 

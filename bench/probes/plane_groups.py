@@ -77,8 +77,8 @@ def plane_groups_kernel(x_desc, w_desc, y_ptr, FIRST_BOX: gl.constexpr):
 
 def build():
     """The prototype's kernel, generated for an offset of PLANE - FIRST_BOX elements."""
-    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
     from fusionplan.solvers.gluon_toolkit import gluon_names
+    from fusionplan.solvers.templates.gluon_rows import MOVE_HELPERS, move_function
 
     names = gluon_names()
     source = _SOURCE.format(

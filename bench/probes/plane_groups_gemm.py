@@ -197,8 +197,8 @@ def plane_groups_gemm_kernel(
 
 def render(geo: Geometry) -> str:
     """The probe's kernel source for one plane size."""
-    from fusionplan.solvers.gluon_rows import MOVE_HELPERS, move_function
     from fusionplan.solvers.gluon_toolkit import gluon_names
+    from fusionplan.solvers.templates.gluon_rows import MOVE_HELPERS, move_function
 
     names = gluon_names()
     columns = geo.columns()
