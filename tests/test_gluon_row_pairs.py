@@ -14,6 +14,7 @@ from .util import compile_sm90, layer_build, plan_for
 
 pytest.importorskip("triton")
 pairs = pytest.importorskip("fusionplan.solvers.gluon_row_pairs")
+staged = pytest.importorskip("fusionplan.solvers.staged_toolkit")
 if pairs.gluon_why_not():
     pytest.skip(pairs.gluon_why_not(), allow_module_level=True)
 
@@ -104,25 +105,25 @@ def test_tiles_and_shared_memory(monkeypatch):
 
 def test_persistent_programs():
     """One a multiprocessor, a multiple of the channel blocks, at most one a tile."""
-    assert pairs.pairs_programs(448, 2, 132) == 132
-    assert pairs.pairs_programs(224, 4, 132) == 132
-    assert pairs.pairs_programs(112, 8, 132) == 112
-    assert pairs.pairs_programs(896, 3, 132) == 132 - 132 % 3
-    assert pairs.pairs_programs(400, 200, 132) == 200  # more channel blocks than multiprocessors: one each
+    assert staged.pairs_programs(448, 2, 132) == 132
+    assert staged.pairs_programs(224, 4, 132) == 132
+    assert staged.pairs_programs(112, 8, 132) == 112
+    assert staged.pairs_programs(896, 3, 132) == 132 - 132 % 3
+    assert staged.pairs_programs(400, 200, 132) == 200  # more channel blocks than multiprocessors: one each
 
 
 def test_output_runs():
     """4 (or 2) pixels a store into packed NCHW planes whose rows are whole runs, aligned; else 1."""
     out = torch.empty(2, 512, 28, 28, dtype=torch.float16)
-    assert pairs.out_vec(out, out.stride(), (512, 28, 28)) == 4
+    assert staged.out_vec(out, out.stride(), (512, 28, 28)) == 4
     out = torch.empty(2, 64, 14, 14, dtype=torch.float16)
-    assert pairs.out_vec(out, out.stride(), (64, 14, 14)) == 2
+    assert staged.out_vec(out, out.stride(), (64, 14, 14)) == 2
     out = torch.empty(2, 64, 7, 7, dtype=torch.float16)
-    assert pairs.out_vec(out, out.stride(), (64, 7, 7)) == 1
+    assert staged.out_vec(out, out.stride(), (64, 7, 7)) == 1
     nhwc = torch.empty(2, 512, 28, 28, dtype=torch.float16).to(memory_format=torch.channels_last)
-    assert pairs.out_vec(nhwc, nhwc.stride(), (512, 28, 28)) == 1
+    assert staged.out_vec(nhwc, nhwc.stride(), (512, 28, 28)) == 1
     unaligned = torch.empty(2 * 512 * 784 + 1, dtype=torch.float16)[1:].view(2, 512, 28, 28)
-    assert pairs.out_vec(unaligned, unaligned.stride(), (512, 28, 28)) == 1
+    assert staged.out_vec(unaligned, unaligned.stride(), (512, 28, 28)) == 1
 
 
 def test_staged_only_from_aligned_input(monkeypatch):
