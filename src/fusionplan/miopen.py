@@ -48,90 +48,35 @@ logger = logging.getLogger("fusionplan")
 
 
 # ---- enumerations: MIOpen's names and values; every member is also a module constant ----------
-def _mirror(
-    name: str, core: type[enum.IntEnum], prefix: str, names: dict[str, str] | None = None
-) -> type[enum.IntEnum]:
-    members = {prefix + (names or {}).get(m.name, m.name): m.value for m in core}
+#: MIOpen's member names that are not the core's in CamelCase (BAD_PARM: BadParm).
+_SPELLINGS = {
+    "BFLOAT16": "BFloat16", "VERTICAL": "VerticalFusion", "HORIZONTAL": "HorizontalFusion", "GEMM": "GEMM",
+    "FFT": "FFT", "WINOGRAD": "WinogradFwd", "IMPLICIT_GEMM": "ImplicitGEMM",
+}  # fmt: skip
+
+
+def _mirror(name: str, core: type[enum.IntEnum], prefix: str, camel: bool = True) -> type[enum.IntEnum]:
+    """MIOpen's enumeration ``name``: the core's members, each named ``prefix`` and the core's name
+    (in CamelCase, or as it is where ``camel`` is False: NCHW, RELU)."""
+
+    def spelled(member: str) -> str:
+        return _SPELLINGS.get(member) or "".join(part.capitalize() for part in member.split("_"))
+
+    members = {prefix + (spelled(m.name) if camel else m.name): m.value for m in core}
     cls = enum.IntEnum(name, members)
     cls.__module__ = __name__
     globals().update(cls.__members__)
     return cls
 
 
-miopenStatus_t = _mirror(
-    "miopenStatus_t",
-    Status,
-    "miopenStatus",
-    {
-        "SUCCESS": "Success",
-        "NOT_INITIALIZED": "NotInitialized",
-        "INVALID_VALUE": "InvalidValue",
-        "BAD_PARM": "BadParm",
-        "ALLOC_FAILED": "AllocFailed",
-        "INTERNAL_ERROR": "InternalError",
-        "NOT_IMPLEMENTED": "NotImplemented",
-        "UNKNOWN_ERROR": "UnknownError",
-        "UNSUPPORTED_OP": "UnsupportedOp",
-        "GPU_OPERATIONS_SKIPPED": "GpuOperationsSkipped",
-        "VERSION_MISMATCH": "VersionMismatch",
-    },
-)
-miopenDataType_t = _mirror(
-    "miopenDataType_t",
-    DataType,
-    "miopen",
-    {
-        "HALF": "Half",
-        "FLOAT": "Float",
-        "INT32": "Int32",
-        "INT8": "Int8",
-        "BFLOAT16": "BFloat16",
-        "DOUBLE": "Double",
-    },
-)
-miopenTensorLayout_t = _mirror("miopenTensorLayout_t", Layout, "miopenTensor")
-miopenFusionDirection_t = _mirror(
-    "miopenFusionDirection_t",
-    Direction,
-    "miopen",
-    {
-        "VERTICAL": "VerticalFusion",
-        "HORIZONTAL": "HorizontalFusion",
-    },
-)
-miopenConvolutionMode_t = _mirror(
-    "miopenConvolutionMode_t",
-    ConvMode,
-    "miopen",
-    {
-        "CONVOLUTION": "Convolution",
-        "TRANSPOSE": "Transpose",
-        "GROUP_CONV": "GroupConv",
-        "DEPTHWISE": "Depthwise",
-    },
-)
-miopenConvFwdAlgorithm_t = _mirror(
-    "miopenConvFwdAlgorithm_t",
-    ConvFwdAlgo,
-    "miopenConvolutionFwdAlgo",
-    {
-        "GEMM": "GEMM",
-        "DIRECT": "Direct",
-        "FFT": "FFT",
-        "WINOGRAD": "WinogradFwd",
-        "IMPLICIT_GEMM": "ImplicitGEMM",
-    },
-)
-miopenActivationMode_t = _mirror("miopenActivationMode_t", ActivationMode, "miopenActivation")
-miopenBatchNormMode_t = _mirror(
-    "miopenBatchNormMode_t",
-    BatchNormMode,
-    "miopenBN",
-    {
-        "PER_ACTIVATION": "PerActivation",
-        "SPATIAL": "Spatial",
-    },
-)
+miopenStatus_t = _mirror("miopenStatus_t", Status, "miopenStatus")
+miopenDataType_t = _mirror("miopenDataType_t", DataType, "miopen")
+miopenTensorLayout_t = _mirror("miopenTensorLayout_t", Layout, "miopenTensor", camel=False)
+miopenFusionDirection_t = _mirror("miopenFusionDirection_t", Direction, "miopen")
+miopenConvolutionMode_t = _mirror("miopenConvolutionMode_t", ConvMode, "miopen")
+miopenConvFwdAlgorithm_t = _mirror("miopenConvFwdAlgorithm_t", ConvFwdAlgo, "miopenConvolutionFwdAlgo")
+miopenActivationMode_t = _mirror("miopenActivationMode_t", ActivationMode, "miopenActivation", camel=False)
+miopenBatchNormMode_t = _mirror("miopenBatchNormMode_t", BatchNormMode, "miopenBN")
 
 
 # ---- error reporting ---------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import tempfile
 
 import torch
 
-from fusionplan.launch import is_host_descriptor, source_class
+from fusionplan.launch import source_class
+from fusionplan.tma import is_host_descriptor
 
 TRITON_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.int32: "*i32"}
 
