@@ -6,7 +6,7 @@ side with cuDNN's convolution (torch's, channels-last), on the GPU.
 CBNA-ReLU, 3x3, 128 -> 128 channels, fp16 channels-last, 4.4 GB input and output: many images
 (17 x 1024 x 1024) and one image (4096 x 4160). Times are CUDA-event medians of 10 runs after 2;
 each solver's output is compared with the first's (largest difference, relative to the largest
-value), where the GPU tests (tests/test_gpu.py -k int32_offsets) check them against the reference.
+value), where the GPU tests (tests/gpu -k int32_offsets) check them against the reference.
 """
 
 from __future__ import annotations

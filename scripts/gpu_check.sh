@@ -16,7 +16,7 @@ export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
   python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, 'cudnn', torch.backends.cudnn.version(), 'cuda', torch.version.cuda)"
 } | tee "$out/env.txt"
 workers=${WORKERS:-12}
-timeout "${SUITE_TIMEOUT:-480}" python -m pytest -m gpu tests/test_gpu.py -q -n "$workers" --maxschedchunk 1 -p no:cacheprovider \
+timeout "${SUITE_TIMEOUT:-480}" python -m pytest -m gpu tests/gpu -q -n "$workers" --maxschedchunk 1 -p no:cacheprovider \
   ${PART:+--part "$PART"} ${RECORD:+--record "$RECORD" --done "$RECORD"} \
   --junitxml="$out/gpu-tests.xml" 2>&1 | tail -40 | tee "$out/gpu-tests.txt"
 echo "suite exit: ${PIPESTATUS[0]}" | tee -a "$out/gpu-tests.txt"

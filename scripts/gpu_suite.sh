@@ -18,7 +18,7 @@ gpus=${GPUS:-$(nvidia-smi -L | wc -l)}
 run=$(( $(find "$out" -name 'run-*-part-1-of-*.txt' | wc -l) + 1 ))
 for ((k = 1; k <= gpus; k++)); do
   record="$out/ended-$k-of-$gpus.txt"
-  CUDA_VISIBLE_DEVICES=$((k - 1)) timeout "${SUITE_TIMEOUT:-540}" python -m pytest -m gpu tests/test_gpu.py -q \
+  CUDA_VISIBLE_DEVICES=$((k - 1)) timeout "${SUITE_TIMEOUT:-540}" python -m pytest -m gpu tests/gpu -q \
     -n "${WORKERS:-16}" --maxschedchunk 1 -p no:cacheprovider -rfE --durations=20 --part "$k/$gpus" --record "$record" --done "$record" \
     > "$out/run-$run-part-$k-of-$gpus.txt" 2>&1 &
 done
@@ -26,7 +26,7 @@ wait
 for ((k = 1; k <= gpus; k++)); do
   record="$out/ended-$k-of-$gpus.txt"
   failed=$(grep -c '^FAILED\|^ERROR' "$out/run-$run-part-$k-of-$gpus.txt")
-  left=$(python -m pytest -m gpu tests/test_gpu.py -q -p no:cacheprovider --collect-only --part "$k/$gpus" \
+  left=$(python -m pytest -m gpu tests/gpu -q -p no:cacheprovider --collect-only --part "$k/$gpus" \
     --done "$record" 2>/dev/null | tail -1)
   echo "part $k of $gpus: $(wc -l < "$record" 2>/dev/null || echo 0) ended without failing, $failed failed this run; left: $left"
 done

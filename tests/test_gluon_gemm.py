@@ -1,5 +1,5 @@
 """gluon-gemm without a GPU: which plans it takes and why not, the tiles its cost model picks, and
-its generated kernels, compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
+its generated kernels, compiled for sm_90 with Triton's own ptxas (tests/gpu runs them)."""
 
 import json
 from dataclasses import replace

@@ -1,7 +1,7 @@
 """gluon-halo without a GPU: which plans it takes and why not, its halo's geometry, the kernel's
 halo rows and shifted tap views emulated with torch against the convolution (stride 1 and the four
 phases of stride 2, odd planes), and its generated kernel compiled for sm_90 with Triton's own ptxas
-(tests/test_gpu.py runs it)."""
+(tests/gpu runs it)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """gluon-nchw without a GPU: which plans it takes and why not, where it defers to the other NCHW
 kernels, the tiles it picks, and its generated kernel compiled for sm_90 with Triton's own ptxas
-(tests/test_gpu.py runs it)."""
+(tests/gpu runs it)."""
 
 import pytest
 import torch

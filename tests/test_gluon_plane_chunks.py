@@ -1,7 +1,7 @@
 """gluon-plane-chunks without a GPU: which plans it takes and why not, an image's slots and a step's
 raw elements, where an operand element lies in them (the gather's places emulated with torch
 against the plan's input), and its generated kernel compiled for sm_90 with Triton's own ptxas
-(tests/test_gpu.py runs it)."""
+(tests/gpu runs it)."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 """gluon-row-pairs without a GPU: which plans it takes and why not, where it defers, its tiles and
 shared memory, the output's runs, and its generated kernel compiled for sm_90 with Triton's own
-ptxas (tests/test_gpu.py runs it)."""
+ptxas (tests/gpu runs it)."""
 
 import pytest
 import torch

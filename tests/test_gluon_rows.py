@@ -1,5 +1,5 @@
 """gluon-rows without a GPU: which plans it takes and why not, its ring's depth, and its generated
-kernels compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs them)."""
+kernels compiled for sm_90 with Triton's own ptxas (tests/gpu runs them)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """gluon-stem without a GPU: which plans it takes and why not, its ring and packed filter, and its
-generated kernel compiled for sm_90 with Triton's own ptxas (tests/test_gpu.py runs it)."""
+generated kernel compiled for sm_90 with Triton's own ptxas (tests/gpu runs it)."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
 """gluon-window without a GPU: which plans it takes and why not, and its generated kernels, compiled
-for sm_90 with Triton's own ptxas (Gluon has no interpreter; tests/test_gpu.py runs them)."""
+for sm_90 with Triton's own ptxas (Gluon has no interpreter; tests/gpu runs them)."""
 
 import pytest
 import torch
@@ -268,7 +268,7 @@ def test_tma_store_strides(strides, ow, pixels, fits):
 def test_window_tma_store_by_plan(monkeypatch):
     """16-bit channels-last windows go out by TMA unless switched off; fp32 output and 17 output
     channels (34-byte pixels) store by pointer (and so does an output of other strides at launch:
-    tests/test_gpu.py)."""
+    tests/gpu)."""
     assert gluon_window.window_tma_store(layer("r50_22").spec())
     assert gluon_window.window_tma_store(layer("r50_18", torch.bfloat16).spec())
     assert not gluon_window.window_tma_store(layer("r50_22", torch.float32).spec())
