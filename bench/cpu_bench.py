@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 import fusionplan as fp
 from fusionplan.shapes import load_shapes
-from fusionplan.testing import compare, random_args, random_tensor, reference_output
+from fusionplan.verify import compare, random_args, random_tensor, reference_output
 
 DEFAULT_LAYERS = ["r50_01", "r50_02", "r50_06", "r50_10", "r50_15", "r50_22"]
 

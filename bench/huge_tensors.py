@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import fusionplan as fp
 from fusionplan.benchmark.timing import median_ms
-from fusionplan.testing import random_args
+from fusionplan.verify import random_args
 
 SHAPES = ((17, 128, 1024, 1024), (1, 128, 4096, 4160))
 SOLVERS = ("gluon-window", "triton-conv")

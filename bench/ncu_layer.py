@@ -23,7 +23,7 @@ from fusionplan import tuning
 from fusionplan.benchmark.cases import cudnn_fused
 from fusionplan.benchmark.cli import tuning_override
 from fusionplan.shapes import resnet50_layer
-from fusionplan.testing import layer_plan, random_args
+from fusionplan.verify import layer_plan, random_args
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from huge_tensors import cbna_plan  # bench/ is the script's directory
 
 import fusionplan as fp
 from fusionplan.benchmark.contention import other_processes_on_the_gpu
-from fusionplan.testing import random_args
+from fusionplan.verify import random_args
 
 
 def repeats(label: str, plan, handle, x, args, first, iters: int) -> int:

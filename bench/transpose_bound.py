@@ -34,7 +34,7 @@ import triton.language as tl
 import fusionplan as fp
 from fusionplan.benchmark.timing import median_ms
 from fusionplan.shapes import ConvShape, resnet50_layer
-from fusionplan.testing import layer_plan, random_args
+from fusionplan.verify import layer_plan, random_args
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ROTATION_BYTES = 256 * 2**20

@@ -24,7 +24,7 @@ from fusionplan.benchmark.cli import tuning_override
 from fusionplan.sass import compile_for_hopper, summarize, with_control_bits
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.testing import layer_plan
+from fusionplan.verify import layer_plan
 
 
 def main() -> None:

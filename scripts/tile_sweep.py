@@ -121,7 +121,7 @@ def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
 
 
 def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, prep, tol, timer) -> tuple[float, str]:
-    from fusionplan.testing import compare
+    from fusionplan.verify import compare
 
     kernel.config = dataclasses.replace(unsplit, split_k=split)
     kernel._repeats._by_records.clear()  # the next launch binds the new configuration

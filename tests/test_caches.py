@@ -16,7 +16,7 @@ from fusionplan import tuning
 from fusionplan.cachecli import main as cache_main
 from fusionplan.codegen import interpreter_active
 from fusionplan.perfdb import PerfDB, signature_digest
-from fusionplan.testing import compare, random_args, reference_output
+from fusionplan.verify import compare, random_args, reference_output
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ def test_find_skips_configs_that_fail(cache):
 WORKER = textwrap.dedent("""
     import sys, torch, fusionplan as fp
     from fusionplan.perfdb import PerfDB
-    from fusionplan.testing import random_args, reference_output, compare
+    from fusionplan.verify import random_args, reference_output, compare
     worker = int(sys.argv[1])
     db = PerfDB()
     for i in range(40):
@@ -283,7 +283,7 @@ def test_cache_command(cache, capsys):
 
 
 def test_tune_command_on_the_cpu(cache, capsys):
-    from fusionplan.tune import main as tune_main
+    from fusionplan.tunecli import main as tune_main
 
     assert tune_main(["--device", "cpu", "--layers", "r50_01,r50_22", "--batch", "1", "--precisions", "fp32"]) == 0
     out = capsys.readouterr().out

@@ -9,7 +9,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
-from fusionplan.testing import add_chain, layer_plan
+from fusionplan.verify import add_chain, layer_plan
 
 from .util import assert_stages_expect_their_boxes, compile_sm90, layer_build, plan_for
 

@@ -9,7 +9,7 @@ import torch
 import fusionplan as fp
 from fusionplan import tuning
 from fusionplan.shapes import resnet50_layer
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from .test_gluon_nchw import layer
 from .test_sass import GRID_DEPENDENCY_ON

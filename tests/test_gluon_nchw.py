@@ -8,7 +8,7 @@ import torch
 import fusionplan as fp
 from fusionplan import tuning
 from fusionplan.shapes import resnet50_layer
-from fusionplan.testing import add_chain, layer_plan
+from fusionplan.verify import add_chain, layer_plan
 
 from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build, plan_for
 

@@ -7,7 +7,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan import tuning
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from .test_gluon_nchw import layer
 from .util import compile_sm90, layer_build, plan_for

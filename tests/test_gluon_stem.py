@@ -7,7 +7,7 @@ import torch
 import fusionplan as fp
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.testing import add_chain, layer_plan
+from fusionplan.verify import add_chain, layer_plan
 
 from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, plan_for
 

@@ -10,7 +10,7 @@ from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
 from fusionplan.solvers.triton_window import window_defer_why
 from fusionplan.solvers.window_toolkit import window_tiles
-from fusionplan.testing import add_chain, layer_plan
+from fusionplan.verify import add_chain, layer_plan
 
 from .util import HOPPER_SHARED_BYTES, compile_sm90, layer_build, plan_for
 

@@ -7,7 +7,7 @@ import torch
 
 from fusionplan.folding import args_fingerprint
 from fusionplan.launch import Launcher, Repeat, RepeatCache, extent_bytes, needs_int64, specialization
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from .util import make_input, plan_for, random_args
 

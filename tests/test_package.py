@@ -67,13 +67,13 @@ def _fusionplan_imports(module: str) -> set[str]:
 def test_imports_run_one_way_down_the_layers():
     """The data layer imports nothing above it: enums nothing of fusionplan, errors only enums, the
     random samples only descriptors, enums and operators; the perf database takes the version
-    without importing the package; no solver imports the test helpers (fusionplan.testing)."""
+    without importing the package; no solver imports the verification helpers (fusionplan.verify)."""
     assert _fusionplan_imports("enums.py") == set()
     assert _fusionplan_imports("errors.py") == {"fusionplan.enums"}
     assert _fusionplan_imports("samples.py") <= {"fusionplan.enums", "fusionplan.ops", "fusionplan.descriptors"}
     assert "fusionplan" not in _fusionplan_imports("perfdb.py")
     solvers = sorted((ROOT / "src" / "fusionplan" / "solvers").glob("*.py"))
-    assert [p.name for p in solvers if "fusionplan.testing" in _fusionplan_imports(f"solvers/{p.name}")] == []
+    assert [p.name for p in solvers if "fusionplan.verify" in _fusionplan_imports(f"solvers/{p.name}")] == []
 
 
 #: The modules of fusionplan.solvers that every solver may import: the base classes and the shared

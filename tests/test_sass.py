@@ -58,7 +58,7 @@ import fusionplan as fp
 from fusionplan import solvers
 from fusionplan.sass import compile_for_hopper
 from fusionplan.shapes import load_shapes
-from fusionplan.testing import layer_plan
+from fusionplan.verify import layer_plan
 
 hopper = types.SimpleNamespace(
     device=torch.device("cuda", 0), tf32_allowed=lambda: True, compute_capability=lambda: (9, 0)

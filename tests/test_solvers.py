@@ -7,7 +7,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from .util import (
     CONV_SHAPES,
@@ -154,7 +154,7 @@ def test_no_applicability_check_raises_on_common_plans():
     from fusionplan import solvers
     from fusionplan.shapes import load_shapes
     from fusionplan.support import ROWS
-    from fusionplan.testing import layer_plan
+    from fusionplan.verify import layer_plan
 
     plans = []
     for _, builders, *channels in ROWS:
@@ -242,7 +242,7 @@ def test_unit_activation_alpha_is_a_specialization(alpha, unit, monkeypatch):
     from fusionplan import tuning
     from fusionplan.epilogue import reads_prior, stage_arguments
     from fusionplan.solvers import solver_named
-    from fusionplan.testing import random_record
+    from fusionplan.verify import random_record
 
     x = make_input((2, 4, 6, 5), torch.float32, "NCHW")
     plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1), k=4, r=3, s=3)

@@ -14,7 +14,7 @@ import fusionplan as fp
 from fusionplan import tuning
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.solvers.window_toolkit import reads_one_view
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from .util import (
     CONV_SHAPES,
@@ -179,7 +179,7 @@ def test_conv_in_place_output_is_safe():
     plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("float", (4, 4, 3, 3)))
     handle = compile_triton(plan)
     args = random_args(plan)
-    from fusionplan.testing import reference_output
+    from fusionplan.verify import reference_output
 
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
@@ -344,7 +344,7 @@ def test_pointwise_in_place_and_strided():
     )
     handle = compile_triton(plan)
     args = random_args(plan)
-    from fusionplan.testing import reference_output
+    from fusionplan.verify import reference_output
 
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
@@ -780,7 +780,7 @@ def test_nchw_gemm_long_reductions_take_wide_channel_tiles(name, dtype, min_c, t
     from fusionplan import tuning
     from fusionplan.shapes import resnet50_layer
     from fusionplan.solvers.triton_gemm_nchw import nchw_config
-    from fusionplan.testing import layer_plan
+    from fusionplan.verify import layer_plan
 
     monkeypatch.setattr(tuning, "NCHW_GEMM_WIDE_N_MIN_C", min_c)
     s = resnet50_layer(name)
@@ -1047,7 +1047,7 @@ def test_gemm_defers_where_it_measured_slower():
 def test_small_grids_defer_where_measured_slower(layer, batch, solver, deferred):
     """Choices at batch 1 and 32 follow the H100 measurements (descriptors only: nothing runs)."""
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan
+    from fusionplan.verify import layer_plan
 
     s = resnet50_layer(layer)
     x = torch.empty(batch, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)

@@ -13,7 +13,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.reference import run_reference
-from fusionplan.testing import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
+from fusionplan.verify import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
 
 #: Shared memory a program of sm_90 may take (227 KB; the H100's and the H200's limit).
 HOPPER_SHARED_BYTES = 232448
@@ -79,7 +79,7 @@ def shape_plan(
 ):
     """A random input of the named odd shape (``shapes``) and the plan of ``chain`` on it."""
     from fusionplan.enums import ActivationMode, BatchNormMode
-    from fusionplan.testing import add_chain
+    from fusionplan.verify import add_chain
 
     n, c, h, w, k, r, s, pad, stride, dil, groups = shapes[shape_key]
     x = make_input((n, c, h, w), dtype, layout, device)
@@ -134,7 +134,7 @@ def random_conv_plan(
     dilation, chain, dtype, layouts. Returns (plan, x, output layout), or None when the draw gives an
     empty output (which must be the only reason to refuse it)."""
     from fusionplan.enums import ActivationMode, BatchNormMode
-    from fusionplan.testing import add_chain
+    from fusionplan.verify import add_chain
 
     n, c = rng.randint(*batch), rng.choice(list(channels))
     h, w = rng.randint(*hw), rng.randint(*hw)
@@ -179,7 +179,7 @@ from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.sass import compile_for_hopper, summarize
 from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.testing import add_chain, layer_plan
+from fusionplan.verify import add_chain, layer_plan
 {build}
 kernel = solver_named({solver!r}).build(plan.spec(), fp.Handle("cpu"))
 _, compiled = compile_for_hopper(kernel)

@@ -512,7 +512,7 @@ def layer(name: str, dtype: torch.dtype, iters: int, profile: bool = False) -> N
     import fusionplan as fp
     from fusionplan.benchmark.timing import median_ms
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan, random_args
+    from fusionplan.verify import layer_plan, random_args
 
     s = resnet50_layer(name)
     assert (s.r, s.s, s.stride, s.pad) == (3, 3, 1, 1), name

@@ -314,7 +314,7 @@ def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
     """fusionplan's CBA plan of the layer ``shape`` on ``x`` (NCHW) and on x channels-last: for each
     layout, the solver compile picked and its time (graph_time_us)."""
     import fusionplan as fp
-    from fusionplan.testing import layer_plan, random_args
+    from fusionplan.verify import layer_plan, random_args
 
     times = {}
     for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
@@ -333,7 +333,7 @@ def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
 def measure(layer: str, images_7x7: int) -> None:
     import fusionplan as fp
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan, random_args
+    from fusionplan.verify import layer_plan, random_args
 
     s = resnet50_layer(layer)
     geo = GEOMETRIES.get(s.h * s.w)

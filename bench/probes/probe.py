@@ -84,7 +84,7 @@ def gluon_runner(x, w, scale, shift, pad, window, warps, stages, block_n=128, bl
 def probe_layer(layer, batch: int, only_heuristic: bool = False) -> None:
     import fusionplan as fp
     from fusionplan import tuning
-    from fusionplan.testing import layer_plan, random_args
+    from fusionplan.verify import layer_plan, random_args
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False

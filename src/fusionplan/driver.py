@@ -27,7 +27,7 @@ from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
 from fusionplan.solvers.reference_solver import ReferenceKernel
-from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_tensor, reference_output
+from fusionplan.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_tensor, reference_output
 
 COMMANDS = {"CBAInfer": DataType.FLOAT, "CBAInferfp16": DataType.HALF, "CBAInferbfp16": DataType.BFLOAT16}
 #: -F values, as MIOpenDriver: C = convolution, B = bias, N = batch-norm, A = activation.

@@ -1,7 +1,7 @@
 """Random arguments for operators: fresh data of each operator's shapes and dtypes (never zeros).
 
 Below the plan layer (descriptors and operators only), so that solvers may benchmark candidate
-configurations on them, and tests, the driver and the bench build on them (fusionplan.testing).
+configurations on them, and tests, the driver and the bench build on them (fusionplan.verify).
 """
 
 from __future__ import annotations

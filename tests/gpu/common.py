@@ -10,7 +10,7 @@ from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
 from fusionplan.shapes import load_shapes
 from fusionplan.solvers import REGISTRY
-from fusionplan.testing import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
+from fusionplan.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
 from ..util import (
     plan_for,

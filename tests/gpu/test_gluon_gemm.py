@@ -12,7 +12,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode
-from fusionplan.testing import add_chain, random_record
+from fusionplan.verify import add_chain, random_record
 
 from ..util import (
     plan_for,
@@ -154,7 +154,7 @@ def test_kernels_prefer_the_carveout_they_fit(layer_name, solver, fit_all, fits,
 
     from fusionplan.launch import carveout_percent, programs_per_multiprocessor
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan
+    from fusionplan.verify import layer_plan
 
     monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", fit_all)
     s = resnet50_layer(layer_name)

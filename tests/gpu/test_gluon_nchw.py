@@ -13,7 +13,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from ..util import (
     plan_for,

@@ -12,7 +12,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode
-from fusionplan.testing import add_chain
+from fusionplan.verify import add_chain
 
 from ..util import (
     plan_for,
@@ -171,7 +171,7 @@ def test_gluon_halo_layers(layer):
     """gluon-halo on the ResNet-50 3x3 layers it takes by default (7x7, 14x14 and 28x28 output planes
     at stride 1, 7x7 at stride 2), fp16 NCHW input and output, batch 3."""
     from fusionplan.shapes import resnet50_layer
-    from fusionplan.testing import layer_plan
+    from fusionplan.verify import layer_plan
 
     s = resnet50_layer(layer)
     x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.testing import random_args
+from fusionplan.verify import random_args
 
 from ..util import (
     poisoned,

@@ -10,7 +10,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.testing import add_chain, random_record
+from fusionplan.verify import add_chain, random_record
 
 from ..util import (
     DT_NAME,

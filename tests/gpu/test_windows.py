@@ -10,7 +10,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.enums import ActivationMode
-from fusionplan.testing import EPS, add_chain, compare, random_args, reference_output
+from fusionplan.verify import EPS, add_chain, compare, random_args, reference_output
 
 from ..util import (
     plan_for,

@@ -29,7 +29,7 @@ from fusionplan.enums import ActivationMode, DataType, Layout
 from fusionplan.ops import ConvForwardOp
 from fusionplan.shapes import ConvShape
 from fusionplan.solvers.reference_solver import ReferenceKernel
-from fusionplan.testing import (
+from fusionplan.verify import (
     EPS,
     TF32_EPS,
     TOLERANCE,
