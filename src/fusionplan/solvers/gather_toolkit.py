@@ -16,7 +16,7 @@ from fusionplan.launch import needs_int64
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import triton_cdiv
-from fusionplan.solvers.gluon_toolkit import gluon_descriptor, multiprocessors
+from fusionplan.solvers.gluon_toolkit import gluon_descriptor
 
 Tensor = torch.Tensor
 
@@ -222,14 +222,6 @@ def gather_tile(
 
 
 # ---- a gather kernel's launch (kernel: gluon-nchw's, -nchw-regs', -row-pairs' or -plane-chunks') ----
-def gather_with_split(kernel: TritonConvKernel, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-    """``cfg`` with its reduction split as gather_split decides for its grid."""
-    if not kernel.splits_reduction:
-        return cfg
-    programs = kernel.programs_and_steps(cfg)[0]
-    return replace(cfg, split_k=gather_split(programs, kernel.depth, multiprocessors(kernel._handle)))
-
-
 def gather_programs_and_steps(kernel: TritonConvKernel, cfg: tuning.ConvConfig) -> tuple[int, int]:
     c = kernel.geometry[1]
     r, s = kernel.conv.w_desc.dims[2:]

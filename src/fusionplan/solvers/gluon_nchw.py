@@ -25,6 +25,8 @@ compile it for sm_90).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fusionplan import tuning
@@ -39,9 +41,9 @@ from fusionplan.solvers.gather_toolkit import (
     gather_defer_why,
     gather_launch_args,
     gather_programs_and_steps,
+    gather_split,
     gather_tile,
     gather_tiles,
-    gather_with_split,
     ring_bytes,
     step_bytes,
 )
@@ -395,7 +397,11 @@ class GluonNchwKernel(TritonConvKernel):
         return render_gluon_nchw_source(spec, stages)
 
     def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-        return gather_with_split(self, cfg)
+        """``cfg`` with its reduction split as gather_split decides for its grid."""
+        if not self.splits_reduction:
+            return cfg
+        programs = self.programs_and_steps(cfg)[0]
+        return replace(cfg, split_k=gather_split(programs, self.depth, multiprocessors(self._handle)))
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         return gather_config(m, k_per_group, dtype, multiprocessors(self._handle), self.depth, self.strided)

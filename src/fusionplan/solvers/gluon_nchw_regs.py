@@ -40,7 +40,6 @@ from fusionplan.solvers.gather_toolkit import (
     gather_defer_why,
     gather_launch_args,
     gather_programs_and_steps,
-    gather_with_split,
     ring_bytes,
     step_bytes,
 )
@@ -373,9 +372,6 @@ class GluonNchwRegsKernel(TritonConvKernel):
     stem = "gluon_nchw_regs"
     splits_reduction = False  # its template has no split reduction's end
     programs_and_steps = gather_programs_and_steps
-
-    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-        return gather_with_split(self, cfg)
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)

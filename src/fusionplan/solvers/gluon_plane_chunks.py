@@ -47,7 +47,7 @@ from fusionplan.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv
-from fusionplan.solvers.gather_toolkit import gather_launch_args, gather_with_split
+from fusionplan.solvers.gather_toolkit import gather_launch_args
 from fusionplan.solvers.gluon_toolkit import gather_why_not, gluon_why_not, hopper_why_not, multiprocessors
 from fusionplan.solvers.staged_toolkit import (
     COORDINATES_HEAD,
@@ -339,12 +339,9 @@ def render_gluon_plane_chunks_source(spec: PlanSpec, stages: list[Stage]) -> str
 class GluonPlaneChunksKernel(TritonConvKernel):
     splits_reduction = False
     programs_and_steps = staged_programs_and_steps
-    launch_constants = staged_launch_constants  # gather_launch_args' hooks
+    _launch_args = gather_launch_args  # with this kernel's launch_constants and launch_grid
+    launch_constants = staged_launch_constants
     launch_grid = staged_launch_grid
-    _launch_args = gather_launch_args
-
-    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-        return gather_with_split(self, cfg)
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)

@@ -46,7 +46,7 @@ from fusionplan.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc
-from fusionplan.solvers.gather_toolkit import gather_launch_args, gather_with_split
+from fusionplan.solvers.gather_toolkit import gather_launch_args
 from fusionplan.solvers.gluon_toolkit import (
     gather_why_not,
     gluon_why_not,
@@ -247,13 +247,13 @@ class GluonRowPairsKernel(TritonConvKernel):
     stem = "gluon_row_pairs"
     splits_reduction = False
 
-    def with_split(self, cfg: tuning.ConvConfig) -> tuning.ConvConfig:
-        return gather_with_split(self, cfg)
+    programs_and_steps = staged_programs_and_steps
+    _launch_args = gather_launch_args  # with this kernel's launch_constants and launch_grid
+    launch_constants = staged_launch_constants
+    launch_grid = staged_launch_grid
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)
-
-    _launch_args = gather_launch_args  # with this kernel's launch_constants and launch_grid
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -313,10 +313,6 @@ class GluonRowPairsKernel(TritonConvKernel):
         partition as it fills it: the gathering loop's sm_90 barriers 4 -> 3 a step. H100 (bench/NOTES.md
         section 54): r50_08 31.05 us against 31.33 (fp16), 31.66 against 32.05 (bf16)."""
         return bool(tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA) and not self.resident(cfg)
-
-    programs_and_steps = staged_programs_and_steps
-    launch_constants = staged_launch_constants  # gather_launch_args' hooks
-    launch_grid = staged_launch_grid
 
 
 class GluonRowPairsSolver(Solver):

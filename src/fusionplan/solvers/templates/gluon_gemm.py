@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from fusionplan import tuning
 from fusionplan.codegen import indent
 from fusionplan.epilogue import emit_stages
@@ -15,9 +13,6 @@ from fusionplan.solvers.gluon_toolkit import (
     gluon_header_fields,
     gluon_names,
 )
-
-Tensor = torch.Tensor
-
 
 #: Channel planes that start inside 16-byte units (14x14: 392 bytes, no tensor boxes) come by
 #: asynchronous copies of this many 16-bit pixels (8 bytes; planes of whole 16-byte units, where

@@ -1,8 +1,8 @@
-"""templates.gluon_rows"""
+"""gluon-rows' kernel template (solvers/gluon_rows.py builds and launches it): convolution over
+whole output rows, the filter in registers or shared memory, taps as shifted rows or shifted
+products, and the store of channels-last rows or channel planes."""
 
 from __future__ import annotations
-
-import torch
 
 from fusionplan import tuning
 from fusionplan.codegen import indent
@@ -19,9 +19,6 @@ from fusionplan.solvers.gluon_toolkit import (
     gluon_header_fields,
     gluon_names,
 )
-
-Tensor = torch.Tensor
-
 
 #: Shifted channel planes (plane_mode 2): the shifter's registers, what the computing warpgroups'
 #: CONSUMER_REGS leave its warpgroup (a plane's row of up to 64 16-bit pixels and its moved copy,

@@ -1,10 +1,10 @@
-"""templates.gluon_stem"""
+"""gluon-stem's kernel template (solvers/gluon_stem.py builds and launches it): convolution over
+row stretches of few input channels, their Toeplitz blocks in shared memory, the exact path
+for non-finite inputs, and the stores of the joined pixels."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
 
 from fusionplan.codegen import indent
 from fusionplan.epilogue import TileIndex, emit_stages
@@ -26,9 +26,6 @@ from fusionplan.solvers.stem_toolkit import (
     positions_expression,
     tap_positions,
 )
-
-Tensor = torch.Tensor
-
 
 #: Computing warpgroups taking output rows in turn (CONSUMER_REGS registers each): three (160
 #: registers each) measured 41.7-42.3 us on the ResNet stem against two's 37.1-37.4 (H100, fp16);
