@@ -23,6 +23,7 @@ from fusionplan.solvers.gluon_rows import GluonRowsSolver
 from fusionplan.solvers.gluon_stem import GluonStemSolver
 from fusionplan.solvers.gluon_window import GluonWindowSolver
 from fusionplan.solvers.reference_solver import ReferenceSolver
+from fusionplan.solvers.triton_batchnorm import TritonBatchNormSolver
 from fusionplan.solvers.triton_conv import TritonConvSolver
 from fusionplan.solvers.triton_depthwise import TritonDepthwiseSolver
 from fusionplan.solvers.triton_gemm import TritonGemmSolver
@@ -58,6 +59,7 @@ REGISTRY: list[Solver] = [
     TritonDepthwiseSolver(),  # before triton-conv: 23-59x faster on MobileNetV2's depthwise layers (H100)
     TritonConvSolver(),
     TritonPointwiseSolver(),
+    TritonBatchNormSolver(),  # the training plans: batch-norm forward training, backward (+ activation)
     ReferenceSolver(),
 ]
 
