@@ -46,7 +46,7 @@ def test_batchnorm_forward_training(mode, act, layout):
     eps, factor = 1e-5, 0.3
     plan, ops = forward_plan(x, mode, act, True)
     handle = fp.Handle("cpu")
-    assert plan.compile(handle) == "reference"  # the CPU solver declines training plans
+    assert plan.compile(handle) == "cpu-training"
     args = fp.OperatorArgs()
     args.set(
         ops[0],

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
@@ -317,6 +317,7 @@ class FusionPlan:
         records = _records(spec, args)
         p = _prior(spec, records, y, prior)
         _check_devices(handle, x, y, p, records)
+        _check_side_outputs(spec, records, x, y, p)
         if key is not None:
             if len(self._checked) >= _CHECKED_KEYS:
                 self._checked.clear()
@@ -477,3 +478,43 @@ def _check_devices(
             raise TensorMismatchError(
                 f"an argument of operator {i} is on {', '.join(devices)}; the handle's device is {dev}"
             )
+
+
+def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
+    """(storage, first byte, one past the last byte) of the memory ``t`` spans."""
+    extent = 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 0) if t.numel() else 0
+    start = t.data_ptr()
+    return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (sa, a0, a1), (sb, b0, b1) = _byte_range(a), _byte_range(b)
+    return sa == sb and a0 < b1 and b0 < a1
+
+
+def _check_side_outputs(
+    spec: PlanSpec, records: list[OpArgs], x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None
+) -> None:
+    """A side output (saved or running statistics, a parameter gradient) shares no memory with any
+    other tensor of the call: the kernels read their arguments and write their side outputs in an
+    order of their own, so an overlap would give results that depend on it."""
+    side = [
+        (f"operator {op.index} ({op.title}) {name}", t)
+        for op, rec in zip(spec.ops, records)
+        for name in getattr(op, "side_outputs", ())
+        if (t := getattr(rec, name)) is not None
+    ]
+    if not side:
+        return
+    others = [("the input", x), ("the output", y)] + ([("the prior", prior)] if prior is not None else [])
+    for op, rec in zip(spec.ops, records):
+        outputs = set(getattr(op, "side_outputs", ()))
+        others += [
+            (f"operator {op.index} ({op.title}) {f.name}", t)
+            for f in fields(rec)
+            if f.name not in outputs and isinstance(t := getattr(rec, f.name), torch.Tensor)
+        ]
+    for i, (name, t) in enumerate(side):
+        for other, u in [*others, *side[i + 1 :]]:
+            if _overlap(t, u):
+                raise BadParmError(f"{name} shares memory with {other}; side outputs must be tensors of their own")

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fusionplan.errors import BadParmError, UnsupportedOpError
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
+from fusionplan.solvers.cpu_training import CpuTrainingSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_halo import GluonHaloSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
@@ -43,6 +44,7 @@ BACKEND_ENV = "FUSIONPLAN_BACKEND"
 #: there only in Triton's interpreter, when FUSIONPLAN_BACKEND=triton asks for them).
 REGISTRY: list[Solver] = [
     CpuFoldedSolver(),
+    CpuTrainingSolver(),  # the training plans: torch's fused CPU batch norm
     GluonGemmSolver(),  # Hopper: 1x1 convolutions over flat rows, warp-specialized, tiles sized to the GPU
     TritonGemmSolver(),
     GluonRowPairsSolver(),  # Hopper: strided 1x1 on NCHW planes, the even input rows by asynchronous copies

@@ -73,7 +73,7 @@ def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
 def conv_plan_why_not(spec: PlanSpec) -> str | None:
     """What in the plan keeps every Triton convolution kernel from it, or None."""
     if spec.phase != Phase.INFERENCE:
-        return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
+        return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
     pre, conv, _ = split_at_conv(spec.ops)
     if conv is None:
         return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"

@@ -200,7 +200,7 @@ class CpuFoldedSolver(Solver):
         if handle.device.type != "cpu":
             return f"runs on the CPU only; the handle's device is {handle.device}"
         if spec.phase != Phase.INFERENCE:
-            return f"{spec.phase.value} plans are not fused on the CPU (the reference solver runs them)"
+            return f"{spec.phase.value} plans are cpu-training's"
         return None
 
     def build(self, spec: PlanSpec, handle) -> Kernel:

@@ -13,7 +13,7 @@ per-activation mode, with rows the N images), then one elementwise pass:
 - finalize: per feature block, the chunks' partials merged in chunk order (the same bits run
   after run: no atomics), the side outputs written (saved mean and inverse deviation, running
   statistics; the parameter gradients), and per feature the coefficients of the elementwise pass;
-- apply: y = act(x * scale' + shift') (forward), dx = A * dy' + B * xhat + C (backward), with the
+- apply: y = act((x - mean) * scale' + shift') (forward), dx = A * dy' + B * xhat + C (backward), with the
   operators' alpha and beta, each tensor read and written in its own strides.
 
 The forward reads x twice and writes y; the backward reads dy and x twice and writes dx.
@@ -201,9 +201,11 @@ def forward_finalize(
         tl.store(run_var_ptr + f, ((1.0 - factor) * rv + factor * unbiased).to(run_var_ptr.dtype.element_ty), mask=f_ok)
     gamma = tl.load(scale_ptr + f, mask=f_ok, other=0.0).to(tl.float32)
     beta = tl.load(bias_ptr + f, mask=f_ok, other=0.0).to(tl.float32)
-    s = gamma * inv
-    tl.store(coef_ws + f, alpha * s, mask=f_ok)
-    tl.store(coef_ws + F + f, alpha * (beta - mean * s), mask=f_ok)
+    # y = (x - mean) * s + b rather than x * s' + b': where the mean is large against the spread, or
+    # the inverse deviation large (one value per feature), x * s' and b' would cancel
+    tl.store(coef_ws + f, mean, mask=f_ok)
+    tl.store(coef_ws + F + f, alpha * gamma * inv, mask=f_ok)
+    tl.store(coef_ws + 2 * F + f, alpha * beta, mask=f_ok)
 
 
 @triton.jit
@@ -221,9 +223,10 @@ def forward_apply(
     f, f_ok = _features(BLOCK_F, F)
     mask = (r < R)[:, None] & f_ok[None, :]
     x = tl.load(x_ptr + _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
-    sc = tl.load(coef_ws + f, mask=f_ok, other=0.0)
-    sh = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
-    h = x.to(tl.float32) * sc[None, :] + sh[None, :]
+    mean = tl.load(coef_ws + f, mask=f_ok, other=0.0)
+    sc = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
+    sh = tl.load(coef_ws + 2 * F + f, mask=f_ok, other=0.0)
+    h = (x.to(tl.float32) - mean[None, :]) * sc[None, :] + sh[None, :]
     if BN_PRIOR or ACT_PRIOR:
         p = tl.load(prior_ptr + _offsets(r, f, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
         p = p.to(tl.float32)
@@ -571,7 +574,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
         bn_prior = float(bn.beta) != 0.0
         out = torch.empty_like(y) if _aliased_output(y, x) else y
         p = prior if prior is not None and (bn_prior or act_prior) else out
-        (mean_ws, m2_ws), coef = self._workspace(x.device, 2, 2)
+        (mean_ws, m2_ws), coef = self._workspace(x.device, 2, 3)
         per_act = self.geo.per_activation
         vx, vy, vp = (tensor_view(t, per_act) for t in (x, out, p))
         partial, finalize, apply = self._grids()

@@ -233,7 +233,7 @@ class TritonPointwiseSolver(Solver):
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         if spec.phase != Phase.INFERENCE:
-            return f"{spec.phase.value} plans have no Triton kernel (the reference solver runs them)"
+            return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
         if split_at_conv(spec.ops)[1] is not None:
             return "the plan has a convolution (the triton-conv solver runs those)"
         return device_why_not(handle, spec.dtype)
