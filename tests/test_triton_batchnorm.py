@@ -86,15 +86,30 @@ def run_forward(x, mode, act, running, y=None, alpha=1.0, beta=0.0, act_blend=(1
     args = fp.OperatorArgs()
     factor = 0.3
     bn_args = fp.BatchNormForwardArgs(
-        alpha=alpha, beta=beta, scale=scale, bias=bias, saved_mean=saved[0], saved_inv_variance=saved[1],
-        running_mean=run_mean if running else None, running_variance=run_var if running else None,
-        exp_avg_factor=factor, epsilon=EPSILON,
-    )  # fmt: skip
+        alpha=alpha,
+        beta=beta,
+        scale=scale,
+        bias=bias,
+        saved_mean=saved[0],
+        saved_inv_variance=saved[1],
+        running_mean=run_mean if running else None,
+        running_variance=run_var if running else None,
+        exp_avg_factor=factor,
+        epsilon=EPSILON,
+    )
     args.set(bn, bn_args)
     params = activ_params(act)
     if act_op is not None:
-        args.set(act_op, fp.ActivationArgs(alpha=act_blend[0], beta=act_blend[1], activ_alpha=params[0],
-                                           activ_beta=params[1], activ_gamma=params[2]))  # fmt: skip
+        args.set(
+            act_op,
+            fp.ActivationArgs(
+                alpha=act_blend[0],
+                beta=act_blend[1],
+                activ_alpha=params[0],
+                activ_beta=params[1],
+                activ_gamma=params[2],
+            ),
+        )
     y = torch.full_like(x, float("nan")) if y is None else y
     p64 = (y if prior is None else prior).double()
     plan.execute(handle, x, y, args, prior=prior)
@@ -144,13 +159,32 @@ def run_backward(dy, x, mode, act, dx=None, alpha=1.0, beta=0.0, act_blend=(1.0,
     assert plan.compile(handle) == "triton-batchnorm"
     args = fp.OperatorArgs()
     saved_mean, saved_inv = mean.detach().float(), torch.rsqrt(var.detach() + EPSILON).float()
-    args.set(bn, fp.BatchNormBackwardArgs(alpha=alpha, beta=beta, x=x, scale=scale, bias=bias,
-                                          result_scale_diff=dscale, result_bias_diff=dbias, saved_mean=saved_mean,
-                                          saved_inv_variance=saved_inv))  # fmt: skip
+    args.set(
+        bn,
+        fp.BatchNormBackwardArgs(
+            alpha=alpha,
+            beta=beta,
+            x=x,
+            scale=scale,
+            bias=bias,
+            result_scale_diff=dscale,
+            result_bias_diff=dbias,
+            saved_mean=saved_mean,
+            saved_inv_variance=saved_inv,
+        ),
+    )
     if act_op is not None:
-        args.set(act_op, fp.ActivationBackwardArgs(alpha=act_blend[0], beta=act_blend[1], y=None,
-                                                   activ_alpha=params[0], activ_beta=params[1],
-                                                   activ_gamma=params[2]))  # fmt: skip
+        args.set(
+            act_op,
+            fp.ActivationBackwardArgs(
+                alpha=act_blend[0],
+                beta=act_blend[1],
+                y=None,
+                activ_alpha=params[0],
+                activ_beta=params[1],
+                activ_gamma=params[2],
+            ),
+        )
     dx = torch.full_like(dy, float("nan")) if dx is None else dx
     p64 = (dx if prior is None else prior).double()
     plan.execute(handle, dy, dx, args, prior=prior)
@@ -186,15 +220,17 @@ def test_alpha_beta_blend_the_prior(mode):
     2, per-activation dx is the cancellation of nearly equal terms, ill-conditioned in fp32)."""
     x = data((4, 6, 5, 4), layout="NHWC", shift=1.0)
     prior = data((4, 6, 5, 4))
-    y, ref, _ = run_forward(x, mode, ActivationMode.LEAKYRELU, True, alpha=0.5, beta=0.25, act_blend=(2.0, -0.5),
-                            prior=prior)  # fmt: skip
+    y, ref, _ = run_forward(
+        x, mode, ActivationMode.LEAKYRELU, True, alpha=0.5, beta=0.25, act_blend=(2.0, -0.5), prior=prior
+    )
     assert_close(y, ref, torch.float32)
     y0 = data((4, 6, 5, 4), layout="NHWC")
     y, ref, _ = run_forward(x, mode, None, False, y=y0.clone(), alpha=1.5, beta=-1.0)
     assert_close(y, ref, torch.float32)
     dy = data((4, 6, 5, 4), layout="NHWC")
-    got, want = run_backward(dy, x, mode, ActivationMode.ELU, dx=y0.clone(), alpha=0.75, beta=0.5,
-                             act_blend=(1.25, 0.5))  # fmt: skip
+    got, want = run_backward(
+        dy, x, mode, ActivationMode.ELU, dx=y0.clone(), alpha=0.75, beta=0.5, act_blend=(1.25, 0.5)
+    )
     for g, w in zip(got, want):
         assert_close(g, w, torch.float32)
 
@@ -321,13 +357,28 @@ BAD_FORWARD = {
 def test_bad_forward_arguments_are_bad_parm(handle, case):
     x = torch.randn(4, 3, 5, 5)
     x_d, plan, bn, act = _forward_plan(handle, x)
-    given = {"running_mean": torch.zeros(3), "running_variance": torch.ones(3), "factor": 0.1, "epsilon": 1e-5,
-             "saved_mean": _nan(3)} | BAD_FORWARD[case]  # fmt: skip
+    given = {
+        "running_mean": torch.zeros(3),
+        "running_variance": torch.ones(3),
+        "factor": 0.1,
+        "epsilon": 1e-5,
+        "saved_mean": _nan(3),
+    } | BAD_FORWARD[case]
     args = ok(mi.miopenCreateOperatorArgs())
     status = mi.miopenSetOpArgsBatchNormForward(
-        args, bn, 1.0, 0.0, torch.ones(3), torch.zeros(3), given["saved_mean"], _nan(3), given["running_mean"],
-        given["running_variance"], given["factor"], given["epsilon"],
-    )  # fmt: skip
+        args,
+        bn,
+        1.0,
+        0.0,
+        torch.ones(3),
+        torch.zeros(3),
+        given["saved_mean"],
+        _nan(3),
+        given["running_mean"],
+        given["running_variance"],
+        given["factor"],
+        given["epsilon"],
+    )
     assert status == S.miopenStatusBadParm
     assert mi.miopenGetLastErrorString()
     ok(mi.miopenSetOpArgsActivForward(args, act, 1.0, 0.0, 0.0, 0.0, 0.0))
@@ -346,8 +397,11 @@ def test_side_output_overlapping_another_tensor_is_bad_parm(handle):
         (y.view(-1)[:3], torch.zeros(3), torch.ones(3)),  # saved mean inside the output
     ]:
         args = ok(mi.miopenCreateOperatorArgs())
-        ok(mi.miopenSetOpArgsBatchNormForward(args, bn, 1.0, 0.0, torch.ones(3), torch.zeros(3), saved_mean,
-                                              _nan(3), run_mean, run_var, 0.1, 1e-5))  # fmt: skip
+        ok(
+            mi.miopenSetOpArgsBatchNormForward(
+                args, bn, 1.0, 0.0, torch.ones(3), torch.zeros(3), saved_mean, _nan(3), run_mean, run_var, 0.1, 1e-5
+            )
+        )
         ok(mi.miopenSetOpArgsActivForward(args, act, 1.0, 0.0, 0.0, 0.0, 0.0))
         assert mi.miopenExecuteFusionPlan(handle, plan, x_d, x, x_d, y, args) == S.miopenStatusBadParm
         assert "shares memory" in mi.miopenGetLastErrorString()
@@ -360,8 +414,15 @@ def test_bad_backward_arguments_are_bad_parm(handle):
     plan = ok(mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, x_d))
     bn = ok(mi.miopenCreateOpBatchNormBackward(plan, mi.miopenBNSpatial))
     ok(mi.miopenCompileFusionPlan(handle, plan))
-    good = dict(x=x, scale=torch.ones(3), bias=torch.zeros(3), dscale=_nan(3), dbias=_nan(3), mean=torch.zeros(3),
-                inv=torch.ones(3))  # fmt: skip
+    good = dict(
+        x=x,
+        scale=torch.ones(3),
+        bias=torch.zeros(3),
+        dscale=_nan(3),
+        dbias=_nan(3),
+        mean=torch.zeros(3),
+        inv=torch.ones(3),
+    )
     bad = {
         "saved mean absent": dict(mean=None),
         "x absent": dict(x=None),
@@ -400,12 +461,16 @@ def test_numpy_arrays_through_the_layer(handle):
     x_d, plan, bn, act = _forward_plan(handle, torch.from_numpy(x), running=False)
     saved = np.full(3, np.nan, np.float32), np.full(3, np.nan, np.float32)
     args = ok(mi.miopenCreateOperatorArgs())
-    ok(mi.miopenSetOpArgsBatchNormForward(args, bn, 1.0, 0.0, np.ones(3, np.float32), np.zeros(3, np.float32),
-                                          *saved, None, None, 0.1, 1e-5))  # fmt: skip
+    ok(
+        mi.miopenSetOpArgsBatchNormForward(
+            args, bn, 1.0, 0.0, np.ones(3, np.float32), np.zeros(3, np.float32), *saved, None, None, 0.1, 1e-5
+        )
+    )
     ok(mi.miopenSetOpArgsActivForward(args, act, 1.0, 0.0, 0.0, 0.0, 0.0))
     y = np.full_like(x, np.nan)
     ok(mi.miopenExecuteFusionPlan(handle, plan, x_d, x, x_d, y, args))
     np.testing.assert_allclose(saved[0], x.mean(axis=(0, 2, 3)), rtol=1e-5)
-    ref = np.maximum((x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(x.var(axis=(0, 2, 3), keepdims=True)
-                                                                            + 1e-5), 0)  # fmt: skip
+    ref = np.maximum(
+        (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(x.var(axis=(0, 2, 3), keepdims=True) + 1e-5), 0
+    )
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)

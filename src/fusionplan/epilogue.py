@@ -3,8 +3,8 @@ main loop, independent of the kernel that computes it.
 
 - ``ACTIVATION_CODE``: the activations' formulas, over fp32 values, in ``tl.*`` primitives only
   (no libdevice), so that the same code runs in Triton's interpreter; Gluon kernels take the
-  same text with ``gl.`` for ``tl.``. ``ACTIVATION_GRAD_CODE``: their derivatives, for the
-  training plans' backward. A new activation is one entry in each (and one in activations.py,
+  same text with ``gl.`` for ``tl.``. ``ACTIVATION_BACKWARD_CODE``: their backward, for the
+  training plans. A new activation is one entry in each (and one in activations.py,
   the oracle).
 - ``emit_stages``: the source of a chain's stages (folding.pointwise_stages) over a tile ``h``:
   each affine stage a scale and shift (and a prior), each activation its formula over its
@@ -51,24 +51,25 @@ ACTIVATION_CODE: dict[ActivationMode, str] = {
 }
 
 
-#: Derivatives of the forward formulas with respect to their input, over fp32 values (the backward
-#: multiplies dy by them): the calculus of activations.py's backward column, in the same primitives.
+#: Backward formulas over fp32 values: the gradient of the input, {dy} the gradient of the output
+#: and {x} the forward input: activations.py's backward column in the same primitives. POWER is 0
+#: where the base is at or below the threshold, whatever dy (an infinite dy too), as there.
 _SIGMOID = "(1.0 / (1.0 + tl.exp(-{x})))"
 _TANH_AX = "(2.0 / (1.0 + tl.exp(-2.0 * {a} * {x})) - 1.0)"
-ACTIVATION_GRAD_CODE: dict[ActivationMode, str] = {
-    ActivationMode.PASTHRU: "1.0",
-    ActivationMode.LOGISTIC: _SIGMOID + " * (1.0 - " + _SIGMOID + ")",
-    ActivationMode.TANH: "{a} * {b} * (1.0 - " + _TANH_AX + " * " + _TANH_AX + ")",
-    ActivationMode.RELU: "tl.where({x} > 0.0, 1.0, 0.0)",
-    ActivationMode.SOFTRELU: _SIGMOID,
-    ActivationMode.ABS: "tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, {x} * 0.0))",  # sign; NaN stays NaN
+ACTIVATION_BACKWARD_CODE: dict[ActivationMode, str] = {
+    ActivationMode.PASTHRU: "{dy}",
+    ActivationMode.LOGISTIC: "{dy} * " + _SIGMOID + " * (1.0 - " + _SIGMOID + ")",
+    ActivationMode.TANH: "{dy} * ({a} * {b} * (1.0 - " + _TANH_AX + " * " + _TANH_AX + "))",
+    ActivationMode.RELU: "{dy} * tl.where({x} > 0.0, 1.0, 0.0)",
+    ActivationMode.SOFTRELU: "{dy} * " + _SIGMOID,
+    ActivationMode.ABS: "{dy} * tl.where({x} > 0.0, 1.0, tl.where({x} < 0.0, -1.0, {x} * 0.0))",  # sign; NaN stays
     ActivationMode.POWER: (  # base ** (gamma - 1) is 1 for gamma 1 even where the base is infinite
-        "tl.where({a} + {b} * {x} > 1e-6, {b} * {g} * "
-        "tl.where({g} == 1.0, 1.0, tl.exp(({g} - 1.0) * tl.log(tl.maximum({a} + {b} * {x}, 1e-6)))), 0.0)"
+        "tl.where({a} + {b} * {x} > 1e-6, {dy} * ({b} * {g} * "
+        "tl.where({g} == 1.0, 1.0, tl.exp(({g} - 1.0) * tl.log(tl.maximum({a} + {b} * {x}, 1e-6))))), 0.0)"
     ),
-    ActivationMode.CLIPPEDRELU: "tl.where(({x} > 0.0) & ({x} <= {a}), 1.0, 0.0)",
-    ActivationMode.LEAKYRELU: "tl.where({x} > 0.0, 1.0, {a})",
-    ActivationMode.ELU: "tl.where({x} > 0.0, 1.0, {a} * tl.exp(tl.minimum({x}, 0.0)))",
+    ActivationMode.CLIPPEDRELU: "{dy} * tl.where(({x} > 0.0) & ({x} <= {a}), 1.0, 0.0)",
+    ActivationMode.LEAKYRELU: "{dy} * tl.where({x} > 0.0, 1.0, {a})",
+    ActivationMode.ELU: "{dy} * tl.where({x} > 0.0, 1.0, {a} * tl.exp(tl.minimum({x}, 0.0)))",
 }
 
 

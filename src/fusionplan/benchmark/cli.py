@@ -5,6 +5,7 @@
     fusionplan-bench --shapes my_shapes.csv --batch 1,32 --graph
     fusionplan-bench --device cpu --layers r50_01,r50_10   # CPU: cpu solver vs reference vs eager
     fusionplan-bench --layers r50_07 --graph --tuning GLUON_GEMM_FP32_ACC_STORES=0,1   # an A/B column
+    fusionplan-bench --suite training --models resnet50,mobilenet_v2,densenet121 --layouts NHWC,NCHW
 
 Every variant is verified against the float64 reference before it is timed; a wrong result is
 reported, never timed. Times are medians of CUDA-event timings after warm-up, inputs rotated so
@@ -67,6 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_case_options(p)
+    p.add_argument(
+        "--suite",
+        choices=("conv", "training"),
+        default="conv",
+        help="conv: the inference chains on convolution layers (default); training: the training plans on "
+        "models' batch-norm layers (fusionplan.benchmark.training)",
+    )
+    p.add_argument(
+        "--models",
+        default=None,
+        help="training suite: comma-separated of resnet50 (default), mobilenet_v2, densenet121; ResNet-50 runs "
+        "at every --batch, the others at the first",
+    )
     p.add_argument(
         "--baselines",
         default=None,
@@ -181,6 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("iters", "rounds"):
         if getattr(opts, name) < 1:
             print(f"fusionplan-bench: --{name} must be at least 1, got {getattr(opts, name)}", file=sys.stderr)
+            return 2
+    if opts.suite == "training":
+        from fusionplan.benchmark.training import run_training_suite
+
+        try:
+            return run_training_suite(opts, device, environment(device))
+        except (ValueError, FusionPlanError) as exc:
+            print(f"fusionplan-bench: {exc}", file=sys.stderr)
             return 2
     try:
         cases = cases_from(opts, device)

@@ -7,9 +7,10 @@ per-activation mode, with rows the N images), then one elementwise pass:
 
 - partial: the rows are split into chunks and the features into blocks, so that every
   multiprocessor has programs for every shape; each program writes its chunk's statistics of its
-  features to a workspace (forward: count-weighted mean and sum of squared deviations, merged
-  tile by tile with Chan's formula; backward: sum(dy') and sum(dy' * xhat), dy' the gradient
-  behind the activation, its input recomputed from x and the saved statistics);
+  features to a workspace (forward: mean and sum of squared deviations, Welford's per element
+  slot of the tile, the slots merged by Chan's formula at the end; backward: sum(dy') and
+  sum(dy' * xhat), dy' the gradient behind the activation, its input recomputed from x and the
+  saved statistics);
 - finalize: per feature block, the chunks' partials merged in chunk order (the same bits run
   after run: no atomics), the side outputs written (saved mean and inverse deviation, running
   statistics; the parameter gradients), and per feature the coefficients of the elementwise pass;
@@ -28,8 +29,8 @@ import torch
 
 from fusionplan.codegen import interpreter_active, load_module
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
-from fusionplan.epilogue import ACTIVATION_CODE, ACTIVATION_GRAD_CODE
-from fusionplan.launch import Launcher, needs_int64
+from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
+from fusionplan.launch import BoundLaunch, Launcher, current_raw_stream, extent_bytes, needs_int64
 from fusionplan.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
@@ -93,7 +94,7 @@ def _activation(h, a, b, g):
 
 
 @triton.jit
-def _activation_grad(h, a, b, g):
+def _activation_backward(dy, h, a, b, g):
     return {grad}
 
 
@@ -126,28 +127,30 @@ def forward_partial(
     F: tl.constexpr, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
     FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
 ):
-    # One chunk of rows, one block of features: its count-weighted mean and sum of squared
-    # deviations. Each tile's are exact two-pass values in registers, merged into the chunk's by
-    # Chan's formula, so that a large mean costs no digits of the variance.
+    # One chunk of rows, one block of features: its mean and sum of squared deviations. Each element
+    # slot of the tile keeps its own Welford statistics over the tiles it sees (elementwise, so the
+    # loop has no reduction and no barrier); the slots are merged once at the end by Chan's formula,
+    # so that a large mean costs no digits of the variance.
     k, row0, row_end = _chunk_rows(R, RPP, IDX64)
     f, f_ok = _features(BLOCK_F, F)
-    count = 0.0
-    mean = tl.zeros([BLOCK_F], dtype=tl.float32)
-    m2 = tl.zeros([BLOCK_F], dtype=tl.float32)
+    n_slot = tl.zeros([BLOCK_R], dtype=tl.float32)
+    mean_slot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
+    m2_slot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
     for start in range(row0, row_end, BLOCK_R):
         r = _tile_rows(start, BLOCK_R, IDX64)
-        mask = (r < row_end)[:, None] & f_ok[None, :]
+        r_ok = r < row_end
+        mask = r_ok[:, None] & f_ok[None, :]
         x = tl.load(x_ptr + _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
         x = x.to(tl.float32)
-        n_tile = tl.minimum(row_end - start, BLOCK_R).to(tl.float32)
-        mean_tile = tl.sum(x, axis=0) / n_tile
-        dev = tl.where(mask, x - mean_tile[None, :], 0.0)
-        m2_tile = tl.sum(dev * dev, axis=0)
-        total = count + n_tile
-        delta = mean_tile - mean
-        mean = mean + delta * (n_tile / total)
-        m2 = m2 + m2_tile + delta * delta * (count * n_tile / total)
-        count = total
+        n_slot += tl.where(r_ok, 1.0, 0.0)
+        step = tl.where(r_ok, 1.0 / tl.maximum(n_slot, 1.0), 0.0)
+        delta = x - mean_slot
+        mean_slot += delta * step[:, None]
+        m2_slot += tl.where(mask, delta * (x - mean_slot), 0.0)
+    count = tl.sum(n_slot, axis=0)
+    mean = tl.sum(mean_slot * n_slot[:, None], axis=0) / tl.maximum(count, 1.0)
+    dev = mean_slot - mean[None, :]
+    m2 = tl.sum(m2_slot + n_slot[:, None] * dev * dev, axis=0)
     tl.store(mean_ws + k * F + f, mean, mask=f_ok)
     tl.store(m2_ws + k * F + f, m2, mask=f_ok)
 
@@ -251,7 +254,7 @@ def _gradient(dy_ptr, x_ptr, prior_ptr, at_dy, at_x, at_p, mask, mean, inv, gamm
     xhat = (x - mean[None, :]) * inv[None, :]
     if HAS_ACT:
         z = gamma[None, :] * xhat + beta[None, :]
-        dy = dy * _activation_grad(z, a, b, g)
+        dy = _activation_backward(dy, z, a, b, g)
         if not UNIT_ACT_ALPHA:
             dy = dy * act_alpha
         if ACT_PRIOR:
@@ -279,8 +282,8 @@ def backward_partial(
     k, row0, row_end = _chunk_rows(R, RPP, IDX64)
     f, f_ok = _features(BLOCK_F, F)
     mean, inv, gamma, beta = _parameters(mean_ptr, inv_ptr, scale_ptr, bias_ptr, f, f_ok)
-    acc_sum = tl.zeros([BLOCK_F], dtype=tl.float32)
-    acc_dot = tl.zeros([BLOCK_F], dtype=tl.float32)
+    acc_sum = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)  # reduced once, after the loop
+    acc_dot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
     for start in range(row0, row_end, BLOCK_R):
         r = _tile_rows(start, BLOCK_R, IDX64)
         mask = (r < row_end)[:, None] & f_ok[None, :]
@@ -289,10 +292,10 @@ def backward_partial(
         at_p = _offsets(r, f, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT)
         grad, xhat = _gradient(dy_ptr, x_ptr, prior_ptr, at_dy, at_x, at_p, mask, mean, inv, gamma, beta, a, b, g,
                                act_alpha, act_beta, HAS_ACT, ACT_PRIOR, UNIT_ACT_ALPHA)
-        acc_sum += tl.sum(grad, axis=0)
-        acc_dot += tl.sum(grad * xhat, axis=0)
-    tl.store(sum_ws + k * F + f, acc_sum, mask=f_ok)
-    tl.store(dot_ws + k * F + f, acc_dot, mask=f_ok)
+        acc_sum += grad
+        acc_dot += grad * xhat
+    tl.store(sum_ws + k * F + f, tl.sum(acc_sum, axis=0), mask=f_ok)
+    tl.store(dot_ws + k * F + f, tl.sum(acc_dot, axis=0), mask=f_ok)
 
 
 @triton.jit
@@ -358,7 +361,7 @@ def render_source(spec: PlanSpec) -> str:
     return _TEMPLATE.format(
         plan=spec.combination,
         act=ACTIVATION_CODE[mode].format(**params),
-        grad=ACTIVATION_GRAD_CODE[mode].format(**params),
+        grad=ACTIVATION_BACKWARD_CODE[mode].format(dy="dy", **params),
     )
 
 
@@ -482,9 +485,60 @@ class _SideOutput:
         else:
             self.buffer = t.reshape(-1).clone() if read else torch.empty(t.numel(), dtype=t.dtype, device=t.device)
 
+    @property
+    def direct(self) -> bool:
+        """Whether the kernel writes the target itself (no copy after the launch)."""
+        return self.target is None or self.target.is_contiguous()
+
     def finish(self) -> None:
         if self.target is not None and not self.target.is_contiguous():
             self.target.copy_(self.buffer.view(self.target.shape))
+
+
+def _bindable(issued: list[tuple], records: Sequence[OpArgs]) -> bool:
+    """Whether a call's launches can be repeated by address: compiled kernels launched directly, 16-byte
+    aligned tensors (as the compiled kernels assume), every record tensor read or written in place
+    (none through a contiguous copy, which later edits of the tensor would not reach)."""
+    if len(issued) != 3 or any(not launcher.direct or kernel is None for launcher, kernel, _, _ in issued):
+        return False
+    if any(a.data_ptr() % 16 for _, _, _, args in issued for a in args if isinstance(a, Tensor)):
+        return False
+    return all(t.is_contiguous() for r in records for t in r.tensors())
+
+
+@dataclass
+class _BoundCall:
+    """The three launches of a call, bound (see _TrainingKernel._bind), and when they may repeat: the
+    same records object, the prior given as it was, the output overlapping no input, and the stream
+    whose workspace the launches hold, outside graph captures."""
+
+    launches: list[BoundLaunch]
+    records: Sequence[OpArgs]
+    prior_given: bool
+    prior_read: bool  # the prior slot holds the prior (else the output)
+    x_bytes: int
+    y_bytes: int
+    fixed: list[tuple[int, int]]  # the records' tensors: (address, extent in bytes)
+    stream: int
+
+    def try_launch(self, x: Tensor, y: Tensor, records, prior: Tensor | None) -> bool:
+        if records is not self.records or (prior is not None) != self.prior_given:
+            return False
+        xp, yp = x.data_ptr(), y.data_ptr()
+        pp = prior.data_ptr() if self.prior_read and prior is not None else yp
+        if (xp | yp | pp) & 15:
+            return False
+        if xp < yp + self.y_bytes and yp < xp + self.x_bytes and not (xp == yp and x.stride() == y.stride()):
+            return False
+        if pp != yp and pp < yp + self.y_bytes and yp < pp + self.y_bytes:
+            return False
+        if any(a < yp + self.y_bytes and yp < a + n for a, n in self.fixed):  # the output over an argument
+            return False
+        if torch.cuda.is_current_stream_capturing() or current_raw_stream() != self.stream:
+            return False
+        for launch in self.launches:
+            launch.launch((xp, yp, pp))
+        return True
 
 
 def _aliased_output(y: Tensor, *inputs: Tensor) -> bool:
@@ -505,6 +559,8 @@ class _TrainingKernel(Kernel):
         self.programs = 4 * persistent_programs(handle)
         self.config = tile_config(features_contiguous(spec, self.geo), self.geo.features, self.geo.rows)
         self._launchers: dict[str, Launcher] = {}
+        self._issued: list[tuple] = []
+        self._bound: dict[int, _BoundCall] = {}
         cfg = self.config
         self.feature_blocks = triton_cdiv(self.geo.features, cfg.block_f)
         # chunks of rows: enough programs to fill the GPU, never a chunk smaller than a tile
@@ -536,7 +592,39 @@ class _TrainingKernel(Kernel):
         launcher = self._launchers.get(fn_name)
         if launcher is None:
             launcher = self._launchers[fn_name] = Launcher(getattr(self.module, fn_name))
-        launcher(grid, (fn_name, self.config), args, self.config.num_warps, 1)
+        kernel = launcher(grid, (fn_name, self.config), args, self.config.num_warps, 1)
+        self._issued.append((launcher, kernel, grid, args))
+
+    def rerun(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        bound = self._bound.get(id(records))
+        if bound is None or not bound.try_launch(x, y, records, prior):
+            with torch.no_grad():
+                self.run(x, y, records, prior)
+
+    def _bind(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        """Keep this call's launches, their arguments bound, for reruns with the same records on other
+        tensors of the same geometry: three C launches, no argument processing, the workspace kept."""
+        issued, self._issued = self._issued, []
+        if not _bindable(issued, records) or x is y or p is x:  # the slots below tell tensors apart by identity
+            return
+        tensors = (x, y, p)
+        launches = [
+            BoundLaunch(kernel, grid, args, [tuple(i for i, a in enumerate(args) if a is t) for t in tensors])
+            for _, kernel, grid, args in issued
+        ]
+        if len(self._bound) >= 64:
+            self._bound.clear()
+        fixed = [(t.data_ptr(), extent_bytes(t)) for t in records[0].tensors()]
+        self._bound[id(records)] = _BoundCall(
+            launches,
+            records,
+            prior is not None,
+            p is not y,
+            extent_bytes(x),
+            extent_bytes(y),
+            fixed,
+            current_raw_stream(),
+        )
 
     def _grids(self) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
         cfg = self.config
@@ -610,6 +698,9 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
             s.finish()
         if out is not y:
             y.copy_(out)
+        elif all(s.direct for s in (*side, *running)):
+            self._bind(x, y, p, records, prior)
+        self._issued = []
 
 
 class TritonBatchNormBackwardKernel(_TrainingKernel):
@@ -659,6 +750,9 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
             s.finish()
         if out is not y:
             y.copy_(out)
+        elif all(s.direct for s in grads):
+            self._bind(dy, y, p, records, prior)
+        self._issued = []
 
 
 #: data types the training kernels run (no dot products: bf16 is exact in the interpreter too)
