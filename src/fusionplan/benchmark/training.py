@@ -149,26 +149,26 @@ class _CaseRun:
         bn = plan.add_batchnorm_forward(BatchNormMode.SPATIAL, True)
         act = plan.add_activation_forward(self.case.activation)
         self.forward_solver = plan.compile(self.handle)
-        args = []
-        for mean, inv in self.saved:
-            a = fp.OperatorArgs()
-            a.set(
-                bn,
-                fp.BatchNormForwardArgs(
-                    scale=self.scale,
-                    bias=self.bias,
-                    saved_mean=mean,
-                    saved_inv_variance=inv,
-                    running_mean=self.running[0],
-                    running_variance=self.running[1],
-                    exp_avg_factor=FACTOR,
-                    epsilon=EPSILON,
-                ),
-            )
-            a.set(act, fp.ActivationArgs())
-            args.append(a)
-        self.forward_ops, self.forward_args = plan.ops, args
-        return lambda i: plan.execute(self.handle, self.xs[i % self.sets], self.ys[i % self.sets], args[i % self.sets])
+        # one argument set, as a framework's layer keeps across steps (its inputs change, its
+        # parameters and statistics buffers do not); the backward's holds x, so it is one per input
+        a = fp.OperatorArgs()
+        mean, inv = self.saved[0]
+        a.set(
+            bn,
+            fp.BatchNormForwardArgs(
+                scale=self.scale,
+                bias=self.bias,
+                saved_mean=mean,
+                saved_inv_variance=inv,
+                running_mean=self.running[0],
+                running_variance=self.running[1],
+                exp_avg_factor=FACTOR,
+                epsilon=EPSILON,
+            ),
+        )
+        a.set(act, fp.ActivationArgs())
+        self.forward_ops, self.forward_args = plan.ops, [a]
+        return lambda i: plan.execute(self.handle, self.xs[i % self.sets], self.ys[i % self.sets], a)
 
     def backward_plan(self) -> Callable[[int], None]:
         plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(self.dys[0]))

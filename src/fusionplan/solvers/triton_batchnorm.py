@@ -30,7 +30,15 @@ import torch
 from fusionplan.codegen import interpreter_active, load_module
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
-from fusionplan.launch import BoundLaunch, Launcher, current_raw_stream, extent_bytes, needs_int64
+from fusionplan.launch import (
+    BoundLaunch,
+    Launcher,
+    _needs_scratch,
+    current_raw_stream,
+    extent_bytes,
+    launch_compiled,
+    needs_int64,
+)
 from fusionplan.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
@@ -409,8 +417,10 @@ def tile_config(features_contiguous: bool, features: int, rows: int) -> TileConf
         block_f = min(_pow2(features), 2 if interpreter_active() else 4)
     block_r = max(1, min(_pow2(rows), tile // block_f))
     block_f = min(_pow2(features), tile // block_r)
-    fin_k = 4 if interpreter_active() else 32
-    fin_f = 8 if interpreter_active() else 64
+    # the finalize reads [chunks, features]: long along the chunks, so that a few features with many
+    # chunks (64 channels of 112x112) are a few loads of each program, not a long serial loop
+    fin_k = 4 if interpreter_active() else 256
+    fin_f = 8 if interpreter_active() else 16
     return TileConfig(block_r, block_f, block_r, block_f, warps, fin_k, fin_f)
 
 
@@ -495,6 +505,21 @@ class _SideOutput:
             self.target.copy_(self.buffer.view(self.target.shape))
 
 
+def _launch_key(fn_name: str, args: Sequence) -> tuple | None:
+    """What selects a launch's compiled kernel, found faster than Triton's specialization: every
+    argument but the tensors verbatim (so ints specialize as they would), the tensors' dtypes; None
+    unless every tensor is 16-byte aligned (the specialization assumed here)."""
+    parts = []
+    for a in args:
+        if isinstance(a, Tensor):
+            if a.data_ptr() % 16:
+                return None
+            parts.append(a.dtype)
+        else:
+            parts.append(a)
+    return (fn_name, *parts)
+
+
 def _bindable(issued: list[tuple], records: Sequence[OpArgs]) -> bool:
     """Whether a call's launches can be repeated by address: compiled kernels launched directly, 16-byte
     aligned tensors (as the compiled kernels assume), every record tensor read or written in place
@@ -561,6 +586,9 @@ class _TrainingKernel(Kernel):
         self._launchers: dict[str, Launcher] = {}
         self._issued: list[tuple] = []
         self._bound: dict[int, _BoundCall] = {}
+        self._bind_this_call = False
+        self._kernels: dict[tuple, object] = {}  # compiled kernels by _launch_key
+        self._wide: dict[tuple, bool] = {}
         cfg = self.config
         self.feature_blocks = triton_cdiv(self.geo.features, cfg.block_f)
         # chunks of rows: enough programs to fill the GPU, never a chunk smaller than a tile
@@ -575,7 +603,15 @@ class _TrainingKernel(Kernel):
     def _consts(self, views: Sequence[View], *tensors: Tensor) -> list:
         g, cfg = self.geo, self.config
         linear, flat = joint_flags(views)
-        return [g.features, g.hw, g.w, g.per_activation, linear, flat, cfg.block_r, cfg.block_f, needs_int64(*tensors)]
+        return [g.features, g.hw, g.w, g.per_activation, linear, flat, cfg.block_r, cfg.block_f, self._int64(tensors)]
+
+    def _int64(self, tensors: Sequence[Tensor]) -> bool:
+        """needs_int64, remembered per geometry (a framework calls a plan with tensors of one layout)."""
+        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        wide = self._wide.get(key)
+        if wide is None:
+            wide = self._wide[key] = needs_int64(*tensors)
+        return wide
 
     def _apply_consts(self, views: Sequence[View], *tensors: Tensor) -> list:
         consts = self._consts(views, *tensors)
@@ -592,12 +628,20 @@ class _TrainingKernel(Kernel):
         launcher = self._launchers.get(fn_name)
         if launcher is None:
             launcher = self._launchers[fn_name] = Launcher(getattr(self.module, fn_name))
-        kernel = launcher(grid, (fn_name, self.config), args, self.config.num_warps, 1)
+        key = _launch_key(fn_name, args) if launcher.direct else None
+        kernel = self._kernels.get(key) if key is not None else None
+        if kernel is not None:  # Launcher's specialization of every argument, skipped (tens of us a launch)
+            launch_compiled(kernel, grid, args)
+        else:
+            kernel = launcher(grid, (fn_name, self.config), args, self.config.num_warps, 1)
+            if key is not None and kernel is not None and not _needs_scratch(kernel):
+                self._kernels[key] = kernel
         self._issued.append((launcher, kernel, grid, args))
 
     def rerun(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
         bound = self._bound.get(id(records))
         if bound is None or not bound.try_launch(x, y, records, prior):
+            self._bind_this_call = True  # records seen twice: worth binding (a first call's may be its last)
             with torch.no_grad():
                 self.run(x, y, records, prior)
 
@@ -605,7 +649,10 @@ class _TrainingKernel(Kernel):
         """Keep this call's launches, their arguments bound, for reruns with the same records on other
         tensors of the same geometry: three C launches, no argument processing, the workspace kept."""
         issued, self._issued = self._issued, []
-        if not _bindable(issued, records) or x is y or p is x:  # the slots below tell tensors apart by identity
+        bind, self._bind_this_call = self._bind_this_call, False
+        if (
+            not bind or not _bindable(issued, records) or x is y or p is x
+        ):  # the slots below tell tensors apart by identity
             return
         tensors = (x, y, p)
         launches = [
@@ -700,7 +747,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
             y.copy_(out)
         elif all(s.direct for s in (*side, *running)):
             self._bind(x, y, p, records, prior)
-        self._issued = []
+        self._issued, self._bind_this_call = [], False
 
 
 class TritonBatchNormBackwardKernel(_TrainingKernel):
@@ -752,7 +799,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
             y.copy_(out)
         elif all(s.direct for s in grads):
             self._bind(dy, y, p, records, prior)
-        self._issued = []
+        self._issued, self._bind_this_call = [], False
 
 
 #: data types the training kernels run (no dot products: bf16 is exact in the interpreter too)
