@@ -130,6 +130,17 @@ def _features(BLOCK_F: tl.constexpr, F: tl.constexpr):
 
 
 @triton.jit
+def _apply_tile(R, F: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr):
+    # the elementwise passes' tile: program (i, j) takes rows i * BLOCK_R.. and features j * BLOCK_F..
+    start = tl.program_id(0)
+    if IDX64:
+        start = start.to(tl.int64)
+    r = _tile_rows(start * BLOCK_R, BLOCK_R, IDX64)
+    f, f_ok = _features(BLOCK_F, F)
+    return r, f, f_ok, (r < R)[:, None] & f_ok[None, :]
+
+
+@triton.jit
 def forward_partial(
     x_ptr, mean_ws, m2_ws, R, RPP, sxn, sxc, sxh, sxw,
     F: tl.constexpr, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
@@ -227,12 +238,7 @@ def forward_apply(
     FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
     HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr,
 ):
-    start = tl.program_id(0)
-    if IDX64:
-        start = start.to(tl.int64)
-    r = _tile_rows(start * BLOCK_R, BLOCK_R, IDX64)
-    f, f_ok = _features(BLOCK_F, F)
-    mask = (r < R)[:, None] & f_ok[None, :]
+    r, f, f_ok, mask = _apply_tile(R, F, BLOCK_R, BLOCK_F, IDX64)
     x = tl.load(x_ptr + _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
     mean = tl.load(coef_ws + f, mask=f_ok, other=0.0)
     sc = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
@@ -340,12 +346,7 @@ def backward_apply(
     FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
     HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr,
 ):
-    start = tl.program_id(0)
-    if IDX64:
-        start = start.to(tl.int64)
-    r = _tile_rows(start * BLOCK_R, BLOCK_R, IDX64)
-    f, f_ok = _features(BLOCK_F, F)
-    mask = (r < R)[:, None] & f_ok[None, :]
+    r, f, f_ok, mask = _apply_tile(R, F, BLOCK_R, BLOCK_F, IDX64)
     mean, inv, gamma, beta = _parameters(mean_ptr, inv_ptr, scale_ptr, bias_ptr, f, f_ok)
     at_dy = _offsets(r, f, sdn, sdc, sdh, sdw, HW, W, PER_ACT, LINEAR, FLAT)
     at_x = _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT)
