@@ -482,14 +482,13 @@ def _check_devices(
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
     """(storage, first byte, one past the last byte) of the memory ``t`` spans."""
-    extent = 1 + sum((d - 1) * st for d, st in zip(t.shape, t.stride()) if d > 0) if t.numel() else 0
+    if not t.numel():
+        return 0, 0, 0
+    extent = 1
+    for d, st in zip(t.shape, t.stride()):
+        extent += (d - 1) * st
     start = t.data_ptr()
     return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
-
-
-def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    (sa, a0, a1), (sb, b0, b1) = _byte_range(a), _byte_range(b)
-    return sa == sb and a0 < b1 and b0 < a1
 
 
 def _check_side_outputs(
@@ -498,23 +497,22 @@ def _check_side_outputs(
     """A side output (saved or running statistics, a parameter gradient) shares no memory with any
     other tensor of the call: the kernels read their arguments and write their side outputs in an
     order of their own, so an overlap would give results that depend on it."""
-    side = [
-        (f"operator {op.index} ({op.title}) {name}", t)
-        for op, rec in zip(spec.ops, records)
-        for name in getattr(op, "side_outputs", ())
-        if (t := getattr(rec, name)) is not None
-    ]
-    if not side:
-        return
+    side: list[tuple[str, tuple[int, int, int]]] = []
     others = [("the input", x), ("the output", y)] + ([("the prior", prior)] if prior is not None else [])
     for op, rec in zip(spec.ops, records):
-        outputs = set(getattr(op, "side_outputs", ()))
-        others += [
-            (f"operator {op.index} ({op.title}) {f.name}", t)
-            for f in fields(rec)
-            if f.name not in outputs and isinstance(t := getattr(rec, f.name), torch.Tensor)
-        ]
-    for i, (name, t) in enumerate(side):
-        for other, u in [*others, *side[i + 1 :]]:
-            if _overlap(t, u):
+        outputs = getattr(op, "side_outputs", ())
+        for f in fields(rec):
+            t = getattr(rec, f.name)
+            if isinstance(t, torch.Tensor):
+                name = f"operator {op.index} ({op.title}) {f.name}"
+                if f.name in outputs:
+                    side.append((name, _byte_range(t)))
+                else:
+                    others.append((name, t))
+    if not side:
+        return
+    ranges = [(name, _byte_range(t)) for name, t in others]
+    for i, (name, (storage, start, end)) in enumerate(side):
+        for other, (s2, b0, b1) in [*ranges, *side[i + 1 :]]:
+            if storage == s2 and start < b1 and b0 < end and end > start:
                 raise BadParmError(f"{name} shares memory with {other}; side outputs must be tensors of their own")
