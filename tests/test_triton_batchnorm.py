@@ -10,6 +10,7 @@ import fusionplan as fp
 import fusionplan.miopen as mi
 from fusionplan.activations import activation_forward
 from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.reference import run_reference
 from fusionplan.verify import ACTIV_PARAMS, TOLERANCE, compare
 
 pytest.importorskip("triton")
@@ -474,3 +475,43 @@ def test_numpy_arrays_through_the_layer(handle):
         (x - x.mean(axis=(0, 2, 3), keepdims=True)) / np.sqrt(x.var(axis=(0, 2, 3), keepdims=True) + 1e-5), 0
     )
     np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_power_backward_is_zero_below_its_threshold_whatever_dy(backend):
+    """The fuzzer's find: an infinite dy where POWER's base is at or below its threshold gave NaN; the
+    gradient there is 0, as in the reference, and NaN stays only where the reference has it."""
+    x = data((2, 3, 7, 2), shift=0.2)
+    dy = data((2, 3, 7, 2))
+    xhat = (x - x.mean(dim=(0, 2, 3), keepdim=True)) / x.std(dim=(0, 2, 3), unbiased=False, keepdim=True)
+    dy[(xhat < 0.0) & (torch.arange(x.numel()).reshape(x.shape) % 5 == 0)] = float("inf")  # base < 0 there
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(dy))
+    bn, act = plan.add_batchnorm_backward(SPATIAL), plan.add_activation_backward(ActivationMode.POWER)
+    handle = fp.Handle("cpu")
+    plan.compile(handle, backend=backend)
+    pshape = (1, 3, 1, 1)
+    var, mean = torch.var_mean(x, dim=(0, 2, 3), keepdim=True, unbiased=False)
+    outs = torch.full(pshape, float("nan")), torch.full(pshape, float("nan"))
+    args = fp.OperatorArgs()
+    args.set(
+        bn,
+        fp.BatchNormBackwardArgs(
+            x=x,
+            scale=torch.ones(pshape),
+            bias=torch.zeros(pshape),
+            result_scale_diff=outs[0],
+            result_bias_diff=outs[1],
+            saved_mean=mean,
+            saved_inv_variance=torch.rsqrt(var + EPSILON),
+        ),
+    )
+    args.set(act, fp.ActivationBackwardArgs(activ_alpha=-0.5, activ_beta=1.0, activ_gamma=2.0))
+    dx = torch.full_like(dy, float("nan"))
+    plan.execute(handle, dy, dx, args)
+    ref = run_reference(plan.ops, dy, [args.get(bn), args.get(act)], None, torch.float64)
+    for got, want in (
+        (dx, ref.output),
+        *zip(outs, (ref.side[(0, "result_scale_diff")], ref.side[(0, "result_bias_diff")])),
+    ):
+        want = want.reshape(got.shape)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
