@@ -55,6 +55,50 @@ def test_cpu_run_writes_every_output(tmp_path, capsys):
     assert "speedup_fused_vs_unfused.png" in pngs and "bandwidth_bn_activation.png" in pngs
 
 
+def test_training_suite_on_the_cpu(tmp_path, capsys, monkeypatch):
+    """--suite training: the training plans verified and timed beside eager PyTorch, written out;
+    every shape of the packaged models is a distinct batch-norm layer with its count."""
+    from fusionplan.benchmark.training import model_layers
+
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    layers = model_layers(["resnet50", "mobilenet_v2", "densenet121"])
+    assert {
+        m: sum(layer.count for layer in layers if layer.model == m) for m in ("resnet50", "mobilenet_v2", "densenet121")
+    } == {
+        "resnet50": 53,
+        "mobilenet_v2": 52,
+        "densenet121": 121,
+    }
+    argv = [
+        "--suite",
+        "training",
+        "--device",
+        "cpu",
+        "--batch",
+        "2",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+        "--baselines",
+        "eager",
+        "--layouts",
+        "NHWC,NCHW",
+        "--shard",
+        "1/8",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "training.json").read_text())
+    assert len(data["rows"]) == 3
+    for row in data["rows"]:
+        assert set(row["forward_us"]) == set(row["backward_us"]) == {"fused", "eager"}
+        assert row["errors"] == {"solvers": "cpu-training/cpu-training"}
+    assert "| resnet50 | 2 | fp32 |" in (tmp_path / "training.md").read_text()
+    assert main(["--suite", "training", "--device", "cpu", "--models", "vgg"]) == 2
+
+
 def test_warm_only_and_shards(capsys):
     assert main([*SMALL, "--modes", "CBA", "--warm-only", "--shard", "1/2"]) == 0
     assert "warmed 1 cases" in capsys.readouterr().out
