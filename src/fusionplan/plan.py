@@ -514,5 +514,5 @@ def _check_side_outputs(
     ranges = [(name, _byte_range(t)) for name, t in others]
     for i, (name, (storage, start, end)) in enumerate(side):
         for other, (s2, b0, b1) in [*ranges, *side[i + 1 :]]:
-            if storage == s2 and start < b1 and b0 < end and end > start:
+            if storage == s2 and start < b1 and b0 < end:
                 raise BadParmError(f"{name} shares memory with {other}; side outputs must be tensors of their own")

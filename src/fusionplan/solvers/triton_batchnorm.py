@@ -68,31 +68,31 @@ import triton.language as tl
 
 
 @triton.jit
+def _composite(i, s_outer, sh, sw, HW: tl.constexpr, W: tl.constexpr, LINEAR: tl.constexpr, FLAT: tl.constexpr):
+    # offsets of index i of a composite axis (an outer index, then a plane's pixel): LINEAR, the
+    # axis is one stride (sw); FLAT, pixel p of a plane is at p * sw
+    if LINEAR:
+        off = i * sw
+    else:
+        q = i % HW
+        if FLAT:
+            off = (i // HW) * s_outer + q * sw
+        else:
+            off = (i // HW) * s_outer + (q // W) * sh + (q % W) * sw
+    return off
+
+
+@triton.jit
 def _offsets(r, f, sn, sc, sh, sw, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr,
              LINEAR: tl.constexpr, FLAT: tl.constexpr):
     # [rows, features] element offsets of one tensor. Spatial: rows are (n, pixel), features c;
-    # per-activation: rows are n, features (c, pixel). LINEAR: the composite axis is one stride
-    # (sw); FLAT: a plane's pixel p is p * sw.
+    # per-activation: rows are n, features (c, pixel).
     if PER_ACT:
         row = r * sn
-        if LINEAR:
-            feat = f * sw
-        else:
-            q = f % HW
-            if FLAT:
-                feat = (f // HW) * sc + q * sw
-            else:
-                feat = (f // HW) * sc + (q // W) * sh + (q % W) * sw
+        feat = _composite(f, sc, sh, sw, HW, W, LINEAR, FLAT)
     else:
+        row = _composite(r, sn, sh, sw, HW, W, LINEAR, FLAT)
         feat = f * sc
-        if LINEAR:
-            row = r * sw
-        else:
-            q = r % HW
-            if FLAT:
-                row = (r // HW) * sn + q * sw
-            else:
-                row = (r // HW) * sn + (q // W) * sh + (q % W) * sw
     return row[:, None] + feat[None, :]
 
 
@@ -385,16 +385,14 @@ def _activation_mode(spec: PlanSpec) -> ActivationMode:
 # ---- the [rows, features] view and its tiles ------------------------------------------------------
 @dataclass(frozen=True)
 class TileConfig:
-    """Tiles of a [rows, features] pass: the reduction's (looped over a chunk of rows) and the
-    elementwise pass's (one per program), and the finalize's tile of chunks."""
+    """Tiles of the [rows, features] passes (looped over a chunk of rows by the partials, one per
+    program in the elementwise pass), and the finalize's tile of chunks."""
 
     block_r: int
     block_f: int
-    apply_r: int
-    apply_f: int
     num_warps: int
-    finalize_k: int = 32
-    finalize_f: int = 64
+    finalize_k: int
+    finalize_f: int
 
 
 def _pow2(n: int) -> int:
@@ -422,7 +420,7 @@ def tile_config(features_contiguous: bool, features: int, rows: int) -> TileConf
     # chunks (64 channels of 112x112) are a few loads of each program, not a long serial loop
     fin_k = 4 if interpreter_active() else 256
     fin_f = 8 if interpreter_active() else 16
-    return TileConfig(block_r, block_f, block_r, block_f, warps, fin_k, fin_f)
+    return TileConfig(block_r, block_f, warps, fin_k, fin_f)
 
 
 @dataclass(frozen=True)
@@ -474,13 +472,6 @@ def geometry(spec: PlanSpec) -> Geometry:
     if per_activation:
         return Geometry(n, c * h * w, True, h * w, w)
     return Geometry(n * h * w, c, False, h * w, w)
-
-
-def _flat_param(t: Tensor | None, fallback: Tensor) -> Tensor:
-    """A parameter as a contiguous vector of its features (a copy for a strided view)."""
-    if t is None:
-        return fallback
-    return t.reshape(-1)
 
 
 class _SideOutput:
@@ -614,11 +605,6 @@ class _TrainingKernel(Kernel):
             wide = self._wide[key] = needs_int64(*tensors)
         return wide
 
-    def _apply_consts(self, views: Sequence[View], *tensors: Tensor) -> list:
-        consts = self._consts(views, *tensors)
-        consts[6:8] = [self.config.apply_r, self.config.apply_f]
-        return consts
-
     def _workspace(self, device: torch.device, partials: int, coefs: int) -> tuple[list[Tensor], Tensor]:
         f = self.geo.features
         ws = torch.empty(partials * self.chunks * f + coefs * f, dtype=torch.float32, device=device)
@@ -678,7 +664,7 @@ class _TrainingKernel(Kernel):
         cfg = self.config
         partial = (self.chunks, self.feature_blocks, 1)
         finalize = (triton_cdiv(self.geo.features, cfg.finalize_f), 1, 1)
-        apply = (triton_cdiv(self.geo.rows, cfg.apply_r), triton_cdiv(self.geo.features, cfg.apply_f), 1)
+        apply = (triton_cdiv(self.geo.rows, cfg.block_r), self.feature_blocks, 1)
         return partial, finalize, apply
 
 
@@ -723,7 +709,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
         side = [_SideOutput(bn.saved_mean, coef), _SideOutput(bn.saved_inv_variance, coef)]
         running = [_SideOutput(bn.running_mean, coef, read=True), _SideOutput(bn.running_variance, coef, read=True)]
         has_running = bn.running_mean is not None and bn.running_variance is not None
-        scale, bias = _flat_param(bn.scale, coef), _flat_param(bn.bias, coef)
+        scale, bias = bn.scale.reshape(-1), bn.bias.reshape(-1)  # a copy where a view is strided
         self._launch(
             "forward_finalize",
             finalize,
@@ -739,7 +725,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
             apply,
             [
                 x, out, p, coef, float(bn.beta), *act_values, g.rows, *vx.strides, *vy.strides, *vp.strides,
-                *self._apply_consts([vx, vy, vp], x, out, p), self.has_act, bn_prior, act_prior, unit_alpha,
+                *self._consts([vx, vy, vp], x, out, p), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
         for s in (*side, *(running if has_running else ())):
@@ -766,7 +752,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
         vd, vx, vp, vo = (tensor_view(t, per_act) for t in (dy, fx, p, out))
         partial, finalize, apply = self._grids()
         g, cfg = self.geo, self.config
-        params = [_flat_param(t, coef) for t in (bn.saved_mean, bn.saved_inv_variance, bn.scale, bn.bias)]
+        params = [t.reshape(-1) for t in (bn.saved_mean, bn.saved_inv_variance, bn.scale, bn.bias)]
         self._launch(
             "backward_partial",
             partial,
@@ -791,7 +777,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
             [
                 dy, fx, p, out, *params, coef, float(bn.beta), *act_values, g.rows,
                 *vd.strides, *vx.strides, *vp.strides, *vo.strides,
-                *self._apply_consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
+                *self._consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
         for s in grads:
