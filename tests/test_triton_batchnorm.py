@@ -515,3 +515,137 @@ def test_power_backward_is_zero_below_its_threshold_whatever_dy(backend):
     ):
         want = want.reshape(got.shape)
         assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+def test_strided_parameters_are_read_as_they_are():
+    """scale, bias and the saved statistics with a step of 2 between channels (the shape the plan's
+    operator takes, other strides): each read at its own elements, not as one contiguous run."""
+    gen = torch.Generator().manual_seed(11)
+    x = data((3, 5, 6, 4), layout="NHWC", shift=0.5, gen=gen)
+    wide = torch.randn(2, 1, 10, 1, 1, generator=gen, dtype=torch.float64).float()
+    wide[0].add_(1.0)
+    scale, bias = wide[0, :, ::2], wide[1, :, ::2]
+    assert scale.stride(1) == 2
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    bn = plan.add_batchnorm_forward(SPATIAL, False)
+    handle = fp.Handle("cpu")
+    assert plan.compile(handle) == "triton-batchnorm"
+    saved = torch.full((1, 10, 1, 1), float("nan"))[:, ::2], torch.full((1, 10, 1, 1), float("nan"))[:, ::2]
+    args = fp.OperatorArgs()
+    args.set(bn, fp.BatchNormForwardArgs(scale=scale, bias=bias, saved_mean=saved[0], saved_inv_variance=saved[1]))
+    y = torch.full_like(x, float("nan"))
+    plan.execute(handle, x, y, args)
+    z, mean, var = oracle_forward(x.double(), scale.double(), bias.double(), SPATIAL, None, None)
+    assert_close(y, z, torch.float32)
+    assert_close(saved[0], mean, torch.float32)
+    dy = data(x.shape, layout="NHWC", gen=gen)
+    bplan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(dy))
+    bbn = bplan.add_batchnorm_backward(SPATIAL)
+    assert bplan.compile(handle) == "triton-batchnorm"
+    grads = torch.full((1, 10, 1, 1), float("nan"))[:, ::2], torch.full((1, 10, 1, 1), float("nan"))[:, ::2]
+    bargs = fp.OperatorArgs()
+    bargs.set(
+        bbn,
+        fp.BatchNormBackwardArgs(
+            x=x,
+            scale=scale,
+            bias=bias,
+            result_scale_diff=grads[0],
+            result_bias_diff=grads[1],
+            saved_mean=saved[0],
+            saved_inv_variance=saved[1],
+        ),
+    )
+    dx = torch.full_like(dy, float("nan"))
+    bplan.execute(handle, dy, dx, bargs)
+    x64, s64, b64 = (t.double().requires_grad_(True) for t in (x, scale, bias))
+    out, _, _ = oracle_forward(x64, s64, b64, SPATIAL, None, None)
+    want = torch.autograd.grad(out, (x64, s64, b64), dy.double())
+    for got, w in zip((dx, *grads), want):
+        assert_close(got, w, torch.float32)
+
+
+def test_output_over_the_input_in_other_strides_blends_its_own_prior():
+    """beta != 0 with no prior given: y's contents are the prior, read as they were before the call,
+    also where y overlaps x in other strides (the result goes through a buffer of its own)."""
+    gen = torch.Generator().manual_seed(5)
+    x = data((2, 4, 5, 3), shift=0.3, gen=gen)
+    y = x.as_strided(x.shape, x.contiguous(memory_format=torch.channels_last).stride())
+    x64, prior64 = x.double().clone(), y.double().clone()
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    bn = plan.add_batchnorm_forward(SPATIAL, False)
+    handle = fp.Handle("cpu")
+    assert plan.compile(handle) == "triton-batchnorm"
+    scale, bias = torch.rand(1, 4, 1, 1) + 0.5, torch.randn(1, 4, 1, 1)
+    args = fp.OperatorArgs()
+    args.set(bn, fp.BatchNormForwardArgs(beta=0.5, scale=scale, bias=bias))
+    plan.execute(handle, x, y, args)
+    z, _, _ = oracle_forward(x64, scale.double(), bias.double(), SPATIAL, None, None)
+    assert_close(y, z + 0.5 * prior64, torch.float32)
+
+
+# ---- the launch templates of repeated geometries (their decisions, without a GPU) -----------------------------
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def launch(self, pointers):
+        self.calls.append(list(pointers))
+
+
+@pytest.fixture
+def template_env(monkeypatch):
+    from fusionplan.solvers import triton_batchnorm as tb
+
+    monkeypatch.setattr(tb, "current_raw_stream", lambda: 7)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    return tb
+
+
+def _template(tb, tensors, recorder):
+    y = tensors[0]
+    in_place = [t.shape == y.shape and t.stride() == y.stride() for t in tensors]
+    return tb._Template([recorder], [tb.extent_bytes(t) for t in tensors], in_place, 7)
+
+
+def test_a_template_runs_other_tensors_of_its_geometry(template_env):
+    tb, rec = template_env, _Recorder()
+    y, x, scale = torch.empty(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(3)
+    template = _template(tb, [y, x, scale], rec)
+    others = [torch.empty(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(3)]
+    assert template.try_launch(others)
+    assert rec.calls == [[t.data_ptr() for t in others]]
+    assert template.try_launch([others[1], others[1], others[2]])  # in place: y is x, same strides
+
+
+def test_a_template_refuses_overlap_misalignment_and_another_stream(template_env, monkeypatch):
+    tb, rec = template_env, _Recorder()
+    y, x, scale = torch.empty(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(3)
+    template = _template(tb, [y, x, scale], rec)
+    base = torch.randn(2 * 3 * 4 * 4 + 8)
+    over = base[8:].view(2, 3, 4, 4)
+    assert not template.try_launch([over, base[:96].view(2, 3, 4, 4), scale])  # y over x, shifted
+    transposed = _template(tb, [y, x.transpose(2, 3), scale], rec)  # a geometry with x in other strides
+    assert not transposed.try_launch([x, x.transpose(2, 3), scale])  # y over x, at its address
+    assert not template.try_launch([x, torch.randn(2, 3, 4, 4), x.view(-1)[:3]])  # a parameter inside y
+    assert not template.try_launch([y, x, base[1:4]])  # 4-byte aligned, not 16
+    monkeypatch.setattr(tb, "current_raw_stream", lambda: 8)
+    assert not template.try_launch([y, x, scale])
+    assert rec.calls == []
+
+
+def test_template_slots_map_each_argument_to_its_tensor(template_env):
+    from types import SimpleNamespace
+
+    tb = template_env
+    launcher, kernel = SimpleNamespace(direct=True), object()
+    y, x, scale = torch.empty(2, 3, 4, 4), torch.randn(2, 3, 4, 4), torch.randn(1, 3, 1, 1)
+    ws = torch.empty(64)
+    args = [x, ws[:16], 3, y, scale.reshape(-1), ws[16:], 0.5]
+    issued = [(launcher, kernel, (1, 1, 1), args), (launcher, kernel, (2, 1, 1), [ws, y])]
+    assert tb._template_slots(issued, [y, x, scale], ws) == [[(3,), (0,), (4,)], [(1,), (), ()]]
+    assert tb._template_slots(issued, [y, y, scale], ws) is None  # two slots at one address
+    copied = [(launcher, kernel, (1, 1, 1), [x, y, scale.clone().view(-1)])]
+    assert tb._template_slots(copied, [y, x, scale], ws) is None  # a stand-in, not the tensor
+    uncompiled = [(launcher, None, (1, 1, 1), [x, y])]
+    assert tb._template_slots(uncompiled, [y, x], ws) is None

@@ -180,6 +180,19 @@ class OpArgs:
         object.__setattr__(self, "_device", devices.pop() if len(devices) == 1 else None)
         object.__setattr__(self, "volatile", any(is_volatile(t) for t in tensors))
 
+    def layout_key(self) -> tuple:
+        """What a kernel specialized to this record depends on: every field but the tensors verbatim,
+        each tensor as its shape, strides and dtype (None where absent). Found once: records are
+        immutable."""
+        key = self.__dict__.get("_layout_key")
+        if key is None:
+            key = tuple(
+                (v.shape, v.stride(), v.dtype) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
+                for f in fields(self)
+            )
+            object.__setattr__(self, "_layout_key", key)
+        return key
+
     def field_values(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 

@@ -480,15 +480,29 @@ def _check_devices(
             )
 
 
-def _byte_range(t: torch.Tensor) -> tuple[int, int, int]:
-    """(storage, first byte, one past the last byte) of the memory ``t`` spans."""
-    if not t.numel():
-        return 0, 0, 0
+def _byte_range(t: torch.Tensor) -> tuple[int, int]:
+    """(first byte, one past the last byte) of the memory ``t`` spans. Addresses alone, not storages:
+    two storages over one memory (from_blob, DLPack) overlap as surely as one."""
+    n = t.numel()
+    if not n:
+        return 0, 0
+    start = t.data_ptr()
+    if t.is_contiguous():
+        return start, start + n * t.element_size()
     extent = 1
     for d, st in zip(t.shape, t.stride()):
         extent += (d - 1) * st
-    start = t.data_ptr()
-    return t.untyped_storage().data_ptr(), start, start + extent * t.element_size()
+    return start, start + extent * t.element_size()
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_names(rec: OpArgs) -> tuple[str, ...]:
+    names = _FIELD_NAMES.get(type(rec))
+    if names is None:
+        names = _FIELD_NAMES[type(rec)] = tuple(f.name for f in fields(rec))
+    return names
 
 
 def _check_side_outputs(
@@ -497,22 +511,32 @@ def _check_side_outputs(
     """A side output (saved or running statistics, a parameter gradient) shares no memory with any
     other tensor of the call: the kernels read their arguments and write their side outputs in an
     order of their own, so an overlap would give results that depend on it."""
-    side: list[tuple[str, tuple[int, int, int]]] = []
-    others = [("the input", x), ("the output", y)] + ([("the prior", prior)] if prior is not None else [])
+    side: list[tuple[object, tuple[int, int]]] = []  # (where the tensor is: an (op, field) pair, its bytes)
+    others: list[tuple[object, torch.Tensor]] = [("the input", x), ("the output", y)]
+    if prior is not None:
+        others.append(("the prior", prior))
     for op, rec in zip(spec.ops, records):
         outputs = getattr(op, "side_outputs", ())
-        for f in fields(rec):
-            t = getattr(rec, f.name)
+        for name in _field_names(rec):
+            t = getattr(rec, name)
             if isinstance(t, torch.Tensor):
-                name = f"operator {op.index} ({op.title}) {f.name}"
-                if f.name in outputs:
-                    side.append((name, _byte_range(t)))
+                if name in outputs:
+                    side.append(((op, name), _byte_range(t)))
                 else:
-                    others.append((name, t))
+                    others.append(((op, name), t))
     if not side:
         return
-    ranges = [(name, _byte_range(t)) for name, t in others]
-    for i, (name, (storage, start, end)) in enumerate(side):
-        for other, (s2, b0, b1) in [*ranges, *side[i + 1 :]]:
-            if storage == s2 and start < b1 and b0 < end:
-                raise BadParmError(f"{name} shares memory with {other}; side outputs must be tensors of their own")
+    ranges = [(where, _byte_range(t)) for where, t in others]
+    for i, (where, (start, end)) in enumerate(side):
+        for other, (b0, b1) in [*ranges, *side[i + 1 :]]:
+            if start < b1 and b0 < end:
+                raise BadParmError(
+                    f"{_where(where)} shares memory with {_where(other)}; side outputs must be tensors of their own"
+                )
+
+
+def _where(where: object) -> str:
+    if isinstance(where, tuple):
+        op, name = where
+        return f"operator {op.index} ({op.title}) {name}"
+    return str(where)

@@ -238,3 +238,99 @@ def test_reruns_take_new_tensors_and_edited_arguments(layout):
         plan.execute(handle, x2, y2, args)
         assert_close(y2, want, torch.float16)
         assert_close(stats[0], want_mean, torch.float32)
+
+
+def _step_args(plan, x, direction):
+    """A new argument record on new parameter and statistics tensors, as a framework's step makes."""
+    c = x.shape[1]
+    scale, bias = torch.rand(c, device="cuda") + 0.5, torch.randn(c, device="cuda")
+    args = fp.OperatorArgs()
+    if direction == "forward":
+        saved = [torch.full((c,), float("nan"), device="cuda") for _ in range(2)]
+        args.set(
+            plan.ops[0],
+            fp.BatchNormForwardArgs(scale=scale, bias=bias, saved_mean=saved[0], saved_inv_variance=saved[1]),
+        )
+        args.set(plan.ops[1], fp.ActivationArgs())
+        return args, (scale, bias, saved)
+    var, mean = torch.var_mean(x.float(), dim=(0, 2, 3), unbiased=False)
+    grads = [torch.full((c,), float("nan"), device="cuda") for _ in range(2)]
+    args.set(
+        plan.ops[0],
+        fp.BatchNormBackwardArgs(
+            x=x,
+            scale=scale,
+            bias=bias,
+            result_scale_diff=grads[0],
+            result_bias_diff=grads[1],
+            saved_mean=mean,
+            saved_inv_variance=torch.rsqrt(var + 1e-5),
+        ),
+    )
+    args.set(plan.ops[1], fp.ActivationBackwardArgs())
+    return args, (scale, bias, grads)
+
+
+def _step_oracle(x, dy, scale, bias):
+    x64, s64, b64 = (t.double().requires_grad_(True) for t in (x, scale, bias))
+    y = torch.relu(torch.nn.functional.batch_norm(x64, None, None, s64, b64, True, 0.0, 1e-5))
+    return (y.detach(), x64.detach().mean(dim=(0, 2, 3))), torch.autograd.grad(y, (x64, s64, b64), dy.double())
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_new_records_each_step_reuse_the_geometrys_launches(direction, layout, monkeypatch):
+    """A framework's step: new tensors and a new argument record at every call, one geometry. The
+    launches run bound after the first call; every step is right, also one on another stream and
+    one whose output overlaps its input (both run unbound)."""
+    from fusionplan.solvers import triton_batchnorm as tb
+
+    shape = (8, 24, 9, 10)
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(tensor(shape, torch.float16, layout)))
+    if direction == "forward":
+        plan.add_batchnorm_forward(SPATIAL, False), plan.add_activation_forward(ActivationMode.RELU)
+    else:
+        plan.add_batchnorm_backward(SPATIAL), plan.add_activation_backward(ActivationMode.RELU)
+    handle = fp.Handle("cuda")
+    assert plan.compile(handle) == "triton-batchnorm"
+    unbound = []
+    kernel_class = tb.TritonBatchNormForwardKernel if direction == "forward" else tb.TritonBatchNormBackwardKernel
+    launch_all = kernel_class._launch_all
+    monkeypatch.setattr(kernel_class, "_launch_all", lambda self, *a: unbound.append(1) or launch_all(self, *a))
+    side = torch.cuda.Stream()
+    for step in range(6):
+        x = tensor(shape, torch.float16, layout, shift=float(step))
+        dy = tensor(shape, torch.float16, layout)
+        args, (scale, bias, side_outputs) = _step_args(plan, x, direction)
+        (y_want, mean_want), grads_want = _step_oracle(x, dy, scale, bias)
+        source = x if direction == "forward" else dy
+        out = torch.full_like(x, float("nan"))
+        if step == 4:  # the output one element past the input, in the same memory
+            flat = torch.empty(source.numel() + 8, dtype=source.dtype, device="cuda")
+            flat[8:].copy_(source.reshape(-1) if layout == "NCHW" else source.permute(0, 2, 3, 1).reshape(-1))
+            view = (
+                flat[8:].view(shape)
+                if layout == "NCHW"
+                else flat[8:].view(shape[0], *shape[2:], shape[1]).permute(0, 3, 1, 2)
+            )
+            source, out = (
+                view,
+                flat[:-8].view_as(view)
+                if layout == "NCHW"
+                else flat[:-8].view(shape[0], *shape[2:], shape[1]).permute(0, 3, 1, 2),
+            )
+            if direction == "backward":
+                dy = source
+        stream = side if step == 5 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            plan.execute(handle, source, out, args)
+        stream.synchronize()
+        if direction == "forward":
+            assert_close(out, y_want, torch.float16)
+            assert_close(side_outputs[0], mean_want, torch.float32)
+        else:
+            for got, want in zip((out, *side_outputs), grads_want):
+                assert_close(got, want, torch.float16)
+        if step == 3:
+            assert len(unbound) == 1, unbound
+    assert len(unbound) == 3

@@ -512,50 +512,79 @@ def _launch_key(fn_name: str, args: Sequence) -> tuple | None:
     return (fn_name, *parts)
 
 
-def _bindable(issued: list[tuple], records: Sequence[OpArgs]) -> bool:
-    """Whether a call's launches can be repeated by address: compiled kernels launched directly, 16-byte
-    aligned tensors (as the compiled kernels assume), every record tensor read or written in place
-    (none through a contiguous copy, which later edits of the tensor would not reach)."""
-    if len(issued) != 3 or any(not launcher.direct or kernel is None for launcher, kernel, _, _ in issued):
-        return False
-    if any(a.data_ptr() % 16 for _, _, _, args in issued for a in args if isinstance(a, Tensor)):
-        return False
-    return all(t.is_contiguous() for r in records for t in r.tensors())
+def _layout(t: Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype
+
+
+def _slot_tensors(x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> list[Tensor]:
+    """Every tensor of a call, in the order of a template's slots: the output, the input, the prior
+    where it is not the output, then each record's tensors."""
+    tensors = [y, x] if p is y else [y, x, p]
+    for rec in records:
+        tensors.extend(rec.tensors())
+    return tensors
 
 
 @dataclass
-class _BoundCall:
-    """The three launches of a call, bound (see _TrainingKernel._bind), and when they may repeat: the
-    same records object, the prior given as it was, the output overlapping no input, and the stream
-    whose workspace the launches hold, outside graph captures."""
+class _Template:
+    """The three launches of one call geometry (see _TrainingKernel._bind), every tensor of the call
+    in a slot, and when they may run for another call of that geometry: its tensors 16-byte
+    aligned, the output overlapping none of them but in place (an input of its shape and strides at
+    its address), on the stream whose workspace the launches hold, outside graph captures."""
 
     launches: list[BoundLaunch]
-    records: Sequence[OpArgs]
-    prior_given: bool
-    prior_read: bool  # the prior slot holds the prior (else the output)
-    x_bytes: int
-    y_bytes: int
-    fixed: list[tuple[int, int]]  # the records' tensors: (address, extent in bytes)
+    extents: list[int]  # bytes each slot's tensor spans
+    in_place_ok: list[bool]  # the slot's tensor has the output's shape and strides
     stream: int
 
-    def try_launch(self, x: Tensor, y: Tensor, records, prior: Tensor | None) -> bool:
-        if records is not self.records or (prior is not None) != self.prior_given:
-            return False
-        xp, yp = x.data_ptr(), y.data_ptr()
-        pp = prior.data_ptr() if self.prior_read and prior is not None else yp
-        if (xp | yp | pp) & 15:
-            return False
-        if xp < yp + self.y_bytes and yp < xp + self.x_bytes and not (xp == yp and x.stride() == y.stride()):
-            return False
-        if pp != yp and pp < yp + self.y_bytes and yp < pp + self.y_bytes:
-            return False
-        if any(a < yp + self.y_bytes and yp < a + n for a, n in self.fixed):  # the output over an argument
+    def try_launch(self, tensors: Sequence[Tensor]) -> bool:
+        pointers = [t.data_ptr() for t in tensors]
+        yp = pointers[0]
+        y_end = yp + self.extents[0]
+        aligned = 0
+        for i in range(1, len(pointers)):
+            a = pointers[i]
+            aligned |= a
+            if a < y_end and yp < a + self.extents[i] and not (a == yp and self.in_place_ok[i]):
+                return False
+        if (aligned | yp) & 15:
             return False
         if torch.cuda.is_current_stream_capturing() or current_raw_stream() != self.stream:
             return False
         for launch in self.launches:
-            launch.launch((xp, yp, pp))
+            launch.launch(pointers)
         return True
+
+
+def _template_slots(issued: list[tuple], tensors: Sequence[Tensor], workspace: Tensor) -> list[list[tuple]] | None:
+    """Per launch of ``issued``, per slot tensor, the argument indices that take its address; None
+    where the launches cannot be bound: an argument not launched by a compiled kernel, a tensor
+    unaligned, two slots at one address, a tensor argument neither a slot's nor the workspace."""
+    addresses = [t.data_ptr() for t in tensors]
+    if len(set(addresses)) != len(addresses) or any(a % 16 for a in addresses):
+        return None
+    slot_of = {a: i for i, a in enumerate(addresses)}
+    ws_start, ws_end = workspace.data_ptr(), workspace.data_ptr() + extent_bytes(workspace)
+    slots = []
+    for launcher, kernel, _, args in issued:
+        if kernel is None or not launcher.direct:
+            return None
+        per_slot: list[list[int]] = [[] for _ in tensors]
+        for i, a in enumerate(args):
+            if not isinstance(a, Tensor):
+                continue
+            slot = slot_of.get(a.data_ptr())
+            if slot is not None:
+                per_slot[slot].append(i)
+            elif not ws_start <= a.data_ptr() < ws_end:
+                return None
+        slots.append([tuple(s) for s in per_slot])
+    return slots
+
+
+def _flat(t: Tensor) -> Tensor:
+    """A per-feature tensor as the kernels read it: one contiguous run (a copy where it is strided)."""
+    return t.reshape(-1).contiguous()
 
 
 def _aliased_output(y: Tensor, *inputs: Tensor) -> bool:
@@ -577,8 +606,8 @@ class _TrainingKernel(Kernel):
         self.config = tile_config(features_contiguous(spec, self.geo), self.geo.features, self.geo.rows)
         self._launchers: dict[str, Launcher] = {}
         self._issued: list[tuple] = []
-        self._bound: dict[int, _BoundCall] = {}
-        self._bind_this_call = False
+        self._templates: dict[tuple, _Template] = {}
+        self._workspace_tensor: Tensor | None = None
         self._kernels: dict[tuple, object] = {}  # compiled kernels by _launch_key
         self._wide: dict[tuple, bool] = {}
         cfg = self.config
@@ -607,7 +636,9 @@ class _TrainingKernel(Kernel):
 
     def _workspace(self, device: torch.device, partials: int, coefs: int) -> tuple[list[Tensor], Tensor]:
         f = self.geo.features
-        ws = torch.empty(partials * self.chunks * f + coefs * f, dtype=torch.float32, device=device)
+        ws = self._workspace_tensor = torch.empty(
+            partials * self.chunks * f + coefs * f, dtype=torch.float32, device=device
+        )
         parts = [ws[i * self.chunks * f : (i + 1) * self.chunks * f] for i in range(partials)]
         return parts, ws[partials * self.chunks * f :]
 
@@ -625,39 +656,44 @@ class _TrainingKernel(Kernel):
                 self._kernels[key] = kernel
         self._issued.append((launcher, kernel, grid, args))
 
-    def rerun(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        bound = self._bound.get(id(records))
-        if bound is None or not bound.try_launch(x, y, records, prior):
-            self._bind_this_call = True  # records seen twice: worth binding (a first call's may be its last)
-            with torch.no_grad():
-                self.run(x, y, records, prior)
-
-    def _bind(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        """Keep this call's launches, their arguments bound, for reruns with the same records on other
-        tensors of the same geometry: three C launches, no argument processing, the workspace kept."""
-        issued, self._issued = self._issued, []
-        bind, self._bind_this_call = self._bind_this_call, False
-        if (
-            not bind or not _bindable(issued, records) or x is y or p is x
-        ):  # the slots below tell tensors apart by identity
+    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+        p = prior if prior is not None and any(float(r.beta) != 0.0 for r in records) else y
+        key = (_layout(x), _layout(y), None if p is y else _layout(p), *(r.layout_key() for r in records))
+        tensors = _slot_tensors(x, y, p, records)
+        template = self._templates.get(key)
+        if template is not None and template.try_launch(tensors):
             return
-        tensors = (x, y, p)
-        launches = [
-            BoundLaunch(kernel, grid, args, [tuple(i for i, a in enumerate(args) if a is t) for t in tensors])
-            for _, kernel, grid, args in issued
-        ]
-        if len(self._bound) >= 64:
-            self._bound.clear()
-        fixed = [(t.data_ptr(), extent_bytes(t)) for t in records[0].tensors()]
-        self._bound[id(records)] = _BoundCall(
-            launches,
-            records,
-            prior is not None,
-            p is not y,
-            extent_bytes(x),
-            extent_bytes(y),
-            fixed,
-            current_raw_stream(),
+        self._issued = []
+        with torch.no_grad():
+            bindable = self._launch_all(x, y, p, records)
+        issued, self._issued = self._issued, []
+        if bindable:
+            self._bind(key, issued, tensors)
+
+    rerun = run
+
+    def _launch_all(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> bool:
+        """Launch the three kernels on a call's tensors (the prior slot ``p``: the prior, else y);
+        whether they can be bound: each tensor read and written in place (no stand-in)."""
+        raise NotImplementedError
+
+    def _bind(self, key: tuple, issued: list[tuple], tensors: Sequence[Tensor]) -> None:
+        """Keep a call's launches, every tensor of the call in a slot, for the later calls of its
+        geometry (a framework's new tensors and records each step): three C launches, no argument
+        processing, the workspace kept."""
+        if interpreter_active() or torch.cuda.is_current_stream_capturing():  # a capture's memory is the graph's
+            return
+        assert self._workspace_tensor is not None
+        slots = _template_slots(issued, tensors, self._workspace_tensor)
+        if slots is None:
+            return
+        launches = [BoundLaunch(kernel, grid, args, s) for (_, kernel, grid, args), s in zip(issued, slots)]
+        y = tensors[0]
+        in_place_ok = [t.shape == y.shape and t.stride() == y.stride() for t in tensors]
+        if len(self._templates) >= 64:
+            self._templates.clear()
+        self._templates[key] = _Template(
+            launches, [extent_bytes(t) for t in tensors], in_place_ok, current_raw_stream()
         )
 
     def _grids(self) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
@@ -689,13 +725,12 @@ def _activation_scalars(rec: OpArgs | None) -> tuple[list[float], bool, bool]:
 
 
 class TritonBatchNormForwardKernel(_TrainingKernel):
-    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+    def _launch_all(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> bool:
         bn = records[0]
         assert isinstance(bn, BatchNormForwardArgs)
         act_values, act_prior, unit_alpha = _activation_scalars(records[1] if self.has_act else None)
         bn_prior = float(bn.beta) != 0.0
-        out = torch.empty_like(y) if _aliased_output(y, x) else y
-        p = prior if prior is not None and (bn_prior or act_prior) else out
+        out = torch.empty_like(y) if _aliased_output(y, x, p) else y
         (mean_ws, m2_ws), coef = self._workspace(x.device, 2, 3)
         per_act = self.geo.per_activation
         vx, vy, vp = (tensor_view(t, per_act) for t in (x, out, p))
@@ -709,7 +744,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
         side = [_SideOutput(bn.saved_mean, coef), _SideOutput(bn.saved_inv_variance, coef)]
         running = [_SideOutput(bn.running_mean, coef, read=True), _SideOutput(bn.running_variance, coef, read=True)]
         has_running = bn.running_mean is not None and bn.running_variance is not None
-        scale, bias = bn.scale.reshape(-1), bn.bias.reshape(-1)  # a copy where a view is strided
+        scale, bias = _flat(bn.scale), _flat(bn.bias)
         self._launch(
             "forward_finalize",
             finalize,
@@ -732,27 +767,24 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
             s.finish()
         if out is not y:
             y.copy_(out)
-        elif all(s.direct for s in (*side, *running)):
-            self._bind(x, y, p, records, prior)
-        self._issued, self._bind_this_call = [], False
+        return out is y and all(s.direct for s in (*side, *running))
 
 
 class TritonBatchNormBackwardKernel(_TrainingKernel):
-    def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
+    def _launch_all(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> bool:
         # x is dy (the plan's input), y is dx; the forward input is the batch-norm record's x
         bn = records[0]
         assert isinstance(bn, BatchNormBackwardArgs)
         act_values, act_prior, unit_alpha = _activation_scalars(records[1] if self.has_act else None)
         bn_prior = float(bn.beta) != 0.0
         dy, fx = x, bn.x
-        out = torch.empty_like(y) if _aliased_output(y, dy, fx) else y
-        p = prior if prior is not None and (bn_prior or act_prior) else out
+        out = torch.empty_like(y) if _aliased_output(y, dy, fx, p) else y
         (sum_ws, dot_ws), coef = self._workspace(dy.device, 2, 3)
         per_act = self.geo.per_activation
         vd, vx, vp, vo = (tensor_view(t, per_act) for t in (dy, fx, p, out))
         partial, finalize, apply = self._grids()
         g, cfg = self.geo, self.config
-        params = [t.reshape(-1) for t in (bn.saved_mean, bn.saved_inv_variance, bn.scale, bn.bias)]
+        params = [_flat(t) for t in (bn.saved_mean, bn.saved_inv_variance, bn.scale, bn.bias)]
         self._launch(
             "backward_partial",
             partial,
@@ -784,9 +816,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
             s.finish()
         if out is not y:
             y.copy_(out)
-        elif all(s.direct for s in grads):
-            self._bind(dy, y, p, records, prior)
-        self._issued, self._bind_this_call = [], False
+        return out is y and all(s.direct for s in grads)
 
 
 #: data types the training kernels run (no dot products: bf16 is exact in the interpreter too)
