@@ -146,12 +146,23 @@ def forward_partial(
     F: tl.constexpr, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
     FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
 ):
-    # One chunk of rows, one block of features: its mean and sum of squared deviations. Each element
-    # slot of the tile keeps its own Welford statistics over the tiles it sees (elementwise, so the
-    # loop has no reduction and no barrier); the slots are merged once at the end by Chan's formula,
-    # so that a large mean costs no digits of the variance.
+    # One chunk of rows, one block of features: its mean and sum of squared deviations.
     k, row0, row_end = _chunk_rows(R, RPP, IDX64)
     f, f_ok = _features(BLOCK_F, F)
+    mean, m2 = _welford(x_ptr, row0, row_end, f, f_ok, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT, BLOCK_R,
+                        BLOCK_F, IDX64)
+    tl.store(mean_ws + k * F + f, mean, mask=f_ok)
+    tl.store(m2_ws + k * F + f, m2, mask=f_ok)
+
+
+@triton.jit
+def _welford(x_ptr, row0, row_end, f, f_ok, sxn, sxc, sxh, sxw, HW: tl.constexpr, W: tl.constexpr,
+             PER_ACT: tl.constexpr, LINEAR: tl.constexpr, FLAT: tl.constexpr, BLOCK_R: tl.constexpr,
+             BLOCK_F: tl.constexpr, IDX64: tl.constexpr):
+    # Mean and sum of squared deviations of rows row0..row_end. Each element slot of the tile keeps
+    # its own Welford statistics over the tiles it sees (elementwise, so the loop has no reduction
+    # and no barrier); the slots are merged once at the end by Chan's formula, so that a large mean
+    # costs no digits of the variance.
     n_slot = tl.zeros([BLOCK_R], dtype=tl.float32)
     mean_slot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
     m2_slot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
@@ -170,8 +181,7 @@ def forward_partial(
     mean = tl.sum(mean_slot * n_slot[:, None], axis=0) / tl.maximum(count, 1.0)
     dev = mean_slot - mean[None, :]
     m2 = tl.sum(m2_slot + n_slot[:, None] * dev * dev, axis=0)
-    tl.store(mean_ws + k * F + f, mean, mask=f_ok)
-    tl.store(m2_ws + k * F + f, m2, mask=f_ok)
+    return mean, m2
 
 
 @triton.jit
@@ -210,6 +220,18 @@ def forward_finalize(
         d = tl.where(mask, m - mean[None, :], 0.0)
         acc += tl.sum(m2 + cnt[:, None] * d * d, axis=0)
     var = acc / total
+    shift, scale = _forward_coefficients(mean, var, total, f, f_ok, scale_ptr, bias_ptr, saved_mean_ptr, saved_inv_ptr,
+                                         run_mean_ptr, run_var_ptr, eps, factor, alpha, SAVED_MEAN, SAVED_INV, RUNNING)
+    tl.store(coef_ws + f, mean, mask=f_ok)
+    tl.store(coef_ws + F + f, scale, mask=f_ok)
+    tl.store(coef_ws + 2 * F + f, shift, mask=f_ok)
+
+
+@triton.jit
+def _forward_coefficients(mean, var, total, f, f_ok, scale_ptr, bias_ptr, saved_mean_ptr, saved_inv_ptr, run_mean_ptr,
+                          run_var_ptr, eps, factor, alpha, SAVED_MEAN: tl.constexpr, SAVED_INV: tl.constexpr,
+                          RUNNING: tl.constexpr):
+    # the side outputs written; y = (x - mean) * scale + shift, returned as (shift, scale)
     inv = 1.0 / tl.sqrt(var + eps)
     if SAVED_MEAN:
         tl.store(saved_mean_ptr + f, mean.to(saved_mean_ptr.dtype.element_ty), mask=f_ok)
@@ -225,9 +247,7 @@ def forward_finalize(
     beta = tl.load(bias_ptr + f, mask=f_ok, other=0.0).to(tl.float32)
     # y = (x - mean) * s + b rather than x * s' + b': where the mean is large against the spread, or
     # the inverse deviation large (one value per feature), x * s' and b' would cancel
-    tl.store(coef_ws + f, mean, mask=f_ok)
-    tl.store(coef_ws + F + f, alpha * gamma * inv, mask=f_ok)
-    tl.store(coef_ws + 2 * F + f, alpha * beta, mask=f_ok)
+    return alpha * beta, alpha * gamma * inv
 
 
 @triton.jit
@@ -239,10 +259,48 @@ def forward_apply(
     HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr,
 ):
     r, f, f_ok, mask = _apply_tile(R, F, BLOCK_R, BLOCK_F, IDX64)
-    x = tl.load(x_ptr + _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
     mean = tl.load(coef_ws + f, mask=f_ok, other=0.0)
     sc = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
     sh = tl.load(coef_ws + 2 * F + f, mask=f_ok, other=0.0)
+    _forward_tile(x_ptr, y_ptr, prior_ptr, r, f, mask, mean, sc, sh, bn_beta, a, b, g, act_alpha, act_beta,
+                  sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT, HAS_ACT,
+                  BN_PRIOR, ACT_PRIOR, UNIT_ACT_ALPHA)
+
+
+@triton.jit
+def forward_whole(
+    x_ptr, y_ptr, prior_ptr, scale_ptr, bias_ptr, saved_mean_ptr, saved_inv_ptr, run_mean_ptr, run_var_ptr,
+    eps, factor, alpha, bn_beta, a, b, g, act_alpha, act_beta, R,
+    sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw,
+    F: tl.constexpr, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
+    FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
+    SAVED_MEAN: tl.constexpr, SAVED_INV: tl.constexpr, RUNNING: tl.constexpr,
+    HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr,
+):
+    # The whole plan in one launch, one program per block of features: the statistics over every
+    # row, the side outputs, then the elementwise pass over the same rows (x read again, from L2
+    # where it fits).
+    f, f_ok = _features(BLOCK_F, F)
+    mean, m2 = _welford(x_ptr, 0, R, f, f_ok, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT, BLOCK_R, BLOCK_F,
+                        IDX64)
+    total = R.to(tl.float32)
+    sh, sc = _forward_coefficients(mean, m2 / total, total, f, f_ok, scale_ptr, bias_ptr, saved_mean_ptr,
+                                   saved_inv_ptr, run_mean_ptr, run_var_ptr, eps, factor, alpha, SAVED_MEAN,
+                                   SAVED_INV, RUNNING)
+    for start in range(0, R, BLOCK_R):
+        r = _tile_rows(start, BLOCK_R, IDX64)
+        mask = (r < R)[:, None] & f_ok[None, :]
+        _forward_tile(x_ptr, y_ptr, prior_ptr, r, f, mask, mean, sc, sh, bn_beta, a, b, g, act_alpha, act_beta,
+                      sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT,
+                      HAS_ACT, BN_PRIOR, ACT_PRIOR, UNIT_ACT_ALPHA)
+
+
+@triton.jit
+def _forward_tile(x_ptr, y_ptr, prior_ptr, r, f, mask, mean, sc, sh, bn_beta, a, b, g, act_alpha, act_beta,
+                  sxn, sxc, sxh, sxw, syn, syc, syh, syw, spn, spc, sph, spw, HW: tl.constexpr, W: tl.constexpr,
+                  PER_ACT: tl.constexpr, LINEAR: tl.constexpr, FLAT: tl.constexpr, HAS_ACT: tl.constexpr,
+                  BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr):
+    x = tl.load(x_ptr + _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
     h = (x.to(tl.float32) - mean[None, :]) * sc[None, :] + sh[None, :]
     if BN_PRIOR or ACT_PRIOR:
         p = tl.load(prior_ptr + _offsets(r, f, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT), mask=mask, other=0.0)
@@ -296,6 +354,21 @@ def backward_partial(
     k, row0, row_end = _chunk_rows(R, RPP, IDX64)
     f, f_ok = _features(BLOCK_F, F)
     mean, inv, gamma, beta = _parameters(mean_ptr, inv_ptr, scale_ptr, bias_ptr, f, f_ok)
+    total_sum, total_dot = _gradient_sums(dy_ptr, x_ptr, prior_ptr, row0, row_end, f, f_ok, mean, inv, gamma, beta,
+                                          a, b, g, act_alpha, act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn,
+                                          spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT, BLOCK_R, BLOCK_F, IDX64,
+                                          HAS_ACT, ACT_PRIOR, UNIT_ACT_ALPHA)
+    tl.store(sum_ws + k * F + f, total_sum, mask=f_ok)
+    tl.store(dot_ws + k * F + f, total_dot, mask=f_ok)
+
+
+@triton.jit
+def _gradient_sums(dy_ptr, x_ptr, prior_ptr, row0, row_end, f, f_ok, mean, inv, gamma, beta, a, b, g, act_alpha,
+                   act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw, HW: tl.constexpr,
+                   W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr, FLAT: tl.constexpr,
+                   BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr, HAS_ACT: tl.constexpr,
+                   ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr):
+    # sum(dy') and sum(dy' * xhat) over rows row0..row_end
     acc_sum = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)  # reduced once, after the loop
     acc_dot = tl.zeros([BLOCK_R, BLOCK_F], dtype=tl.float32)
     for start in range(row0, row_end, BLOCK_R):
@@ -308,8 +381,7 @@ def backward_partial(
                                act_alpha, act_beta, HAS_ACT, ACT_PRIOR, UNIT_ACT_ALPHA)
         acc_sum += grad
         acc_dot += grad * xhat
-    tl.store(sum_ws + k * F + f, tl.sum(acc_sum, axis=0), mask=f_ok)
-    tl.store(dot_ws + k * F + f, tl.sum(acc_dot, axis=0), mask=f_ok)
+    return tl.sum(acc_sum, axis=0), tl.sum(acc_dot, axis=0)
 
 
 @triton.jit
@@ -326,15 +398,22 @@ def backward_finalize(
         mask = (kk < K)[:, None] & f_ok[None, :]
         dbias += tl.sum(tl.load(sum_ws + kk[:, None] * F + f[None, :], mask=mask, other=0.0), axis=0)
         dscale += tl.sum(tl.load(dot_ws + kk[:, None] * F + f[None, :], mask=mask, other=0.0), axis=0)
-    tl.store(dbias_ptr + f, dbias.to(dbias_ptr.dtype.element_ty), mask=f_ok)
-    tl.store(dscale_ptr + f, dscale.to(dscale_ptr.dtype.element_ty), mask=f_ok)
     gamma = tl.load(scale_ptr + f, mask=f_ok, other=0.0).to(tl.float32)
     inv = tl.load(inv_ptr + f, mask=f_ok, other=0.0).to(tl.float32)
-    total = R.to(tl.float32)
+    ca, cb, cc = _backward_coefficients(dscale, dbias, R.to(tl.float32), f, f_ok, gamma, inv, dscale_ptr, dbias_ptr,
+                                        alpha)
+    tl.store(coef_ws + f, ca, mask=f_ok)
+    tl.store(coef_ws + F + f, cb, mask=f_ok)
+    tl.store(coef_ws + 2 * F + f, cc, mask=f_ok)
+
+
+@triton.jit
+def _backward_coefficients(dscale, dbias, total, f, f_ok, gamma, inv, dscale_ptr, dbias_ptr, alpha):
+    # the parameter gradients written; dx = ca * dy' + cb * xhat + cc, returned as (ca, cb, cc)
+    tl.store(dbias_ptr + f, dbias.to(dbias_ptr.dtype.element_ty), mask=f_ok)
+    tl.store(dscale_ptr + f, dscale.to(dscale_ptr.dtype.element_ty), mask=f_ok)
     coef = alpha * gamma * inv
-    tl.store(coef_ws + f, coef, mask=f_ok)
-    tl.store(coef_ws + F + f, -coef * dscale / total, mask=f_ok)
-    tl.store(coef_ws + 2 * F + f, -coef * dbias / total, mask=f_ok)
+    return coef, -coef * dscale / total, -coef * dbias / total
 
 
 @triton.jit
@@ -348,14 +427,51 @@ def backward_apply(
 ):
     r, f, f_ok, mask = _apply_tile(R, F, BLOCK_R, BLOCK_F, IDX64)
     mean, inv, gamma, beta = _parameters(mean_ptr, inv_ptr, scale_ptr, bias_ptr, f, f_ok)
+    ca = tl.load(coef_ws + f, mask=f_ok, other=0.0)
+    cb = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
+    cc = tl.load(coef_ws + 2 * F + f, mask=f_ok, other=0.0)
+    _backward_tile(dy_ptr, x_ptr, prior_ptr, dx_ptr, r, f, mask, mean, inv, gamma, beta, ca, cb, cc, bn_beta, a, b, g,
+                   act_alpha, act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw, son, soc, soh, sow,
+                   HW, W, PER_ACT, LINEAR, FLAT, HAS_ACT, BN_PRIOR, ACT_PRIOR, UNIT_ACT_ALPHA)
+
+
+@triton.jit
+def backward_whole(
+    dy_ptr, x_ptr, prior_ptr, dx_ptr, mean_ptr, inv_ptr, scale_ptr, bias_ptr, dscale_ptr, dbias_ptr, alpha, bn_beta,
+    a, b, g, act_alpha, act_beta, R,
+    sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw, son, soc, soh, sow,
+    F: tl.constexpr, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
+    FLAT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr, IDX64: tl.constexpr,
+    HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr, UNIT_ACT_ALPHA: tl.constexpr,
+):
+    # The whole plan in one launch, one program per block of features (see forward_whole).
+    f, f_ok = _features(BLOCK_F, F)
+    mean, inv, gamma, beta = _parameters(mean_ptr, inv_ptr, scale_ptr, bias_ptr, f, f_ok)
+    dbias, dscale = _gradient_sums(dy_ptr, x_ptr, prior_ptr, 0, R, f, f_ok, mean, inv, gamma, beta, a, b, g,
+                                   act_alpha, act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw,
+                                   HW, W, PER_ACT, LINEAR, FLAT, BLOCK_R, BLOCK_F, IDX64, HAS_ACT, ACT_PRIOR,
+                                   UNIT_ACT_ALPHA)
+    ca, cb, cc = _backward_coefficients(dscale, dbias, R.to(tl.float32), f, f_ok, gamma, inv, dscale_ptr, dbias_ptr,
+                                        alpha)
+    for start in range(0, R, BLOCK_R):
+        r = _tile_rows(start, BLOCK_R, IDX64)
+        mask = (r < R)[:, None] & f_ok[None, :]
+        _backward_tile(dy_ptr, x_ptr, prior_ptr, dx_ptr, r, f, mask, mean, inv, gamma, beta, ca, cb, cc, bn_beta, a,
+                       b, g, act_alpha, act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw, son,
+                       soc, soh, sow, HW, W, PER_ACT, LINEAR, FLAT, HAS_ACT, BN_PRIOR, ACT_PRIOR, UNIT_ACT_ALPHA)
+
+
+@triton.jit
+def _backward_tile(dy_ptr, x_ptr, prior_ptr, dx_ptr, r, f, mask, mean, inv, gamma, beta, ca, cb, cc, bn_beta, a, b,
+                   g, act_alpha, act_beta, sdn, sdc, sdh, sdw, sxn, sxc, sxh, sxw, spn, spc, sph, spw, son, soc, soh,
+                   sow, HW: tl.constexpr, W: tl.constexpr, PER_ACT: tl.constexpr, LINEAR: tl.constexpr,
+                   FLAT: tl.constexpr, HAS_ACT: tl.constexpr, BN_PRIOR: tl.constexpr, ACT_PRIOR: tl.constexpr,
+                   UNIT_ACT_ALPHA: tl.constexpr):
     at_dy = _offsets(r, f, sdn, sdc, sdh, sdw, HW, W, PER_ACT, LINEAR, FLAT)
     at_x = _offsets(r, f, sxn, sxc, sxh, sxw, HW, W, PER_ACT, LINEAR, FLAT)
     at_p = _offsets(r, f, spn, spc, sph, spw, HW, W, PER_ACT, LINEAR, FLAT)
     grad, xhat = _gradient(dy_ptr, x_ptr, prior_ptr, at_dy, at_x, at_p, mask, mean, inv, gamma, beta, a, b, g,
                            act_alpha, act_beta, HAS_ACT, ACT_PRIOR, UNIT_ACT_ALPHA)
-    ca = tl.load(coef_ws + f, mask=f_ok, other=0.0)
-    cb = tl.load(coef_ws + F + f, mask=f_ok, other=0.0)
-    cc = tl.load(coef_ws + 2 * F + f, mask=f_ok, other=0.0)
     dx = ca[None, :] * grad + cb[None, :] * xhat + cc[None, :]
     if BN_PRIOR:
         dx = dx + bn_beta * tl.load(prior_ptr + at_p, mask=mask, other=0.0).to(tl.float32)
