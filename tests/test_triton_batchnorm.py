@@ -30,8 +30,12 @@ SETTINGS = [
 EPSILON = 1e-5
 
 
-@pytest.fixture(autouse=True)
-def interpreter(monkeypatch, tmp_path_factory):
+@pytest.fixture(autouse=True, params=[0, 1], ids=["three-launches", "one-launch"])
+def interpreter(request, monkeypatch, tmp_path_factory):
+    """Each test on both engines of the training plans."""
+    from fusionplan import tuning
+
+    monkeypatch.setattr(tuning, "BATCHNORM_ONE_LAUNCH", request.param)
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
     monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "fusionplan-cache"))
 

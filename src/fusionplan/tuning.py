@@ -1163,3 +1163,13 @@ def overridden(values: dict[str, int | float]) -> Iterator[None]:
     finally:
         for name, value in before.items():
             setattr(module, name, value)
+
+
+# ---- batch-norm training kernels (triton-batchnorm) ----------------------------------------------
+#: The engine of the training plans: -1 the FAST choice (batchnorm_one_launch), 0 three launches
+#: (chunked partials, a finalize, the elementwise pass), 1 one launch (a program per feature block
+#: takes every row twice). Set for experiments (fusionplan-bench --tuning) and tests.
+BATCHNORM_ONE_LAUNCH = -1
+#: Features per program of the one-launch engine where the features are contiguous (NHWC spatial,
+#: per-activation over NCHW); 4 where the rows are.
+BATCHNORM_WHOLE_BLOCK_F = 16

@@ -30,8 +30,9 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
+from fusionplan import tuning
 from fusionplan.activations import activation_forward
-from fusionplan.benchmark.cases import PRECISIONS
+from fusionplan.benchmark.cases import PRECISIONS, TUNING_PREFIX
 from fusionplan.benchmark.timing import l2_bytes, measure_peaks, median_ms
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
@@ -289,8 +290,8 @@ def run_case(
         }
         for variant in ("fused", *baselines):
             try:
-                fn = make[variant]()
-                if variant == "fused":
+                fn = _variant(variant, make, direction, run)
+                if variant == "fused" or variant.startswith(TUNING_PREFIX):
                     wrong = (run.verify_forward if direction == "forward" else run.verify_backward)(fn)
                     if wrong:
                         row.errors[f"{direction} {variant}"] = wrong
@@ -300,6 +301,16 @@ def run_case(
                 row.errors[f"{direction} {variant}"] = f"{type(exc).__name__}: {exc}"[:300]
     row.errors.update({"solvers": f"{getattr(run, 'forward_solver', '?')}/{getattr(run, 'backward_solver', '?')}"})
     return row
+
+
+def _variant(variant: str, make: dict, direction: str, run: _CaseRun) -> Callable[[int], None]:
+    """The timed function of a variant: fusionplan's plan (compiled with tuning constants set, for
+    'tuning:NAME=V,...'), eager PyTorch or torch.compile."""
+    if not variant.startswith(TUNING_PREFIX):
+        return make[variant]()
+    values = dict(tuning.parse_override(part) for part in variant[len(TUNING_PREFIX) :].split(","))
+    with tuning.overridden(values):
+        return run.forward_plan() if direction == "forward" else run.backward_plan()
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
@@ -376,6 +387,8 @@ def run_training_suite(opts, device: torch.device, env: dict) -> int:
     unknown = set(baselines) - set(VARIANTS[1:]) | set(precisions) - set(PRECISIONS) - {"fp32"}
     if unknown:
         raise ValueError(f"unknown baselines or precisions for the training suite: {sorted(unknown)}")
+    if getattr(opts, "tuning", None):
+        baselines += [TUNING_PREFIX + tuning.override_label(c) for c in tuning.override_combinations(opts.tuning)]
     activation = ActivationMode[opts.activation.upper()]
     cases = [
         TrainingCase(layer, batch, precision, layout, activation)

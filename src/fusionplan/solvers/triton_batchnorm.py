@@ -23,10 +23,11 @@ The forward reads x twice and writes y; the backward reads dy and x twice and wr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from fusionplan import tuning
 from fusionplan.codegen import interpreter_active, load_module
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
@@ -502,13 +503,15 @@ def _activation_mode(spec: PlanSpec) -> ActivationMode:
 @dataclass(frozen=True)
 class TileConfig:
     """Tiles of the [rows, features] passes (looped over a chunk of rows by the partials, one per
-    program in the elementwise pass), and the finalize's tile of chunks."""
+    program in the elementwise pass), and the finalize's tile of chunks; ``one_launch``: one program
+    per feature block takes every row (the partial, finalize and elementwise passes in turn)."""
 
     block_r: int
     block_f: int
     num_warps: int
     finalize_k: int
     finalize_f: int
+    one_launch: bool = False
 
 
 def _pow2(n: int) -> int:
@@ -537,6 +540,31 @@ def tile_config(features_contiguous: bool, features: int, rows: int) -> TileConf
     fin_k = 4 if interpreter_active() else 256
     fin_f = 8 if interpreter_active() else 16
     return TileConfig(block_r, block_f, warps, fin_k, fin_f)
+
+
+def whole_config(features_contiguous: bool, features: int, rows: int) -> TileConfig:
+    """The one-launch engine's tile: few features per program (so that every feature block is a
+    program of its own), as many rows as make the tile."""
+    if interpreter_active():
+        return replace(tile_config(features_contiguous, features, rows), one_launch=True)
+    block_f = min(_pow2(features), tuning.BATCHNORM_WHOLE_BLOCK_F if features_contiguous else 4)
+    block_r = max(1, min(_pow2(rows), GPU_TILE // block_f))
+    return TileConfig(block_r, block_f, 8, 1, 1, one_launch=True)
+
+
+def choose_config(features_contiguous: bool, features: int, rows: int, data_bytes: int, programs: int) -> TileConfig:
+    """The engine and its tile: tuning.BATCHNORM_ONE_LAUNCH where set, else the FAST choice."""
+    choice = tuning.BATCHNORM_ONE_LAUNCH
+    if choice < 0:
+        choice = batchnorm_one_launch(features_contiguous, features, rows, data_bytes, programs)
+    if choice:
+        return whole_config(features_contiguous, features, rows)
+    return tile_config(features_contiguous, features, rows)
+
+
+def batchnorm_one_launch(features_contiguous: bool, features: int, rows: int, data_bytes: int, programs: int) -> bool:
+    """FAST choice of the engine (see docs/decisions/training-kernels.md)."""
+    return False
 
 
 @dataclass(frozen=True)
@@ -719,7 +747,10 @@ class _TrainingKernel(Kernel):
         self.geo = geometry(spec)
         self.has_act = len(spec.ops) > 1
         self.programs = 4 * persistent_programs(handle)
-        self.config = tile_config(features_contiguous(spec, self.geo), self.geo.features, self.geo.rows)
+        n, c, h, w = spec.input_desc.dims
+        data_bytes = n * c * h * w * spec.dtype.torch_dtype.itemsize
+        contiguous = features_contiguous(spec, self.geo)
+        self.config = choose_config(contiguous, self.geo.features, self.geo.rows, data_bytes, self.programs)
         self._launchers: dict[str, Launcher] = {}
         self._issued: list[tuple] = []
         self._templates: dict[tuple, _Template] = {}
@@ -812,6 +843,16 @@ class _TrainingKernel(Kernel):
             launches, [extent_bytes(t) for t in tensors], in_place_ok, current_raw_stream()
         )
 
+    @staticmethod
+    def _finish(y: Tensor, out: Tensor, side: list[_SideOutput], read_side: list[_SideOutput]) -> bool:
+        """After the launches: side outputs and y copied from their stand-ins; whether the call can
+        be bound (no stand-in: every tensor read and written in place)."""
+        for s in (*side, *read_side):
+            s.finish()
+        if out is not y:
+            y.copy_(out)
+        return out is y and all(s.direct for s in (*side, *read_side))
+
     def _grids(self) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
         cfg = self.config
         partial = (self.chunks, self.feature_blocks, 1)
@@ -847,28 +888,41 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
         act_values, act_prior, unit_alpha = _activation_scalars(records[1] if self.has_act else None)
         bn_prior = float(bn.beta) != 0.0
         out = torch.empty_like(y) if _aliased_output(y, x, p) else y
-        (mean_ws, m2_ws), coef = self._workspace(x.device, 2, 3)
+        g, cfg = self.geo, self.config
+        workspace, coef = self._workspace(x.device, 0 if cfg.one_launch else 2, 3)
         per_act = self.geo.per_activation
         vx, vy, vp = (tensor_view(t, per_act) for t in (x, out, p))
+        side = [_SideOutput(bn.saved_mean, coef), _SideOutput(bn.saved_inv_variance, coef)]
+        running = [_SideOutput(bn.running_mean, coef, read=True), _SideOutput(bn.running_variance, coef, read=True)]
+        has_running = bn.running_mean is not None and bn.running_variance is not None
+        scale, bias = _flat(bn.scale), _flat(bn.bias)
+        flags = [bn.saved_mean is not None, bn.saved_inv_variance is not None, has_running]
+        if cfg.one_launch:
+            self._launch(
+                "forward_whole",
+                (1, self.feature_blocks, 1),
+                [
+                    x, out, p, scale, bias, *(s.buffer for s in side), *(s.buffer for s in running),
+                    float(bn.epsilon), float(bn.exp_avg_factor), float(bn.alpha), float(bn.beta), *act_values,
+                    g.rows, *vx.strides, *vy.strides, *vp.strides, *self._consts([vx, vy, vp], x, out, p), *flags,
+                    self.has_act, bn_prior, act_prior, unit_alpha,
+                ],
+            )  # fmt: skip
+            return self._finish(y, out, side, running if has_running else [])
+        mean_ws, m2_ws = workspace
         partial, finalize, apply = self._grids()
-        g, cfg = self.geo, self.config
         self._launch(
             "forward_partial",
             partial,
             [x, mean_ws, m2_ws, g.rows, self.rows_per_chunk, *vx.strides, *self._consts([vx], x)],
         )
-        side = [_SideOutput(bn.saved_mean, coef), _SideOutput(bn.saved_inv_variance, coef)]
-        running = [_SideOutput(bn.running_mean, coef, read=True), _SideOutput(bn.running_variance, coef, read=True)]
-        has_running = bn.running_mean is not None and bn.running_variance is not None
-        scale, bias = _flat(bn.scale), _flat(bn.bias)
         self._launch(
             "forward_finalize",
             finalize,
             [
                 mean_ws, m2_ws, coef, scale, bias, *(s.buffer for s in side), *(s.buffer for s in running),
                 self.chunks, g.rows, self.rows_per_chunk, float(bn.epsilon), float(bn.exp_avg_factor),
-                float(bn.alpha), g.features, cfg.finalize_k, cfg.finalize_f,
-                bn.saved_mean is not None, bn.saved_inv_variance is not None, has_running,
+                float(bn.alpha), g.features, cfg.finalize_k, cfg.finalize_f, *flags,
             ],
         )  # fmt: skip
         self._launch(
@@ -879,11 +933,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
                 *self._consts([vx, vy, vp], x, out, p), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
-        for s in (*side, *(running if has_running else ())):
-            s.finish()
-        if out is not y:
-            y.copy_(out)
-        return out is y and all(s.direct for s in (*side, *running))
+        return self._finish(y, out, side, running if has_running else [])
 
 
 class TritonBatchNormBackwardKernel(_TrainingKernel):
@@ -895,12 +945,25 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
         bn_prior = float(bn.beta) != 0.0
         dy, fx = x, bn.x
         out = torch.empty_like(y) if _aliased_output(y, dy, fx, p) else y
-        (sum_ws, dot_ws), coef = self._workspace(dy.device, 2, 3)
+        g, cfg = self.geo, self.config
+        workspace, coef = self._workspace(dy.device, 0 if cfg.one_launch else 2, 3)
         per_act = self.geo.per_activation
         vd, vx, vp, vo = (tensor_view(t, per_act) for t in (dy, fx, p, out))
-        partial, finalize, apply = self._grids()
-        g, cfg = self.geo, self.config
         params = [_flat(t) for t in (bn.saved_mean, bn.saved_inv_variance, bn.scale, bn.bias)]
+        grads = [_SideOutput(bn.result_scale_diff, coef), _SideOutput(bn.result_bias_diff, coef)]
+        if cfg.one_launch:
+            self._launch(
+                "backward_whole",
+                (1, self.feature_blocks, 1),
+                [
+                    dy, fx, p, out, *params, grads[0].buffer, grads[1].buffer, float(bn.alpha), float(bn.beta),
+                    *act_values, g.rows, *vd.strides, *vx.strides, *vp.strides, *vo.strides,
+                    *self._consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
+                ],
+            )  # fmt: skip
+            return self._finish(y, out, grads, [])
+        sum_ws, dot_ws = workspace
+        partial, finalize, apply = self._grids()
         self._launch(
             "backward_partial",
             partial,
@@ -910,7 +973,6 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
                 self.has_act, act_prior, unit_alpha,
             ],
         )  # fmt: skip
-        grads = [_SideOutput(bn.result_scale_diff, coef), _SideOutput(bn.result_bias_diff, coef)]
         self._launch(
             "backward_finalize",
             finalize,
@@ -928,11 +990,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
                 *self._consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
-        for s in grads:
-            s.finish()
-        if out is not y:
-            y.copy_(out)
-        return out is y and all(s.direct for s in grads)
+        return self._finish(y, out, grads, [])
 
 
 #: data types the training kernels run (no dot products: bf16 is exact in the interpreter too)
