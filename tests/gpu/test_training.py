@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan import tuning
 from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
 from fusionplan.verify import TOLERANCE, compare
@@ -84,7 +85,9 @@ def assert_close(got, want, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("mode", [SPATIAL, PER_ACT], ids=lambda m: m.name)
-def test_forward_and_backward_against_float64(shape, dtype, layout, mode):
+@pytest.mark.parametrize("engine", [0, 1], ids=["three-launches", "one-launch"])
+def test_forward_and_backward_against_float64(shape, dtype, layout, mode, engine, monkeypatch):
+    monkeypatch.setattr(tuning, "BATCHNORM_ONE_LAUNCH", engine)
     x = tensor(shape, dtype, layout, shift=0.5, scale=2.0)
     if mode == PER_ACT and shape[0] < 2:
         pytest.skip("per-activation running statistics need 2 images")
