@@ -99,6 +99,31 @@ def test_training_suite_on_the_cpu(tmp_path, capsys, monkeypatch):
     assert main(["--suite", "training", "--device", "cpu", "--models", "vgg"]) == 2
 
 
+def test_training_tuning_columns_compile_under_their_values(tmp_path, monkeypatch):
+    """--suite training --tuning NAME=V: each column's plans built under the value, on a handle of
+    their own (a handle keeps the kernels it built, whatever the constants are later)."""
+    from fusionplan import tuning
+    from fusionplan.benchmark import training
+
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    seen = []
+    for name in ("forward_plan", "backward_plan"):
+        original = getattr(training._CaseRun, name)
+
+        def spy(self, original=original):
+            seen.append((tuning.BATCHNORM_ONE_LAUNCH, self.handle.uid))
+            return original(self)
+
+        monkeypatch.setattr(training._CaseRun, name, spy)
+    argv = ["--suite", "training", "--device", "cpu", "--batch", "2", "--iters", "1", "--warmup", "0"]
+    argv += ["--baselines", "none", "--layouts", "NCHW", "--shard", "1/60", "--out", str(tmp_path)]
+    assert main([*argv, "--tuning", "BATCHNORM_ONE_LAUNCH=0,1"]) == 0
+    row = json.loads((tmp_path / "training.json").read_text())["rows"][0]
+    assert set(row["forward_us"]) == {"fused", "tuning:BATCHNORM_ONE_LAUNCH=0", "tuning:BATCHNORM_ONE_LAUNCH=1"}
+    assert [v for v, _ in seen] == [-1, 0, 1, -1, 0, 1]
+    assert len({uid for _, uid in seen[:3]}) == 3 and tuning.BATCHNORM_ONE_LAUNCH == -1
+
+
 def test_warm_only_and_shards(capsys):
     assert main([*SMALL, "--modes", "CBA", "--warm-only", "--shard", "1/2"]) == 0
     assert "warmed 1 cases" in capsys.readouterr().out

@@ -149,7 +149,8 @@ class _CaseRun:
         plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(self.xs[0]))
         bn = plan.add_batchnorm_forward(BatchNormMode.SPATIAL, True)
         act = plan.add_activation_forward(self.case.activation)
-        self.forward_solver = plan.compile(self.handle)
+        handle = self.handle
+        self.forward_solver = plan.compile(handle)
         # one argument set, as a framework's layer keeps across steps (its inputs change, its
         # parameters and statistics buffers do not); the backward's holds x, so it is one per input
         a = fp.OperatorArgs()
@@ -169,13 +170,14 @@ class _CaseRun:
         )
         a.set(act, fp.ActivationArgs())
         self.forward_ops, self.forward_args = plan.ops, [a]
-        return lambda i: plan.execute(self.handle, self.xs[i % self.sets], self.ys[i % self.sets], a)
+        return lambda i: plan.execute(handle, self.xs[i % self.sets], self.ys[i % self.sets], a)
 
     def backward_plan(self) -> Callable[[int], None]:
         plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(self.dys[0]))
         bn = plan.add_batchnorm_backward(BatchNormMode.SPATIAL)
         act = plan.add_activation_backward(self.case.activation)
-        self.backward_solver = plan.compile(self.handle)
+        handle = self.handle
+        self.backward_solver = plan.compile(handle)
         for x, (mean, inv) in zip(self.xs, self.saved):  # the forward's statistics, whatever it computed
             var, m = torch.var_mean(x.float(), dim=(0, 2, 3), unbiased=False)
             mean.copy_(m)
@@ -199,7 +201,7 @@ class _CaseRun:
             args.append(a)
         self.backward_ops, self.backward_args = plan.ops, args
         return lambda i: plan.execute(
-            self.handle, self.dys[i % self.sets], self.dxs[i % self.sets], args[i % self.sets]
+            handle, self.dys[i % self.sets], self.dxs[i % self.sets], args[i % self.sets]
         )
 
     def verify_forward(self, run: Callable[[int], None]) -> str | None:
@@ -309,8 +311,12 @@ def _variant(variant: str, make: dict, direction: str, run: _CaseRun) -> Callabl
     if not variant.startswith(TUNING_PREFIX):
         return make[variant]()
     values = dict(tuning.parse_override(part) for part in variant[len(TUNING_PREFIX) :].split(","))
-    with tuning.overridden(values):
-        return run.forward_plan() if direction == "forward" else run.backward_plan()
+    default, run.handle = run.handle, fp.Handle(run.device)  # a handle of its own: handles keep their kernels
+    try:
+        with tuning.overridden(values):
+            return run.forward_plan() if direction == "forward" else run.backward_plan()
+    finally:
+        run.handle = default
 
 
 # ---- report ---------------------------------------------------------------------------------------------------
