@@ -224,3 +224,33 @@ def test_backward_requires_saved_statistics():
         )
     with pytest.raises(fp.BadParmError, match="x"):
         fp.OperatorArgs().set(op, fp.BatchNormBackwardArgs(x=torch.randn(2, 3, 4, 5)))
+
+
+@pytest.mark.parametrize(
+    "moved_mb, programs, one_launch",
+    [
+        (4.8, 128, True),  # 32x512x7x7 fp16 NCHW forward: 4 features a program
+        (8.0, 128, True),  # 32x512x7x7 fp16 NCHW backward
+        (19.3, 128, True),  # 32x2048x7x7 fp16 NHWC forward: 16 features a program
+        (38.5, 4, False),  # 32x64x56x56 fp16 NHWC forward: four programs stream 13 MB each
+        (154.0, 16, False),  # 32x64x112x112 fp16 NCHW forward
+        (9.6, 64, False),  # 32x256x14x14 fp16 NCHW forward
+    ],
+)
+def test_the_engine_cost_model(moved_mb, programs, one_launch):
+    """tuning.batchnorm_one_launch on shapes of the suite it was fitted on (H200: 132 multiprocessors)."""
+    from fusionplan import tuning
+
+    assert tuning.batchnorm_one_launch(int(moved_mb * 1e6), programs, 132) is one_launch
+
+
+def test_the_engine_override_wins_over_the_cost_model(monkeypatch):
+    from fusionplan import tuning
+    from fusionplan.solvers.triton_batchnorm import choose_config
+
+    for value, expected in ((0, False), (1, True)):
+        monkeypatch.setattr(tuning, "BATCHNORM_ONE_LAUNCH", value)
+        assert choose_config(True, 512, 1568, 4_800_000, 132).one_launch is expected
+    monkeypatch.setattr(tuning, "BATCHNORM_ONE_LAUNCH", -1)
+    assert choose_config(False, 512, 1568, 4_800_000, 132).one_launch
+    assert not choose_config(True, 64, 100352, 38_500_000, 132).one_launch

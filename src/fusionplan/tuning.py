@@ -1173,3 +1173,25 @@ BATCHNORM_ONE_LAUNCH = -1
 #: Features per program of the one-launch engine where the features are contiguous (NHWC spatial,
 #: per-activation over NCHW); 4 where the rows are.
 BATCHNORM_WHOLE_BLOCK_F = 16
+#: The FAST choice's cost model of the two engines (GPU time, us), fitted on the training suite's
+#: 104 ResNet-50 and MobileNetV2 shapes at batch 32, fp16, both layouts, forward and backward (H200,
+#: docs/decisions/training-kernels.md): within 0.2 % of the faster engine per shape in geomean,
+#: where three launches everywhere are 5.9 % slower.
+#:   one launch:    BATCHNORM_ONE_LAUNCH_US + bytes / (programs * BATCHNORM_PROGRAM_GBPS), the
+#:                  programs counted up to BATCHNORM_PROGRAMS_PER_SM per multiprocessor;
+#:   three launches: BATCHNORM_THREE_LAUNCH_US + bytes / BATCHNORM_STREAM_GBPS,
+#: bytes being the least traffic (3 tensor sizes forward, 5 backward).
+BATCHNORM_ONE_LAUNCH_US = 2.0
+BATCHNORM_PROGRAM_GBPS = 15.0
+BATCHNORM_PROGRAMS_PER_SM = 2
+BATCHNORM_THREE_LAUNCH_US = 6.0
+BATCHNORM_STREAM_GBPS = 2500.0
+
+
+def batchnorm_one_launch(moved_bytes: int, programs: int, multiprocessors: int) -> bool:
+    """FAST choice of the training plans' engine: one launch where the cost model above says its
+    ``programs`` (one per feature block) move ``moved_bytes`` sooner than three launches would."""
+    parallel = min(programs, BATCHNORM_PROGRAMS_PER_SM * multiprocessors)
+    one = BATCHNORM_ONE_LAUNCH_US + moved_bytes / (parallel * BATCHNORM_PROGRAM_GBPS * 1e3)
+    three = BATCHNORM_THREE_LAUNCH_US + moved_bytes / (BATCHNORM_STREAM_GBPS * 1e3)
+    return one < three

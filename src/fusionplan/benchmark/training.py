@@ -200,9 +200,7 @@ class _CaseRun:
             a.set(act, fp.ActivationBackwardArgs())
             args.append(a)
         self.backward_ops, self.backward_args = plan.ops, args
-        return lambda i: plan.execute(
-            handle, self.dys[i % self.sets], self.dxs[i % self.sets], args[i % self.sets]
-        )
+        return lambda i: plan.execute(handle, self.dys[i % self.sets], self.dxs[i % self.sets], args[i % self.sets])
 
     def verify_forward(self, run: Callable[[int], None]) -> str | None:
         start = self.running[0].clone(), self.running[1].clone()

@@ -552,19 +552,16 @@ def whole_config(features_contiguous: bool, features: int, rows: int) -> TileCon
     return TileConfig(block_r, block_f, 8, 1, 1, one_launch=True)
 
 
-def choose_config(features_contiguous: bool, features: int, rows: int, data_bytes: int, programs: int) -> TileConfig:
-    """The engine and its tile: tuning.BATCHNORM_ONE_LAUNCH where set, else the FAST choice."""
+def choose_config(
+    features_contiguous: bool, features: int, rows: int, moved_bytes: int, multiprocessors: int
+) -> TileConfig:
+    """The engine and its tile: tuning.BATCHNORM_ONE_LAUNCH where set, else the FAST choice (the
+    cost model of tuning.batchnorm_one_launch)."""
+    whole = whole_config(features_contiguous, features, rows)
     choice = tuning.BATCHNORM_ONE_LAUNCH
     if choice < 0:
-        choice = batchnorm_one_launch(features_contiguous, features, rows, data_bytes, programs)
-    if choice:
-        return whole_config(features_contiguous, features, rows)
-    return tile_config(features_contiguous, features, rows)
-
-
-def batchnorm_one_launch(features_contiguous: bool, features: int, rows: int, data_bytes: int, programs: int) -> bool:
-    """FAST choice of the engine (see docs/decisions/training-kernels.md)."""
-    return False
+        choice = tuning.batchnorm_one_launch(moved_bytes, triton_cdiv(features, whole.block_f), multiprocessors)
+    return whole if choice else tile_config(features_contiguous, features, rows)
 
 
 @dataclass(frozen=True)
@@ -748,9 +745,10 @@ class _TrainingKernel(Kernel):
         self.has_act = len(spec.ops) > 1
         self.programs = 4 * persistent_programs(handle)
         n, c, h, w = spec.input_desc.dims
-        data_bytes = n * c * h * w * spec.dtype.torch_dtype.itemsize
+        moved = (5 if spec.phase == Phase.BACKWARD else 3) * n * c * h * w * spec.dtype.torch_dtype.itemsize
         contiguous = features_contiguous(spec, self.geo)
-        self.config = choose_config(contiguous, self.geo.features, self.geo.rows, data_bytes, self.programs)
+        sms = persistent_programs(handle)
+        self.config = choose_config(contiguous, self.geo.features, self.geo.rows, moved, sms)
         self._launchers: dict[str, Launcher] = {}
         self._issued: list[tuple] = []
         self._templates: dict[tuple, _Template] = {}
