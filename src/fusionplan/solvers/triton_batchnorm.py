@@ -1,5 +1,6 @@
 """Triton batch-norm training solver: [BatchNormForward (+ ActivationForward)] and its backward
-[BatchNormBackward (+ ActivationBackward)], each in three launches and the least memory traffic.
+[BatchNormBackward (+ ActivationBackward)], each with the least memory traffic, in three launches
+or (small tensors with many features, tuning.batchnorm_one_launch) one.
 
 Both plans are a reduction over the rows of a [rows, features] view of the tensor (features: the
 channels in spatial mode, with rows the N*H*W pixels; the C*H*W elements of an image in
@@ -17,7 +18,12 @@ per-activation mode, with rows the N images), then one elementwise pass:
 - apply: y = act((x - mean) * scale' + shift') (forward), dx = A * dy' + B * xhat + C (backward), with the
   operators' alpha and beta, each tensor read and written in its own strides.
 
-The forward reads x twice and writes y; the backward reads dy and x twice and writes dx.
+The one-launch engine runs the three passes in turn in a program per feature block, over every
+row (the *_whole kernels, made of the same functions). The forward reads x twice and writes y;
+the backward reads dy and x twice and writes dx.
+
+A call whose geometry (the tensors' layouts, the records' scalars) was seen before runs that
+geometry's launch template: the C launches with this call's addresses in their slots.
 """
 
 from __future__ import annotations
