@@ -8,7 +8,7 @@ import fusionplan as fp
 from fusionplan.activations import activation_forward
 from fusionplan.enums import ActivationMode, BatchNormMode
 
-from .util import ACTIV_PARAMS, make_input
+from .util import ACTIV_PARAMS, bn_backward_args, make_input
 
 
 def param_shape(mode, x):
@@ -156,14 +156,8 @@ def test_backward_matches_autograd(mode, act):
     args = fp.OperatorArgs()
     args.set(
         bn_op,
-        fp.BatchNormBackwardArgs(
-            x=x.detach(),
-            scale=scale.detach(),
-            bias=bias.detach(),
-            result_scale_diff=dscale,
-            result_bias_diff=dbias,
-            saved_mean=mean.detach(),
-            saved_inv_variance=torch.rsqrt(var.detach() + eps),
+        bn_backward_args(
+            x.detach(), scale.detach(), bias.detach(), (dscale, dbias), (mean.detach(), torch.rsqrt(var.detach() + eps))
         ),
     )
     if act_op is not None:
@@ -191,14 +185,12 @@ def test_backward_in_float32_and_half():
         args = fp.OperatorArgs()
         args.set(
             bn_op,
-            fp.BatchNormBackwardArgs(
-                x=x,
-                scale=scale,
-                bias=bias,
-                result_scale_diff=torch.empty(3),
-                result_bias_diff=torch.empty(3),
-                saved_mean=mean.detach().float(),
-                saved_inv_variance=torch.rsqrt(var.detach() + 1e-5).float(),
+            bn_backward_args(
+                x,
+                scale,
+                bias,
+                (torch.empty(3), torch.empty(3)),
+                (mean.detach().float(), torch.rsqrt(var.detach() + 1e-5).float()),
             ),
         )
         args.set(act_op, fp.ActivationBackwardArgs())

@@ -13,6 +13,8 @@ from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
 from fusionplan.verify import ACTIV_PARAMS, TOLERANCE, compare
 
+from .util import bn_backward_args
+
 pytest.importorskip("triton")
 from fusionplan.codegen import interpreter_active  # noqa: E402
 
@@ -499,14 +501,8 @@ def test_power_backward_is_zero_below_its_threshold_whatever_dy(backend):
     args = fp.OperatorArgs()
     args.set(
         bn,
-        fp.BatchNormBackwardArgs(
-            x=x,
-            scale=torch.ones(pshape),
-            bias=torch.zeros(pshape),
-            result_scale_diff=outs[0],
-            result_bias_diff=outs[1],
-            saved_mean=mean,
-            saved_inv_variance=torch.rsqrt(var + EPSILON),
+        bn_backward_args(
+            x, torch.ones(pshape), torch.zeros(pshape), (outs[0], outs[1]), (mean, torch.rsqrt(var + EPSILON))
         ),
     )
     args.set(act, fp.ActivationBackwardArgs(activ_alpha=-0.5, activ_beta=1.0, activ_gamma=2.0))
@@ -550,15 +546,7 @@ def test_strided_parameters_are_read_as_they_are():
     bargs = fp.OperatorArgs()
     bargs.set(
         bbn,
-        fp.BatchNormBackwardArgs(
-            x=x,
-            scale=scale,
-            bias=bias,
-            result_scale_diff=grads[0],
-            result_bias_diff=grads[1],
-            saved_mean=saved[0],
-            saved_inv_variance=saved[1],
-        ),
+        bn_backward_args(x, scale, bias, (grads[0], grads[1]), (saved[0], saved[1])),
     )
     dx = torch.full_like(dy, float("nan"))
     bplan.execute(handle, dy, dx, bargs)

@@ -235,3 +235,18 @@ def assert_expects_sum_to_their_loads(info: dict) -> None:
     """Kernels whose expects count several loads each (a filter's taps, a row's boxes, unrolled):
     the bytes all their expects count equal the bytes all their tensor loads bring."""
     assert sum(info["bytes barriers expect (TTGIR)"]) == sum(info["tensor loads' box bytes (TTGIR)"]) > 0
+
+
+def bn_backward_args(x, scale, bias, grads, saved, **blend) -> fp.BatchNormBackwardArgs:
+    """A batch-norm backward record: the forward's input, the parameters, the gradients' outputs
+    (dscale, dbias) and the saved statistics (mean, inverse deviation)."""
+    return fp.BatchNormBackwardArgs(
+        x=x,
+        scale=scale,
+        bias=bias,
+        result_scale_diff=grads[0],
+        result_bias_diff=grads[1],
+        saved_mean=saved[0],
+        saved_inv_variance=saved[1],
+        **blend,
+    )

@@ -162,6 +162,17 @@ def _numel(dims: tuple[int, ...]) -> int:
     return n
 
 
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def field_names(cls: type) -> tuple[str, ...]:
+    """A record type's field names, found once (dataclasses.fields builds them anew each call)."""
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
+    return names
+
+
 # --------------------------------------------------------------------------------------
 # Argument records: one frozen dataclass per operator kind. alpha/beta blend the operator's
 # main result with the output's prior contents: result = alpha * op(x) + beta * y_prior.
@@ -174,7 +185,7 @@ class OpArgs:
     def __post_init__(self) -> None:
         # Records are immutable: their tensors, and the one device they share, are found once here
         # rather than on every execute.
-        tensors = tuple(v for f in fields(self) if isinstance(v := getattr(self, f.name), torch.Tensor))
+        tensors = tuple(v for name in field_names(type(self)) if isinstance(v := getattr(self, name), torch.Tensor))
         devices = {t.device for t in tensors}
         object.__setattr__(self, "_tensors", tensors)
         object.__setattr__(self, "_device", devices.pop() if len(devices) == 1 else None)
@@ -187,8 +198,8 @@ class OpArgs:
         key = self.__dict__.get("_layout_key")
         if key is None:
             key = tuple(
-                (v.shape, v.stride(), v.dtype) if isinstance(v := getattr(self, f.name), torch.Tensor) else v
-                for f in fields(self)
+                (v.shape, v.stride(), v.dtype) if isinstance(v := getattr(self, name), torch.Tensor) else v
+                for name in field_names(type(self))
             )
             object.__setattr__(self, "_layout_key", key)
         return key

@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,6 +43,7 @@ from fusionplan.ops import (
     OpArgs,
     Phase,
     as_tensor,
+    field_names,
 )
 from fusionplan.solvers.base import Kernel, PlanSpec, Verdict
 
@@ -495,16 +496,6 @@ def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     return start, start + extent * t.element_size()
 
 
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
-
-
-def _field_names(rec: OpArgs) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(type(rec))
-    if names is None:
-        names = _FIELD_NAMES[type(rec)] = tuple(f.name for f in fields(rec))
-    return names
-
-
 def _check_side_outputs(
     spec: PlanSpec, records: list[OpArgs], x: torch.Tensor, y: torch.Tensor, prior: torch.Tensor | None
 ) -> None:
@@ -517,7 +508,7 @@ def _check_side_outputs(
         others.append(("the prior", prior))
     for op, rec in zip(spec.ops, records):
         outputs = getattr(op, "side_outputs", ())
-        for name in _field_names(rec):
+        for name in field_names(type(rec)):
             t = getattr(rec, name)
             if isinstance(t, torch.Tensor):
                 if name in outputs:

@@ -15,6 +15,8 @@ from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
 from fusionplan.verify import TOLERANCE, compare
 
+from ..util import bn_backward_args
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 SPATIAL, PER_ACT = BatchNormMode.SPATIAL, BatchNormMode.PER_ACTIVATION
@@ -105,15 +107,7 @@ def test_forward_and_backward_against_float64(shape, dtype, layout, mode, engine
     args = fp.OperatorArgs()
     args.set(
         bn,
-        fp.BatchNormBackwardArgs(
-            x=x,
-            scale=scale,
-            bias=bias,
-            result_scale_diff=grads[0],
-            result_bias_diff=grads[1],
-            saved_mean=stats[0],
-            saved_inv_variance=stats[1],
-        ),
+        bn_backward_args(x, scale, bias, (grads[0], grads[1]), (stats[0], stats[1])),
     )
     args.set(act, fp.ActivationBackwardArgs(activ_alpha=0.3))
     dx = torch.full_like(dy, float("nan"))
@@ -163,15 +157,7 @@ def test_training_past_int32_offsets(layout, gigabytes):
     bargs = fp.OperatorArgs()
     bargs.set(
         bn,
-        fp.BatchNormBackwardArgs(
-            x=x,
-            scale=scale,
-            bias=bias,
-            result_scale_diff=grads[0],
-            result_bias_diff=grads[1],
-            saved_mean=mean,
-            saved_inv_variance=inv,
-        ),
+        bn_backward_args(x, scale, bias, (grads[0], grads[1]), (mean, inv)),
     )
     bargs.set(act, fp.ActivationBackwardArgs())
     dx = torch.full_like(dy, float("nan"))
@@ -260,15 +246,7 @@ def _step_args(plan, x, direction):
     grads = [torch.full((c,), float("nan"), device="cuda") for _ in range(2)]
     args.set(
         plan.ops[0],
-        fp.BatchNormBackwardArgs(
-            x=x,
-            scale=scale,
-            bias=bias,
-            result_scale_diff=grads[0],
-            result_bias_diff=grads[1],
-            saved_mean=mean,
-            saved_inv_variance=torch.rsqrt(var + 1e-5),
-        ),
+        bn_backward_args(x, scale, bias, (grads[0], grads[1]), (mean, torch.rsqrt(var + 1e-5))),
     )
     args.set(plan.ops[1], fp.ActivationBackwardArgs())
     return args, (scale, bias, grads)
