@@ -62,7 +62,7 @@ def add_chain(
 def layer_plan(shape, x: torch.Tensor, chain: str) -> FusionPlan:
     """The plan of ``chain`` (letters C B N A) on ``x`` for a benchmark layer ``shape`` (a
     fusionplan.shapes.ConvShape): its padding, stride and groups, NHWC weights, fp32 parameters."""
-    conv = ConvolutionDescriptor((shape.pad, shape.pad), (shape.stride, shape.stride), (1, 1), shape.groups)
+    conv = ConvolutionDescriptor(shape.pads, shape.strides, (shape.dilation,) * 2, shape.groups)
     plan = FusionPlan(TensorDescriptor.from_tensor(x))
     return add_chain(plan, chain, conv=conv, k=shape.k, r=shape.r, s=shape.s, w_layout="NHWC", param_dtype="float")
 

@@ -79,8 +79,7 @@ class Case:
         if self.has_conv:
             return (self.batch, self.layer.c, self.layer.h, self.layer.w)
         # pointwise chains run on the layer's output activation
-        oh = (self.layer.h + 2 * self.layer.pad - self.layer.r) // self.layer.stride + 1
-        ow = (self.layer.w + 2 * self.layer.pad - self.layer.s) // self.layer.stride + 1
+        oh, ow = self.layer.out_hw()
         return (self.batch, self.layer.k, oh, ow)
 
     def flops(self) -> int:
@@ -90,7 +89,7 @@ class Case:
 def build_plan(case: Case) -> fp.FusionPlan:
     plan = fp.FusionPlan(fp.TensorDescriptor.packed(DT_NAME[case.dtype], case.input_dims(), Layout[case.layout]))
     layer = case.layer
-    conv = fp.ConvolutionDescriptor((layer.pad,) * 2, (layer.stride,) * 2, (1, 1), layer.groups)
+    conv = fp.ConvolutionDescriptor(layer.pads, layer.strides, (layer.dilation,) * 2, layer.groups)
     try:
         return add_chain(
             plan,

@@ -37,7 +37,8 @@ def add_case_options(p: argparse.ArgumentParser) -> None:
         "--shapes",
         default=None,
         help="CSV of shapes (name,C,K,H,W,R,S,stride,pad[,count_in_model][,groups]), or a packaged set: "
-        "resnet50 (default), mobilenet_v2_depthwise",
+        "resnet50 (default), mobilenet_v2_depthwise, zoo (the convolutions of 15 torchvision models and a UNet, "
+        "fusionplan.benchmark.zoo)",
     )
     p.add_argument("--layers", default="all", help="comma-separated layer names from the shapes, or 'all' (default)")
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 32 on a GPU, 1 on the CPU)")
@@ -54,7 +55,8 @@ def add_case_options(p: argparse.ArgumentParser) -> None:
         "--modes",
         default="CBNA,CBA",
         help="comma-separated operator chains in data order, letters C B N A (default CBNA,CBA; NA = "
-        "batch-norm + activation on the layer's output activation)",
+        "batch-norm + activation on the layer's output activation), or 'layer': each shape's chain in its "
+        "model (--shapes zoo)",
     )
     p.add_argument("--activation", default="relu", help="activation mode of the chains (default relu)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: a GPU if present)")
@@ -175,14 +177,28 @@ def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
     layouts = _split(opts.layouts)
     modes = [m.upper() for m in _split(opts.modes)]
     activation = coerce_enum(ActivationMode, opts.activation, "activation")
+    if LAYER_MODE in modes and any(not s.chain for s in shapes):
+        raise BadArgument(f"--modes {LAYER_MODE.lower()}: the shapes have no chain column (the zoo suite has)")
     return [
-        Case(s, b, p, lay, m, activation)
+        Case(s, b, p, lay, *(_layer_chain(s) if m == LAYER_MODE else (m, activation)))
         for p in precisions
         for lay in layouts
         for m in modes
         for b in batches
         for s in shapes
     ]
+
+
+#: --modes layer: each shape's own chain (the zoo suite's chain column), with its activation
+LAYER_MODE = "LAYER"
+
+
+def _layer_chain(shape) -> tuple[str, ActivationMode]:
+    """The chain a zoo layer has in its model, and its activation (RELU where it has none)."""
+    from fusionplan.benchmark.zoo import FUSABLE_ACTIVATIONS
+
+    mode = FUSABLE_ACTIVATIONS.get(shape.activation)
+    return shape.chain, ActivationMode[mode] if mode and "A" in shape.chain else ActivationMode.RELU
 
 
 def main(argv: Sequence[str] | None = None) -> int:

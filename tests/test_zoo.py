@@ -1,0 +1,94 @@
+"""The zoo suite: its extraction from a model (torch.fx), the packaged CSV and the bench's
+``--shapes zoo --modes layer`` on the CPU."""
+
+import collections
+import csv
+import json
+from importlib import resources
+
+import pytest
+import torch
+from torch import nn
+
+from fusionplan.benchmark.cli import main
+from fusionplan.benchmark.zoo import UNet, layers_of
+from fusionplan.shapes import load_shapes
+
+#: the Conv2d modules of each model of the suite (torchvision 0.26-0.28, and the UNet)
+CONVS = {
+    "resnet50": 53, "resnext50_32x4d": 53, "wide_resnet50_2": 53, "regnet_y_1_6gf": 140, "inception_v3": 94,
+    "googlenet": 57, "vgg16_bn": 13, "mobilenet_v2": 52, "mobilenet_v3_large": 62, "efficientnet_b0": 81,
+    "densenet121": 120, "shufflenet_v2_x1_0": 56, "squeezenet1_0": 26, "deeplabv3_resnet50": 61, "unet": 19,
+}  # fmt: skip
+
+
+class Block(nn.Module):
+    """conv-bn-add-relu (a residual), a 1x7 with its own padding, a dilated grouped conv whose
+    batch-norm output has a second user (so the chain stops there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(8, 8, 3, padding=1, bias=False)
+        self.bn_a = nn.BatchNorm2d(8)
+        self.b = nn.Conv2d(8, 12, (1, 7), padding=(0, 3), stride=(1, 2))
+        self.c = nn.Conv2d(12, 12, 3, padding=2, dilation=2, groups=4, bias=False)
+        self.bn_c = nn.BatchNorm2d(12)
+
+    def forward(self, x):
+        y = torch.relu(self.bn_a(self.a(x)) + x)
+        z = nn.functional.silu(self.b(y))
+        w = self.bn_c(self.c(z))
+        return w.relu() + w.sum()
+
+
+def test_layers_of_a_model_with_their_chains():
+    a, b, c = layers_of(Block(), 16, channels=8)
+    assert (a.c, a.k, a.h, a.w, a.chain, a.residual, a.activation) == (8, 8, 16, 16, "CNA", True, "relu")
+    assert (b.r, b.s, b.pad, b.stride, b.chain, b.activation) == (1, 7, (0, 3), (1, 2), "CB", "silu")
+    assert (c.h, c.w, c.dilation, c.groups, c.chain, c.activation) == (16, 8, 2, 4, "CN", "")
+
+
+def test_the_unet_layers():
+    layers = list(layers_of(UNet(channels=(8, 16, 32)), 32))
+    assert len(layers) == 2 * 3 + 2 * 2 + 1
+    assert all(lay.chain == "CNA" for lay in layers[:-1]) and layers[-1].chain == "CB"
+    assert [lay.h for lay in layers[:6:2]] == [32, 16, 8]
+
+
+def test_the_packaged_suite_holds_every_convolution_of_its_models():
+    text = resources.files("fusionplan").joinpath("data/zoo_convs.csv").read_text()
+    rows = list(csv.DictReader(text.splitlines()))
+    per_model = collections.Counter()
+    for r in rows:
+        models = dict(part.split(":") for part in r["models"].split())
+        assert sum(map(int, models.values())) == int(r["count_in_model"]), r["name"]
+        per_model.update({m: int(n) for m, n in models.items()})
+    assert dict(per_model) == CONVS
+    shapes = load_shapes("zoo")
+    assert len(shapes) == len(rows) == len({s.name for s in shapes})
+    assert any(s.pads == (0, 3) for s in shapes) and any(s.dilation == 2 for s in shapes)
+    assert any(1 < s.groups < s.c for s in shapes) and any(s.groups == s.c for s in shapes)
+
+
+@pytest.mark.parametrize("pick", ["asymmetric", "dilated", "grouped"])
+def test_the_bench_runs_zoo_layers_with_their_chains(pick, tmp_path, monkeypatch):
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    shapes = load_shapes("zoo")
+    test = {
+        "asymmetric": lambda s: s.pads[0] != s.pads[1],
+        "dilated": lambda s: s.dilation > 1,
+        "grouped": lambda s: 1 < s.groups < s.c,
+    }[pick]
+    shape = min((s for s in shapes if test(s)), key=lambda s: s.flops(1))
+    argv = ["--shapes", "zoo", "--layers", shape.name, "--modes", "layer", "--device", "cpu", "--batch", "1"]
+    assert main([*argv, "--iters", "1", "--warmup", "0", "--baselines", "eager", "--out", str(tmp_path)]) == 0
+    rows = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    (row,) = rows
+    assert row["mode"] == shape.chain and not row.get("errors")
+    assert (row["pad"], row["pad_w"], row["dilation"], row["groups"]) == (*shape.pads, shape.dilation, shape.groups)
+
+
+def test_layer_mode_needs_chains(capsys):
+    assert main(["--layers", "r50_01", "--modes", "layer", "--device", "cpu", "--iters", "1"]) == 2
+    assert "no chain column" in capsys.readouterr().err
