@@ -357,3 +357,36 @@ def test_custom_op_repeats_calls_and_follows_parameter_changes():
         new = torch.randn_like(conv.weight)
         conv.weight.copy_(new)
         torch.testing.assert_close(op(new), expected(), rtol=1e-4, atol=1e-5)
+
+
+class Unfusable(nn.Module):
+    """Chains that stop early: before SiLU, Hardswish and GELU (not fusionplan activations), and
+    where a batch-norm's result has a second user."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.bn_a, self.silu = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SiLU()
+        self.b, self.bn_b = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.d, self.bn_d = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
+
+    def forward(self, x):
+        x = self.silu(self.bn_a(self.a(x)))
+        x = nn.functional.hardswish(self.bn_b(self.b(x)))
+        x = nn.functional.gelu(self.c(x))
+        y = self.bn_d(self.d(x))
+        return torch.relu(y) + y
+
+
+def test_chains_that_stop_early_are_reported_with_the_reason():
+    m = randomize_bn(Unfusable().eval())
+    x = torch.randn(2, 3, 9, 7)
+    fused = fpt.fuse(m, (x,))
+    torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+    text = str(fused.fusion_report)
+    assert len(fused.fusion_report.fused) == 4, text
+    assert "silu: SiLU is not one of fusionplan's activations: the chain ends before it" in text
+    assert "hardswish: hardswish is not one of fusionplan's activations" in text
+    assert "gelu: gelu is not one of fusionplan's activations" in text
+    assert "bn_d: its result has 2 users: the chain ends before it" in text
+    assert len(fused.fusion_report.skipped) == 4, text

@@ -573,6 +573,53 @@ def _activation_node(gm, node) -> tuple | None:
 
 _ADDS = (operator.add, operator.iadd, torch.add)
 
+#: torch's activation functions by name (those nn.functional and torch define): an activation node
+#: fuse() cannot run is reported, not passed over in silence
+_ACTIVATION_NAMES = frozenset(
+    "relu relu_ relu6 leaky_relu elu selu celu gelu silu mish hardswish hardsigmoid hardtanh prelu rrelu "
+    "softplus softsign logsigmoid tanhshrink threshold sigmoid tanh".split()
+)
+
+
+def _unfused_activation(gm, node: torch.fx.Node | None) -> str | None:
+    """The name of the activation ``node`` is, where fusionplan's kernels do not run it; else None."""
+    if node is None or _activation_node(gm, node) is not None:
+        return None
+    if node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        return type(module).__name__ if type(module).__module__ == "torch.nn.modules.activation" else None
+    if node.op in ("call_function", "call_method"):
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        return name if name in _ACTIVATION_NAMES else None
+    return None
+
+
+def _chain_end(gm, chain: list[torch.fx.Node], nxt: torch.fx.Node | None) -> str | None:
+    """Why a chain stops before an operator it could have taken, for the fusion report: an
+    activation fusionplan does not run, or a result with other users."""
+    last = chain[-1]
+    unfused = _unfused_activation(gm, nxt)
+    if unfused is not None:
+        return f"{_node_name(nxt)}: {unfused} is not one of fusionplan's activations"
+    users = list(last.users)
+    if nxt is None and len(users) > 1 and any(_continues(gm, u) for u in users):
+        return f"{_node_name(last)}: its result has {len(users)} users"
+    return None
+
+
+def _node_name(node: torch.fx.Node) -> str:
+    return str(node.target) if node.op == "call_module" else node.name
+
+
+def _continues(gm, node: torch.fx.Node) -> bool:
+    """Whether ``node`` could have extended a chain (a batch-norm, an add, an activation)."""
+    return (
+        isinstance(_module(gm, node), nn.BatchNorm2d)
+        or _residual_operand(node, node.args[0] if node.args else None) is not None
+        or _activation_node(gm, node) is not None
+        or _unfused_activation(gm, node) is not None
+    )
+
 
 def _residual_operand(node: torch.fx.Node | None, produced: torch.fx.Node) -> torch.fx.Node | None:
     """For ``node`` = produced + other (a residual connection), the other tensor's node, else None.
@@ -637,6 +684,10 @@ def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool
         activation = _activation_node(gm, nxt)
         if activation is not None:
             chain.append(nxt)
+        else:
+            stop = _chain_end(gm, chain, nxt)
+            if stop is not None:
+                report.skipped.append(f"{stop}: the chain ends before it")
         if conv is None and activation is None and residual is None:
             report.skipped.append(f"{node.target}: a batch-norm alone is left to PyTorch (no activation follows)")
             continue
