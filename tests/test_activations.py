@@ -1,6 +1,7 @@
 """Every activation mode against its formula (float64), and its backward against the calculus."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -32,6 +33,24 @@ def scalar_formula(mode, x, a, b, g):
         return x if x > 0 else a * x
     if mode == M.ELU:
         return x if x > 0 else a * (math.exp(x) - 1)
+    return extension_formula(mode, x)
+
+
+def extension_formula(mode, x):
+    """fusionplan's extension modes, from their definitions."""
+    softplus = math.log1p(math.exp(x)) if x < 30 else x + math.log1p(math.exp(-x))
+    if mode == M.SILU:
+        return x / (1 + math.exp(-x)) if x > -700 else 0.0
+    if mode == M.HARDSWISH:
+        return x * min(max(x + 3, 0.0), 6.0) / 6
+    if mode == M.HARDSIGMOID:
+        return min(max(x / 6 + 0.5, 0.0), 1.0)
+    if mode == M.GELU:
+        return x * (1 + math.erf(x / math.sqrt(2))) / 2
+    if mode == M.GELU_TANH:
+        return x * (1 + math.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))) / 2
+    if mode == M.MISH:
+        return x * math.tanh(softplus)
     raise AssertionError(mode)
 
 
@@ -105,3 +124,42 @@ def test_power_backward_uses_dy():
 def test_softrelu_is_stable_for_large_inputs():
     y = activation_forward(M.SOFTRELU, torch.tensor([1000.0, -1000.0]), 1, 0, 1)
     assert torch.isfinite(y).all() and y[0].item() == 1000.0 and y[1].item() == 0.0
+
+
+@pytest.mark.parametrize("mode", [m for m in M if m.is_extension], ids=lambda m: m.name)
+def test_extension_kernel_code_matches_the_table(mode, tmp_path, monkeypatch):
+    """The Triton formulas of the extension modes (epilogue.ACTIVATION_CODE and _BACKWARD_CODE, tl.*
+    primitives only) against the float64 table, through Triton's interpreter: within fp32's
+    rounding where finite, NaN and Inf where torch gives them (forward)."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import importlib.util
+
+    from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
+
+    forward = ACTIVATION_CODE[mode].format(x="x", a="1.0", b="0.0", g="1.0")
+    backward = ACTIVATION_BACKWARD_CODE[mode].format(dy="dy", x="x", a="1.0", b="0.0", g="1.0")
+    source = tmp_path / "act.py"
+    source.write_text(
+        "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+        "def kernel(x_ptr, dy_ptr, y_ptr, dx_ptr, N: tl.constexpr):\n"
+        "    i = tl.arange(0, N)\n    x = tl.load(x_ptr + i)\n    dy = tl.load(dy_ptr + i)\n"
+        f"    tl.store(y_ptr + i, {forward})\n    tl.store(dx_ptr + i, {backward})\n"
+    )
+    spec = importlib.util.spec_from_file_location("act_kernel", source)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    special = [-float("inf"), -100.0, -3.0, 3.0, 0.0, 100.0, float("inf"), float("nan")]
+    x = torch.cat([torch.tensor(special), torch.randn(120) * 4]).float()
+    dy = torch.randn(128)
+    y, dx = torch.full((128,), 7.0), torch.full((128,), 7.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # numpy's overflow warnings of exp(large), as intended
+        module.kernel[(1,)](x, dy, y, dx, 128)
+    want = activation_forward(mode, x.double(), 1.0, 0.0, 1.0)
+    assert torch.equal(torch.isnan(y), torch.isnan(want)) and torch.equal(torch.isinf(y), torch.isinf(want))
+    finite = torch.isfinite(want)
+    assert (y.double() - want)[finite].abs().max() < 1e-5 * max(1.0, want[finite].abs().max().item())
+    want_dx = activation_backward(mode, dy.double(), x.double(), 1.0, 0.0, 1.0)
+    finite = torch.isfinite(want_dx) & torch.isfinite(x)
+    assert (dx.double() - want_dx)[finite].abs().max() < 1e-5

@@ -389,8 +389,8 @@ def test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory()
 
 
 def test_every_epilogue_operator_compiles_in_every_part():
-    """All ten activations, per-channel and per-element batch norm and a blend with the prior output
-    (beta) in one chain, emitted for each of three parts."""
+    """Every activation (MIOpen's ten and the extensions), per-channel and per-element batch norm
+    and a blend with the prior output (beta) in one chain, emitted for each of three parts."""
     build = (
         "x = torch.empty(4, 128, 13, 11, dtype=torch.float16).to(memory_format=torch.channels_last)\n"
         "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"

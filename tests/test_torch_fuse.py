@@ -360,20 +360,20 @@ def test_custom_op_repeats_calls_and_follows_parameter_changes():
 
 
 class Unfusable(nn.Module):
-    """Chains that stop early: before SiLU, Hardswish and GELU (not fusionplan activations), and
+    """Chains that stop early: before SELU, CELU and Softsign (not fusionplan activations), and
     where a batch-norm's result has a second user."""
 
     def __init__(self):
         super().__init__()
-        self.a, self.bn_a, self.silu = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SiLU()
+        self.a, self.bn_a, self.selu = nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.SELU()
         self.b, self.bn_b = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
-        self.c = nn.Conv2d(8, 8, 3, padding=1)
+        self.c, self.softsign = nn.Conv2d(8, 8, 3, padding=1), nn.Softsign()
         self.d, self.bn_d = nn.Conv2d(8, 8, 1, bias=False), nn.BatchNorm2d(8)
 
     def forward(self, x):
-        x = self.silu(self.bn_a(self.a(x)))
-        x = nn.functional.hardswish(self.bn_b(self.b(x)))
-        x = nn.functional.gelu(self.c(x))
+        x = self.selu(self.bn_a(self.a(x)))
+        x = nn.functional.celu(self.bn_b(self.b(x)))
+        x = self.softsign(self.c(x))
         y = self.bn_d(self.d(x))
         return torch.relu(y) + y
 
@@ -385,8 +385,42 @@ def test_chains_that_stop_early_are_reported_with_the_reason():
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
     text = str(fused.fusion_report)
     assert len(fused.fusion_report.fused) == 4, text
-    assert "silu: SiLU is not one of fusionplan's activations: the chain ends before it" in text
-    assert "hardswish: hardswish is not one of fusionplan's activations" in text
-    assert "gelu: gelu is not one of fusionplan's activations" in text
+    assert "selu: SELU is not one of fusionplan's activations: the chain ends before it" in text
+    assert "celu: celu is not one of fusionplan's activations" in text
+    assert "softsign: Softsign is not one of fusionplan's activations" in text
     assert "bn_d: its result has 2 users: the chain ends before it" in text
     assert len(fused.fusion_report.skipped) == 4, text
+
+
+class Extensions(nn.Module):
+    """conv -> batch-norm -> each of fusionplan's extension activations, as modules and functions."""
+
+    def __init__(self):
+        super().__init__()
+        acts = [nn.SiLU(), nn.Hardswish(), nn.Hardsigmoid(), nn.GELU(), nn.GELU(approximate="tanh"), nn.Mish()]
+        self.convs = nn.ModuleList(nn.Conv2d(6 if i else 3, 6, 3, padding=1, bias=False) for i in range(8))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(6) for _ in range(8))
+        self.acts = nn.ModuleList(acts)
+
+    def forward(self, x):
+        for conv, bn, act in zip(self.convs, self.bns, self.acts):
+            x = act(bn(conv(x)))
+        x = nn.functional.silu(self.bns[6](self.convs[6](x)))
+        return nn.functional.gelu(self.bns[7](self.convs[7](x)), approximate="tanh")
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_extension_activations_fuse(backend, monkeypatch):
+    """SiLU, Hardswish, Hardsigmoid, GELU (both forms) and Mish join the chain, on the CPU solvers
+    and the Triton kernels (the interpreter), and match eager."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+        monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    m = randomize_bn(Extensions().eval())
+    x = torch.randn(2, 3, 6, 5)
+    fused = fpt.fuse(m, (x,))
+    report = fused.fusion_report
+    assert len(report.fused) == 8 and not report.skipped, str(report)
+    for name in ("SiLU", "Hardswish", "Hardsigmoid", "GELU", "Mish", "silu", "gelu"):
+        assert name in str(report), name
+    torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)

@@ -1,4 +1,5 @@
-"""The ten activation modes: forward and backward formulas, as torch ops in any dtype.
+"""The activation modes (MIOpen's ten and fusionplan's extensions): forward and backward formulas,
+as torch ops in any dtype.
 
 alpha, beta, gamma are MIOpen's activAlpha, activBeta, activGamma. Backward formulas are
 written in terms of the activation's input x (the calculus; MIOpen's POWER backward, which
@@ -12,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from fusionplan.enums import ActivationMode
 
@@ -145,6 +147,40 @@ ACTIVATIONS: dict[ActivationMode, ActivationFormula] = {
         ),
     )
 }
+
+
+def _autograd_backward(forward: Callable[[Tensor], Tensor]) -> Backward:
+    """The backward of an extension activation, by autograd through torch's own forward."""
+
+    def backward(dy: Tensor, x: Tensor, a: float, b: float, g: float) -> Tensor:
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_(True)
+            (dx,) = torch.autograd.grad(forward(leaf), leaf, dy)
+        return dx
+
+    return backward
+
+
+def _extension(mode: ActivationMode, formula: str, forward: Callable[[Tensor], Tensor]) -> ActivationFormula:
+    return ActivationFormula(mode, formula, (), lambda x, a, b, g: forward(x), _autograd_backward(forward))
+
+
+#: fusionplan's extension modes (enums.ActivationMode.is_extension): torch's functions, no parameters
+ACTIVATIONS.update(
+    (f.mode, f)
+    for f in (
+        _extension(ActivationMode.SILU, "y = x * sigmoid(x)", F.silu),
+        _extension(ActivationMode.HARDSWISH, "y = x * min(max(x + 3, 0), 6) / 6", F.hardswish),
+        _extension(ActivationMode.HARDSIGMOID, "y = min(max(x / 6 + 1/2, 0), 1)", F.hardsigmoid),
+        _extension(ActivationMode.GELU, "y = x * (1 + erf(x / sqrt(2))) / 2", F.gelu),
+        _extension(
+            ActivationMode.GELU_TANH,
+            "y = x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) / 2",
+            lambda x: F.gelu(x, approximate="tanh"),
+        ),
+        _extension(ActivationMode.MISH, "y = x * tanh(log(1 + exp(x)))", F.mish),
+    )
+)
 
 
 def activation_forward(mode: ActivationMode, x: Tensor, alpha: float, beta: float, gamma: float) -> Tensor:

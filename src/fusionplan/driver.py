@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
-from fusionplan.enums import ActivationMode, BatchNormMode, DataType, Layout
+from fusionplan.enums import MIOPEN_ACTIVATIONS, ActivationMode, BatchNormMode, DataType, Layout
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         dest="activ_mode",
-        choices=[m.value for m in ActivationMode],
-        help="activation mode: " + ", ".join(f"{m.value} {m.name}" for m in ActivationMode) + " (default 3)",
+        choices=[m.value for m in MIOPEN_ACTIVATIONS],
+        help="activation mode: " + ", ".join(f"{m.value} {m.name}" for m in MIOPEN_ACTIVATIONS) + " (default 3)",
     )
     p.add_argument("-A", type=float, default=1.0, dest="activ_alpha", help="activation alpha (default 1)")
     p.add_argument("-B", type=float, default=0.0, dest="activ_beta", help="activation beta (default 0)")

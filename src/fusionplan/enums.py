@@ -98,6 +98,23 @@ class ActivationMode(enum.IntEnum):
     CLIPPEDRELU = 7
     LEAKYRELU = 8
     ELU = 9
+    # fusionplan's extensions, beyond MIOpen's ten: the Python API and fuse(model) take them, the
+    # MIOpen layer does not (its enumeration is MIOpen's)
+    SILU = 100  # x * sigmoid(x) (Swish)
+    HARDSWISH = 101  # x * clamp(x + 3, 0, 6) / 6
+    HARDSIGMOID = 102  # clamp(x / 6 + 1 / 2, 0, 1)
+    GELU = 103  # x * Phi(x), the erf form
+    GELU_TANH = 104  # GELU's tanh approximation
+    MISH = 105  # x * tanh(softplus(x))
+
+    @property
+    def is_extension(self) -> bool:
+        """Not one of MIOpen's ten modes."""
+        return self.value >= 100
+
+
+#: MIOpen's activation modes (the MIOpen layer's enumeration, the driver's -m)
+MIOPEN_ACTIVATIONS = tuple(m for m in ActivationMode if not m.is_extension)
 
 
 class BatchNormMode(enum.IntEnum):

@@ -51,6 +51,41 @@ ACTIVATION_CODE: dict[ActivationMode, str] = {
 }
 
 
+def _erf(z: str) -> str:
+    """erf(z) by Abramowitz and Stegun 7.1.26 (error below 1.5e-7; exp only, no libdevice)."""
+    t = f"(1.0 / (1.0 + 0.3275911 * tl.abs({z})))"
+    poly = (
+        f"(((((1.061405429 * {t} - 1.453152027) * {t} + 1.421413741) * {t} - 0.284496736) * {t} + 0.254829592) * {t})"
+    )
+    y = f"(1.0 - {poly} * tl.exp(-({z}) * ({z})))"
+    return f"tl.where({z} < 0.0, -{y}, {y})"
+
+
+def _tanh(u: str) -> str:
+    return f"(2.0 / (1.0 + tl.exp(-2.0 * ({u}))) - 1.0)"
+
+
+#: log(1 + e^x), stable for large |x| (as SOFTRELU)
+_SOFTPLUS = "(tl.maximum({x}, 0.0, " + _NAN + ") + tl.log(1.0 + tl.exp(-tl.abs({x}))))"
+#: tanh(s) for s >= 0, without overflow
+_TANH_SOFTPLUS = "((1.0 - tl.exp(-2.0 * " + _SOFTPLUS + ")) / (1.0 + tl.exp(-2.0 * " + _SOFTPLUS + ")))"
+_GELU_K, _GELU_C = "0.7978845608028654", "0.044715"
+_GELU_U = f"({_GELU_K} * ({{x}} + {_GELU_C} * {{x}} * {{x}} * {{x}}))"
+_PHI = "(0.5 * (1.0 + " + _erf("{x} * 0.7071067811865476") + "))"
+
+#: fusionplan's extension modes, beyond MIOpen's ten (no parameters; torch's NaN and Inf results)
+ACTIVATION_CODE.update(
+    {
+        ActivationMode.SILU: "{x} * (1.0 / (1.0 + tl.exp(-{x})))",
+        ActivationMode.HARDSWISH: "{x} * tl.minimum(tl.maximum({x} + 3.0, 0.0, " + _NAN + "), 6.0, " + _NAN + ") / 6.0",
+        ActivationMode.HARDSIGMOID: "tl.minimum(tl.maximum({x} / 6.0 + 0.5, 0.0, " + _NAN + "), 1.0, " + _NAN + ")",
+        ActivationMode.GELU: "{x} * " + _PHI,
+        ActivationMode.GELU_TANH: "0.5 * {x} * (1.0 + " + _tanh(_GELU_U) + ")",
+        ActivationMode.MISH: "{x} * " + _TANH_SOFTPLUS,
+    }
+)
+
+
 #: Backward formulas over fp32 values: the gradient of the input, {dy} the gradient of the output
 #: and {x} the forward input: activations.py's backward column in the same primitives. POWER is 0
 #: where the base is at or below the threshold, whatever dy (an infinite dy too), as there.
@@ -70,6 +105,34 @@ ACTIVATION_BACKWARD_CODE: dict[ActivationMode, str] = {
     ActivationMode.CLIPPEDRELU: "{dy} * tl.where(({x} > 0.0) & ({x} <= {a}), 1.0, 0.0)",
     ActivationMode.LEAKYRELU: "{dy} * tl.where({x} > 0.0, 1.0, {a})",
     ActivationMode.ELU: "{dy} * tl.where({x} > 0.0, 1.0, {a} * tl.exp(tl.minimum({x}, 0.0)))",
+    ActivationMode.SILU: "{dy} * " + _SIGMOID + " * (1.0 + {x} * (1.0 - " + _SIGMOID + "))",
+    ActivationMode.HARDSWISH: "{dy} * tl.where({x} <= -3.0, 0.0, tl.where({x} < 3.0, {x} / 3.0 + 0.5, 1.0))",
+    ActivationMode.HARDSIGMOID: "{dy} * tl.where(({x} > -3.0) & ({x} < 3.0), 1.0 / 6.0, 0.0)",
+    ActivationMode.GELU: "{dy} * (" + _PHI + " + {x} * 0.3989422804014327 * tl.exp(-0.5 * {x} * {x}))",
+    ActivationMode.GELU_TANH: (
+        "{dy} * (0.5 * (1.0 + "
+        + _tanh(_GELU_U)
+        + ") + 0.5 * {x} * (1.0 - "
+        + _tanh(_GELU_U)
+        + " * "
+        + _tanh(_GELU_U)
+        + ") * "
+        + _GELU_K
+        + " * (1.0 + 3.0 * "
+        + _GELU_C
+        + " * {x} * {x}))"
+    ),
+    ActivationMode.MISH: (
+        "{dy} * ("
+        + _TANH_SOFTPLUS
+        + " + {x} * "
+        + _SIGMOID
+        + " * (1.0 - "
+        + _TANH_SOFTPLUS
+        + " * "
+        + _TANH_SOFTPLUS
+        + "))"
+    ),
 }
 
 

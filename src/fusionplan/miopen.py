@@ -19,6 +19,7 @@ from typing import Any
 from fusionplan import api
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, finite_float
 from fusionplan.enums import (
+    MIOPEN_ACTIVATIONS,
     ActivationMode,
     BatchNormMode,
     ConvFwdAlgo,
@@ -55,15 +56,17 @@ _SPELLINGS = {
 }  # fmt: skip
 
 
-def _mirror(name: str, core: type[enum.IntEnum], prefix: str, camel: bool = True) -> type[enum.IntEnum]:
-    """MIOpen's enumeration ``name``: the core's members, each named ``prefix`` and the core's name
-    (in CamelCase, or as it is where ``camel`` is False: NCHW, RELU)."""
+def _mirror(
+    name: str, core: type[enum.IntEnum], prefix: str, camel: bool = True, members: Sequence | None = None
+) -> type[enum.IntEnum]:
+    """MIOpen's enumeration ``name``: the core's members (or ``members`` of it), each named ``prefix``
+    and the core's name (in CamelCase, or as it is where ``camel`` is False: NCHW, RELU)."""
 
     def spelled(member: str) -> str:
         return _SPELLINGS.get(member) or "".join(part.capitalize() for part in member.split("_"))
 
-    members = {prefix + (spelled(m.name) if camel else m.name): m.value for m in core}
-    cls = enum.IntEnum(name, members)
+    named = {prefix + (spelled(m.name) if camel else m.name): m.value for m in (core if members is None else members)}
+    cls = enum.IntEnum(name, named)
     cls.__module__ = __name__
     globals().update(cls.__members__)
     return cls
@@ -75,7 +78,9 @@ miopenTensorLayout_t = _mirror("miopenTensorLayout_t", Layout, "miopenTensor", c
 miopenFusionDirection_t = _mirror("miopenFusionDirection_t", Direction, "miopen")
 miopenConvolutionMode_t = _mirror("miopenConvolutionMode_t", ConvMode, "miopen")
 miopenConvFwdAlgorithm_t = _mirror("miopenConvFwdAlgorithm_t", ConvFwdAlgo, "miopenConvolutionFwdAlgo")
-miopenActivationMode_t = _mirror("miopenActivationMode_t", ActivationMode, "miopenActivation", camel=False)
+miopenActivationMode_t = _mirror(
+    "miopenActivationMode_t", ActivationMode, "miopenActivation", camel=False, members=MIOPEN_ACTIVATIONS
+)
 miopenBatchNormMode_t = _mirror("miopenBatchNormMode_t", BatchNormMode, "miopenBN")
 
 
@@ -328,6 +333,17 @@ def _enum(core: type[enum.IntEnum], value: Any, what: str) -> Any:
         raise BadParmError(f"{what}: {int(value)} is not a valid value") from None
 
 
+def _activation_mode(value: Any) -> ActivationMode:
+    """One of MIOpen's ten activation modes (fusionplan's extension modes are the Python API's)."""
+    mode = _enum(ActivationMode, value, "activation mode")
+    if mode.is_extension:
+        raise BadParmError(
+            f"activation mode: {int(value)} is not a valid value (MIOpen's modes are 0-9; fusionplan's extension "
+            f"{mode.name} is in its Python API)"
+        )
+    return mode
+
+
 def _lens(values: Sequence[int], count: int, what: str) -> tuple[int, ...]:
     count = _count(count, f"number of {what}")
     if values is None:
@@ -418,9 +434,7 @@ def miopenSetActivationDescriptor(
     activDesc: Any, mode: Any, activAlpha: float, activBeta: float, activGamma: float
 ) -> None:
     target = _live(activDesc, miopenActivationDescriptor, "activation descriptor")
-    target.desc = ActivationDescriptor(
-        _enum(ActivationMode, mode, "activation mode"), activAlpha, activBeta, activGamma
-    )
+    target.desc = ActivationDescriptor(_activation_mode(mode), activAlpha, activBeta, activGamma)
 
 
 @_api()
@@ -460,7 +474,7 @@ def miopenCreateOpBatchNormInference(plan: Any, bn_mode: Any, bnScaleBiasMeanVar
 
 @_api(outputs=1)
 def miopenCreateOpActivationForward(plan: Any, mode: Any) -> FusionOp:
-    return _plan(plan).add_activation_forward(_enum(ActivationMode, mode, "activation mode"))
+    return _plan(plan).add_activation_forward(_activation_mode(mode))
 
 
 @_api(outputs=1)
@@ -477,7 +491,7 @@ def miopenCreateOpBatchNormBackward(plan: Any, bn_mode: Any) -> FusionOp:
 
 @_api(outputs=1)
 def miopenCreateOpActivationBackward(plan: Any, mode: Any) -> FusionOp:
-    return _plan(plan).add_activation_backward(_enum(ActivationMode, mode, "activation mode"))
+    return _plan(plan).add_activation_backward(_activation_mode(mode))
 
 
 @_api()

@@ -37,6 +37,8 @@ ACTIV_PARAMS = {
     ActivationMode.CLIPPEDRELU: (0.6, 0.0, 1.0),
     ActivationMode.LEAKYRELU: (0.1, 0.0, 1.0),
     ActivationMode.ELU: (0.9, 0.0, 1.0),
+    # the extension modes take no parameters
+    **{m: (1.0, 0.0, 1.0) for m in ActivationMode if m.is_extension},
 }
 
 

@@ -67,7 +67,35 @@ def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = 
         return (ActivationMode.SOFTRELU, 1.0, 0.0, 1.0)
     if isinstance(target, nn.Identity):
         return (ActivationMode.PASTHRU, 1.0, 0.0, 1.0)
-    return None
+    mode = _extension_mode(target, node_args, kwargs)
+    return None if mode is None else (mode, 1.0, 0.0, 1.0)
+
+
+_EXTENSION_MODULES = {
+    nn.SiLU: ActivationMode.SILU,
+    nn.Hardswish: ActivationMode.HARDSWISH,
+    nn.Hardsigmoid: ActivationMode.HARDSIGMOID,
+    nn.Mish: ActivationMode.MISH,
+}
+_EXTENSION_FUNCTIONS = {
+    F.silu: ActivationMode.SILU,
+    F.hardswish: ActivationMode.HARDSWISH,
+    F.hardsigmoid: ActivationMode.HARDSIGMOID,
+    F.mish: ActivationMode.MISH,
+}
+
+
+def _extension_mode(target: object, node_args: tuple, kwargs: dict) -> ActivationMode | None:
+    """fusionplan's extension activation of a module or function (GELU by its approximation)."""
+    if isinstance(target, nn.GELU):
+        return {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}.get(target.approximate)
+    if target is F.gelu:
+        approximate = node_args[1] if len(node_args) > 1 else kwargs.get("approximate", "none")
+        return {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}.get(approximate)
+    mode = _EXTENSION_MODULES.get(type(target))
+    if mode is None and callable(target) and not isinstance(target, nn.Module):
+        mode = _EXTENSION_FUNCTIONS.get(target)
+    return mode  # in place or not (inplace=True): the same value
 
 
 # ---- the custom operator --------------------------------------------------------------------------------

@@ -178,7 +178,20 @@ def _torch_activation(mode: ActivationMode, x: torch.Tensor, alpha: float) -> to
         return torch.sigmoid(x)
     if mode == ActivationMode.ELU:
         return F.elu(x, alpha)
+    if mode in _TORCH_EXTENSIONS:
+        return _TORCH_EXTENSIONS[mode](x)
     raise fp.UnsupportedOpError(f"no eager baseline for activation {mode.name}")
+
+
+#: fusionplan's extension activations as PyTorch users write them
+_TORCH_EXTENSIONS = {
+    ActivationMode.SILU: F.silu,
+    ActivationMode.HARDSWISH: F.hardswish,
+    ActivationMode.HARDSIGMOID: F.hardsigmoid,
+    ActivationMode.GELU: F.gelu,
+    ActivationMode.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+    ActivationMode.MISH: F.mish,
+}
 
 
 def cudnn_fused(plan: fp.FusionPlan, args: fp.OperatorArgs) -> Callable[[torch.Tensor], torch.Tensor] | None:
