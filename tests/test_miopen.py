@@ -560,3 +560,19 @@ def test_failed_calls_print_nothing_without_logging_configured():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stderr == ""
+
+
+def test_the_layer_keeps_miopens_ten_activation_modes():
+    """The MIOpen enumeration has MIOpen's ten modes; fusionplan's extension values (SiLU = 100 ...)
+    are BadParm through this layer, on operators and activation descriptors alike."""
+    assert [m.value for m in mi.miopenActivationMode_t] == list(range(10))
+    x_d = tensor_desc(mi.miopenFloat, (2, 4, 9, 7))
+    plan = ok(mi.miopenCreateFusionPlan(mi.miopenVerticalFusion, x_d))
+    for value in (100, 105, 10):
+        assert mi.miopenCreateOpActivationForward(plan, value) == (S.miopenStatusBadParm, None)
+        assert "not a valid value" in mi.miopenGetLastErrorString()
+    assert (
+        "SILU is in its Python API" in (mi.miopenCreateOpActivationForward(plan, 100), mi.miopenGetLastErrorString())[1]
+    )
+    desc = ok(mi.miopenCreateActivationDescriptor())
+    assert mi.miopenSetActivationDescriptor(desc, 103, 1.0, 0.0, 1.0) == S.miopenStatusBadParm
