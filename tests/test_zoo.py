@@ -92,3 +92,17 @@ def test_the_bench_runs_zoo_layers_with_their_chains(pick, tmp_path, monkeypatch
 def test_layer_mode_needs_chains(capsys):
     assert main(["--layers", "r50_01", "--modes", "layer", "--device", "cpu", "--iters", "1"]) == 2
     assert "no chain column" in capsys.readouterr().err
+
+
+def test_the_model_suite_fuses_a_model_end_to_end(tmp_path, monkeypatch):
+    """--suite models: the zoo's UNet fused (every conv -> batch-norm -> ReLU and the head), checked
+    by fuse against the model, timed beside eager, written out."""
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    argv = ["--suite", "models", "--models", "unet", "--size", "32", "--batch", "1", "--device", "cpu"]
+    argv += ["--baselines", "eager", "--iters", "1", "--warmup", "0", "--layouts", "NCHW,NHWC", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    rows = json.loads((tmp_path / "models.json").read_text())["rows"]
+    assert [(r["layout"], r["chains"], r["skipped"]) for r in rows] == [("NCHW", 19, 0), ("NHWC", 19, 0)]
+    assert all(set(r["wall_ms"]) == {"fused", "eager"} and not r["errors"] for r in rows)
+    assert "| unet | 1 | fp32 | NHWC | 19 | 0 |" in (tmp_path / "models.md").read_text()
+    assert main(["--suite", "models", "--models", "alexnet", "--device", "cpu"]) == 2

@@ -72,17 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_case_options(p)
     p.add_argument(
         "--suite",
-        choices=("conv", "training"),
+        choices=("conv", "training", "models"),
         default="conv",
         help="conv: the inference chains on convolution layers (default); training: the training plans on "
-        "models' batch-norm layers (fusionplan.benchmark.training)",
+        "models' batch-norm layers (fusionplan.benchmark.training); models: whole models fused end to end "
+        "(fusionplan.benchmark.models)",
     )
     p.add_argument(
         "--models",
         default=None,
         help="training suite: comma-separated of resnet50 (default), mobilenet_v2, densenet121; ResNet-50 runs "
-        "at every --batch, the others at the first",
+        "at every --batch, the others at the first. models suite: the zoo's models (default: all; torchvision's "
+        "need torchvision)",
     )
+    p.add_argument("--size", type=int, default=None, help="models suite: input height and width (default: the model's)")
     p.add_argument(
         "--baselines",
         default=None,
@@ -212,11 +215,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(opts, name) < 1:
             print(f"fusionplan-bench: --{name} must be at least 1, got {getattr(opts, name)}", file=sys.stderr)
             return 2
-    if opts.suite == "training":
-        from fusionplan.benchmark.training import run_training_suite
-
+    if opts.suite in ("training", "models"):
+        if opts.suite == "training":
+            from fusionplan.benchmark.training import run_training_suite as run
+        else:
+            from fusionplan.benchmark.models import run_model_suite as run
         try:
-            return run_training_suite(opts, device, environment(device))
+            return run(opts, device, environment(device))
         except (ValueError, FusionPlanError) as exc:
             print(f"fusionplan-bench: {exc}", file=sys.stderr)
             return 2
