@@ -106,3 +106,20 @@ def test_the_model_suite_fuses_a_model_end_to_end(tmp_path, monkeypatch):
     assert all(set(r["wall_ms"]) == {"fused", "eager"} and not r["errors"] for r in rows)
     assert "| unet | 1 | fp32 | NHWC | 19 | 0 |" in (tmp_path / "models.md").read_text()
     assert main(["--suite", "models", "--models", "alexnet", "--device", "cpu"]) == 2
+
+
+def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch):
+    """--model (bench and fusionplan-tune): the zoo layers of the named models, each with its chain."""
+    from fusionplan.benchmark.cli import build_parser, cases_from
+    from fusionplan.tunecli import main as tune_main
+
+    opts = build_parser().parse_args(["--model", "vgg16_bn", "--device", "cpu"])
+    cases = cases_from(opts, torch.device("cpu"))
+    vgg = [s for s in load_shapes("zoo") if "vgg16_bn:" in s.models]
+    assert [c.layer.name for c in cases] == [s.name for s in vgg] and len(vgg) == 9
+    assert {c.mode for c in cases} == {"CBNA"} and sum(s.count for s in vgg) == 13
+    opts = build_parser().parse_args(["--model", "vgg16_bn,squeezenet1_0", "--modes", "CBA", "--device", "cpu"])
+    assert {c.mode for c in cases_from(opts, torch.device("cpu"))} == {"CBA"}
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    assert tune_main(["--model", "alexnet", "--device", "cpu"]) == 2
+    assert "unknown models ['alexnet']" in capsys.readouterr().err

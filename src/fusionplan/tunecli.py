@@ -2,6 +2,7 @@
 
     fusionplan-tune             # on a GPU: the 23 ResNet-50 layers, batch 32, fp16 NHWC, CBNA and CBA
     fusionplan-tune --shapes my_layers.csv --batch 1,32 --precisions fp16,bf16 --layouts NHWC,NCHW
+    fusionplan-tune --model resnext50_32x4d --batch 32   # a zoo model's layers, each with its chain
 
 Each plan is compiled in NORMAL find mode: its solver benchmarks the candidate configurations once
 and stores the winner, so that later processes (FAST or NORMAL) compile it without benchmarking.
@@ -16,7 +17,7 @@ import time
 from collections.abc import Sequence
 
 from fusionplan.benchmark.cases import build_plan
-from fusionplan.benchmark.cli import add_case_options, cases_from
+from fusionplan.benchmark.cli import BadArgument, add_case_options, cases_from
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle, resolve_device
 from fusionplan.perfdb import default_db
@@ -42,7 +43,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FusionPlanError as exc:
         print(f"fusionplan-tune: {exc}", file=sys.stderr)
         return 2
-    cases = cases_from(opts, device)
+    try:
+        cases = cases_from(opts, device)
+    except (BadArgument, FusionPlanError) as exc:
+        print(f"fusionplan-tune: {exc}", file=sys.stderr)
+        return 2
     db = default_db()
     before = db.count()
     skipped: dict[str, int] = {}

@@ -41,6 +41,12 @@ def add_case_options(p: argparse.ArgumentParser) -> None:
         "fusionplan.benchmark.zoo)",
     )
     p.add_argument("--layers", default="all", help="comma-separated layer names from the shapes, or 'all' (default)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="comma-separated models of the zoo suite: their layers (--shapes zoo), each with its chain unless "
+        "--modes is given",
+    )
     p.add_argument("--batch", default=None, help="comma-separated batch sizes (default 32 on a GPU, 1 on the CPU)")
     p.add_argument(
         "--precisions",
@@ -53,7 +59,7 @@ def add_case_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--modes",
-        default="CBNA,CBA",
+        default=None,
         help="comma-separated operator chains in data order, letters C B N A (default CBNA,CBA; NA = "
         "batch-norm + activation on the layer's output activation), or 'layer': each shape's chain in its "
         "model (--shapes zoo)",
@@ -164,7 +170,9 @@ def _shard(cases: list[Case], shard: str) -> list[Case]:
 
 
 def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
-    shapes = load_shapes(opts.shapes)
+    shapes = load_shapes("zoo" if opts.model else opts.shapes)
+    if opts.model:
+        shapes = _model_layers(shapes, _split(opts.model))
     if opts.layers != "all":
         wanted = _split(opts.layers)
         unknown = set(wanted) - {s.name for s in shapes}
@@ -178,7 +186,7 @@ def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
         if name not in PRECISIONS:
             raise BadArgument(f"unknown precision {name!r}; choose from {', '.join(PRECISIONS)}")
     layouts = _split(opts.layouts)
-    modes = [m.upper() for m in _split(opts.modes)]
+    modes = [m.upper() for m in _split(opts.modes or (LAYER_MODE if opts.model else "CBNA,CBA"))]
     activation = coerce_enum(ActivationMode, opts.activation, "activation")
     if LAYER_MODE in modes and any(not s.chain for s in shapes):
         raise BadArgument(f"--modes {LAYER_MODE.lower()}: the shapes have no chain column (the zoo suite has)")
@@ -190,6 +198,15 @@ def cases_from(opts: argparse.Namespace, device: torch.device) -> list[Case]:
         for b in batches
         for s in shapes
     ]
+
+
+def _model_layers(shapes: list, models: list[str]) -> list:
+    """The zoo layers that come from any of ``models``."""
+    known = {part.split(":")[0] for s in shapes for part in s.models.split()}
+    unknown = set(models) - known
+    if unknown:
+        raise BadArgument(f"unknown models {sorted(unknown)}; the zoo suite has {', '.join(sorted(known))}")
+    return [s for s in shapes if {part.split(":")[0] for part in s.models.split()} & set(models)]
 
 
 #: --modes layer: each shape's own chain (the zoo suite's chain column), with its activation
