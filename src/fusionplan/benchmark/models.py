@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from fusionplan.benchmark.cases import PRECISIONS
+from fusionplan.benchmark.runner import tf32_mode
 from fusionplan.benchmark.timing import median_ms, synchronize
 from fusionplan.benchmark.zoo import MODELS, build_model
 
@@ -81,8 +82,7 @@ def run_model(
     try:
         model = build_model(name).eval().to(device=device, dtype=dtype, memory_format=fmt)
         x = torch.randn(batch, 3, size, size, device=device, dtype=dtype).contiguous(memory_format=fmt)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-        with torch.no_grad():
+        with torch.no_grad(), tf32_mode(tf32):
             variants = _variants(model, x, baselines, row)
             for label, module in variants.items():
                 try:

@@ -749,11 +749,11 @@ class _TrainingKernel(Kernel):
         self.module, self.path = load_module(self._source, "batchnorm")
         self.geo = geometry(spec)
         self.has_act = len(spec.ops) > 1
-        self.programs = 4 * persistent_programs(handle)
+        sms = persistent_programs(handle)
+        self.programs = 4 * sms
         n, c, h, w = spec.input_desc.dims
         moved = (5 if spec.phase == Phase.BACKWARD else 3) * n * c * h * w * spec.dtype.torch_dtype.itemsize
         contiguous = features_contiguous(spec, self.geo)
-        sms = persistent_programs(handle)
         self.config = choose_config(contiguous, self.geo.features, self.geo.rows, moved, sms)
         self._launchers: dict[str, Launcher] = {}
         self._issued: list[tuple] = []
@@ -779,7 +779,7 @@ class _TrainingKernel(Kernel):
 
     def _int64(self, tensors: Sequence[Tensor]) -> bool:
         """needs_int64, remembered per geometry (a framework calls a plan with tensors of one layout)."""
-        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        key = tuple(map(_layout, tensors))
         wide = self._wide.get(key)
         if wide is None:
             wide = self._wide[key] = needs_int64(*tensors)
@@ -808,7 +808,7 @@ class _TrainingKernel(Kernel):
         self._issued.append((launcher, kernel, grid, args))
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        p = prior if prior is not None and any(float(r.beta) != 0.0 for r in records) else y
+        p = y if prior is None else prior  # the plan gives a prior only where an operator's beta reads it
         key = (_layout(x), _layout(y), None if p is y else _layout(p), *(r.layout_key() for r in records))
         tensors = _slot_tensors(x, y, p, records)
         template = self._templates.get(key)
@@ -848,14 +848,14 @@ class _TrainingKernel(Kernel):
         )
 
     @staticmethod
-    def _finish(y: Tensor, out: Tensor, side: list[_SideOutput], read_side: list[_SideOutput]) -> bool:
-        """After the launches: side outputs and y copied from their stand-ins; whether the call can
-        be bound (no stand-in: every tensor read and written in place)."""
-        for s in (*side, *read_side):
+    def _finish(y: Tensor, out: Tensor, side_outputs: Sequence[_SideOutput]) -> bool:
+        """After the launches: the side outputs written and y copied from their stand-ins; whether
+        the call can be bound (no stand-in: every tensor read and written in place)."""
+        for s in side_outputs:
             s.finish()
         if out is not y:
             y.copy_(out)
-        return out is y and all(s.direct for s in (*side, *read_side))
+        return out is y and all(s.direct for s in side_outputs)
 
     def _grids(self) -> tuple[tuple[int, int, int], tuple[int, int, int], tuple[int, int, int]]:
         cfg = self.config
@@ -912,7 +912,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
                     self.has_act, bn_prior, act_prior, unit_alpha,
                 ],
             )  # fmt: skip
-            return self._finish(y, out, side, running if has_running else [])
+            return self._finish(y, out, side + (running if has_running else []))
         mean_ws, m2_ws = workspace
         partial, finalize, apply = self._grids()
         self._launch(
@@ -937,7 +937,7 @@ class TritonBatchNormForwardKernel(_TrainingKernel):
                 *self._consts([vx, vy, vp], x, out, p), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
-        return self._finish(y, out, side, running if has_running else [])
+        return self._finish(y, out, side + (running if has_running else []))
 
 
 class TritonBatchNormBackwardKernel(_TrainingKernel):
@@ -965,7 +965,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
                     *self._consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
                 ],
             )  # fmt: skip
-            return self._finish(y, out, grads, [])
+            return self._finish(y, out, grads)
         sum_ws, dot_ws = workspace
         partial, finalize, apply = self._grids()
         self._launch(
@@ -994,7 +994,7 @@ class TritonBatchNormBackwardKernel(_TrainingKernel):
                 *self._consts([vd, vx, vp, vo], dy, fx, p, out), self.has_act, bn_prior, act_prior, unit_alpha,
             ],
         )  # fmt: skip
-        return self._finish(y, out, grads, [])
+        return self._finish(y, out, grads)
 
 
 #: data types the training kernels run (no dot products: bf16 is exact in the interpreter too)
