@@ -44,7 +44,7 @@ class Block(nn.Module):
 def test_layers_of_a_model_with_their_chains():
     a, b, c = layers_of(Block(), 16, channels=8)
     assert (a.c, a.k, a.h, a.w, a.chain, a.residual, a.activation) == (8, 8, 16, 16, "CNA", True, "relu")
-    assert (b.r, b.s, b.pad, b.stride, b.chain, b.activation) == (1, 7, (0, 3), (1, 2), "CB", "silu")
+    assert (b.r, b.s, b.pad, b.stride, b.chain, b.activation) == (1, 7, (0, 3), (1, 2), "CBA", "silu")
     assert (c.h, c.w, c.dilation, c.groups, c.chain, c.activation) == (16, 8, 2, 4, "CN", "")
 
 
@@ -123,3 +123,16 @@ def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch
     monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
     assert tune_main(["--model", "alexnet", "--device", "cpu"]) == 2
     assert "unknown models ['alexnet']" in capsys.readouterr().err
+
+
+def test_the_suites_fusable_activations_are_fuses():
+    """An activation ends a zoo chain with A exactly where fusionplan.torch.fuse takes it, as the mode
+    the suite's table names."""
+    from fusionplan.benchmark import zoo
+    from fusionplan.torch import _activation_of
+
+    for table in (zoo._ACTIVATION_MODULES, zoo._ACTIVATION_FUNCTIONS):
+        for target, name in table.items():
+            fused = _activation_of(target() if isinstance(target, type) else target)
+            want = zoo.FUSABLE_ACTIVATIONS.get(name)
+            assert (fused[0].name if fused else None) == want, (target, name)

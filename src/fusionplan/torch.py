@@ -58,6 +58,9 @@ def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = 
         return (ActivationMode.LEAKYRELU, float(slope), 0.0, 1.0) if isinstance(slope, (int, float)) else None
     if isinstance(target, nn.ELU):
         return (ActivationMode.ELU, float(target.alpha), 0.0, 1.0)
+    if target is F.elu:
+        alpha = node_args[1] if len(node_args) > 1 else kwargs.get("alpha", 1.0)
+        return (ActivationMode.ELU, float(alpha), 0.0, 1.0) if isinstance(alpha, (int, float)) else None
     if isinstance(target, nn.Sigmoid) or target in (torch.sigmoid, F.sigmoid):
         return (ActivationMode.LOGISTIC, 1.0, 0.0, 1.0)
     if isinstance(target, nn.Tanh) or target in (torch.tanh, F.tanh):
@@ -85,17 +88,17 @@ _EXTENSION_FUNCTIONS = {
 }
 
 
+_GELU_FORMS = {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}
+
+
 def _extension_mode(target: object, node_args: tuple, kwargs: dict) -> ActivationMode | None:
-    """fusionplan's extension activation of a module or function (GELU by its approximation)."""
+    """fusionplan's extension activation of a module or function (GELU by its approximation); in
+    place or not (inplace=True), the same value."""
     if isinstance(target, nn.GELU):
-        return {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}.get(target.approximate)
+        return _GELU_FORMS.get(target.approximate)
     if target is F.gelu:
-        approximate = node_args[1] if len(node_args) > 1 else kwargs.get("approximate", "none")
-        return {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}.get(approximate)
-    mode = _EXTENSION_MODULES.get(type(target))
-    if mode is None and callable(target) and not isinstance(target, nn.Module):
-        mode = _EXTENSION_FUNCTIONS.get(target)
-    return mode  # in place or not (inplace=True): the same value
+        return _GELU_FORMS.get(node_args[1] if len(node_args) > 1 else kwargs.get("approximate", "none"))
+    return _EXTENSION_MODULES.get(type(target)) or _EXTENSION_FUNCTIONS.get(target)
 
 
 # ---- the custom operator --------------------------------------------------------------------------------

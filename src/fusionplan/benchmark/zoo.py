@@ -42,9 +42,11 @@ MODELS: dict[str, tuple[int, dict]] = {
     "unet": (256, {}),
 }
 
-#: activations by torch's name; those fusionplan runs end the chain with A (the rest with no A)
+#: activations by torch's name; those fusionplan runs (fusionplan.torch's mapping, which a test
+#: holds this table to) end the chain with A, the rest with no A
 FUSABLE_ACTIVATIONS = {"relu": "RELU", "relu6": "CLIPPEDRELU", "sigmoid": "LOGISTIC", "tanh": "TANH",
-                       "leaky_relu": "LEAKYRELU", "elu": "ELU"}  # fmt: skip
+                       "leaky_relu": "LEAKYRELU", "elu": "ELU", "silu": "SILU", "hardswish": "HARDSWISH",
+                       "hardsigmoid": "HARDSIGMOID", "gelu": "GELU"}  # fmt: skip
 _ACTIVATION_MODULES = {
     nn.ReLU: "relu", nn.ReLU6: "relu6", nn.SiLU: "silu", nn.Hardswish: "hardswish", nn.Hardsigmoid: "hardsigmoid",
     nn.GELU: "gelu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh", nn.LeakyReLU: "leaky_relu", nn.ELU: "elu",
