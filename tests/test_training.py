@@ -8,7 +8,7 @@ import fusionplan as fp
 from fusionplan.activations import activation_forward
 from fusionplan.enums import ActivationMode, BatchNormMode
 
-from .util import ACTIV_PARAMS, bn_backward_args, make_input
+from .util import ACTIV_PARAMS, bn_backward_args, bn_forward_args, make_input
 
 
 def param_shape(mode, x):
@@ -50,16 +50,7 @@ def test_batchnorm_forward_training(mode, act, layout):
     args = fp.OperatorArgs()
     args.set(
         ops[0],
-        fp.BatchNormForwardArgs(
-            scale=scale,
-            bias=bias,
-            saved_mean=saved_mean,
-            saved_inv_variance=saved_inv,
-            running_mean=run_mean,
-            running_variance=run_var,
-            exp_avg_factor=factor,
-            epsilon=eps,
-        ),
+        bn_forward_args(scale, bias, (saved_mean, saved_inv), (run_mean, run_var), exp_avg_factor=factor, epsilon=eps),
     )
     a, b, g = ACTIV_PARAMS.get(act, (1.0, 0.0, 1.0))
     if act is not None:
@@ -95,16 +86,7 @@ def test_spatial_training_matches_torch_batch_norm():
     args = fp.OperatorArgs()
     args.set(
         ops[0],
-        fp.BatchNormForwardArgs(
-            scale=w,
-            bias=b,
-            saved_mean=None,
-            saved_inv_variance=None,
-            running_mean=rm,
-            running_variance=rv,
-            exp_avg_factor=0.1,
-            epsilon=1e-5,
-        ),
+        bn_forward_args(w, b, (None, None), (rm, rv), exp_avg_factor=0.1, epsilon=1e-5),
     )
     y = torch.empty_like(x)
     plan.execute(handle, x, y, args)

@@ -250,3 +250,17 @@ def bn_backward_args(x, scale, bias, grads, saved, **blend) -> fp.BatchNormBackw
         saved_inv_variance=saved[1],
         **blend,
     )
+
+
+def bn_forward_args(scale, bias, saved=(None, None), running=(None, None), **kw) -> fp.BatchNormForwardArgs:
+    """A batch-norm forward-training record: the parameters, the saved statistics' outputs (mean,
+    inverse deviation) and the running statistics (mean, variance)."""
+    return fp.BatchNormForwardArgs(
+        scale=scale,
+        bias=bias,
+        saved_mean=saved[0],
+        saved_inv_variance=saved[1],
+        running_mean=running[0],
+        running_variance=running[1],
+        **kw,
+    )

@@ -15,7 +15,7 @@ from fusionplan.enums import ActivationMode, BatchNormMode
 from fusionplan.reference import run_reference
 from fusionplan.verify import TOLERANCE, compare
 
-from ..util import bn_backward_args
+from ..util import bn_backward_args, bn_forward_args
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -50,15 +50,7 @@ def forward(x, mode, act, running=True):
     args = fp.OperatorArgs()
     args.set(
         ops[0],
-        fp.BatchNormForwardArgs(
-            scale=scale,
-            bias=bias,
-            saved_mean=stats[0],
-            saved_inv_variance=stats[1],
-            running_mean=run[0],
-            running_variance=run[1],
-            exp_avg_factor=0.1,
-        ),
+        bn_forward_args(scale, bias, (stats[0], stats[1]), (run[0], run[1]), exp_avg_factor=0.1),
     )
     if act is not None:
         args.set(ops[1], fp.ActivationArgs(activ_alpha=0.3))
