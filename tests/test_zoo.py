@@ -44,7 +44,7 @@ class Block(nn.Module):
 def test_layers_of_a_model_with_their_chains():
     a, b, c = layers_of(Block(), 16, channels=8)
     assert (a.c, a.k, a.h, a.w, a.chain, a.residual, a.activation) == (8, 8, 16, 16, "CNA", True, "relu")
-    assert (b.r, b.s, b.pad, b.stride, b.chain, b.activation) == (1, 7, (0, 3), (1, 2), "CBA", "silu")
+    assert (b.r, b.s, b.pads, b.strides, b.chain, b.activation) == (1, 7, (0, 3), (1, 2), "CBA", "silu")
     assert (c.h, c.w, c.dilation, c.groups, c.chain, c.activation) == (16, 8, 2, 4, "CN", "")
 
 

@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from fusionplan.shapes import ConvShape
+
 #: model -> (input height and width, constructor keywords); "unet" is defined below
 MODELS: dict[str, tuple[int, dict]] = {
     "resnet50": (224, {}),
@@ -60,38 +62,14 @@ _ACTIVATION_METHODS = {"relu": "relu", "relu_": "relu", "sigmoid": "sigmoid", "t
 _ADDS = {operator.add, operator.iadd, torch.add}
 
 
-@dataclass(frozen=True)
-class Layer:
-    """A convolution with the chain after it, one image's shapes."""
-
-    c: int
-    k: int
-    h: int
-    w: int
-    r: int
-    s: int
-    stride: tuple[int, int]
-    pad: tuple[int, int]
-    dilation: int
-    groups: int
-    bias: bool
-    batchnorm: bool
-    residual: bool
-    activation: str
-
-    @property
-    def chain(self) -> str:
-        return (
-            "C"
-            + ("B" if self.bias else "")
-            + ("N" if self.batchnorm else "")
-            + ("A" if self.activation in FUSABLE_ACTIVATIONS else "")
-        )
+def _chain(bias: bool, batchnorm: bool, activation: str) -> str:
+    """The operator letters of a convolution and what follows it (A where fusionplan runs the activation)."""
+    return "C" + ("B" if bias else "") + ("N" if batchnorm else "") + ("A" if activation in FUSABLE_ACTIVATIONS else "")
 
 
 @dataclass
 class Entry:
-    layer: Layer
+    layer: ConvShape  # without name, count and models: one per distinct layer
     models: dict[str, int] = field(default_factory=dict)
 
 
@@ -179,12 +157,12 @@ def _chain_after(conv: fx.Node, modules: dict[str, nn.Module]) -> tuple[bool, bo
     return batchnorm, residual, activation or ""
 
 
-def model_layers(name: str) -> Iterator[Layer]:
+def model_layers(name: str) -> Iterator[ConvShape]:
     """Every convolution of a model of the suite, one image at its input size."""
     return layers_of(build_model(name), MODELS[name][0], name)
 
 
-def layers_of(model: nn.Module, size: int, name: str = "the model", channels: int = 3) -> Iterator[Layer]:
+def layers_of(model: nn.Module, size: int, name: str = "the model", channels: int = 3) -> Iterator[ConvShape]:
     """Every convolution of ``model`` (in eval mode), one image of ``channels`` x size x size."""
     traced = fx.symbolic_trace(model.eval())
     with torch.no_grad():
@@ -198,14 +176,16 @@ def layers_of(model: nn.Module, size: int, name: str = "the model", channels: in
         if conv.padding_mode != "zeros" or isinstance(conv.padding, str) or conv.dilation[0] != conv.dilation[1]:
             raise ValueError(f"{name}: {node.target} has a padding or dilation the suite does not describe")
         batchnorm, residual, activation = _chain_after(node, modules)
-        yield Layer(
-            c, conv.out_channels, h, w, *conv.kernel_size, tuple(conv.stride), tuple(conv.padding),
-            conv.dilation[0], conv.groups, conv.bias is not None, batchnorm, residual, activation,
+        (sh, sw), (ph, pw) = conv.stride, conv.padding
+        yield ConvShape(
+            "", c, conv.out_channels, h, w, *conv.kernel_size, sh, ph, groups=conv.groups, pad_w=pw, stride_w=sw,
+            dilation=conv.dilation[0], chain=_chain(conv.bias is not None, batchnorm, activation),
+            activation=activation, residual=residual,
         )  # fmt: skip
 
 
 def collect(models: Sequence[str]) -> list[Entry]:
-    entries: dict[Layer, Entry] = {}
+    entries: dict[ConvShape, Entry] = {}
     for name in models:
         for layer in model_layers(name):
             entry = entries.setdefault(layer, Entry(layer))
@@ -224,10 +204,10 @@ def write_csv(entries: Sequence[Entry], path: Path) -> None:
         for i, e in enumerate(entries):
             lay = e.layer
             models = " ".join(f"{m}:{n}" for m, n in e.models.items())
+            (ph, pw), (sh, sw) = lay.pads, lay.strides
             out.writerow([
-                f"zoo_{i:03d}", lay.c, lay.k, lay.h, lay.w, lay.r, lay.s, lay.stride[0], lay.pad[0],
-                sum(e.models.values()), lay.groups, lay.pad[1], lay.stride[1], lay.dilation, lay.chain,
-                lay.activation, int(lay.residual), models,
+                f"zoo_{i:03d}", lay.c, lay.k, lay.h, lay.w, lay.r, lay.s, sh, ph, sum(e.models.values()),
+                lay.groups, pw, sw, lay.dilation, lay.chain, lay.activation, int(lay.residual), models,
             ])  # fmt: skip
 
 
