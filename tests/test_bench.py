@@ -397,3 +397,15 @@ def test_other_processes_run_for_the_body_and_are_killed_after():
         assert len(processes) == 2 and all(p.poll() is None for p in processes)
         raise RuntimeError("the body fails")
     assert all(p.poll() is not None for p in processes)
+
+
+def test_find_column_runs_the_plan_as_find_chose(tmp_path, monkeypatch):
+    """--baselines find: the plan compiled in find mode NORMAL, a column beside fused, its output
+    checked like every column's."""
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    argv = [*SMALL, "--layers", "r50_22", "--modes", "CBA", "--baselines", "find,eager", "--no-plots"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    row = json.loads((tmp_path / "results.json").read_text())["rows"][0]
+    assert row["find_ms"] > 0 and row["eager_ms"] > 0 and row["errors"] == ""
+    assert "find ms" in (tmp_path / "summary.md").read_text()

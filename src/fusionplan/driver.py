@@ -26,6 +26,7 @@ from fusionplan.enums import MIOPEN_ACTIVATIONS, ActivationMode, BatchNormMode, 
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
+from fusionplan.solvers import FAMILIES
 from fusionplan.solvers.reference_solver import ReferenceKernel
 from fusionplan.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_tensor, reference_output
 
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: a GPU if present, else the CPU)")
     p.add_argument(
         "--backend",
-        choices=["triton", "cpu", "reference"],
+        choices=list(FAMILIES),
         default=None,
         help="restrict compile to one solver family (default: the first applicable solver)",
     )

@@ -63,6 +63,7 @@ class PerfDB:
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path is not None else cache_dir() / "perfdb.sqlite"
         self._lock = threading.Lock()
+        self.generation = 0  # bumped by clear: what a reader keeps in memory from before is stale
 
     # -- connection and recovery ------------------------------------------------------------------
     def _connect(self) -> sqlite3.Connection:
@@ -156,6 +157,7 @@ class PerfDB:
 
     def clear(self) -> None:
         self._run(lambda conn: conn.execute("DELETE FROM perf"))
+        self.generation += 1
 
 
 _default: PerfDB | None = None

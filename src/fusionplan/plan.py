@@ -45,6 +45,7 @@ from fusionplan.ops import (
     as_tensor,
     field_names,
 )
+from fusionplan.solvers import find
 from fusionplan.solvers.base import Kernel, PlanSpec, Verdict
 
 _plan_uids = itertools.count(1)
@@ -216,12 +217,17 @@ class FusionPlan:
 
     # -- compile ------------------------------------------------------------------------------
     def explain(self, handle: Handle | None = None, backend: str | None = None) -> list[Verdict]:
-        """Every solver's verdict on this plan for ``handle`` (default: a handle on the default device)."""
-        return solvers.verdicts(self.spec(), handle or Handle(), backend)
+        """Every solver's verdict on this plan for ``handle`` (default: a handle on the default device),
+        with the time find measured for it, where it did."""
+        handle = handle or Handle()
+        spec = self.spec()
+        return find.with_times(solvers.verdicts(spec, handle, backend), find.stored_times(spec, handle))
 
     def compile(self, handle: Handle, backend: str | None = None, solver: str | None = None) -> str:
         """Compile for ``handle`` with the first applicable solver (of the ``backend`` family, or the
-        solver named ``solver``, when given); returns the solver's name. A solver whose kernel fails
+        solver named ``solver``, when given); returns the solver's name. The solvers are tried
+        fastest first where find measured them (find mode NORMAL measures those not yet measured:
+        fusionplan.solvers.find), else in the registry's order. A solver whose kernel fails
         to build (a tile this device cannot hold) passes the plan to the next applicable one; when
         none builds, InternalError names each failure."""
         if not isinstance(handle, Handle):
@@ -230,7 +236,10 @@ class FusionPlan:
             spec = self.spec()
             version = self._version
         failures: list[tuple[str, Exception]] = []
-        for chosen in solvers.candidates(spec, handle, backend, solver):
+        ordered = solvers.candidates(spec, handle, backend, solver)
+        if solver is None:  # find's measured times order the solvers, where it measured them
+            ordered = find.rank(spec, handle, ordered, lambda s: self._kernel(s, spec, handle))
+        for chosen in ordered:
             try:
                 kernel = self._kernel(chosen, spec, handle)
             except Exception as exc:  # e.g. a tile this device cannot hold: the next solver may run it

@@ -28,6 +28,7 @@ from fusionplan.api import empty_like_layout
 from fusionplan.enums import ActivationMode, DataType, Layout
 from fusionplan.ops import ConvForwardOp
 from fusionplan.shapes import ConvShape
+from fusionplan.solvers import find
 from fusionplan.solvers.reference_solver import ReferenceKernel
 from fusionplan.verify import (
     EPS,
@@ -330,9 +331,12 @@ def make_variants(prep: PreparedCase, device: torch.device, baselines: list[str]
     handle = fp.Handle(device, allow_tf32=case.tf32)
     plan.compile(handle)
     variants.append(plan_variant("fused", handle))
+    if "find" in baselines:  # the solver that find measured fastest (its times go to the perf database)
+        found = fp.Handle(device, allow_tf32=case.tf32, find_mode="NORMAL")
+        plan.compile(found)
+        variants.append(plan_variant("find", found))
     for verdict in plan.explain(handle):
-        # Triton "applies" on the CPU only through its interpreter, a test tool, not a solver to time
-        if verdict.applicable and not (device.type == "cpu" and verdict.family == "triton"):
+        if verdict.applicable and find.runs_natively(verdict.family, device):
             forced = fp.Handle(device, allow_tf32=case.tf32)
             try:
                 plan.compile(forced, solver=verdict.solver)

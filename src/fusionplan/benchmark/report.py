@@ -16,7 +16,7 @@ import torch
 import fusionplan
 from fusionplan.benchmark.runner import Row, geomeans, layout_ratios
 
-SHOWN = ("unfused", "eager", "cudnn", "compile", "compile-max")
+SHOWN = ("find", "unfused", "eager", "cudnn", "compile", "compile-max")
 
 
 def environment(device: torch.device) -> dict:

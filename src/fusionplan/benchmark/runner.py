@@ -13,7 +13,7 @@ import torch
 from fusionplan.benchmark.cases import Case, make_variants, prepare, verify
 from fusionplan.benchmark.timing import Peaks, l2_bytes, measure_peaks, median_ms
 
-BASELINES = ("unfused", "eager", "cudnn", "compile", "compile-max")
+BASELINES = ("find", "unfused", "eager", "cudnn", "compile", "compile-max")
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """The registry of solvers, in priority order: compile takes the first that applies.
 
-``FUSIONPLAN_BACKEND=triton|cpu|reference`` (or ``backend=`` on compile) restricts the
+``FUSIONPLAN_BACKEND=triton|cpu|vendor|reference`` (or ``backend=`` on compile) restricts the
 choice to one family; when that family cannot run the plan, compile fails with
 UnsupportedOpError and every solver's reason.
 """
@@ -14,6 +14,7 @@ from fusionplan.errors import BadParmError, UnsupportedOpError
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.cpu_training import CpuTrainingSolver
+from fusionplan.solvers.cudnn_vendor import CudnnSolver
 from fusionplan.solvers.gluon_gemm import GluonGemmSolver
 from fusionplan.solvers.gluon_halo import GluonHaloSolver
 from fusionplan.solvers.gluon_nchw import GluonNchwSolver
@@ -36,7 +37,7 @@ from fusionplan.solvers.triton_window import TritonWindowSolver
 if TYPE_CHECKING:
     from fusionplan.handle import Handle
 
-FAMILIES = ("triton", "cpu", "reference")
+FAMILIES = ("triton", "cpu", "vendor", "reference")
 BACKEND_ENV = "FUSIONPLAN_BACKEND"
 
 #: Priority order. Each solver knows its device: on a CUDA handle the CPU solver says no and the
@@ -62,6 +63,7 @@ REGISTRY: list[Solver] = [
     TritonConvSolver(),
     TritonPointwiseSolver(),
     TritonBatchNormSolver(),  # the training plans: batch-norm forward training, backward (+ activation)
+    CudnnSolver(),  # the vendor floor: chosen only where find measured it faster (it always defers)
     ReferenceSolver(),
 ]
 

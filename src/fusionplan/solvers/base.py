@@ -91,7 +91,7 @@ class Solver(ABC):
     """One fused implementation. Its ``why_not`` is the single source of its supported set."""
 
     name: str = "?"
-    family: str = "?"  # "triton", "cpu" or "reference" (FUSIONPLAN_BACKEND selects families)
+    family: str = "?"  # "triton", "cpu", "vendor" or "reference" (FUSIONPLAN_BACKEND selects families)
 
     @abstractmethod
     def why_not(self, spec: PlanSpec, handle: Handle) -> str | None:
@@ -114,6 +114,7 @@ class Verdict:
     family: str
     reason: str | None  # None: applicable
     deferred: str | None = None  # applicable, but later solvers are tried first, for this reason
+    measured_ms: float | None = None  # its time on this plan and device, where find measured it
 
     @property
     def applicable(self) -> bool:
@@ -123,4 +124,5 @@ class Verdict:
         if not self.applicable:
             return f"{self.solver} [{self.family}]: no: {self.reason}"
         after = f" (after others: {self.deferred})" if self.deferred else ""
-        return f"{self.solver} [{self.family}]: applicable{after}"
+        measured = f"; measured {self.measured_ms:.4g} ms" if self.measured_ms is not None else ""
+        return f"{self.solver} [{self.family}]: applicable{after}{measured}"

@@ -1,0 +1,172 @@
+"""The cudnn solver (the vendor floor) without a GPU: which plans it takes, and which argument
+sets go to cuDNN's one call and with what arguments (torch's cuDNN calls replaced by float64
+stand-ins of their documented formula), and that the others run the folded stages right."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusionplan as fp
+from fusionplan import solvers
+from fusionplan.enums import ActivationMode
+from fusionplan.reference import run_reference
+from fusionplan.solvers.cudnn_vendor import CudnnKernel, CudnnSolver, plan_shape_why_not
+from fusionplan.verify import TOLERANCE, add_chain, compare, random_record
+
+from .util import CONV_SHAPES, make_input, plan_for, poisoned, shape_plan
+
+
+class _CudaHandle:
+    """What the solver reads of a handle: a CUDA device (its checks of cuDNN and dtype come next)."""
+
+    device = torch.device("cuda")
+
+    def tf32_allowed(self) -> bool:
+        return False
+
+
+def test_a_cpu_handle_is_refused_with_the_device_named():
+    plan, _ = shape_plan("1x1", "CBNA", torch.float32, "NHWC")
+    verdict = {v.solver: v for v in plan.explain(fp.Handle())}["cudnn"]
+    assert not verdict.applicable and "CUDA devices only" in verdict.reason and "cpu" in verdict.reason
+
+
+@pytest.mark.parametrize("chain", ["CBNA", "CNA", "CA", "CBA", "CNBA"])
+def test_conv_affine_relu_chains_are_taken(chain, monkeypatch):
+    monkeypatch.setattr("fusionplan.solvers.cudnn_vendor.cudnn_available", lambda: True)
+    plan, _ = shape_plan("1x1", chain, torch.float16, "NHWC")
+    solver = CudnnSolver()
+    assert solver.why_not(plan.spec(), _CudaHandle()) is None
+    assert solver.defer_why(plan.spec(), _CudaHandle()), "it runs only where find measured it faster"
+
+
+@pytest.mark.parametrize(
+    ("chain", "act", "words"),
+    [
+        ("CB", None, "ends with ReLU"),
+        ("CN", None, "ends with ReLU"),
+        ("NCA", None, "starts with the convolution"),
+        ("BA", None, "starts with the convolution"),
+        ("CBA", ActivationMode.LOGISTIC, "ends with ReLU"),
+        ("CBA", ActivationMode.CLIPPEDRELU, "ends with ReLU"),
+        ("CANA", None, "only bias and batch-norm"),
+    ],
+)
+def test_other_chains_are_refused_with_the_reason(chain, act, words, monkeypatch):
+    monkeypatch.setattr("fusionplan.solvers.cudnn_vendor.cudnn_available", lambda: True)
+    x = make_input((2, 8, 7, 5), torch.float16, "NHWC")
+    try:
+        plan = add_chain(plan_for(x), chain, k=8, activation=act or ActivationMode.RELU)
+    except fp.FusionError as exc:  # a chain the plan itself refuses: not the solver's question
+        pytest.skip(f"the plan refuses {chain}: {exc}")
+    reason = CudnnSolver().why_not(plan.spec(), _CudaHandle())
+    assert reason is not None and words in reason
+    assert plan_shape_why_not(plan.spec()) == reason
+
+
+def test_double_data_and_missing_cudnn_are_refused(monkeypatch):
+    plan, _ = shape_plan("1x1", "CBA", torch.float64, "NCHW")
+    monkeypatch.setattr("fusionplan.solvers.cudnn_vendor.cudnn_available", lambda: True)
+    assert "DOUBLE" in CudnnSolver().why_not(plan.spec(), _CudaHandle())
+    monkeypatch.setattr("fusionplan.solvers.cudnn_vendor.cudnn_available", lambda: False)
+    assert "no cuDNN" in CudnnSolver().why_not(plan.spec(), _CudaHandle())
+
+
+def test_the_vendor_family_is_a_backend_choice():
+    assert "vendor" in solvers.FAMILIES
+    plan, _ = shape_plan("1x1", "CBA", torch.float32, "NCHW")
+    with pytest.raises(fp.UnsupportedOpError, match="CUDA devices only"):
+        plan.compile(fp.Handle(), backend="vendor")
+
+
+# -- the kernel, with torch's cuDNN calls replaced --------------------------------------------
+
+
+@pytest.fixture
+def fake_cudnn(monkeypatch):
+    """torch.cudnn_convolution_relu / _add_relu as float64 stand-ins of cuDNN's formula,
+    relu(conv(x, w) + bias + alpha * z), recording each call's name and alpha."""
+    calls: list[tuple[str, float | None]] = []
+
+    def conv(x, w, bias, stride, padding, dilation, groups):
+        b = None if bias is None else bias.double()
+        return F.conv2d(x.double(), w.double(), b, stride, padding, dilation, groups)
+
+    def relu(x, w, bias, stride, padding, dilation, groups):
+        assert w.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
+        calls.append(("relu", None))
+        return conv(x, w, bias, stride, padding, dilation, groups).relu().to(x.dtype)
+
+    def add_relu(x, w, z, alpha, bias, stride, padding, dilation, groups):
+        assert w.dtype == x.dtype and z.dtype == x.dtype and isinstance(alpha, float)
+        calls.append(("add_relu", alpha))
+        h = conv(x, w, bias, stride, padding, dilation, groups) + alpha * z.double()
+        return h.relu().to(x.dtype)
+
+    monkeypatch.setattr(torch, "cudnn_convolution_relu", relu)
+    monkeypatch.setattr(torch, "cudnn_convolution_add_relu", add_relu)
+    return calls
+
+
+def _run_kernel(plan, x, records, with_prior):
+    y = poisoned(plan.output_desc, "NHWC" if x.is_contiguous(memory_format=torch.channels_last) else "NCHW")
+    prior = torch.randn(y.shape, dtype=y.dtype).to(memory_format=torch.channels_last) if with_prior else None
+    ref = run_reference(plan.ops, x, records, prior, torch.float64).output
+    CudnnKernel(plan.spec(), tf32=False).run(x, y, records, prior)
+    assert not torch.isnan(y).any(), "some output elements were not written"
+    result = compare(y, ref)
+    assert result.rel_norm < TOLERANCE[x.dtype], result
+    assert result.rms_ok, result
+
+
+def _records(plan, betas=None, alphas=None):
+    betas, alphas = betas or {}, alphas or {}
+    return [random_record(op, "cpu", alpha=alphas.get(op.index, 1.0), beta=betas.get(op.index, 0.0)) for op in plan.ops]
+
+
+@pytest.mark.parametrize("shape", ["1x1", "stride2", "grouped", "dilation2", "asymmetric"])
+@pytest.mark.parametrize("chain", ["CBNA", "CNA", "CA"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_conv_affine_relu_is_one_call(fake_cudnn, shape, chain, dtype, layout):
+    plan, x = shape_plan(shape, chain, dtype, layout)
+    _run_kernel(plan, x, _records(plan), with_prior=False)
+    assert fake_cudnn == [("relu", None)]
+
+
+@pytest.mark.parametrize("chain", ["CBA", "CA"])
+def test_a_scalar_residual_on_the_convolution_is_add_relu(fake_cudnn, chain):
+    plan, x = shape_plan("stride2", chain, torch.float16, "NHWC")
+    _run_kernel(plan, x, _records(plan, {0: 0.75}), with_prior=True)
+    assert fake_cudnn == [("add_relu", 0.75)]
+
+
+def test_fuses_residual_form_is_add_relu(fake_cudnn):
+    """fuse(model) puts a block's shortcut as batch-norm's beta = 1: relu(bn(conv(x)) + shortcut)."""
+    plan, x = shape_plan("1x1", "CNA", torch.float16, "NHWC")
+    _run_kernel(plan, x, _records(plan, {1: 1.0}), with_prior=True)
+    assert fake_cudnn == [("add_relu", 1.0)]
+
+
+@pytest.mark.parametrize(
+    ("chain", "betas", "alphas"),
+    [
+        ("CNA", {0: 0.5}, {}),  # the prior's coefficient is per channel (batch-norm scales it)
+        ("CBA", {2: 0.5}, {}),  # the prior is blended after the ReLU
+        ("CBA", {}, {2: 2.0}),  # the ReLU's output scaled
+        ("CNA", {}, {1: 0.5}),  # batch-norm's output scaled: folds into the weights, still one call
+    ],
+    ids=["per-channel-prior", "blend-after-relu", "relu-scaled", "bn-scaled"],
+)
+def test_what_one_call_cannot_express_runs_the_folded_stages(fake_cudnn, chain, betas, alphas):
+    plan, x = shape_plan("grouped", chain, torch.float32, "NCHW")
+    _run_kernel(plan, x, _records(plan, betas, alphas), with_prior=bool(betas))
+    one_call = not betas and 2 not in alphas
+    assert fake_cudnn == ([("relu", None)] if one_call else [])
+
+
+def test_all_conv_shapes_reach_one_call(fake_cudnn):
+    for shape in CONV_SHAPES:
+        plan, x = shape_plan(shape, "CBA", torch.float32, "NHWC")
+        _run_kernel(plan, x, _records(plan), with_prior=False)
+    assert fake_cudnn == [("relu", None)] * len(CONV_SHAPES)
