@@ -80,7 +80,7 @@ def test_imports_run_one_way_down_the_layers():
 #: convolution kernel, template and toolkits. The others hold one solver each.
 SHARED_SOLVER_MODULES = {
     "__init__", "base", "conv_toolkit", "conv_kernel", "gluon_toolkit", "window_toolkit", "gather_toolkit",
-    "stem_toolkit", "staged_toolkit",
+    "stem_toolkit", "staged_toolkit", "folded_toolkit", "find",
 }  # fmt: skip
 
 

@@ -4,9 +4,11 @@
     fusionplan-tune --shapes my_layers.csv --batch 1,32 --precisions fp16,bf16 --layouts NHWC,NCHW
     fusionplan-tune --model resnext50_32x4d --batch 32   # a zoo model's layers, each with its chain
 
-Each plan is compiled in NORMAL find mode: its solver benchmarks the candidate configurations once
-and stores the winner, so that later processes (FAST or NORMAL) compile it without benchmarking.
-Solvers without tuning (the CPU and reference solvers) are reported and skipped.
+Each plan is compiled in NORMAL find mode: each applicable solver benchmarks its candidate
+configurations once and stores the winner, then find times the solvers against each other (the
+vendor's cuDNN call among them) and stores the times, so that later processes (FAST or NORMAL)
+compile the fastest without benchmarking. The report counts the solvers chosen, and the plans
+for which nothing new was stored (a solver without configurations, or a plan tuned before).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from fusionplan.benchmark.cases import build_plan
@@ -21,8 +24,7 @@ from fusionplan.benchmark.cli import BadArgument, add_case_options, cases_from
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle, resolve_device
 from fusionplan.perfdb import default_db
-
-TUNED_SOLVERS = ("triton-conv",)
+from fusionplan.solvers import find
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,20 +52,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     db = default_db()
     before = db.count()
-    skipped: dict[str, int] = {}
+    chosen: Counter[str] = Counter()
+    nothing_new: Counter[str] = Counter()
+    across = 0
     started = time.perf_counter()
     for case in _progress(cases):
         plan = build_plan(case)
         handle = Handle(device, allow_tf32=case.tf32, find_mode="NORMAL")
+        entries = db.count()
         solver = plan.compile(handle)
-        if solver not in TUNED_SOLVERS:
-            skipped[solver] = skipped.get(solver, 0) + 1
+        chosen[solver] += 1
+        across += bool(find.stored_times(plan.spec(), handle))
+        if db.count() == entries:
+            nothing_new[solver] += 1
     print(
-        f"tuned {len(cases) - sum(skipped.values())} plans in {time.perf_counter() - started:.1f} s; "
-        f"perf database {db.path}: {before} -> {db.count()} entries"
+        f"tuned {len(cases) - sum(nothing_new.values())} of {len(cases)} plans in "
+        f"{time.perf_counter() - started:.1f} s; perf database {db.path}: {before} -> {db.count()} entries"
     )
-    for solver, n in skipped.items():
-        print(f"  {n} plans compiled by {solver}, which has no tuning: nothing stored")
+    print("  chosen: " + ", ".join(f"{solver} {n}" for solver, n in chosen.most_common()))
+    print(f"  {across} plans with solvers timed against each other (FusionPlan.explain shows the times)")
+    for solver, n in nothing_new.items():
+        print(f"  {n} plans compiled by {solver}: nothing new stored (no configurations to tune, or tuned before)")
     return 0
 
 

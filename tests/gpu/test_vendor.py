@@ -40,7 +40,8 @@ def _check(plan, x, precision, layout, betas):
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("shape", list(CONV_SHAPES))
-def test_cudnn_solver(shape, precision, layout, residual):
+def test_cudnn_solver(shape, precision, layout, residual, monkeypatch):
+    monkeypatch.delenv("FUSIONPLAN_BACKEND")  # the GPU tests' restriction to Triton's family
     chain = {"none": "CBNA", "conv-beta": "CBA", "bn-beta": "CNA"}[residual]
     betas = {"none": {}, "conv-beta": {0: 0.75}, "bn-beta": {1: 1.0}}[residual]
     plan, x = shape_plan(shape, chain, PRECISIONS[precision][0], layout, device="cuda", w_layout=layout)
