@@ -129,3 +129,24 @@ def test_a_crash_is_recorded_with_its_repro(monkeypatch):
     assert [c["index"] for c in summary.crashes] == [3]
     assert "SIGSEGV" in summary.crashes[0]["how"] and "--index 3" in summary.crashes[0]["repro"]
     assert summary.cases == 6
+
+
+def test_extension_activations_are_drawn_for_the_python_apis_only():
+    drawn = [draw_case(9, i, "cpu", training=0.3) for i in range(400)]
+    acts = [(c["api"], op["mode"]) for c in drawn for op in c["ops"] if op["kind"] in ("act", "act_back")]
+    extensions = {mode for api, mode in acts if mode in cases.EXTENSION_MODES}
+    assert extensions == set(cases.EXTENSION_MODES)
+    assert all(mode < 100 for api, mode in acts if api == "miopen")
+
+
+@pytest.mark.parametrize(
+    ("seed", "index"),
+    [(7, 2559), (8, 875)],
+    ids=["hardsigmoid-backward-float64", "hardswish-backward-nan-dy"],
+)
+def test_extension_activation_cases_the_fuzzer_found(seed, index):
+    """Float64 Hardsigmoid backward (torch's own takes float32's 1/6), and a NaN gradient through
+    Hardswish where its slope is 0 (torch's own backward drops it): the CPU solvers."""
+    summary = run_pool("cpu", seed, [index], 1, OPTIONS, case_timeout=300, log=lambda line: None)
+    assert summary.cases == 1 and summary.by_solver["cpu-training"] == 1
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)

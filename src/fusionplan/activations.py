@@ -150,19 +150,28 @@ ACTIVATIONS: dict[ActivationMode, ActivationFormula] = {
 
 
 def _autograd_backward(forward: Callable[[Tensor], Tensor]) -> Backward:
-    """The backward of an extension activation, by autograd through torch's own forward."""
+    """The backward of an extension activation: dy times the derivative, the derivative by autograd
+    through torch's own forward. Not autograd's dx itself: torch's backward of Hardswish selects 0
+    where the derivative is 0, dropping a NaN or infinite dy that the product keeps (README: NaN and Inf)."""
 
     def backward(dy: Tensor, x: Tensor, a: float, b: float, g: float) -> Tensor:
         with torch.enable_grad():
             leaf = x.detach().requires_grad_(True)
-            (dx,) = torch.autograd.grad(forward(leaf), leaf, dy)
-        return dx
+            (slope,) = torch.autograd.grad(forward(leaf), leaf, torch.ones_like(leaf))
+        return dy * slope
 
     return backward
 
 
-def _extension(mode: ActivationMode, formula: str, forward: Callable[[Tensor], Tensor]) -> ActivationFormula:
-    return ActivationFormula(mode, formula, (), lambda x, a, b, g: forward(x), _autograd_backward(forward))
+def _extension(
+    mode: ActivationMode, formula: str, forward: Callable[[Tensor], Tensor], backward: Backward | None = None
+) -> ActivationFormula:
+    return ActivationFormula(mode, formula, (), lambda x, a, b, g: forward(x), backward or _autograd_backward(forward))
+
+
+def _hardsigmoid_backward(dy: Tensor, x: Tensor, a: float, b: float, g: float) -> Tensor:
+    """1/6 inside (-3, 3): torch's own backward takes float32's 1/6 for every dtype (3e-8 off in float64)."""
+    return dy * ((x > -3) & (x < 3)).to(dy.dtype) / 6
 
 
 #: fusionplan's extension modes (enums.ActivationMode.is_extension): torch's functions, no parameters
@@ -171,7 +180,7 @@ ACTIVATIONS.update(
     for f in (
         _extension(ActivationMode.SILU, "y = x * sigmoid(x)", F.silu),
         _extension(ActivationMode.HARDSWISH, "y = x * min(max(x + 3, 0), 6) / 6", F.hardswish),
-        _extension(ActivationMode.HARDSIGMOID, "y = min(max(x / 6 + 1/2, 0), 1)", F.hardsigmoid),
+        _extension(ActivationMode.HARDSIGMOID, "y = min(max(x / 6 + 1/2, 0), 1)", F.hardsigmoid, _hardsigmoid_backward),
         _extension(ActivationMode.GELU, "y = x * (1 + erf(x / sqrt(2))) / 2", F.gelu),
         _extension(
             ActivationMode.GELU_TANH,

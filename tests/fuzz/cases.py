@@ -210,7 +210,8 @@ def draw_case(
     layer = random.Random(f"fusionplan-fuzz-layers:{seed}:{index}{suffix}")
     if variant % 2 == 1 or (not variant and layers and layer.random() < layers):
         base = {"seed": seed, "index": index, "mode": mode, "data_seed": layer.getrandbits(32)}
-        return _layer_case(layer, {**base, "api": layer.choice(["plan", "core", "miopen"])})
+        case = _layer_case(layer, {**base, "api": layer.choice(["plan", "core", "miopen"])})
+        return _extension_modes(case, f"{seed}:{index}{suffix}")
     case: Case = {
         "seed": seed,
         "index": index,
@@ -240,6 +241,22 @@ def draw_case(
     case["ops"] = ops
     if misuse and r.random() < misuse:
         case["misuse"] = r.choice(MISUSES)
+    return _extension_modes(case, f"{seed}:{index}{suffix}")
+
+
+#: fusionplan's activation modes beyond MIOpen's ten (SiLU ... Mish): the Python APIs take them
+EXTENSION_MODES = (100, 101, 102, 103, 104, 105)
+
+
+def _extension_modes(case: Case, key: str) -> Case:
+    """Some activations of a case for the Python APIs made one of the extension modes, drawn from a
+    stream of their own, so that every other draw is that of a run without them."""
+    if case["api"] == "miopen":  # MIOpen's enumeration has only its ten
+        return case
+    r = random.Random(f"fusionplan-fuzz-extensions:{key}")
+    for op in case["ops"]:
+        if op["kind"] in ("act", "act_back") and r.random() < 0.3:
+            op.update(mode=r.choice(EXTENSION_MODES), a=1.0, b=0.0, g=1.0)
     return case
 
 

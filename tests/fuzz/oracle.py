@@ -7,6 +7,8 @@ and a product over padding (outside the input) contributes nothing.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 POWER_EPS = 1e-6
@@ -63,6 +65,8 @@ def activation(mode: int, x: np.ndarray, a: float, b: float, g: float) -> np.nda
             return np.where(x > 0, x, a * x)
         if mode == 9:
             return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))
+        if mode in EXTENSIONS:
+            return EXTENSIONS[mode][0](x)
     raise ValueError(f"activation mode {mode}")
 
 
@@ -93,7 +97,53 @@ def activation_backward(mode: int, dy: np.ndarray, x: np.ndarray, a: float, b: f
             return dy * np.where(x > 0, 1.0, a)
         if mode == 9:
             return dy * np.where(x > 0, 1.0, a * np.exp(np.minimum(x, 0.0)))
+        if mode in EXTENSIONS:
+            return dy * EXTENSIONS[mode][1](x)
     raise ValueError(f"activation mode {mode}")
+
+
+# -- fusionplan's extension modes (100-105: SiLU, Hardswish, Hardsigmoid, GELU, GELU's tanh form,
+# Mish), from their definitions: each (forward, derivative), parameterless ------------------------
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0) + np.log1p(np.exp(-np.abs(x)))
+
+
+_erf = np.vectorize(math.erf, otypes=[float])
+_GELU_K = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(_GELU_K * (x + 0.044715 * x**3)))
+
+
+def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(_GELU_K * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_K * (1.0 + 3 * 0.044715 * x * x)
+
+
+def _mish_grad(x: np.ndarray) -> np.ndarray:
+    t = np.tanh(_softplus(x))
+    return t + x * (1.0 - t * t) * _sigmoid(x)
+
+
+EXTENSIONS = {
+    100: (lambda x: x * _sigmoid(x), lambda x: _sigmoid(x) * (1.0 + x * (1.0 - _sigmoid(x)))),
+    101: (
+        lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0,
+        lambda x: np.where(x <= -3.0, 0.0, np.where(x < 3.0, (2.0 * x + 3.0) / 6.0, 1.0)),  # torch's ends
+    ),
+    102: (lambda x: np.clip(x / 6.0 + 0.5, 0.0, 1.0), lambda x: np.where((x > -3.0) & (x < 3.0), 1.0 / 6.0, 0.0)),
+    103: (
+        lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+        lambda x: 0.5 * (1.0 + _erf(x / math.sqrt(2.0))) + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi),
+    ),
+    104: (_gelu_tanh, _gelu_tanh_grad),
+    105: (lambda x: x * np.tanh(_softplus(x)), _mish_grad),
+}
 
 
 def blend(r: np.ndarray, alpha: float, beta: float, prior: np.ndarray | None) -> np.ndarray:
