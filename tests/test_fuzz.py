@@ -150,3 +150,12 @@ def test_extension_activation_cases_the_fuzzer_found(seed, index):
     summary = run_pool("cpu", seed, [index], 1, OPTIONS, case_timeout=300, log=lambda line: None)
     assert summary.cases == 1 and summary.by_solver["cpu-training"] == 1
     assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
+def test_batchnorm_statistics_keep_an_infinite_mean():
+    """A feature with -inf among finite values has mean -inf; Welford's update made it NaN
+    (inf - inf) in triton-batchnorm's saved and running means."""
+    summary = run_pool("interp", 11, [150, 521], 1, OPTIONS, case_timeout=600, log=lambda line: None)
+    assert summary.cases == 2 and summary.by_solver["triton-batchnorm"] == 2
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
