@@ -96,6 +96,17 @@ def test_fuse_matches_eager_and_reports():
     assert isinstance(fused.get_submodule("reflect"), nn.Conv2d)  # untouched
 
 
+def test_the_report_names_the_solvers_that_ran(monkeypatch):
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    fused = fpt.fuse(model())
+    report = fused.fusion_report
+    assert set(report.solvers()) == {entry.split(":")[0] for entry in report.fused}
+    assert all(ran == [] for ran in report.solvers().values()) and "[" not in str(report).split("skipped")[0]
+    fused(torch.randn(2, 3, 20, 18))
+    assert all(ran == ["cpu-folded"] for ran in report.solvers().values()), report.solvers()
+    assert str(report).count("[cpu-folded]") == len(report.fused)
+
+
 def test_state_dict_round_trips():
     m = model()
     fused = fpt.fuse(m)

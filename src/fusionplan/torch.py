@@ -163,7 +163,7 @@ def _fused_chain_impl(
     out = None if seen is None else _repeat_new(seen, x, residual)  # a call like an earlier one
     if out is not None:
         return out
-    out, repeat = _run_new(x, params, hyper, residual)
+    out, repeat, _ = _run_new(x, params, hyper, residual)
     if repeat is not None:
         if len(_OP_CALLS) >= 256:
             _OP_CALLS.clear()
@@ -200,13 +200,13 @@ def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tenso
 
 
 def _run_new(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
-    """Run a chain into a new output tensor in the input's memory format: (the output, and for
-    calls like this one (output shape, strides, the plan's repeater), or None)."""
+    """Run a chain into a new output tensor in the input's memory format: (the output, for calls
+    like this one (output shape, strides, the plan's repeater) or None, the solver that ran it)."""
     plan, args, handle, fmt = _prepare(x, params, hyper, residual)
     out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
     plan.execute(handle, x, out, args, prior=residual)
     run = plan.repeater(handle, x, out, args, residual)
-    return out, None if run is None else (out.shape, out.stride(), run)
+    return out, None if run is None else (out.shape, out.stride(), run), plan.compiled_solver(handle)
 
 
 def _repeat_new(repeat: tuple, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor | None:
@@ -420,6 +420,7 @@ class FusedChain(nn.Module):
         self.chain_name = name
         self.residual = residual
         self._repeat: tuple | None = None  # see _repeat_call
+        self.solvers: set[str] = set()  # the solvers that ran its eager calls' plans
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
@@ -461,8 +462,10 @@ class FusedChain(nn.Module):
     def _run_prepared(
         self, x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None
     ) -> torch.Tensor:
-        """The custom op's work for an eager call; what a call like it needs to repeat it is kept."""
-        out, repeat = _run_new(x, params, hyper, residual)
+        """The custom op's work for an eager call; what a call like it needs to repeat it is kept,
+        and the solver that ran it (the fusion report names it)."""
+        out, repeat, solver = _run_new(x, params, hyper, residual)
+        self.solvers.add(solver)
         if repeat is not None:
             sources = tuple((where, name, where[name]) for where, name in self._parameter_slots())
             sources = tuple((where, name, t, *_pointer_and_version(t)) for where, name, t in sources)
@@ -554,9 +557,19 @@ class FusedChain(nn.Module):
 class FusionReport:
     fused: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    chains: dict[str, FusedChain] = field(default_factory=dict, repr=False)  # fused's modules, by name
+
+    def solvers(self) -> dict[str, list[str]]:
+        """Each fused chain's solvers, once an eager call has run it (cudnn where find measured
+        cuDNN's fused call faster)."""
+        return {name: sorted(chain.solvers) for name, chain in self.chains.items()}
 
     def __str__(self) -> str:
-        lines = [f"fused {len(self.fused)} chains:"] + [f"  {f}" for f in self.fused]
+        ran = self.solvers()
+        lines = [f"fused {len(self.fused)} chains:"]
+        for entry in self.fused:
+            solvers = ran.get(entry.split(":", 1)[0])
+            lines.append(f"  {entry}" + (f" [{', '.join(solvers)}]" if solvers else ""))
         lines += [f"skipped {len(self.skipped)}:"] + [f"  {s}" for s in self.skipped]
         return "\n".join(lines)
 
@@ -725,7 +738,8 @@ def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool
         name = f"fused_chain_{counter}"
         counter += 1
         title = " -> ".join(str(n.target) if n.op == "call_module" else n.name for n in chain)
-        gm.add_submodule(name, FusedChain(conv, bn, activation, title, residual is not None).eval())
+        report.chains[name] = FusedChain(conv, bn, activation, title, residual is not None).eval()
+        gm.add_submodule(name, report.chains[name])
         with gm.graph.inserting_after(chain[-1]):
             call_args = (node.args[0],) if residual is None else (node.args[0], residual)
             new = gm.graph.call_module(name, call_args)
