@@ -41,7 +41,7 @@ from fusionplan.launch import (
     split_workspace,
 )
 from fusionplan.ops import ConvArgs, OpArgs
-from fusionplan.samples import random_record
+from fusionplan.solvers import find as solver_find
 from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.conv_toolkit import (
     grid_dependency_capable,
@@ -605,21 +605,14 @@ class TritonConvKernel(Repeating, Kernel):
     def find(self, device: torch.device) -> tuning.ConvConfig:
         """NORMAL find mode: the perf database's winner for this kernel, or benchmark every
         candidate configuration on random data of the plan's shapes and store the fastest."""
-        props = torch.cuda.get_device_properties(device)
-        device_name = f"{props.name} sm_{props.major}{props.minor}"
         data: list = []  # made on the first benchmark only: a perf database hit needs none of it
 
         def benchmark(cfg: tuning.ConvConfig) -> float:
             import triton.testing
 
             if not data:
-                in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
-                x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)
-                out = torch.empty_strided(
-                    out_desc.dims, out_desc.strides, dtype=out_desc.dtype.torch_dtype, device=device
-                )
-                records = [random_record(op, device, param_dtype=torch.float32) for op in self.spec.ops]
-                data.append((x.normal_(), out, *self._derive(records, device)))
+                x, out, records = solver_find.random_data(self.spec, device)
+                data.append((x, out, *self._derive(records, device)))
             x, out, packed, values, flags = data[0]
             self._launch(cfg, x, packed, out, values, flags)
             return triton.testing.do_bench(
@@ -630,7 +623,9 @@ class TritonConvKernel(Repeating, Kernel):
             )
 
         candidates = list(dict.fromkeys([self.config, *self.find_candidates()]))
-        return tuning.find_config(self.solver_name, self.tuning_key(), device_name, candidates, benchmark)
+        return tuning.find_config(
+            self.solver_name, self.tuning_key(), solver_find.device_name(device), candidates, benchmark
+        )
 
     def find_candidates(self) -> list[tuning.ConvConfig]:
         """The configurations NORMAL find benchmarks beside the heuristic's; through descriptors,

@@ -127,7 +127,7 @@ def measure(
     """Each solver's median time (ms) on random data of the plan's shapes; a solver whose kernel
     does not build or run here is left out (compile then finds it fails, and goes on)."""
     try:
-        data = _random_data(spec, handle.device)
+        data = random_data(spec, handle.device)
     except Exception as exc:  # a plan the random records cannot describe: the heuristic decides
         logger.info("find: no random data for %s (%s); the heuristic orders the solvers", spec.combination, exc)
         return {}
@@ -142,7 +142,8 @@ def measure(
     return times
 
 
-def _random_data(spec: PlanSpec, device: torch.device) -> tuple:
+def random_data(spec: PlanSpec, device: torch.device) -> tuple:
+    """(x, y, records): a random input, an output and random records of the plan's shapes."""
     from fusionplan.samples import random_record
 
     in_desc, out_desc = spec.input_desc, spec.output_desc
