@@ -141,12 +141,13 @@ def test_extension_activations_are_drawn_for_the_python_apis_only():
 
 @pytest.mark.parametrize(
     ("seed", "index"),
-    [(7, 2559), (8, 875)],
-    ids=["hardsigmoid-backward-float64", "hardswish-backward-nan-dy"],
+    [(7, 2559), (8, 875), (8, 7931)],
+    ids=["hardsigmoid-backward-float64", "hardswish-backward-nan-dy", "one-value-per-feature"],
 )
-def test_extension_activation_cases_the_fuzzer_found(seed, index):
-    """Float64 Hardsigmoid backward (torch's own takes float32's 1/6), and a NaN gradient through
-    Hardswish where its slope is 0 (torch's own backward drops it): the CPU solvers."""
+def test_cpu_training_cases_the_fuzzer_found(seed, index):
+    """Float64 Hardsigmoid backward (torch's own takes float32's 1/6); a NaN gradient through
+    Hardswish where its slope is 0 (torch's own backward drops it); batch-norm training over one
+    value per feature (torch's output x * s' + b' cancels to 4e-5 where the answer is the bias)."""
     summary = run_pool("cpu", seed, [index], 1, OPTIONS, case_timeout=300, log=lambda line: None)
     assert summary.cases == 1 and summary.by_solver["cpu-training"] == 1
     assert not summary.mismatches and not summary.crashes, _summary_line(summary)

@@ -66,9 +66,12 @@ class CpuTrainingKernel(Kernel):
         running = bn.running_mean is not None and bn.running_variance is not None
         rm = self._vector(bn.running_mean).clone() if running else None
         rv = self._vector(bn.running_variance).clone() if running else None
-        out, mean, inv = torch.native_batch_norm(
-            self._spatial(x), self._vector(bn.scale), self._vector(bn.bias), rm, rv, True, bn.exp_avg_factor, bn.epsilon
-        )
+        xs, scale, bias = self._spatial(x), self._vector(bn.scale), self._vector(bn.bias)
+        _, mean, inv = torch.native_batch_norm(xs, scale, bias, rm, rv, True, bn.exp_avg_factor, bn.epsilon)
+        # its output is x * s' + b', which cancels where |mean| * inv is large (one value per feature:
+        # the mean is x, the result bias, torch's off by ulp(x * 316)); (x - mean) * s + b does not
+        shape = (1, -1, 1, 1)
+        out = (xs - mean.view(shape)) * (scale * inv).view(shape) + bias.view(shape)
         p = None if prior is None else prior.to(self.dt)
         h = _blend(out.reshape(x.shape), bn, p)
         if self.act is not None:
