@@ -62,12 +62,12 @@ def test_normal_find_times_cudnn_and_triton_and_fast_mode_follows(tmp_path, monk
     assert verdicts["cudnn"].measured_ms == times["cudnn"]
 
     fresh = add_chain(plan_for(x), "CBNA", k=64, w_layout="NHWC")
-    assert fresh.compile(fp.Handle("cuda", find_mode="FAST")) == chosen
+    fast = fp.Handle("cuda", find_mode="FAST")
+    assert fresh.compile(fast) == chosen
     args = fp.OperatorArgs()
     for op in fresh.ops:
         args.set(op, random_record(op, "cuda", param_dtype=torch.float32))
     y = poisoned(fresh.output_desc, "NHWC", "cuda")
-    fast = fp.Handle("cuda", find_mode="FAST")
     fresh.execute(fast, x, y, args)
     result = compare(y, reference_output(fresh, x, args, None), PRECISIONS["fp16"][3])
     assert result.nonfinite == 0 and result.rel_norm < 1e-2 and result.rms_ok, str(result)

@@ -61,7 +61,8 @@ class CudnnKernel(FoldedKernel):
 
     def __init__(self, spec: PlanSpec, tf32: bool) -> None:
         super().__init__(spec)
-        self.tf32 = tf32 and spec.dtype == DataType.FLOAT
+        # TF32 concerns float32 data only: the switch is not touched for half data (each toggle costs)
+        self.tf32 = tf32 if spec.dtype == DataType.FLOAT else None
         self._calls = PerArgsCache()
         self.conv = spec.ops[0].conv
 
@@ -100,10 +101,11 @@ class CudnnKernel(FoldedKernel):
 
 
 @contextlib.contextmanager
-def _tf32(allowed: bool) -> Iterator[None]:
-    """cuDNN's TF32 switch as the handle has it, for this call only (touched only where it differs)."""
+def _tf32(allowed: bool | None) -> Iterator[None]:
+    """cuDNN's TF32 switch as the handle has it, for this call only (touched only where it differs;
+    None: left as it is)."""
     saved = torch.backends.cudnn.allow_tf32
-    if saved == allowed:
+    if allowed is None or saved == allowed:
         yield
         return
     torch.backends.cudnn.allow_tf32 = allowed
