@@ -170,3 +170,22 @@ def test_all_conv_shapes_reach_one_call(fake_cudnn):
         plan, x = shape_plan(shape, "CBA", torch.float32, "NHWC")
         _run_kernel(plan, x, _records(plan), with_prior=False)
     assert fake_cudnn == [("relu", None)] * len(CONV_SHAPES)
+
+
+@pytest.mark.parametrize(("dtype", "tf32", "seen"), [(torch.float32, False, False), (torch.float32, True, True),
+                                                      (torch.float16, False, "unchanged")])  # fmt: skip
+def test_the_handles_tf32_holds_during_the_call_only(monkeypatch, dtype, tf32, seen):
+    """cuDNN's TF32 switch as the handle has it during a float32 call, restored after; half data
+    leaves it alone."""
+    during = []
+    monkeypatch.setattr(
+        torch, "cudnn_convolution_relu", lambda x, w, *a: during.append(torch.backends.cudnn.allow_tf32) or x[:, :1]
+    )
+    plan, x = shape_plan("1x1", "CA", dtype, "NCHW")
+    y = torch.empty(plan.output_desc.dims, dtype=dtype)
+    kernel = CudnnKernel(plan.spec(), tf32=tf32)
+    for before in (True, False):
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", before)
+        kernel.run(x, y, _records(plan), None)
+        assert during[-1] == (before if seen == "unchanged" else seen)
+        assert torch.backends.cudnn.allow_tf32 == before

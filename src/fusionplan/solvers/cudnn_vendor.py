@@ -88,26 +88,26 @@ class CudnnKernel(FoldedKernel):
         if call is None or (call.prior_coef != 0 and prior is None):
             super().run(x, y, records, prior)
             return
-        c = self.conv
-        with _tf32(self.tf32):
-            if call.prior_coef == 0:
-                out = torch.cudnn_convolution_relu(x, call.weight, call.bias, c.strides, c.pads, c.dilations, c.groups)
-            else:
-                z = prior.to(x.dtype)
-                out = torch.cudnn_convolution_add_relu(
-                    x, call.weight, z, call.prior_coef, call.bias, c.strides, c.pads, c.dilations, c.groups
-                )
+        if self.tf32 is None or self.tf32 == torch.backends.cudnn.allow_tf32:
+            out = self._call(x, call, prior)
+        else:
+            with _tf32(self.tf32):
+                out = self._call(x, call, prior)
         y.copy_(out)
+
+    def _call(self, x: Tensor, call: OneCall, prior: Tensor | None) -> Tensor:
+        c = self.conv
+        if call.prior_coef == 0:
+            return torch.cudnn_convolution_relu(x, call.weight, call.bias, c.strides, c.pads, c.dilations, c.groups)
+        return torch.cudnn_convolution_add_relu(
+            x, call.weight, prior.to(x.dtype), call.prior_coef, call.bias, c.strides, c.pads, c.dilations, c.groups
+        )
 
 
 @contextlib.contextmanager
-def _tf32(allowed: bool | None) -> Iterator[None]:
-    """cuDNN's TF32 switch as the handle has it, for this call only (touched only where it differs;
-    None: left as it is)."""
+def _tf32(allowed: bool) -> Iterator[None]:
+    """cuDNN's TF32 switch as the handle has it, for this call only."""
     saved = torch.backends.cudnn.allow_tf32
-    if allowed is None or saved == allowed:
-        yield
-        return
     torch.backends.cudnn.allow_tf32 = allowed
     try:
         yield
