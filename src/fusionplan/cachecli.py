@@ -3,6 +3,8 @@
     fusionplan-cache info              # where the caches are, their sizes, perf database entries
     fusionplan-cache clear             # everything: generated kernels, Triton's compiled kernels, perf database
     fusionplan-cache clear --perfdb    # only the perf database (tuning results)
+    fusionplan-cache export FILE       # kernels, Triton's kernels, launch records, perf entries: one archive
+    fusionplan-cache import FILE       # into this cache (same GPU architecture, Triton, fusionplan)
 
 The cache directory is $FUSIONPLAN_CACHE_DIR, else $XDG_CACHE_HOME/fusionplan, else ~/.cache/fusionplan.
 """
@@ -15,7 +17,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fusionplan.cache_archive import export_cache, import_cache
 from fusionplan.codegen import cache_dir
+from fusionplan.errors import FusionPlanError
 from fusionplan.perfdb import default_db
 
 
@@ -73,13 +77,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     clear_parser.add_argument("--kernels", action="store_true", help="only the generated Triton sources")
     clear_parser.add_argument("--triton", action="store_true", help="only Triton's compiled kernels")
     clear_parser.add_argument("--perfdb", action="store_true", help="only the perf database")
+    for name, what in (("export", "write the cache to an archive"), ("import", "add an exported archive to the cache")):
+        sub.add_parser(name, help=what).add_argument("file", help="the archive (.tar.gz)")
     opts = parser.parse_args(argv)
     if opts.command == "info":
         print(info())
         return 0
+    if opts.command in ("export", "import"):
+        return _archive(opts.command, opts.file)
     narrowed = opts.kernels or opts.triton or opts.perfdb
     done = clear(opts.kernels or not narrowed, opts.perfdb or not narrowed, opts.triton or not narrowed)
     print("cleared: " + (", ".join(done) if done else "nothing (the caches were empty)"))
+    return 0
+
+
+def _archive(command: str, file: str) -> int:
+    try:
+        summary = (export_cache if command == "export" else import_cache)(file)
+    except FusionPlanError as exc:
+        print(f"fusionplan-cache: {exc}", file=sys.stderr)
+        return 2
+    m = summary.manifest
+    done = "exported to" if command == "export" else "imported from"
+    print(
+        f"{done} {file}: {summary.files} files, {summary.perfdb_rows} perf database entries "
+        f"(fusionplan {m['fusionplan']}, triton {m['triton']}, {m['architecture']})"
+    )
     return 0
 
 

@@ -152,6 +152,22 @@ class PerfDB:
         )
         self._run(lambda conn: conn.execute("INSERT OR REPLACE INTO perf VALUES (?,?,?,?,?,?,?,?)", row))
 
+    def rows(self) -> list[list]:
+        """Every entry as its eight columns (an exported cache carries them)."""
+        found = self._run(lambda conn: conn.execute("SELECT * FROM perf ORDER BY created").fetchall())
+        return [list(row) for row in found or []]
+
+    def put_rows(self, rows: list[list]) -> None:
+        """Entries as ``rows`` gives them (an imported cache's), in one transaction."""
+
+        def insert(conn: sqlite3.Connection) -> None:
+            with conn:
+                conn.execute("BEGIN IMMEDIATE")
+                conn.executemany("INSERT OR REPLACE INTO perf VALUES (?,?,?,?,?,?,?,?)", [tuple(r) for r in rows])
+
+        if rows:
+            self._run(insert)
+
     def count(self) -> int:
         return self._run(lambda conn: conn.execute("SELECT COUNT(*) FROM perf").fetchone()[0]) or 0
 
