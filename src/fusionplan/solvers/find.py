@@ -6,7 +6,8 @@ each on random data of the plan's shapes, and stores the times in the perf datab
 plan's signature and the device. Compile then tries the solvers fastest first. In FAST mode the
 stored times order the solvers where the database has them; elsewhere the registry's priority
 and the solvers' defer rules (the heuristic) do. The reference solver is never timed: it is the
-correctness fallback, tried last. ``FusionPlan.explain`` shows the stored times.
+correctness fallback, tried last; nor are Triton's solvers on a CPU device (the interpreter's
+speed says nothing). ``FusionPlan.explain`` shows the stored times.
 """
 
 from __future__ import annotations
