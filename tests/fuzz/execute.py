@@ -41,7 +41,12 @@ MI_DTYPE = {
 }
 #: Solver families run in each mode: the CPU solvers, Triton's interpreter, or the GPU (sm90 builds
 #: the GPU's Gluon kernels on the CPU instead of running them).
-MODE_FAMILIES = {"cpu": ("cpu", "reference"), "interp": ("triton",), "gpu": ("triton", "vendor", "reference"), "sm90": ()}
+MODE_FAMILIES = {
+    "cpu": ("cpu", "reference"),
+    "interp": ("triton",),
+    "gpu": ("triton", "vendor", "reference"),
+    "sm90": (),
+}
 #: A Gluon solver's refusal on a CPU handle when the plan fits and only the device is missing.
 GLUON_DEVICE_ONLY = "needs a Hopper GPU (Gluon has no interpreter)"
 
