@@ -27,7 +27,7 @@ import torch
 from fusionplan.codegen import cache_dir
 from fusionplan.errors import BadParmError
 from fusionplan.perfdb import default_db
-from fusionplan.version import __version__
+from fusionplan.version import __version__, triton_version
 
 FORMAT = 1
 #: the cache's folders an archive carries, by their names in the archive
@@ -47,15 +47,6 @@ def architecture() -> str:
         return "none"
     major, minor = torch.cuda.get_device_capability()
     return f"sm_{major}{minor}"
-
-
-def _triton_version() -> str:
-    try:
-        import triton
-
-        return triton.__version__
-    except ImportError:
-        return "none"
 
 
 def _folder(name: str) -> Path:
@@ -87,7 +78,7 @@ def export_cache(path: str | Path) -> ArchiveSummary:
     manifest = {
         "format": FORMAT,
         "fusionplan": __version__,
-        "triton": _triton_version(),
+        "triton": triton_version(),
         "architecture": architecture(),
         "files": {member: _sha256(data) for member, data in files.items()},
     }
@@ -106,7 +97,7 @@ def export_cache(path: str | Path) -> ArchiveSummary:
 def import_cache(path: str | Path) -> ArchiveSummary:
     """Put an exported archive's files and perf entries into this cache; BadParmError (and the
     cache unchanged) for an archive that is damaged or made for another architecture or version."""
-    members, manifest = _read_checked(Path(path))
+    members, rows, manifest = _read_checked(Path(path))
     for member, data in members.items():
         if member == "perfdb.json":
             continue
@@ -116,7 +107,6 @@ def import_cache(path: str | Path) -> ArchiveSummary:
             continue
         target.parent.mkdir(parents=True, exist_ok=True)
         _write_bytes_atomic(target, data)
-    rows = json.loads(members["perfdb.json"])
     default_db().put_rows(rows)
     return ArchiveSummary(len(members) - 1, len(rows), manifest)
 
@@ -132,8 +122,9 @@ def _write_bytes_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _read_checked(path: Path) -> tuple[dict[str, bytes], dict]:
-    """Every member of the archive, checked against its manifest and against this machine."""
+def _read_checked(path: Path) -> tuple[dict[str, bytes], list[list], dict]:
+    """Every member of the archive, checked against its manifest and against this machine; the perf
+    database's rows; the manifest."""
     try:
         with tarfile.open(path, "r:gz") as tar:
             members = {}
@@ -162,23 +153,23 @@ def _read_checked(path: Path) -> tuple[dict[str, bytes], dict]:
         raise BadParmError(f"cache archive {path}: perfdb.json is not JSON") from exc
     if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 8 for r in rows):
         raise BadParmError(f"cache archive {path}: perfdb.json is not a list of perf database rows")
-    return members, manifest
+    return members, rows, manifest
 
 
 def _check_manifest(path: Path, manifest: object) -> None:
     listed = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(listed, dict) or manifest.get("format") != FORMAT:
         raise BadParmError(f"cache archive {path}: not a fusionplan cache archive of format {FORMAT}")
-    here = {"fusionplan": __version__, "triton": _triton_version(), "architecture": architecture()}
+    here = {"fusionplan": __version__, "triton": triton_version(), "architecture": architecture()}
     for key, value in here.items():
         if manifest.get(key) != value:
             raise BadParmError(f"cache archive {path} was made for {key} {manifest.get(key)}; this machine has {value}")
 
 
 def _check_name(path: Path, member: str) -> None:
-    parts = PurePosixPath(member).parts
     if member == "perfdb.json":
         return
+    parts = PurePosixPath(member).parts
     if len(parts) < 2 or parts[0] not in FOLDERS or ".." in parts or PurePosixPath(member).is_absolute():
         raise BadParmError(f"cache archive {path}: member {member!r} is outside the cache's folders")
 

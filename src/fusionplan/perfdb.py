@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from fusionplan.codegen import cache_dir
-from fusionplan.version import __version__
+from fusionplan.version import __version__, triton_version
 
 logger = logging.getLogger("fusionplan")
 
@@ -48,13 +48,7 @@ def signature_digest(signature: Any) -> str:
 
 
 def versions() -> str:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except Exception:  # no Triton: CPU solvers only
-        triton_version = "none"
-    return f"fusionplan {__version__}; triton {triton_version}"
+    return f"fusionplan {__version__}; triton {triton_version()}"
 
 
 class PerfDB:
