@@ -65,13 +65,15 @@ class CudnnKernel(FoldedKernel):
         self.tf32 = tf32 if spec.dtype == DataType.FLOAT else None
         self._calls = PerArgsCache()
         self.conv = spec.ops[0].conv
+        # the call is conv (+ folded affine operators) then the ReLU; other stage cuts run the stages
+        self._one_stage_pair = [type(stage) for stage in self.stages] == [ConvStage, ActStage]
 
     def one_call(self, records: Sequence[OpArgs]) -> OneCall | None:
         """The argument set as one cuDNN call, or None where the call cannot express it."""
         return self._calls.get(records, self._one_call)
 
     def _one_call(self, records: Sequence[OpArgs]) -> OneCall | None:
-        if [type(stage) for stage in self.stages] != [ConvStage, ActStage]:
+        if not self._one_stage_pair:
             return None
         folded, act = self.folded(records)
         rest = folded.rest

@@ -58,16 +58,21 @@ def _db(db: PerfDB | None) -> PerfDB:
     return db or default_db()
 
 
+def _memo_key(db: PerfDB, spec: PlanSpec, handle: Handle) -> tuple:
+    """(the database and its generation, the perf key, the device): what a memoized read stands for."""
+    return ((str(db.path), db.generation), _key(spec, handle), device_name(handle.device))
+
+
 def stored_times(spec: PlanSpec, handle: Handle, db: PerfDB | None = None) -> dict[str, float]:
     """The solvers' measured times (ms) for this plan on the handle's device, where find ran."""
     db = _db(db)
-    memo_key = ((str(db.path), db.generation), _key(spec, handle), device_name(handle.device))
+    memo_key = _memo_key(db, spec, handle)
     with _memo_lock:
         if memo_key in _memo:
             return dict(_memo[memo_key])
     times: dict[str, float] = {}
     if db.path.exists():  # FAST mode without a database creates none
-        entry = db.get(FIND_ENTRY, _key(spec, handle), memo_key[2]) or {}
+        entry = db.get(FIND_ENTRY, memo_key[1], memo_key[2]) or {}
         raw = entry.get("times")
         if isinstance(raw, dict):
             times = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and math.isfinite(v)}
@@ -78,11 +83,11 @@ def stored_times(spec: PlanSpec, handle: Handle, db: PerfDB | None = None) -> di
 
 def _store(spec: PlanSpec, handle: Handle, times: dict[str, float], db: PerfDB | None) -> None:
     db = _db(db)
-    device = device_name(handle.device)
+    memo_key = _memo_key(db, spec, handle)
     best = min(times, key=times.get)
-    db.put(FIND_ENTRY, _key(spec, handle), device, {"solver": best, "times": times}, times[best])
+    db.put(FIND_ENTRY, memo_key[1], memo_key[2], {"solver": best, "times": times}, times[best])
     with _memo_lock:
-        _memo[((str(db.path), db.generation), _key(spec, handle), device)] = dict(times)
+        _memo[memo_key] = dict(times)
 
 
 def rank(
