@@ -95,11 +95,11 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     assert tuning_override("GLUON_GEMM_MMA_EPILOGUE=1") == ("GLUON_GEMM_MMA_EPILOGUE", True)
     assert tuning_override("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
     assert sweep.tuning_choices is tuning_choices  # the script's --tuning parses as fusionplan-bench's
-    choices = [tuning_choices("CONV_NCHW_ROW_SLOTS=0,1"), tuning_choices("SPLIT_K_TARGET=114")]
-    assert choices == [("CONV_NCHW_ROW_SLOTS", (False, True)), ("SPLIT_K_TARGET", (114,))]
+    choices = [tuning_choices("WINDOW_MIN_PROGRAMS=50,100"), tuning_choices("SPLIT_K_TARGET=114")]
+    assert choices == [("WINDOW_MIN_PROGRAMS", (50, 100)), ("SPLIT_K_TARGET", (114,))]
     assert tuning.override_combinations(choices) == [
-        {"CONV_NCHW_ROW_SLOTS": False, "SPLIT_K_TARGET": 114},
-        {"CONV_NCHW_ROW_SLOTS": True, "SPLIT_K_TARGET": 114},
+        {"WINDOW_MIN_PROGRAMS": 50, "SPLIT_K_TARGET": 114},
+        {"WINDOW_MIN_PROGRAMS": 100, "SPLIT_K_TARGET": 114},
     ]
     assert tuning.override_combinations([]) == [{}]
     for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):

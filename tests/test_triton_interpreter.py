@@ -434,71 +434,6 @@ def test_gemm_solver_says_why_not(case, reason):
 
 
 # ---- triton-conv over whole output rows (NCHW input) -------------------------------------------------
-@pytest.mark.parametrize("shape_key", ["stem-C3", "1x1", "depthwise"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
-def test_conv_row_slots(shape_key, dtype, out_layout, monkeypatch):
-    """tuning.CONV_NCHW_ROW_SLOTS: triton-conv's pixels as slots of whole output rows (each row's
-    width rounded up to a power of two, the slots past it masked), on NCHW input of stride 1 in
-    width; every shape computes right (rows of 11 in 16 slots, 3 input channels: 13x11; 7 in 8:
-    the 1x1 with K=17; grouped as depthwise)."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
-    plan, x = shape_plan(shape_key, "CBNA", dtype, "NCHW")
-    handle = compile_named(plan, "triton-conv")
-    kernel = plan._entry(handle).kernel
-    assert kernel.pixel_slots > 0 and "ROW_SLOTS" in kernel.source()
-    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
-
-
-@pytest.mark.parametrize(
-    "shape_key, layout, slots",
-    [
-        ("1x1", "NCHW", 8),
-        ("stem-C3", "NCHW", 16),
-        ("stride2", "NCHW", 0),  # stride 2: pairs of columns, off (CONV_NCHW_ROW_PAIRS)
-        ("asymmetric", "NCHW", 0),  # stride 2 in width
-        ("grouped", "NCHW", 0),  # rows of 9 in 16 slots: too many empty
-        ("1x1", "NHWC", 0),
-    ],
-)
-def test_conv_row_slots_only_where_rows_are_contiguous(shape_key, layout, slots, monkeypatch):
-    """Rows of slots where the input's pixels are contiguous along a row (NCHW, stride 1 in width)
-    and at most a third of the slots stay empty: 7-wide rows take 8 slots, 11-wide 16; strided,
-    9-wide and channels-last plans keep flat pixels."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
-    plan, _ = shape_plan(shape_key, "CBNA", torch.float32, layout)
-    handle = compile_named(plan, "triton-conv")
-    assert plan._entry(handle).kernel.pixel_slots == slots
-
-
-STRIDED_PAIR_CASES = {  # (n, c, h, w, k, r, pad): stride 2; output rows of 7, 6 and 4 pixels
-    "3x3-14x14": (2, 16, 14, 14, 24, 3, 1),  # rows of 7 in 8 slots, the first tap one column left
-    "1x1-12x12": (3, 8, 12, 12, 17, 1, 0),
-    "3x3-odd-7x8": (1, 20, 7, 8, 8, 3, 1),  # 4x4 outputs from an odd height
-}
-
-
-@pytest.mark.parametrize("case", list(STRIDED_PAIR_CASES))
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
-def test_conv_row_pairs_of_strided_rows(case, dtype, out_layout, monkeypatch):
-    """tuning.CONV_NCHW_ROW_PAIRS: stride 2 in width on NCHW input, each tap loading the
-    2 x pixels contiguous columns of its rows (coalesced) and keeping the even ones."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_PAIRS", True)
-    n, c, h, w, k, r, pad = STRIDED_PAIR_CASES[case]
-    x = make_input((n, c, h, w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor((pad, pad), (2, 2))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=k, r=r, s=r, param_dtype=DT_NAME[dtype])
-    handle = compile_named(plan, "triton-conv")
-    assert plan._entry(handle).kernel.pixel_slots > 0
-    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
 # ---- 1x1 convolutions on NCHW planes -------------------------------------------------------------------
@@ -1129,19 +1064,3 @@ def test_launcher_remembers_specializations_that_do_not_fit():
         launcher((1, 1, 1), "cfg", [16], 4, 3)  # another specialization: an integer that divides by 16
     assert len(calls) == 2
 
-
-def test_row_slots_are_part_of_the_tuning_key(monkeypatch):
-    """NORMAL find stores a winner per tuning key: a plan run over rows of slots and the same plan
-    over flat pixels (one source) are tuned apart; flat plans keep the key they had."""
-    from fusionplan import tuning
-
-    def kernel():
-        plan, _ = shape_plan("1x1", "CBNA", torch.float32, "NCHW")
-        handle = compile_named(plan, "triton-conv")
-        return plan._entry(handle).kernel
-
-    flat = kernel()
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
-    slotted = kernel()
-    assert slotted.source() == flat.source() and slotted.tuning_key() != flat.tuning_key()
-    assert len(flat.tuning_key()) == 4

@@ -837,21 +837,6 @@ def nchw_gemm_heuristic(hw: int, images: int, k: int, c: int, dtype: torch.dtype
     return ConvConfig(block_m, block_n, block_k, 8, 8 if wide else 4, 3 if wide else 4)
 
 
-#: triton-conv on input whose pixels are contiguous along a row (NCHW, stride 1 in width) counts
-#: its rows as slots of whole output rows, each row's width rounded up to a power of two, so that
-#: the loads and stores of a row are contiguous along the tile's pixels (coalesced; a pixel index
-#: divided by the width hides that from Triton: NCHW element loads, 2-2.3x the NHWC time on 14x14
-#: and 7x7 layers, bench/NOTES.md section 14). Not measured yet: off until it is (`python
-#: scripts/tile_sweep.py --layout NCHW --solver triton-conv --tuning CONV_NCHW_ROW_SLOTS=0,1 ...`).
-CONV_NCHW_ROW_SLOTS = False
-#: With CONV_NCHW_ROW_SLOTS, stride 2 in width too: each tap loads the 2 x pixels contiguous input
-#: columns of its rows (coalesced) and keeps the even ones, where every other column would be a
-#: lone 2-byte load laid out along the channels (the strided NCHW layers: 2.2x the NHWC time on the
-#: H100, section 14). Not measured yet: off until it is (`--tuning CONV_NCHW_ROW_PAIRS=0,1`).
-CONV_NCHW_ROW_PAIRS = False
-#: At most this share of a row's slots may stay empty (ResNet-50's widths: 1/8).
-CONV_ROW_SLOTS_MAX_EMPTY = 1 / 3
-
 #: Below this many input channels triton-conv is picked over triton-window (H100: r50_02, C=64,
 #: 42 vs 34 µs; C >= 128 layers 5-13 % faster as windows).
 WINDOW_MIN_CHANNELS = 128

@@ -63,32 +63,6 @@ def test_conv_tap_bits_on_odd_shapes(shape_key, layout, precision, monkeypatch):
     run_and_check(plan, precision, x, layout, solver="triton-conv")
 
 
-ROW_SLOT_LAYERS = [
-    s for s in LAYERS if s.name in ("r50_02", "r50_10", "r50_15", "r50_21", "r50_22", "r50_06", "r50_18", "r50_20")
-]
-
-
-@pytest.mark.parametrize("out_layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("precision", ["fp16", "tf32"])
-@pytest.mark.parametrize("layer", ROW_SLOT_LAYERS, ids=[s.name for s in ROW_SLOT_LAYERS])
-def test_conv_row_slots_on_nchw_layers(layer, precision, out_layout, monkeypatch):
-    """triton-conv with tuning.CONV_NCHW_ROW_SLOTS and CONV_NCHW_ROW_PAIRS on NCHW input (rows of
-    56, 28, 14 and 7 pixels in 64, 32, 16 and 8 slots; stride 2 as pairs of columns: r50_06,
-    r50_18, r50_20; split reductions on the 7x7 layers at batch 3)."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_SLOTS", True)
-    monkeypatch.setattr(tuning, "CONV_NCHW_ROW_PAIRS", True)
-    dtype = PRECISIONS[precision][0]
-    x = input_tensor((3, layer.c, layer.h, layer.w), dtype, "NCHW")
-    conv = fp.ConvolutionDescriptor((layer.pad, layer.pad), (layer.stride, layer.stride))
-    plan = add_chain(plan_for(x), "CBNA", conv=conv, k=layer.k, r=layer.r, s=layer.s, param_dtype="float")
-    handle = fp.Handle("cuda", allow_tf32=PRECISIONS[precision][1])
-    assert plan.compile(handle, solver="triton-conv") == "triton-conv"
-    assert plan._entry(handle).kernel.pixel_slots > 0
-    run_and_check(plan, precision, x, out_layout, solver="triton-conv")
-
-
 # planes of 3136, 784, 196, 49 pixels; stride 2 from 3136, 784, 196
 NCHW_GEMM_LAYERS = [s for s in LAYERS if s.r == 1]
 

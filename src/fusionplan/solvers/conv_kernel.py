@@ -67,7 +67,7 @@ def conv_kernel(
     R: tl.constexpr, S: tl.constexpr, FOLD_S: tl.constexpr, W_KMAJOR: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     DOT_PRECISION: tl.constexpr, IDX64: tl.constexpr, HAS_PRIOR: tl.constexpr, SPLIT_K: tl.constexpr,
-    ROW_SLOTS: tl.constexpr, ROW_PAIRS: tl.constexpr, TAP_BITS: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
+    TAP_BITS: tl.constexpr, WHOLE_BLOCKS: tl.constexpr,
     {stage_flags}
 ):
     pid = tl.program_id(0)
@@ -93,20 +93,10 @@ def conv_kernel(
         offs_n = offs_n.to(tl.int64)
         offs_k = offs_k.to(tl.int64)
     ohw = OH * OW
-    if ROW_SLOTS > 0:
-        # M counts slots of whole output rows, ROW_SLOTS (a power of two) per row, those past OW
-        # masked: a pixel's column is its slot, contiguous along M, so NCHW rows load and store
-        # coalesced (a pixel index divided by OW hides that from Triton)
-        ow = offs_m % ROW_SLOTS
-        m_mask = m_mask & (ow < OW)
-        n_img = (offs_m // ROW_SLOTS) // OH
-        oh = (offs_m // ROW_SLOTS) % OH
-        pix = oh * OW + ow
-    else:
-        n_img = offs_m // ohw
-        pix = offs_m % ohw
-        oh = pix // OW
-        ow = pix % OW
+    n_img = offs_m // ohw
+    pix = offs_m % ohw
+    oh = pix // OW
+    ow = pix % OW
     ih0 = oh * str_h - pad_h
     iw0 = ow * str_w - pad_w
     x_rows = x_ptr + n_img * sxn + (grp * C_G) * sxc
@@ -172,23 +162,7 @@ def conv_kernel(
             row_ok = m_mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
             cc = c0 + offs_k
             c_ok = cc < C_G
-            if ROW_PAIRS:
-                # stride 2 in width (rows of slots, NCHW): the tap's 2 x BLOCK_M contiguous input
-                # columns (pair e of pixel m is slot 2 * m + e), loaded along the pixels, then the
-                # even ones kept: coalesced loads where every other column would be a lone element
-                q = 2 * (pid_m * BLOCK_M) + tl.arange(0, 2 * BLOCK_M)
-                if IDX64:
-                    q = q.to(tl.int64)
-                q_row = q // (2 * ROW_SLOTS)
-                q_col = q % (2 * ROW_SLOTS) - pad_w + s * dil_w
-                q_ih = (q_row % OH) * str_h - pad_h + r * dil_h
-                q_ok = (q < 2 * M) & (q % (2 * ROW_SLOTS) < 2 * OW) & (q_ih >= 0) & (q_ih < H)
-                q_ok = q_ok & (q_col >= 0) & (q_col < W)
-                q_rows = x_ptr + (q_row // OH) * sxn + (grp * C_G) * sxc + q_ih * sxh + q_col
-                pairs = tl.load(q_rows[:, None] + cc[None, :] * sxc, mask=q_ok[:, None] & c_ok[None, :], other=0.0)
-                pairs = tl.permute(tl.reshape(pairs, (BLOCK_M, 2, BLOCK_K)), (0, 2, 1))
-                a, _ = tl.split(pairs)
-            elif TAP_BITS:
+            if TAP_BITS:
                 step_h = r * dil_h
                 step_w = s * dil_w
                 step_c = c0
@@ -460,22 +434,10 @@ class TritonConvKernel(Repeating, Kernel):
         return geometry, out_hw
 
     def _pixel_slots(self, spec: PlanSpec) -> int:
-        """Slots per output row of the implicit GEMM's rows (tuning.CONV_NCHW_ROW_SLOTS): the row's
-        width rounded up to a power of two, where the input's pixels are contiguous along a row
-        (NCHW-like strides; stride 1 in width, or 2 with tuning.CONV_NCHW_ROW_PAIRS outside the
-        few-channel fold) and at most tuning.CONV_ROW_SLOTS_MAX_EMPTY of the slots stay empty; 0
-        for flat pixels. Of the subclasses' templates, only those that override this read slots
-        (gluon-gemm's strided rows)."""
-        if not tuning.CONV_NCHW_ROW_SLOTS or type(self).render is not TritonConvKernel.render:
-            return 0
-        x = spec.input_desc
-        ow = self.out_hw[1]
-        stride_w = self.conv_args[3]
-        pairs = stride_w == 2 and tuning.CONV_NCHW_ROW_PAIRS and not self.fold_s
-        if x.strides[3] != 1 or x.strides[1] == 1 or not (stride_w == 1 or pairs):
-            return 0
-        slots = 1 << (ow - 1).bit_length()
-        return slots if (slots - ow) <= tuning.CONV_ROW_SLOTS_MAX_EMPTY * slots else 0
+        """Slots per output row of the implicit GEMM's rows, for kernels whose templates read rows
+        of slots (gluon-gemm's strided rows and the Gluon channel-plane kernels override it); 0:
+        flat pixels."""
+        return 0
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -561,8 +523,6 @@ class TritonConvKernel(Repeating, Kernel):
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             cfg.split_k,
-            self.pixel_slots,
-            self.pixel_slots > 0 and self.conv_args[3] == 2,  # pairs of columns
             tap_bits,
             tap_bits and self.geometry[1] % cfg.block_k == 0,  # whole channel blocks
             *flags.values(),
@@ -575,10 +535,9 @@ class TritonConvKernel(Repeating, Kernel):
     def _tap_bits(self) -> bool:
         """Whether the kernel's reduction tests a bit per filter tap, set once per pixel
         (tuning.conv_tap_bits_pay): the loop over taps and channel blocks, of at most 31 taps (a bit
-        each in 32 bits), not the few-channel fold nor pairs of columns."""
+        each in 32 bits), not the few-channel fold."""
         r, s = self.conv.w_desc.dims[2:]
-        pairs = self.pixel_slots > 0 and self.conv_args[3] == 2
-        if self.fold_s or pairs or r * s > 31:
+        if self.fold_s or r * s > 31:
             return False
         channels_last = self.spec.input_desc.strides[1] == 1
         itemsize = self.spec.dtype.torch_dtype.itemsize
