@@ -82,10 +82,15 @@ def test_the_vendor_family_is_a_backend_choice():
 # -- the kernel, with torch's cuDNN calls replaced --------------------------------------------
 
 
+def _cudnn_relu(h):
+    return torch.fmax(h, torch.zeros_like(h))
+
+
 @pytest.fixture
 def fake_cudnn(monkeypatch):
     """torch.cudnn_convolution_relu / _add_relu as float64 stand-ins of cuDNN's formula,
-    relu(conv(x, w) + bias + alpha * z), recording each call's name and alpha."""
+    relu(conv(x, w) + bias + alpha * z), recording each call's name and alpha. Their ReLU maps NaN
+    to 0, as cuDNN's does."""
     calls: list[tuple[str, float | None]] = []
 
     def conv(x, w, bias, stride, padding, dilation, groups):
@@ -95,13 +100,13 @@ def fake_cudnn(monkeypatch):
     def relu(x, w, bias, stride, padding, dilation, groups):
         assert w.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
         calls.append(("relu", None))
-        return conv(x, w, bias, stride, padding, dilation, groups).relu().to(x.dtype)
+        return _cudnn_relu(conv(x, w, bias, stride, padding, dilation, groups)).to(x.dtype)
 
     def add_relu(x, w, z, alpha, bias, stride, padding, dilation, groups):
         assert w.dtype == x.dtype and z.dtype == x.dtype and isinstance(alpha, float)
         calls.append(("add_relu", alpha))
         h = conv(x, w, bias, stride, padding, dilation, groups) + alpha * z.double()
-        return h.relu().to(x.dtype)
+        return _cudnn_relu(h).to(x.dtype)
 
     monkeypatch.setattr(torch, "cudnn_convolution_relu", relu)
     monkeypatch.setattr(torch, "cudnn_convolution_add_relu", add_relu)
@@ -189,3 +194,78 @@ def test_the_handles_tf32_holds_during_the_call_only(monkeypatch, dtype, tf32, s
         kernel.run(x, y, _records(plan), None)
         assert during[-1] == (before if seen == "unchanged" else seen)
         assert torch.backends.cudnn.allow_tf32 == before
+
+
+# -- what cuDNN's call would get wrong, or turns down ------------------------------------------
+
+
+def _same_specials_and_close(y, ref):
+    """NaN and each infinity where the float64 chain has them, and the finite rest within tolerance."""
+    for special in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(special(y), special(ref.to(y.dtype))), special.__name__
+    finite = torch.isfinite(ref)
+    assert finite.any()
+    result = compare(y[finite], ref[finite])
+    assert result.rel_norm < TOLERANCE[y.dtype], result
+
+
+@pytest.mark.parametrize("where", ["input NaN", "input Inf", "prior NaN"])
+def test_non_finite_data_runs_the_exact_path_not_cudnns_call(fake_cudnn, where):
+    """cuDNN's ReLU maps NaN to 0 and its transforms spread an Inf: such data skips the call."""
+    plan, x = shape_plan("stride2", "CBA", torch.float32, "NHWC")
+    with_prior = where.startswith("prior")
+    records = _records(plan, {0: 0.75} if with_prior else None)
+    y = poisoned(plan.output_desc, "NHWC")
+    prior = torch.randn(y.shape).to(memory_format=torch.channels_last) if with_prior else None
+    target = prior if with_prior else x
+    target[0, 1, 2, 3] = float("nan") if "NaN" in where else float("inf")
+    ref = run_reference(plan.ops, x, records, prior, torch.float64).output
+    assert torch.isnan(ref).any() or torch.isinf(ref).any(), "the special must reach the output"
+    CudnnKernel(plan.spec(), tf32=False).run(x, y, records, prior)
+    assert fake_cudnn == []
+    _same_specials_and_close(y, ref)
+
+
+def test_a_16_bit_weight_that_folding_overflows_skips_the_call(fake_cudnn):
+    """Batch-norm's scale folded into fp16 weights overflows (6e5 > 65504) where the chain's values do not."""
+    plan, x = shape_plan("1x1", "CNA", torch.float16, "NHWC")
+    x = (x.float() * 1e-4).half()
+    records = _records(plan)
+    bn = records[1]
+    bn.scale.fill_(6e4)
+    bn.variance.fill_(0.01)
+    bn.mean.zero_()
+    _run_kernel(plan, x, records, with_prior=False)
+    assert fake_cudnn == []
+
+
+def _no_engine(*args):
+    raise RuntimeError("cuDNN error: GET was unable to find an engine to execute this computation")
+
+
+def test_a_call_cudnn_has_no_engine_for_runs_the_folded_stages_from_then_on(monkeypatch):
+    tries = []
+    monkeypatch.setattr(torch, "cudnn_convolution_relu", lambda *a: tries.append(1) or _no_engine())
+    plan, x = shape_plan("grouped", "CBA", torch.float16, "NCHW")
+    kernel = CudnnKernel(plan.spec(), tf32=False)
+    records = _records(plan)
+    ref = run_reference(plan.ops, x, records, None, torch.float64).output
+    for _ in range(2):
+        y = poisoned(plan.output_desc)
+        kernel.run(x, y, records, None)
+        assert not torch.isnan(y).any()
+        assert compare(y, ref).rel_norm < TOLERANCE[x.dtype]
+    assert tries == [1] and kernel.no_engine
+
+
+def test_another_error_of_the_call_is_raised_and_nothing_written(monkeypatch):
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(torch, "cudnn_convolution_relu", out_of_memory)
+    plan, x = shape_plan("1x1", "CBA", torch.float16, "NHWC")
+    kernel = CudnnKernel(plan.spec(), tf32=False)
+    y = poisoned(plan.output_desc, "NHWC")
+    with pytest.raises(torch.OutOfMemoryError):
+        kernel.run(x, y, _records(plan), None)
+    assert torch.isnan(y).all() and not kernel.no_engine

@@ -200,6 +200,24 @@ def test_stem_stretches_choose_the_shortest_step(interleaved, filter_w, stride, 
     assert runs.position(0, 0, stride, pad, dil) >= 0 and last == runs.used - 1 < runs.block_e
 
 
+def test_the_stems_fast_tile_fits_shared_memory(monkeypatch):
+    """fp32, 3 channels, 5x5 dilated 3 along the rows, 53 filters (fuzzer: --mode gpu --seed 101
+    --focus cudnn --layers 0.4 --index 519): 4-pixel runs of 64-element stretches. The heuristic's
+    64 x 64 tile of 4 stages asks for 320 KB (Triton 3.6 failed its compile); the kernel takes
+    fewer stages instead, and every tile it would benchmark fits too."""
+    from fusionplan.solvers import triton_stem
+
+    monkeypatch.setattr(triton_stem, "interpreter_active", lambda: False)
+    x = torch.empty(3, 3, 1, 13).to(memory_format=torch.channels_last)
+    conv = fp.ConvolutionDescriptor((2, 2), dilations=(1, 3))
+    plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CBNA", k=53, r=5, s=5, conv=conv)
+    kernel = triton_stem.TritonStemKernel(plan.spec(), fp.Handle())
+    limit = triton_stem.shared_bytes_per_program(None)
+    for cfg in [kernel.config, *kernel.candidates]:
+        assert triton_stem.stem_shared_bytes(cfg, kernel.runs, 4) <= limit, cfg
+    assert kernel.config.num_stages < 4
+
+
 def test_stem_plans_whose_tiles_overflow_shared_memory_are_refused():
     """fp32, 8 channels, 5x5 dilated along the rows (fuzzer: --mode gpu --seed 4 --index 549): 8-pixel
     runs of 128-element stretches need about 300 KB a reduction step in every stem tile. The

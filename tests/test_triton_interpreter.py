@@ -1063,4 +1063,3 @@ def test_launcher_remembers_specializations_that_do_not_fit():
     with pytest.raises(Exception, match="shared memory"):
         launcher((1, 1, 1), "cfg", [16], 4, 3)  # another specialization: an integer that divides by 16
     assert len(calls) == 2
-

@@ -7,12 +7,19 @@ into the caller's output. The solver is a candidate of find only: compile never 
 priority (``defer_why``), only where find measured it faster than fusionplan's own kernels
 (``fusionplan.solvers.find``). An argument set that the one call cannot express (a blend on the
 activation, a per-channel coefficient on the prior) runs through the folded stages in float32
-(folded_toolkit), so every plan it accepts is computed right.
+(folded_toolkit), so every plan it accepts is computed right. So does a plan whose convolution
+cuDNN finds no fused engine for, from then on.
+
+Non-finite data would come out as cuDNN computes it, not as the chain does: its fused ReLU maps NaN
+to 0, and its transform algorithms (Winograd, FFT) spread an infinite input over outputs that do not
+read it. Each call therefore sums its input (and prior) first, one read and one wait for the result;
+where the sum is not finite, the folded stages run on torch's own convolution instead of cuDNN.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -22,7 +29,7 @@ from fusionplan.enums import ActivationMode, DataType
 from fusionplan.folding import PerArgsCache, is_one, is_zero
 from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
-from fusionplan.solvers.folded_toolkit import ActStage, ConvStage, FoldedKernel
+from fusionplan.solvers.folded_toolkit import ActStage, ConvStage, FoldedConv, FoldedKernel
 
 Tensor = torch.Tensor
 
@@ -41,6 +48,27 @@ class OneCall:
     weight: Tensor
     bias: Tensor | None
     prior_coef: float  # 0.0: no residual
+
+
+@dataclass(frozen=True)
+class Prepared:
+    call: OneCall | None  # None: the folded stages
+    finite: bool  # the folded parameters are finite (else the exact path: no cuDNN)
+
+
+#: Words of the errors with which cuDNN turns down a fused call it has no engine for.
+NO_ENGINE_WORDS = ("unable to find an engine", "CUDNN_STATUS_NOT_SUPPORTED")
+
+
+def is_no_engine(exc: RuntimeError) -> bool:
+    return any(words in str(exc) for words in NO_ENGINE_WORDS)
+
+
+def all_finite(*tensors: Tensor | None) -> bool:
+    """Whether every element is finite: a sum is, unless some element is NaN or infinite (or the
+    sum overflows float32, which only sends finite data down the exact path)."""
+    total = sum(t.sum(dtype=torch.float32) for t in tensors if t is not None)
+    return math.isfinite(float(total))
 
 
 def plan_shape_why_not(spec: PlanSpec) -> str | None:
@@ -63,14 +91,20 @@ class CudnnKernel(FoldedKernel):
         super().__init__(spec)
         # TF32 concerns float32 data only: the switch is not touched for half data (each toggle costs)
         self.tf32 = tf32 if spec.dtype == DataType.FLOAT else None
-        self._calls = PerArgsCache()
+        self._prepared = PerArgsCache()
         self.conv = spec.ops[0].conv
         # the call is conv (+ folded affine operators) then the ReLU; other stage cuts run the stages
         self._one_stage_pair = [type(stage) for stage in self.stages] == [ConvStage, ActStage]
+        self.no_engine = False  # cuDNN turned the one call down: the folded stages from then on
 
-    def one_call(self, records: Sequence[OpArgs]) -> OneCall | None:
-        """The argument set as one cuDNN call, or None where the call cannot express it."""
-        return self._calls.get(records, self._one_call)
+    def prepared(self, records: Sequence[OpArgs]) -> Prepared:
+        """What the argument set needs each call: its one call, and whether its parameters are finite."""
+        return self._prepared.get(records, self._prepare)
+
+    def _prepare(self, records: Sequence[OpArgs]) -> Prepared:
+        folded = [p for p in self.folded(records) if isinstance(p, FoldedConv)]
+        finite = all_finite(*(t for p in folded for t in (p.weight, p.bias)))
+        return Prepared(self._one_call(records) if finite else None, finite)
 
     def _one_call(self, records: Sequence[OpArgs]) -> OneCall | None:
         if not self._one_stage_pair:
@@ -82,20 +116,41 @@ class CudnnKernel(FoldedKernel):
         if act.alpha != 1 or act.beta != 0:
             return None
         dtype = self.spec.dtype.torch_dtype
+        weight = folded.weight.to(dtype)
         bias = None if folded.bias is None else folded.bias.to(dtype)
-        return OneCall(folded.weight.to(dtype), bias, float(rest.prior_coef))
+        if not all_finite(weight, bias):  # batch-norm's scale folded into 16-bit weights can overflow
+            return None
+        return OneCall(weight, bias, float(rest.prior_coef))
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        call = self.one_call(records)
-        if call is None or (call.prior_coef != 0 and prior is None):
-            super().run(x, y, records, prior)
+        prepared = self.prepared(records)
+        if not (prepared.finite and all_finite(x, prior)):
+            with torch.backends.cudnn.flags(enabled=False):  # torch's convolution keeps NaN and Inf exact
+                super().run(x, y, records, prior)
             return
-        if self.tf32 is None or self.tf32 == torch.backends.cudnn.allow_tf32:
-            out = self._call(x, call, prior)
-        else:
-            with _tf32(self.tf32):
-                out = self._call(x, call, prior)
+        with self._handle_tf32():
+            out = self._one_call_result(x, prepared.call, prior)
+            if out is None:
+                super().run(x, y, records, prior)
+                return
         y.copy_(out)
+
+    def _one_call_result(self, x: Tensor, call: OneCall | None, prior: Tensor | None) -> Tensor | None:
+        if call is None or self.no_engine or (call.prior_coef != 0 and prior is None):
+            return None
+        try:
+            return self._call(x, call, prior)
+        except RuntimeError as exc:
+            if not is_no_engine(exc):
+                raise
+            self.no_engine = True
+            return None
+
+    def _handle_tf32(self) -> contextlib.AbstractContextManager:
+        """cuDNN's TF32 switch as the handle has it (float32 data only: each toggle costs)."""
+        if self.tf32 is None or self.tf32 == torch.backends.cudnn.allow_tf32:
+            return contextlib.nullcontext()
+        return _tf32(self.tf32)
 
     def _call(self, x: Tensor, call: OneCall, prior: Tensor | None) -> Tensor:
         c = self.conv

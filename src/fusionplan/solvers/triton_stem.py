@@ -155,16 +155,27 @@ def plan_stretches(spec: PlanSpec) -> Stretches:
 
 def stem_shared_bytes(cfg: tuning.ConvConfig, runs: Stretches, itemsize: int) -> int:
     """Shared memory that a stem tile's pipeline takes at least: each buffered reduction step holds
-    a [BLOCK_M, BLOCK_E] tile of stretches and its pixels' Toeplitz blocks, [PX, BLOCK_N, BLOCK_E]
-    (Triton keeps num_stages - 1 steps in flight)."""
+    a [BLOCK_M, BLOCK_E] tile of stretches and its pixels' Toeplitz blocks, [PX, BLOCK_N, BLOCK_E].
+    Triton 3.6 took num_stages such steps (a 64 x 64 tile of 4 stages over runs of 4 pixels and
+    64-element fp32 stretches asked for 327,680 bytes), not the num_stages - 1 in flight."""
     step = (cfg.block_m + runs.pixels * cfg.block_n) * runs.block_e * itemsize
-    return step * max(1, cfg.num_stages - 1)
+    return step * max(1, cfg.num_stages)
 
 
 def stem_candidates(runs: Stretches, itemsize: int, limit: int) -> list[tuning.ConvConfig]:
     """The stem tiles, with the plan's stretch as the step, that fit ``limit`` bytes of shared memory."""
     tiles = [replace(cfg, block_k=runs.block_e) for cfg in tuning.STEM_CANDIDATES]
     return [cfg for cfg in tiles if stem_shared_bytes(cfg, runs, itemsize) <= limit]
+
+
+def fitted(cfg: tuning.ConvConfig, runs: Stretches, itemsize: int, limit: int) -> tuning.ConvConfig:
+    """``cfg`` with fewer pipeline stages until it fits ``limit`` bytes of shared memory, else the
+    first stem tile that fits (stem_why_not refuses plans that none fits)."""
+    while stem_shared_bytes(cfg, runs, itemsize) > limit and cfg.num_stages > 2:
+        cfg = replace(cfg, num_stages=cfg.num_stages - 1)
+    if stem_shared_bytes(cfg, runs, itemsize) <= limit:
+        return cfg
+    return stem_candidates(runs, itemsize, limit)[0]
 
 
 def stem_why_not(spec: PlanSpec, handle=None) -> str | None:
@@ -266,7 +277,8 @@ class TritonStemKernel(TritonConvKernel):
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         runs = triton_cdiv(m, self.runs.pixels)
-        return tuning.stem_heuristic(runs, self.runs.pixels, k_per_group, self.runs.block_e, interpreter_active())
+        cfg = tuning.stem_heuristic(runs, self.runs.pixels, k_per_group, self.runs.block_e, interpreter_active())
+        return fitted(cfg, self.runs, dtype.itemsize, self.shared_limit)
 
     def pack(self, weight: Tensor) -> Tensor:
         return toeplitz_pack(weight, self.runs, self.conv_args)
