@@ -90,12 +90,13 @@ def _cudnn_relu(h):
 def fake_cudnn(monkeypatch):
     """torch.cudnn_convolution_relu / _add_relu as float64 stand-ins of cuDNN's formula,
     relu(conv(x, w) + bias + alpha * z), recording each call's name and alpha. Their ReLU maps NaN
-    to 0, as cuDNN's does."""
+    to 0, as cuDNN's does, and an infinite input makes every output NaN, as its FFT engine can."""
     calls: list[tuple[str, float | None]] = []
 
     def conv(x, w, bias, stride, padding, dilation, groups):
         b = None if bias is None else bias.double()
-        return F.conv2d(x.double(), w.double(), b, stride, padding, dilation, groups)
+        h = F.conv2d(x.double(), w.double(), b, stride, padding, dilation, groups)
+        return h.fill_(float("nan")) if torch.isinf(x).any() else h
 
     def relu(x, w, bias, stride, padding, dilation, groups):
         assert w.dtype == x.dtype and (bias is None or bias.dtype == x.dtype)
@@ -210,20 +211,71 @@ def _same_specials_and_close(y, ref):
 
 
 @pytest.mark.parametrize("where", ["input NaN", "input Inf", "prior NaN"])
-def test_non_finite_data_runs_the_exact_path_not_cudnns_call(fake_cudnn, where):
-    """cuDNN's ReLU maps NaN to 0 and its transforms spread an Inf: such data skips the call."""
-    plan, x = shape_plan("stride2", "CBA", torch.float32, "NHWC")
+@pytest.mark.parametrize("shape", ["stride2", "grouped", "dilation2", "asymmetric"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_non_finite_data_comes_out_as_the_chain_computes_it(fake_cudnn, where, shape, dtype):
+    """cuDNN's ReLU maps NaN to 0 and its transforms spread an Inf: with such data in the input or
+    the prior, the outputs are computed directly, in the same launch that would copy cuDNN's."""
+    plan, x = shape_plan(shape, "CBA", dtype, "NHWC")
     with_prior = where.startswith("prior")
     records = _records(plan, {0: 0.75} if with_prior else None)
     y = poisoned(plan.output_desc, "NHWC")
-    prior = torch.randn(y.shape).to(memory_format=torch.channels_last) if with_prior else None
+    prior = torch.randn(y.shape).to(dtype).to(memory_format=torch.channels_last) if with_prior else None
     target = prior if with_prior else x
     target[0, 1, 2, 3] = float("nan") if "NaN" in where else float("inf")
+    target[-1, -1, -1, -2] = -float("inf")
     ref = run_reference(plan.ops, x, records, prior, torch.float64).output
     assert torch.isnan(ref).any() or torch.isinf(ref).any(), "the special must reach the output"
     CudnnKernel(plan.spec(), tf32=False).run(x, y, records, prior)
-    assert fake_cudnn == []
+    assert fake_cudnn == [("add_relu", 0.75) if with_prior else ("relu", None)]
     _same_specials_and_close(y, ref)
+
+
+def test_non_finite_data_on_the_folded_stages_runs_them_without_cudnn(fake_cudnn, monkeypatch):
+    """A blend after the ReLU is no one call: the folded stages check the data on the host."""
+    plan, x = shape_plan("grouped", "CBA", torch.float32, "NCHW")
+    records = _records(plan, {2: 0.5})
+    x[0, 0, 1, 1] = float("inf")
+    y = torch.randn(plan.output_desc.dims)
+    ref = run_reference(plan.ops, x, records, y.clone(), torch.float64).output
+    enabled = []
+    real_conv2d = F.conv2d
+    monkeypatch.setattr(F, "conv2d", lambda *a: enabled.append(torch.backends.cudnn.enabled) or real_conv2d(*a))
+    CudnnKernel(plan.spec(), tf32=False).run(x, y, records, y)
+    assert fake_cudnn == [] and enabled == [False]
+    _same_specials_and_close(y, ref)
+
+
+@pytest.mark.parametrize("special", [None, "nan"])
+@pytest.mark.parametrize(("x_layout", "y_form"), [("NHWC", "NCHW"), ("NCHW", "stepped"), ("NHWC", "x's storage")])
+def test_the_store_follows_ys_strides(fake_cudnn, x_layout, y_form, special):
+    """y in another layout than cuDNN's result, a stepped view, or in the storage that holds x:
+    every element written where y's strides put it, and nothing else."""
+    plan, x = shape_plan("1x1", "CBA", torch.float32, x_layout)
+    dims = plan.output_desc.dims
+    if y_form == "x's storage":  # x and y side by side in one buffer
+        buf = torch.randn(x.numel() + y_numel(dims))
+        x = buf[: x.numel()].view(x.shape[0], x.shape[2], x.shape[3], x.shape[1]).permute(0, 3, 1, 2).copy_(x)
+        base, y = buf, buf[x.numel() :].view(dims[0], dims[2], dims[3], dims[1]).permute(0, 3, 1, 2)
+    elif y_form == "stepped":
+        base = torch.full((dims[0], dims[1], dims[2], dims[3] * 2), 7.0)
+        y = base[..., ::2]
+    else:
+        base = y = poisoned(plan.output_desc, y_form)
+    if special:
+        x[1, 2, 3, 4] = float(special)
+    x_before = x.clone()
+    records = _records(plan)
+    ref = run_reference(plan.ops, x_before, records, None, torch.float64).output
+    CudnnKernel(plan.spec(), tf32=False).run(x, y, records, None)
+    _same_specials_and_close(y, ref)
+    assert torch.equal(x.nan_to_num(), x_before.nan_to_num()), "x was written"
+    if y_form == "stepped":
+        assert (base[..., 1::2] == 7.0).all(), "elements between y's were overwritten"
+
+
+def y_numel(dims) -> int:
+    return dims[0] * dims[1] * dims[2] * dims[3]
 
 
 def test_a_16_bit_weight_that_folding_overflows_skips_the_call(fake_cudnn):

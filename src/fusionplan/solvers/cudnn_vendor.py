@@ -12,8 +12,10 @@ cuDNN finds no fused engine for, from then on.
 
 Non-finite data would come out as cuDNN computes it, not as the chain does: its fused ReLU maps NaN
 to 0, and its transform algorithms (Winograd, FFT) spread an infinite input over outputs that do not
-read it. Each call therefore sums its input (and prior) first, one read and one wait for the result;
-where the sum is not finite, the folded stages run on torch's own convolution instead of cuDNN.
+read it. So each call also sums its input (and prior) on the device, and the kernel that copies
+cuDNN's result into y reads the sums: where one is not finite, it computes every output directly
+instead (a loop over the taps in float32, NaN kept through the ReLU). No host wait: finite data costs
+one extra read of the input. The folded stages, rarer, check on the host and run without cuDNN.
 """
 
 from __future__ import annotations
@@ -24,12 +26,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from fusionplan.enums import ActivationMode, DataType
 from fusionplan.folding import PerArgsCache, is_one, is_zero
+from fusionplan.launch import Launcher, needs_int64
 from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
+from fusionplan.solvers.conv_toolkit import shares_memory, triton_cdiv
 from fusionplan.solvers.folded_toolkit import ActStage, ConvStage, FoldedConv, FoldedKernel
+from fusionplan.torch_conv import is_channels_last
 
 Tensor = torch.Tensor
 
@@ -48,6 +55,8 @@ class OneCall:
     weight: Tensor
     bias: Tensor | None
     prior_coef: float  # 0.0: no residual
+    exact_weight: Tensor  # float32, for outputs computed directly (non-finite data)
+    exact_bias: Tensor | None
 
 
 @dataclass(frozen=True)
@@ -120,20 +129,50 @@ class CudnnKernel(FoldedKernel):
         bias = None if folded.bias is None else folded.bias.to(dtype)
         if not all_finite(weight, bias):  # batch-norm's scale folded into 16-bit weights can overflow
             return None
-        return OneCall(weight, bias, float(rest.prior_coef))
+        return OneCall(weight, bias, float(rest.prior_coef), folded.weight.float(), folded.bias)
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
         prepared = self.prepared(records)
-        if not (prepared.finite and all_finite(x, prior)):
-            with torch.backends.cudnn.flags(enabled=False):  # torch's convolution keeps NaN and Inf exact
+        if prepared.finite:
+            with self._handle_tf32():
+                out = self._one_call_result(x, prepared.call, prior)
+            if out is not None:
+                self._store(out, y, x, prepared.call, prior)
+                return
+        if prepared.finite and all_finite(x, prior):
+            with self._handle_tf32():
                 super().run(x, y, records, prior)
             return
-        with self._handle_tf32():
-            out = self._one_call_result(x, prepared.call, prior)
-            if out is None:
-                super().run(x, y, records, prior)
-                return
-        y.copy_(out)
+        with torch.backends.cudnn.flags(enabled=False):  # torch's convolution keeps NaN and Inf exact
+            super().run(x, y, records, prior)
+
+    def _store(self, out: Tensor, y: Tensor, x: Tensor, call: OneCall, prior: Tensor | None) -> None:
+        """cuDNN's result into y, or, where the input or prior sums to a non-finite value, the
+        outputs computed directly (one launch either way)."""
+        if _reads_what_it_writes(y, x, prior if call.prior_coef != 0 else None):
+            staged = torch.empty_like(y)  # outputs computed directly read x around them: not in place
+            self._store(out, staged, x, call, prior)
+            y.copy_(staged)
+            return
+        c = self.conv
+        n, k, oh, ow = y.shape
+        h, w = x.shape[2:]
+        has_prior = call.prior_coef != 0
+        p = prior if has_prior else y
+        x_sum = x.sum(dtype=torch.float32)
+        p_sum = p.sum(dtype=torch.float32) if has_prior else x_sum
+        flat = out.stride() == y.stride() and _dense(y)
+        weight = call.exact_weight
+        args = [
+            out, y, x, weight, call.exact_bias if call.exact_bias is not None else weight, p, x_sum, p_sum,
+            call.prior_coef, y.numel(), k, oh, ow, h, w, weight.shape[1], k // c.groups,
+            *out.stride(), *y.stride(), *x.stride(), *weight.stride(), *p.stride(),
+            *c.strides, *c.pads, *c.dilations, *weight.shape[2:],
+            _STORE_BLOCK, flat, is_channels_last(y), call.exact_bias is not None, has_prior,
+            needs_int64(out, y, x, p),
+        ]  # fmt: skip
+        grid = (triton_cdiv(y.numel(), _STORE_BLOCK), 1, 1)
+        _STORE(grid, ("cudnn-store",), args, num_warps=4, num_stages=1)
 
     def _one_call_result(self, x: Tensor, call: OneCall | None, prior: Tensor | None) -> Tensor | None:
         if call is None or self.no_engine or (call.prior_coef != 0 and prior is None):
@@ -159,6 +198,88 @@ class CudnnKernel(FoldedKernel):
         return torch.cudnn_convolution_add_relu(
             x, call.weight, prior.to(x.dtype), call.prior_coef, call.bias, c.strides, c.pads, c.dilations, c.groups
         )
+
+
+def _reads_what_it_writes(y: Tensor, x: Tensor, prior: Tensor | None) -> bool:
+    """Whether y shares memory with x, or with a prior that is not y itself (element for element)."""
+    if shares_memory(x, y):
+        return True
+    return (
+        prior is not None
+        and shares_memory(prior, y)
+        and (prior.data_ptr(), prior.stride()) != (y.data_ptr(), y.stride())
+    )
+
+
+def _dense(t: Tensor) -> bool:
+    return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
+
+
+@triton.jit
+def _output_index(offs, K, OH, OW, CHANNELS_LAST: tl.constexpr):
+    """(n, k, oh, ow) of the outputs at positions ``offs`` of NCHW's (or NHWC's) element order."""
+    if CHANNELS_LAST:
+        k = offs % K
+        t = offs // K
+        ow = t % OW
+        t = t // OW
+        oh = t % OH
+        n = t // OH
+    else:
+        ow = offs % OW
+        t = offs // OW
+        oh = t % OH
+        t = t // OH
+        k = t % K
+        n = t // K
+    return n, k, oh, ow
+
+
+@triton.jit
+def _store_kernel(
+    out_ptr, y_ptr, x_ptr, w_ptr, b_ptr, p_ptr, x_sum_ptr, p_sum_ptr, coef,
+    TOTAL, K, OH, OW, H, W, C_G, K_G,
+    son, sok, soh, sow, syn, syk, syh, syw, sxn, sxc, sxh, sxw, swk, swc, swr, sws, spn, spk, sph, spw,
+    STR_H, STR_W, PAD_H, PAD_W, DIL_H, DIL_W, R, S,
+    BLOCK: tl.constexpr, FLAT: tl.constexpr, CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_PRIOR: tl.constexpr, IDX64: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    if IDX64:
+        pid = pid.to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < TOTAL
+    sums = tl.load(x_sum_ptr) + tl.load(p_sum_ptr)
+    if sums - sums == 0:  # finite data: cuDNN's result is the chain's
+        if FLAT:  # out and y dense in one order
+            tl.store(y_ptr + offs, tl.load(out_ptr + offs, mask=mask), mask=mask)
+        else:
+            n, k, oh, ow = _output_index(offs, K, OH, OW, CHANNELS_LAST)
+            v = tl.load(out_ptr + n * son + k * sok + oh * soh + ow * sow, mask=mask)
+            tl.store(y_ptr + n * syn + k * syk + oh * syh + ow * syw, v, mask=mask)
+    else:  # each output from its taps: padding adds nothing, NaN and Inf go where the arithmetic puts them
+        n, k, oh, ow = _output_index(offs, K, OH, OW, CHANNELS_LAST)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        x_base = x_ptr + n * sxn + (k // K_G) * C_G * sxc
+        w_base = w_ptr + k * swk
+        for c in range(C_G):
+            for r in range(R):
+                ih = oh * STR_H - PAD_H + r * DIL_H
+                for s in range(S):
+                    iw = ow * STR_W - PAD_W + s * DIL_W
+                    inside = mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
+                    xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=inside, other=0.0)
+                    acc += xv.to(tl.float32) * tl.load(w_base + c * swc + r * swr + s * sws, mask=mask, other=0.0)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + k, mask=mask, other=0.0)
+        if HAS_PRIOR:
+            acc += coef * tl.load(p_ptr + n * spn + k * spk + oh * sph + ow * spw, mask=mask, other=0.0).to(tl.float32)
+        acc = tl.where(acc < 0, 0.0, acc)  # ReLU that keeps NaN
+        tl.store(y_ptr + n * syn + k * syk + oh * syh + ow * syw, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_STORE = Launcher(_store_kernel)
+_STORE_BLOCK = 1024
 
 
 @contextlib.contextmanager
