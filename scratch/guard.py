@@ -7,6 +7,15 @@ from fusionplan.solvers import cudnn_vendor as cv
 
 zoo = {s.name: s for s in load_shapes("zoo")}
 names = sys.argv[1].split(",")
+import time
+def host(f):
+    torch.cuda.synchronize(); best = 1e9
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(50): f()
+        best = min(best, (time.perf_counter() - t0) / 50 * 1e6)
+        torch.cuda.synchronize()
+    return best
 bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median") * 1e3
 orig = cv.CudnnKernel._store
 copy_only = lambda self, out, y, *a: y.copy_(out)
@@ -20,9 +29,9 @@ for name in names:
     y = torch.empty(plan.output_desc.dims, dtype=x.dtype, device="cuda").to(memory_format=torch.channels_last)
     ex = lambda: plan.execute(h, x, y, args)
     cv.CudnnKernel._store = orig
-    guarded = bench(ex)
+    guarded = bench(ex); hg = host(ex)
     cv.CudnnKernel._store = copy_only
-    plain = bench(ex)
+    plain = bench(ex); hp = host(ex)
     cv.CudnnKernel._store = orig
     w = torch.randn(s.k, s.c // s.groups, s.r, s.s, device="cuda").half().to(memory_format=torch.channels_last)
     b = torch.randn(s.k, device="cuda").half()
@@ -31,4 +40,4 @@ for name in names:
     x2 = x.clone(); x2[0, 0, 0, 0] = float("nan")
     plan.execute(h, x2, y, args); torch.cuda.synchronize()
     nan_kept = bool(torch.isnan(y[0, : s.k // s.groups, 0, 0]).all()) and int(torch.isnan(y).sum())
-    print(f"{name} C{s.c} K{s.k} {s.h}x{s.w} {s.r}x{s.s} g{s.groups}: raw {raw:.1f} us, execute {plain:.1f}, guarded {guarded:.1f} (+{guarded-plain:.1f}), NaN kept {nan_kept}", flush=True)
+    print(f"{name} C{s.c} K{s.k} {s.h}x{s.w} {s.r}x{s.s} g{s.groups}: raw {raw:.1f} us, execute {plain:.1f}, guarded {guarded:.1f} (+{guarded-plain:.1f}), NaN kept {nan_kept}; host {hp:.1f} -> {hg:.1f}", flush=True)

@@ -31,7 +31,7 @@ import triton.language as tl
 
 from fusionplan.enums import ActivationMode, DataType
 from fusionplan.folding import PerArgsCache, is_one, is_zero
-from fusionplan.launch import Launcher, needs_int64
+from fusionplan.launch import BoundLaunch, Launcher, needs_int64
 from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import shares_memory, triton_cdiv
@@ -105,6 +105,7 @@ class CudnnKernel(FoldedKernel):
         # the call is conv (+ folded affine operators) then the ReLU; other stage cuts run the stages
         self._one_stage_pair = [type(stage) for stage in self.stages] == [ConvStage, ActStage]
         self.no_engine = False  # cuDNN turned the one call down: the folded stages from then on
+        self._stores: dict[tuple, BoundLaunch] = {}
 
     def prepared(self, records: Sequence[OpArgs]) -> Prepared:
         """What the argument set needs each call: its one call, and whether its parameters are finite."""
@@ -154,25 +155,44 @@ class CudnnKernel(FoldedKernel):
             self._store(out, staged, x, call, prior)
             y.copy_(staged)
             return
-        c = self.conv
-        n, k, oh, ow = y.shape
-        h, w = x.shape[2:]
         has_prior = call.prior_coef != 0
         p = prior if has_prior else y
         x_sum = x.sum(dtype=torch.float32)
         p_sum = p.sum(dtype=torch.float32) if has_prior else x_sum
+        bias = call.exact_bias if call.exact_bias is not None else call.exact_weight  # a stand-in, unread
+        tensors = (out, y, x, call.exact_weight, bias, p, x_sum, p_sum)
+        pointers = [t.data_ptr() for t in tensors]
+        # what the launch's other arguments and its compiled kernel depend on (the shapes are the plan's)
+        key = (
+            *(t.stride() for t in tensors[:6]),
+            call.prior_coef,
+            call.exact_bias is not None,
+            has_prior,
+            tuple(ptr % 16 == 0 for ptr in pointers),
+        )
+        bound = self._stores.get(key)
+        if bound is not None:
+            bound.launch(pointers)
+            return
+        args = self._store_args(tensors, call, has_prior)
+        grid = (triton_cdiv(y.numel(), _STORE_BLOCK), 1, 1)
+        kernel = _STORE(grid, ("cudnn-store",), args, num_warps=4, num_stages=1)
+        if kernel is not None and hasattr(kernel, "run") and len(self._stores) < _BOUND_STORES:
+            self._stores[key] = BoundLaunch(kernel, grid, args, range(len(tensors)))
+
+    def _store_args(self, tensors: tuple[Tensor, ...], call: OneCall, has_prior: bool) -> list:
+        out, y, x, weight, _, p, _, _ = tensors
+        c = self.conv
+        n, k, oh, ow = y.shape
+        h, w = x.shape[2:]
         flat = out.stride() == y.stride() and _dense(y)
-        weight = call.exact_weight
-        args = [
-            out, y, x, weight, call.exact_bias if call.exact_bias is not None else weight, p, x_sum, p_sum,
-            call.prior_coef, y.numel(), k, oh, ow, h, w, weight.shape[1], k // c.groups,
+        return [
+            *tensors, call.prior_coef, y.numel(), k, oh, ow, h, w, weight.shape[1], k // c.groups,
             *out.stride(), *y.stride(), *x.stride(), *weight.stride(), *p.stride(),
             *c.strides, *c.pads, *c.dilations, *weight.shape[2:],
             _STORE_BLOCK, flat, is_channels_last(y), call.exact_bias is not None, has_prior,
             needs_int64(out, y, x, p),
         ]  # fmt: skip
-        grid = (triton_cdiv(y.numel(), _STORE_BLOCK), 1, 1)
-        _STORE(grid, ("cudnn-store",), args, num_warps=4, num_stages=1)
 
     def _one_call_result(self, x: Tensor, call: OneCall | None, prior: Tensor | None) -> Tensor | None:
         if call is None or self.no_engine or (call.prior_coef != 0 and prior is None):
@@ -280,6 +300,8 @@ def _store_kernel(
 
 _STORE = Launcher(_store_kernel)
 _STORE_BLOCK = 1024
+#: Bound store launches a kernel keeps (one per set of strides, residual coefficient and alignment).
+_BOUND_STORES = 16
 
 
 @contextlib.contextmanager
