@@ -1118,7 +1118,7 @@ def parse_override(text: str) -> tuple[str, int | float]:
 
 
 def parse_choices(text: str) -> tuple[str, tuple[int | float, ...]]:
-    """'CONV_NCHW_ROW_SLOTS=0,1' -> ('CONV_NCHW_ROW_SLOTS', (False, True)): each value as parse_override."""
+    """'STEM_JOINED_EPILOGUE=0,1' -> ('STEM_JOINED_EPILOGUE', (False, True)): each value as parse_override."""
     name, _, values = text.partition("=")
     return name, tuple(parse_override(f"{name}={value}")[1] for value in values.split(","))
 
