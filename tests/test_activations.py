@@ -176,3 +176,13 @@ def test_extension_kernel_code_matches_the_table(mode, tmp_path, monkeypatch):
     want_dx = activation_backward(mode, dy.double(), x.double(), 1.0, 0.0, 1.0)
     finite = torch.isfinite(want_dx) & torch.isfinite(x)
     assert (dx.double() - want_dx)[finite].abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_gelu_of_plus_infinity_is_plus_infinity(dtype):
+    """torch 2.13's vectorized GELU on AVX512 CPUs gives NaN at +Inf below float64 (the fuzzer, --mode
+    cpu --seed 20261201 --index 34); the definition, x (1 + erf(x / sqrt(2))) / 2, gives +Inf."""
+    x = torch.tensor([math.inf, -3.0, 0.5, 2.0] * 16, dtype=dtype)  # long enough for the vector path
+    y = activation_forward(M.GELU, x, 1.0, 0.0, 1.0)
+    assert torch.isposinf(y[::4]).all()
+    torch.testing.assert_close(y[1::4].double(), torch.nn.functional.gelu(x[1::4].double()), rtol=1e-2, atol=1e-3)

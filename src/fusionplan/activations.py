@@ -9,6 +9,7 @@ is one new entry; kernels generate their code from their own table with the same
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -169,6 +170,12 @@ def _extension(
     return ActivationFormula(mode, formula, (), lambda x, a, b, g: forward(x), backward or _autograd_backward(forward))
 
 
+def _gelu(x: Tensor) -> Tensor:
+    """torch's GELU with GELU(+Inf) = +Inf: torch 2.13's vectorized float32 and 16-bit GELU on
+    AVX512 CPUs gives NaN there (float64, and AVX2 CPUs, give +Inf)."""
+    return torch.where(x == math.inf, x, F.gelu(x))
+
+
 def _hardsigmoid_backward(dy: Tensor, x: Tensor, a: float, b: float, g: float) -> Tensor:
     """1/6 inside (-3, 3): torch's own backward takes float32's 1/6 for every dtype (3e-8 off in float64)."""
     return dy * ((x > -3) & (x < 3)).to(dy.dtype) / 6
@@ -181,7 +188,7 @@ ACTIVATIONS.update(
         _extension(ActivationMode.SILU, "y = x * sigmoid(x)", F.silu),
         _extension(ActivationMode.HARDSWISH, "y = x * min(max(x + 3, 0), 6) / 6", F.hardswish),
         _extension(ActivationMode.HARDSIGMOID, "y = min(max(x / 6 + 1/2, 0), 1)", F.hardsigmoid, _hardsigmoid_backward),
-        _extension(ActivationMode.GELU, "y = x * (1 + erf(x / sqrt(2))) / 2", F.gelu),
+        _extension(ActivationMode.GELU, "y = x * (1 + erf(x / sqrt(2))) / 2", _gelu, _autograd_backward(F.gelu)),
         _extension(
             ActivationMode.GELU_TANH,
             "y = x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))) / 2",

@@ -12,10 +12,11 @@ cuDNN finds no fused engine for, from then on.
 
 Non-finite data would come out as cuDNN computes it, not as the chain does: its fused ReLU maps NaN
 to 0, and its transform algorithms (Winograd, FFT) spread an infinite input over outputs that do not
-read it. So each call also sums its input (and prior) on the device, and the kernel that copies
-cuDNN's result into y reads the sums: where one is not finite, it computes every output directly
-instead (a loop over the taps in float32, NaN kept through the ReLU). No host wait: finite data costs
-one extra read of the input. The folded stages, rarer, check on the host and run without cuDNN.
+read it. So each call also scans its input (and prior) on the device, setting a flag where it meets
+a NaN or an infinity, and the kernel that copies cuDNN's result into y reads the flag: where it is
+set, that kernel computes every output directly instead (a loop over the taps in float32, NaN kept
+through the ReLU). No host wait: finite data costs one extra read of the input. The folded stages,
+rarer, check on the host and run without cuDNN.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-import triton
-import triton.language as tl
 
+from fusionplan.codegen import triton_available
 from fusionplan.enums import ActivationMode, DataType
 from fusionplan.folding import PerArgsCache, is_one, is_zero
-from fusionplan.launch import BoundLaunch, Launcher, needs_int64
+from fusionplan.launch import BoundLaunch, Launcher, current_raw_stream, needs_int64
 from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import shares_memory, triton_cdiv
@@ -105,7 +105,11 @@ class CudnnKernel(FoldedKernel):
         # the call is conv (+ folded affine operators) then the ReLU; other stage cuts run the stages
         self._one_stage_pair = [type(stage) for stage in self.stages] == [ConvStage, ActStage]
         self.no_engine = False  # cuDNN turned the one call down: the folded stages from then on
-        self._stores: dict[tuple, BoundLaunch] = {}
+        self._bound = BoundLaunches()
+        from fusionplan.solvers import cudnn_store  # Triton, imported where a kernel is built
+
+        self._store_module = cudnn_store
+        self._flags: dict[tuple, tuple[Tensor, int]] = {}  # per device and stream: (flag, last tag)
 
     def prepared(self, records: Sequence[OpArgs]) -> Prepared:
         """What the argument set needs each call: its one call, and whether its parameters are finite."""
@@ -148,51 +152,76 @@ class CudnnKernel(FoldedKernel):
             super().run(x, y, records, prior)
 
     def _store(self, out: Tensor, y: Tensor, x: Tensor, call: OneCall, prior: Tensor | None) -> None:
-        """cuDNN's result into y, or, where the input or prior sums to a non-finite value, the
-        outputs computed directly (one launch either way)."""
+        """cuDNN's result into y, or, where the input or prior holds a NaN or an infinity, the
+        outputs computed directly (one launch either way, after the scans)."""
         if _reads_what_it_writes(y, x, prior if call.prior_coef != 0 else None):
             staged = torch.empty_like(y)  # outputs computed directly read x around them: not in place
             self._store(out, staged, x, call, prior)
             y.copy_(staged)
             return
+        store = self._store_module
         has_prior = call.prior_coef != 0
         p = prior if has_prior else y
-        x_sum = x.sum(dtype=torch.float32)
-        p_sum = p.sum(dtype=torch.float32) if has_prior else x_sum
+        flag, tag = self._next_tag(y.device)
+        self._scan(x, flag, tag)
+        if has_prior:
+            self._scan(p, flag, tag)
         bias = call.exact_bias if call.exact_bias is not None else call.exact_weight  # a stand-in, unread
-        tensors = (out, y, x, call.exact_weight, bias, p, x_sum, p_sum)
-        pointers = [t.data_ptr() for t in tensors]
+        tensors = (out, y, x, call.exact_weight, bias, p, flag)
         # what the launch's other arguments and its compiled kernel depend on (the shapes are the plan's)
-        key = (
-            *(t.stride() for t in tensors[:6]),
-            call.prior_coef,
-            call.exact_bias is not None,
-            has_prior,
-            tuple(ptr % 16 == 0 for ptr in pointers),
+        key = (*(t.stride() for t in tensors[:6]), call.prior_coef, call.exact_bias is not None, has_prior)
+        grid = (triton_cdiv(y.numel(), store.STORE_BLOCK), 1, 1)
+        self._bound.launch(
+            store.STORE, grid, key, tensors, tag, lambda: self._store_args(tensors, tag, call, has_prior)
         )
-        bound = self._stores.get(key)
-        if bound is not None:
-            bound.launch(pointers)
-            return
-        args = self._store_args(tensors, call, has_prior)
-        grid = (triton_cdiv(y.numel(), _STORE_BLOCK), 1, 1)
-        kernel = _STORE(grid, ("cudnn-store",), args, num_warps=4, num_stages=1)
-        if kernel is not None and hasattr(kernel, "run") and len(self._stores) < _BOUND_STORES:
-            self._stores[key] = BoundLaunch(kernel, grid, args, range(len(tensors)))
 
-    def _store_args(self, tensors: tuple[Tensor, ...], call: OneCall, has_prior: bool) -> list:
-        out, y, x, weight, _, p, _, _ = tensors
+    def _store_args(self, tensors: tuple[Tensor, ...], tag: int, call: OneCall, has_prior: bool) -> list:
+        out, y, x, weight, _, p, _ = tensors
         c = self.conv
         n, k, oh, ow = y.shape
         h, w = x.shape[2:]
         flat = out.stride() == y.stride() and _dense(y)
         return [
-            *tensors, call.prior_coef, y.numel(), k, oh, ow, h, w, weight.shape[1], k // c.groups,
+            *tensors, tag, call.prior_coef, y.numel(), k, oh, ow, h, w, weight.shape[1], k // c.groups,
             *out.stride(), *y.stride(), *x.stride(), *weight.stride(), *p.stride(),
             *c.strides, *c.pads, *c.dilations, *weight.shape[2:],
-            _STORE_BLOCK, flat, is_channels_last(y), call.exact_bias is not None, has_prior,
+            self._store_module.STORE_BLOCK, flat, is_channels_last(y), call.exact_bias is not None, has_prior,
             needs_int64(out, y, x, p),
         ]  # fmt: skip
+
+    def _scan(self, t: Tensor, flag: Tensor, tag: int) -> None:
+        """flag = tag where ``t`` holds a NaN or an infinity (one read of t, no host wait)."""
+        store = self._store_module
+        grid = (triton_cdiv(t.numel(), store.SCAN_BLOCK), 1, 1)
+
+        def args() -> list:
+            flat = _dense(t)
+            return [
+                t,
+                flag,
+                tag,
+                t.numel(),
+                *t.shape[1:],
+                *t.stride(),
+                store.SCAN_BLOCK,
+                flat,
+                is_channels_last(t),
+                needs_int64(t),
+            ]
+
+        self._bound.launch(store.SCAN, grid, ("scan", t.dtype, t.stride()), (t, flag), tag, args)
+
+    def _next_tag(self, device: torch.device) -> tuple[Tensor, int]:
+        """This stream's flag and the call's tag: calls on a stream run in order, so a flag equal
+        to the call's tag was set by the call's own scans (no zeroing between calls)."""
+        max_tag = self._store_module.MAX_TAG
+        key = (device, current_raw_stream(device) if device.type == "cuda" else None)
+        flag, tag = self._flags.get(key) or (torch.zeros(1, dtype=torch.int32, device=device), 0)
+        tag = 1 if tag >= max_tag else tag + 1
+        if tag == 1:
+            flag.zero_()
+        self._flags[key] = (flag, tag)
+        return flag, tag
 
     def _one_call_result(self, x: Tensor, call: OneCall | None, prior: Tensor | None) -> Tensor | None:
         if call is None or self.no_engine or (call.prior_coef != 0 and prior is None):
@@ -220,6 +249,28 @@ class CudnnKernel(FoldedKernel):
         )
 
 
+class BoundLaunches:
+    """Launches bound once per key (strides, coefficients) and the pointers' alignment, so that a call
+    swaps the pointers and the tag instead of binding its ~60 arguments."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._bound: dict[tuple, BoundLaunch] = {}
+
+    def launch(self, launcher: Launcher, grid, key: tuple, tensors: Sequence[Tensor], tag: int, make_args) -> None:
+        """Launch with ``tensors`` in the first arguments and ``tag`` right after them."""
+        pointers = [t.data_ptr() for t in tensors]
+        key = (launcher, key, grid, tuple(ptr % 16 == 0 for ptr in pointers))
+        bound = self._bound.get(key)
+        if bound is not None:
+            bound.launch([*pointers, tag])
+            return
+        args = make_args()
+        kernel = launcher(grid, key[1:], args, num_warps=4, num_stages=1)
+        if kernel is not None and hasattr(kernel, "run") and len(self._bound) < self.size:
+            self._bound[key] = BoundLaunch(kernel, grid, args, range(len(tensors) + 1))
+
+
 def _reads_what_it_writes(y: Tensor, x: Tensor, prior: Tensor | None) -> bool:
     """Whether y shares memory with x, or with a prior that is not y itself (element for element)."""
     if shares_memory(x, y):
@@ -233,75 +284,6 @@ def _reads_what_it_writes(y: Tensor, x: Tensor, prior: Tensor | None) -> bool:
 
 def _dense(t: Tensor) -> bool:
     return t.is_contiguous() or t.is_contiguous(memory_format=torch.channels_last)
-
-
-@triton.jit
-def _output_index(offs, K, OH, OW, CHANNELS_LAST: tl.constexpr):
-    """(n, k, oh, ow) of the outputs at positions ``offs`` of NCHW's (or NHWC's) element order."""
-    if CHANNELS_LAST:
-        k = offs % K
-        t = offs // K
-        ow = t % OW
-        t = t // OW
-        oh = t % OH
-        n = t // OH
-    else:
-        ow = offs % OW
-        t = offs // OW
-        oh = t % OH
-        t = t // OH
-        k = t % K
-        n = t // K
-    return n, k, oh, ow
-
-
-@triton.jit
-def _store_kernel(
-    out_ptr, y_ptr, x_ptr, w_ptr, b_ptr, p_ptr, x_sum_ptr, p_sum_ptr, coef,
-    TOTAL, K, OH, OW, H, W, C_G, K_G,
-    son, sok, soh, sow, syn, syk, syh, syw, sxn, sxc, sxh, sxw, swk, swc, swr, sws, spn, spk, sph, spw,
-    STR_H, STR_W, PAD_H, PAD_W, DIL_H, DIL_W, R, S,
-    BLOCK: tl.constexpr, FLAT: tl.constexpr, CHANNELS_LAST: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_PRIOR: tl.constexpr, IDX64: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0)
-    if IDX64:
-        pid = pid.to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < TOTAL
-    sums = tl.load(x_sum_ptr) + tl.load(p_sum_ptr)
-    if sums - sums == 0:  # finite data: cuDNN's result is the chain's
-        if FLAT:  # out and y dense in one order
-            tl.store(y_ptr + offs, tl.load(out_ptr + offs, mask=mask), mask=mask)
-        else:
-            n, k, oh, ow = _output_index(offs, K, OH, OW, CHANNELS_LAST)
-            v = tl.load(out_ptr + n * son + k * sok + oh * soh + ow * sow, mask=mask)
-            tl.store(y_ptr + n * syn + k * syk + oh * syh + ow * syw, v, mask=mask)
-    else:  # each output from its taps: padding adds nothing, NaN and Inf go where the arithmetic puts them
-        n, k, oh, ow = _output_index(offs, K, OH, OW, CHANNELS_LAST)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        x_base = x_ptr + n * sxn + (k // K_G) * C_G * sxc
-        w_base = w_ptr + k * swk
-        for c in range(C_G):
-            for r in range(R):
-                ih = oh * STR_H - PAD_H + r * DIL_H
-                for s in range(S):
-                    iw = ow * STR_W - PAD_W + s * DIL_W
-                    inside = mask & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)
-                    xv = tl.load(x_base + c * sxc + ih * sxh + iw * sxw, mask=inside, other=0.0)
-                    acc += xv.to(tl.float32) * tl.load(w_base + c * swc + r * swr + s * sws, mask=mask, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + k, mask=mask, other=0.0)
-        if HAS_PRIOR:
-            acc += coef * tl.load(p_ptr + n * spn + k * spk + oh * sph + ow * spw, mask=mask, other=0.0).to(tl.float32)
-        acc = tl.where(acc < 0, 0.0, acc)  # ReLU that keeps NaN
-        tl.store(y_ptr + n * syn + k * syk + oh * syh + ow * syw, acc.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-_STORE = Launcher(_store_kernel)
-_STORE_BLOCK = 1024
-#: Bound store launches a kernel keeps (one per set of strides, residual coefficient and alignment).
-_BOUND_STORES = 16
 
 
 @contextlib.contextmanager
@@ -324,6 +306,9 @@ class CudnnSolver(Solver):
             return f"runs on CUDA devices only; the handle's device is {handle.device}"
         if not cudnn_available():
             return "this torch build has no cuDNN"
+        why = triton_available()
+        if why:
+            return f"its store kernel needs Triton: {why}"
         if spec.phase != Phase.INFERENCE:
             return f"{spec.phase.value} plans have no fused cuDNN call"
         if spec.dtype not in _DTYPES:
