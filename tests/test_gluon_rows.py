@@ -85,14 +85,12 @@ def test_narrow_rows_defer_to_the_windows():
     assert gluon_rows.gluon_rows_defer_why(layer("r50_02").spec()) is None
 
 
-def test_channel_halves_defer_to_the_windows(monkeypatch):
-    """Plans of 65-128 input channels (two halves) apply but defer unless GLUON_ROWS_HALVES_FIRST."""
-    from fusionplan import tuning
-
+def test_channel_halves_defer_to_the_windows():
+    """Plans of 65-128 input channels (two halves) apply but defer (find may measure them faster);
+    64 channels, one half, do not."""
     spec = conv_plan(c=128, w=40).spec()
     assert "C=128 input channels in two halves" in gluon_rows.gluon_rows_defer_why(spec)
-    monkeypatch.setattr(tuning, "GLUON_ROWS_HALVES_FIRST", True)
-    assert gluon_rows.gluon_rows_defer_why(spec) is None
+    assert gluon_rows.gluon_rows_defer_why(conv_plan(c=64, w=40).spec()) is None
 
 
 @pytest.mark.parametrize(

@@ -540,21 +540,14 @@ def test_strided_nchw_gemm_boxes_over_whole_rows(case, dtype, monkeypatch):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 
-@pytest.mark.parametrize("case", ["14x14", "odd-13x11", "wide-9x20", "unaligned-16x16"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-def test_strided_nchw_gemm_even_columns_by_pointer(case, dtype, monkeypatch):
-    """The even columns kept before the product by pointer: with
-    tuning.NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST, and always where a plan read through boxes gets an
+def test_strided_nchw_gemm_even_columns_by_pointer(dtype):
+    """The even columns kept before the product by pointer, where a plan read through boxes gets an
     input that is not 16-byte aligned (no descriptor: the pointer path keeps the boxes' tiles)."""
-    from fusionplan import tuning
-
-    unaligned = case.startswith("unaligned")
-    monkeypatch.setattr(tuning, "NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST", not unaligned)
-    plan, handle, kernel, x = strided_nchw_gemm("boxes-16x16" if unaligned else case, dtype)
-    if unaligned:  # the same values one element into a buffer: 2 or 4 bytes past a 16-byte boundary
-        x = torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
-    boxes = STRIDED_NCHW_GEMM_CASES[case][1][dtype == torch.float16] if not unaligned else False
-    assert (kernel._input_tiles(x, kernel.config) is not None) == boxes and even_first_of(kernel)
+    plan, handle, kernel, x = strided_nchw_gemm("boxes-16x16", dtype)
+    # the same values one element into a buffer: 2 or 4 bytes past a 16-byte boundary
+    x = torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
+    assert kernel._input_tiles(x, kernel.config) is None and even_first_of(kernel)
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 

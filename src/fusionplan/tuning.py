@@ -419,12 +419,6 @@ GLUON_ROWS_RING_BYTES = 192 * 1024
 #: gluon-rows: the chain's per-channel parameters loaded once per program, before its rows (the
 #: generated chain otherwise loads them at every row).
 GLUON_ROWS_HOIST_CHANNELS = True
-#: gluon-rows with 65-128 input channels in two halves, one per computing warpgroup (each holds its
-#: half of the filter, both compute every output row, partial sums meet in shared memory): r50_10
-#: (C = K = 128, 28x28, fp16, batch 32, H100) measured 25.1 us against gluon-window's 20.0 and
-#: cuDNN's 19.9 (bench/NOTES.md section 31), so such plans defer to the window kernels unless this
-#: is set; named, the solver runs them.
-GLUON_ROWS_HALVES_FIRST = False
 #: gluon-rows on packed channel-plane (NCHW) input of at most 64 channels: each input row's box
 #: from column 0, the filter's columns as the shifter's moved copies of it (GLUON_ROWS_PLANE_SHIFTS)
 #: or as shifts of the products. r50_02 on NCHW input, H100 fp16: 44.0 us on triton-conv -> 31.4
@@ -769,10 +763,6 @@ NCHW_GEMM_STRIDED_TILE_LOADS = True
 #: registers either way): half the products; else the product runs over the odd columns too
 #: (r50_08 47.7 us against 38.7, same run).
 NCHW_GEMM_STRIDED_EVEN_FIRST = True
-#: The even columns kept first by pointer too (14x14 input: 28-byte row pairs, no boxes). Off:
-#: r50_20 55.0 us at 128 x 256 against 74.6 over whole rows, but 48.0 for gluon-nchw-regs, its
-#: solver (H100, fp16 CBNA, batch 32, nchw-row-pairs-19/sweep-r50_20-pointer-even-first.txt).
-NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST = False
 
 #: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
 #: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while

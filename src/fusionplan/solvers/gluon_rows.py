@@ -39,7 +39,7 @@ With 65 to 128 input channels the filter of 64 output channels does not fit one 
 registers: each computing warpgroup holds one half of the channels (the boxes come in two halves
 of 64), both compute every output row over their half, and the row's owner (they alternate) adds
 the other's partial sum from shared memory before the chain. Measured slower than the window
-kernels on ResNet's r50_10 (tuning.GLUON_ROWS_HALVES_FIRST), such plans defer to them.
+kernels on ResNet's r50_10, such plans defer to them (find times them).
 
 An input row is read by up to R consecutive output rows; a slot is refilled once the last output
 row of each computing warpgroup that reads it has finished its products (a warpgroup that reads
@@ -239,14 +239,14 @@ def plane_ring_slots(pixels: int, c: int, r: int, s: int) -> int:
 
 def gluon_rows_defer_why(spec: PlanSpec) -> str | None:
     """Output rows narrower than tuning.GLUON_ROWS_MIN_WIDTH: products of so few pixels were not
-    measured faster than the window kernels'; input channels in two halves unless
-    tuning.GLUON_ROWS_HALVES_FIRST (measured slower on r50_10)."""
+    measured faster than the window kernels'; input channels in two halves (measured slower on
+    r50_10). Both run where find measures them faster, or when named."""
     ow = spec.output_desc.dims[3]
     if ow < tuning.GLUON_ROWS_MIN_WIDTH:
         return f"output rows of {ow} pixels (< {tuning.GLUON_ROWS_MIN_WIDTH}): not measured faster than the windows"
     channels = spec.input_desc.dims[1]
-    if channel_splits(channels) == 2 and not tuning.GLUON_ROWS_HALVES_FIRST:
-        return f"C={channels} input channels in two halves: measured slower than the windows (GLUON_ROWS_HALVES_FIRST)"
+    if channel_splits(channels) == 2:
+        return f"C={channels} input channels in two halves: measured slower than the windows"
     return None
 
 

@@ -307,10 +307,10 @@ def wide_channels(cfg: tuning.ConvConfig, c: int, k: int) -> tuning.ConvConfig:
 def even_first(spec: PlanSpec) -> bool:
     """Whether a strided plan's kernel keeps the even input columns before the product
     (tuning.NCHW_GEMM_STRIDED_EVEN_FIRST): where it reads through boxes (tile_reads; by pointer
-    too where an input is not 16-byte aligned), or by pointer with
-    tuning.NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST."""
-    by_pointer = tuning.NCHW_GEMM_STRIDED_POINTER_EVEN_FIRST
-    return bool(row_slots(spec)) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST and (tile_reads(spec) or by_pointer)
+    too where an input is not 16-byte aligned). Over whole rows by pointer otherwise: r50_20 took
+    55.0 us keeping them first against 74.6 over whole rows, but gluon-nchw-regs, its solver,
+    48.0 (H100, fp16 CBNA, batch 32; result set 2026-11-22-h100-nchw-row-pairs-19, in git history)."""
+    return bool(row_slots(spec)) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST and tile_reads(spec)
 
 
 def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
