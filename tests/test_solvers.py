@@ -253,11 +253,10 @@ def test_descriptor_kernels_find_among_steps_a_tensor_box_can_read(solver, monke
 
 
 @pytest.mark.parametrize("alpha, unit", [(1.0, True), (1, True), (0.5, False), (-1.0, False)])
-def test_unit_activation_alpha_is_a_specialization(alpha, unit, monkeypatch):
+def test_unit_activation_alpha_is_a_specialization(alpha, unit):
     """An activation whose output scale alpha is 1 compiles without the multiply (UNIT_AL, a
-    constexpr flag beside HAS_Q that never counts as reading the prior); other alphas, or the
-    switch off, multiply. The result either way: test_alpha_beta_blend_prior_output."""
-    from fusionplan import tuning
+    constexpr flag beside HAS_Q that never counts as reading the prior); other alphas multiply.
+    The result either way: test_alpha_beta_blend_prior_output."""
     from fusionplan.epilogue import reads_prior, stage_arguments
     from fusionplan.solvers import solver_named
     from fusionplan.verify import random_record
@@ -271,8 +270,5 @@ def test_unit_activation_alpha_is_a_specialization(alpha, unit, monkeypatch):
     _, flags = stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))
     assert list(flags) == ["HAS_Q0", "HAS_Q1", "UNIT_AL1"] and flags["UNIT_AL1"] is unit
     assert not reads_prior(flags)
-    monkeypatch.setattr(tuning, "EPILOGUE_UNIT_ALPHA", False)
-    _, flags = stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))
-    assert flags["UNIT_AL1"] is False
     records[-1] = random_record(plan.ops[-1], alpha=alpha, beta=0.5)
     assert reads_prior(stage_arguments(kernel.stages, records, 4, (6, 5), torch.device("cpu"))[1])

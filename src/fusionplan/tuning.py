@@ -397,14 +397,6 @@ GRID_DEPENDENCY = True
 #: 1.003x / 1.007x (no layer slower by more than 0.2 us).
 FIT_CARVEOUT = True
 
-#: Generated epilogues skip an activation's output scale alpha where it is 1 (a constexpr flag per
-#: activation, epilogue.emit_stages' UNIT_AL: a kernel specialization per value of the test; compiling
-#: ahead builds the unit one, another alpha compiles at its first execute); off, every kernel
-#: multiplies by it. H100, fp16 NHWC CBNA, batch 32, every layer (`--tuning EPILOGUE_UNIT_ALPHA=0,1`,
-#: bench/results/2026-11-23-h100-stem-tma-30/): 1.1199 -> 1.1245x cuDNN, the stem (whose epilogue
-#: is latency-bound) 32.13 -> 31.13 us, r50_22 19.68 -> 19.47; the other layers within 1 %.
-EPILOGUE_UNIT_ALPHA = True
-
 #: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
 #: their 64 output channels in registers, for convolutions of few input channels (r50_02: C = K =
 #: 64, 3x3 on 56x56). GLUON_ROWS_FILTER_REGS: the most registers a computing thread spends on the
