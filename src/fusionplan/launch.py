@@ -593,6 +593,29 @@ class BoundLaunch:
         c_launch(gx, gy, gz, stream, function, cooperative, pdl, scratch, None, packed, None, None, None, *args)
 
 
+class BoundLaunches:
+    """Launches bound once per caller's key (what the arguments other than the pointers depend on)
+    and the pointers' 16-byte alignment: a repeated call swaps its tensors' pointers and one integer
+    after them (a tag) instead of binding every argument. At most ``size`` are kept."""
+
+    def __init__(self, size: int = 32) -> None:
+        self.size = size
+        self._bound: dict[tuple, BoundLaunch] = {}
+
+    def launch(self, launcher: Launcher, grid, key: tuple, tensors: Sequence[Tensor], tag: int, make_args) -> None:
+        """Launch with ``tensors`` in the first arguments and ``tag`` right after them."""
+        pointers = [t.data_ptr() for t in tensors]
+        key = (launcher, key, grid, tuple(ptr % 16 == 0 for ptr in pointers))
+        bound = self._bound.get(key)
+        if bound is not None:
+            bound.launch([*pointers, tag])
+            return
+        args = make_args()
+        kernel = launcher(grid, key[1:], args, num_warps=4, num_stages=1)
+        if kernel is not None and hasattr(kernel, "run") and len(self._bound) < self.size:
+            self._bound[key] = BoundLaunch(kernel, grid, args, range(len(tensors) + 1))
+
+
 @dataclass(frozen=True)
 class Repeat:
     """A bound launch and the conditions under which a call may reuse it: the same records object

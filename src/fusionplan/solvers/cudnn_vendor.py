@@ -31,7 +31,7 @@ import torch
 from fusionplan.codegen import triton_available
 from fusionplan.enums import ActivationMode, DataType
 from fusionplan.folding import PerArgsCache, is_one, is_zero
-from fusionplan.launch import BoundLaunch, Launcher, current_raw_stream, needs_int64
+from fusionplan.launch import BoundLaunches, current_raw_stream, needs_int64
 from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import shares_memory, triton_cdiv
@@ -247,28 +247,6 @@ class CudnnKernel(FoldedKernel):
         return torch.cudnn_convolution_add_relu(
             x, call.weight, prior.to(x.dtype), call.prior_coef, call.bias, c.strides, c.pads, c.dilations, c.groups
         )
-
-
-class BoundLaunches:
-    """Launches bound once per key (strides, coefficients) and the pointers' alignment, so that a call
-    swaps the pointers and the tag instead of binding its ~60 arguments."""
-
-    def __init__(self, size: int = 32) -> None:
-        self.size = size
-        self._bound: dict[tuple, BoundLaunch] = {}
-
-    def launch(self, launcher: Launcher, grid, key: tuple, tensors: Sequence[Tensor], tag: int, make_args) -> None:
-        """Launch with ``tensors`` in the first arguments and ``tag`` right after them."""
-        pointers = [t.data_ptr() for t in tensors]
-        key = (launcher, key, grid, tuple(ptr % 16 == 0 for ptr in pointers))
-        bound = self._bound.get(key)
-        if bound is not None:
-            bound.launch([*pointers, tag])
-            return
-        args = make_args()
-        kernel = launcher(grid, key[1:], args, num_warps=4, num_stages=1)
-        if kernel is not None and hasattr(kernel, "run") and len(self._bound) < self.size:
-            self._bound[key] = BoundLaunch(kernel, grid, args, range(len(tensors) + 1))
 
 
 def _reads_what_it_writes(y: Tensor, x: Tensor, prior: Tensor | None) -> bool:
