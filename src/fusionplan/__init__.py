@@ -3,6 +3,7 @@
 import logging
 
 from fusionplan.api import Plan, conv_bias_activation, default_handle
+from fusionplan.compiling import compile_all
 from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status
 from fusionplan.errors import (
@@ -58,6 +59,7 @@ __all__ = [
     "OperatorArgs",
     "Plan",
     "Status",
+    "compile_all",
     "conv_bias_activation",
     "default_handle",
     "TensorDescriptor",

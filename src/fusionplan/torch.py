@@ -22,6 +22,7 @@ import dataclasses
 import operator
 import threading
 from collections import OrderedDict
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,7 @@ from torch import nn
 
 from fusionplan.activations import activation_forward
 from fusionplan.api import default_handle
+from fusionplan.compiling import compile_all
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.errors import BadParmError
@@ -349,9 +351,10 @@ def _(
     return x.new_empty(shape).to(memory_format=_memory_format(x))
 
 
-def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
-    # Raw shapes and strides key the cache: descriptors (validated, so not free) are built on a miss only.
-    key = (
+def _plan_key(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode) -> tuple:
+    """What selects a chain's plan. Raw shapes and strides: descriptors (validated, so not free)
+    are built on a miss only."""
+    return (
         x.shape,
         x.stride(),
         x.dtype,
@@ -365,10 +368,24 @@ def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
         groups,
         act_mode,
     )
+
+
+def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
+    """(plan, operators, handle, output memory format) of a chain, compiled on first use."""
+    key = _plan_key(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
     with _PLANS_LOCK:
         hit = _PLANS.get(key)
     if hit is not None:
         return hit
+    entry = _new_plan(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
+    entry[0].compile(entry[2])
+    with _PLANS_LOCK:
+        _PLANS[key] = entry
+    return entry
+
+
+def _new_plan(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode) -> tuple:
+    """A chain's (plan, operators, handle, output memory format), the plan not yet compiled."""
     x_desc = TensorDescriptor.from_tensor(x)
     w_desc = None if weight is None else TensorDescriptor.from_tensor(weight)  # any layout: no copy
     plan = FusionPlan(x_desc)
@@ -393,12 +410,45 @@ def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
         )
     if act_mode >= 0:
         ops.append(plan.add_activation_forward(ActivationMode(act_mode)))
-    handle = default_handle(x.device)
-    plan.compile(handle)
-    entry = (plan, tuple(ops), handle, _memory_format(x))
+    return (plan, tuple(ops), default_handle(x.device), _memory_format(x))
+
+
+# ---- compiling a model's plans ahead of its calls (FusedModel.prepare) ------------------------------------
+#: While a model is prepared: the plans its chains need, not yet compiled, by plan key.
+_RECORDING: ContextVar[dict | None] = ContextVar("fusionplan_recording", default=None)
+
+
+def _record_plan(x: torch.Tensor, params: tuple, hyper: tuple) -> None:
+    """Note the plan a chain's call needs (unless one is cached) for the preparing model."""
+    pending = _RECORDING.get()
+    plan_args = (x, *params[:3], *hyper[1:6])
+    key = _plan_key(*plan_args)
     with _PLANS_LOCK:
-        _PLANS[key] = entry
-    return entry
+        if key in _PLANS:
+            return
+    if key not in pending:
+        pending[key] = _new_plan(*plan_args)
+
+
+def _compile_recorded(pending: dict, workers: int | None, progress: bool | None) -> int:
+    """Compile the recorded plans, every handle's on ``workers`` threads; the compiled ones are
+    cached for the chains' calls even where others failed (whose error is raised). Returns how
+    many plans were compiled."""
+    by_handle: dict[int, list[tuple]] = {}
+    for key, entry in pending.items():
+        by_handle.setdefault(entry[2].uid, []).append((key, entry))
+    compiled = 0
+    for items in by_handle.values():
+        handle = items[0][1][2]
+        try:
+            compile_all([entry[0] for _, entry in items], handle, workers=workers, progress=progress)
+        finally:
+            with _PLANS_LOCK:
+                for key, entry in items:
+                    if entry[0].is_compiled(handle):
+                        _PLANS.setdefault(key, entry)
+                        compiled += 1
+    return compiled
 
 
 # ---- the replacement module ------------------------------------------------------------------------------
@@ -422,6 +472,11 @@ class FusedChain(nn.Module):
         self._repeat: tuple | None = None  # see _repeat_call
         self.solvers: set[str] = set()  # the solvers that ran its eager calls' plans
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the repeat path's record behind: it holds the last call's
+        derived tensors (folded weights, autograd non-leaves that cannot be deep-copied)."""
+        return {**self.__dict__, "_repeat": None}
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
             raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
@@ -430,6 +485,8 @@ class FusedChain(nn.Module):
             # breaks the graph; each break's resume frame then recompiles per chain (their
             # strides and paddings differ) until torch.compile's recompile limit falls back to eager.
             return self._op_call(x, residual)
+        if _RECORDING.get() is not None:  # after the tracing test: torch.compile cannot trace a ContextVar
+            return self._recording_call(x, residual)
         if self._repeat is not None:
             out = self._repeat_call(x, residual)
             if out is not None:
@@ -440,6 +497,18 @@ class FusedChain(nn.Module):
                 return self._unfused(x, residual)  # e.g. a broadcast residual: not the plan's prior
             return self._run_prepared(x, self._params(), self._hyperparameters(), residual)
         return self._op_call(x, residual)
+
+    def _recording_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """While the model is prepared: note the plan this call needs and compute the chain in
+        plain torch operations, into an output laid out as the plan's would be (the next chains'
+        plans depend on its strides)."""
+        x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+        h = self._unfused(x, residual)
+        if (residual is not None and not self._fits(x, residual)) or not _eager_call(x):
+            return h
+        _record_plan(x, self._params(), self._hyperparameters())
+        out = torch.empty(h.shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
+        return out.copy_(h)
 
     def _op_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The chain through the custom op, as torch.compile, export and dispatch modes see it."""
@@ -524,12 +593,13 @@ class FusedChain(nn.Module):
             and residual.device == x.device
         )
 
-    def _unfused(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """The chain in plain torch operations, for residuals a plan cannot take."""
+    def _unfused(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """The chain in plain torch operations (for residuals a plan cannot take, and while the
+        model is prepared)."""
         conv, bn = self._refs
         h = x if conv is None else conv(x)
         h = h if bn is None else bn(h)
-        h = h + residual
+        h = h if residual is None else h + residual
         if self.activation is None:
             return h
         mode, a, b, g = self.activation
@@ -681,17 +751,84 @@ def _residual_operand(node: torch.fx.Node | None, produced: torch.fx.Node) -> to
     return other if isinstance(other, torch.fx.Node) and other is not produced else None
 
 
-def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool = False) -> torch.fx.GraphModule:
+class FusedModel(torch.fx.GraphModule):
+    """What ``fuse`` returns: the traced model with its chains fused. Before its first call with
+    inputs of a new shape, dtype, layout or device it compiles every chain's plan at once, on all
+    cores (``prepare`` does the same ahead of time)."""
+
+    fusion_report: FusionReport
+
+    def prepare(self, *example_inputs, workers: int | None = None, progress: bool | None = None, **example_kwargs):
+        """Compile the plans every chain needs for calls like ``self(*example_inputs,
+        **example_kwargs)``, on ``workers`` threads (fusionplan.compile_all); returns self. The
+        model runs once in plain torch operations to find the chains' input shapes."""
+        if self.training:
+            raise BadParmError("prepare(): fused models are for inference; call .eval() on the model")
+        pending = self._record(example_inputs, example_kwargs)
+        _compile_recorded(pending, workers, progress)
+        self._prepared().add(_input_layouts(example_inputs, example_kwargs))
+        return self
+
+    def __call__(self, *args, **kwargs):
+        if not self.training and not torch.compiler.is_compiling():
+            layouts = _input_layouts(args, kwargs)
+            if layouts is not None and layouts not in self._prepared():
+                self._prepare_first_call(args, kwargs, layouts)
+        return super().__call__(*args, **kwargs)
+
+    def _prepare_first_call(self, args: tuple, kwargs: dict, layouts: tuple) -> None:
+        """A call with inputs of a new layout: its plans compiled together first. A model that
+        fails in plain torch operations is left to its call, which reports what is wrong."""
+        self._prepared().add(layouts)
+        try:
+            pending = self._record(args, kwargs)
+        except Exception:
+            return
+        _compile_recorded(pending, None, None)
+
+    def _record(self, args: tuple, kwargs: dict) -> dict:
+        """The uncompiled plans a call with these inputs needs, found by running it unfused."""
+        pending: dict = {}
+        token = _RECORDING.set(pending)
+        try:
+            with torch.no_grad():
+                nn.Module.__call__(self, *args, **kwargs)  # not self(...): that would prepare again
+        finally:
+            _RECORDING.reset(token)
+        return pending
+
+    def _prepared(self) -> set:
+        """The input layouts the model's plans were compiled for."""
+        return self.__dict__.setdefault("_prepared_layouts", set())
+
+
+def _input_layouts(args: tuple, kwargs: dict) -> tuple | None:
+    """The layouts of a call's tensor arguments; None where one is not a plain eager tensor
+    (traced, under a dispatch mode), or there is none."""
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    if not tensors or not all(_eager_call(t) for t in tensors):
+        return None
+    return tuple(_layout(t) for t in tensors)
+
+
+def fuse(
+    model: nn.Module,
+    example_inputs: tuple | None = None,
+    *,
+    verbose: bool = False,
+    workers: int | None = None,
+) -> FusedModel:
     """A copy of ``model`` (eval mode) with its conv/batch-norm/activation chains fused.
 
-    ``example_inputs`` is optional: when given, the fused model is run on them once and compared
+    ``example_inputs`` is optional: when given, the fused model's plans are compiled for them on
+    ``workers`` threads (FusedModel.prepare), and the fused model is run on them once and compared
     with the original (a mismatch raises). The returned module has a ``fusion_report``.
     """
     if model.training:
         raise BadParmError(
             "fuse() works on models in eval mode (batch-norm uses running statistics): call model.eval() first"
         )
-    gm = torch.fx.symbolic_trace(copy.deepcopy(model))
+    gm = _traced(copy.deepcopy(model))
     report = FusionReport()
     counter = 0
     erased: set[torch.fx.Node] = set()
@@ -755,8 +892,16 @@ def fuse(model: nn.Module, example_inputs: tuple | None = None, *, verbose: bool
     if verbose:
         print(report)
     if example_inputs is not None:
+        gm.prepare(*example_inputs, workers=workers)
         _check_same_outputs(model, gm, example_inputs)
     return gm
+
+
+def _traced(model: nn.Module) -> FusedModel:
+    """torch.fx.symbolic_trace, into a FusedModel."""
+    tracer = torch.fx.Tracer()
+    graph = tracer.trace(model)
+    return FusedModel(tracer.root, graph, type(model).__name__)
 
 
 def _describe(gm: torch.fx.GraphModule, node: torch.fx.Node) -> str:
