@@ -176,6 +176,8 @@ def test_prepare_compiles_every_plan_before_the_first_call(counted_compiles):
     chains = len(fused.fusion_report.chains)  # each of a plan of its own
     assert fused.prepare(x, workers=2) is fused
     assert counted_compiles == {"alone": 0, "together": chains}
+    # every chain's call ran once on stand-ins (what a first execute compiles is compiled)
+    assert all(chain.solvers for chain in fused.fusion_report.chains.values())
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
     assert counted_compiles == {"alone": 0, "together": chains}  # the call found them all compiled
 

@@ -56,7 +56,7 @@ def compile_all(
             failures[index] = exc
         shown.step()
 
-    _run_on_threads(compile_one, leaders, count)
+    run_on_threads(compile_one, leaders, count)
     for index in followers:  # their kernels are in the handle's cache now
         compile_one(index)
     shown.done()
@@ -111,7 +111,9 @@ def _by_kernel(plans: list[FusionPlan]) -> tuple[list[int], list[int]]:
     return leaders, followers
 
 
-def _run_on_threads(task: Callable[[int], None], indices: list[int], workers: int) -> None:
+def run_on_threads(task: Callable[[int], None], indices: list[int], workers: int) -> None:
+    """``task(i)`` for each index, on up to ``workers`` threads; the first error raised is raised
+    once every task has ended."""
     if workers == 1 or len(indices) <= 1:
         for i in indices:
             task(i)

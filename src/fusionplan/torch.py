@@ -33,7 +33,7 @@ from torch import nn
 
 from fusionplan.activations import activation_forward
 from fusionplan.api import default_handle
-from fusionplan.compiling import compile_all
+from fusionplan.compiling import compile_all, resolve_workers, run_on_threads
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.errors import BadParmError
@@ -414,30 +414,49 @@ def _new_plan(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
 
 
 # ---- compiling a model's plans ahead of its calls (FusedModel.prepare) ------------------------------------
-#: While a model is prepared: the plans its chains need, not yet compiled, by plan key.
-_RECORDING: ContextVar[dict | None] = ContextVar("fusionplan_recording", default=None)
+@dataclass
+class _Recording:
+    """What a call of a preparing model needs: the plans not yet compiled (by plan key), and each
+    chain's call (chain, input layout, residual layout), repeated on stand-in tensors once the
+    plans are compiled, so that what a plan compiles at its first execute (a specialization that
+    reads a prior, the kernels that fold and pack parameters) is compiled then too."""
+
+    plans: dict[tuple, tuple] = field(default_factory=dict)
+    calls: list[tuple] = field(default_factory=list)
 
 
-def _record_plan(x: torch.Tensor, params: tuple, hyper: tuple) -> None:
-    """Note the plan a chain's call needs (unless one is cached) for the preparing model."""
-    pending = _RECORDING.get()
-    plan_args = (x, *params[:3], *hyper[1:6])
+#: While a model is prepared, what its calls need (FusedModel._record).
+_RECORDING: ContextVar[_Recording | None] = ContextVar("fusionplan_recording", default=None)
+
+
+def _record_call(chain: FusedChain, x: torch.Tensor, residual: torch.Tensor | None) -> None:
+    recording = _RECORDING.get()
+    plan_args = (x, *chain._params()[:3], *chain._hyperparameters()[1:6])
     key = _plan_key(*plan_args)
     with _PLANS_LOCK:
-        if key in _PLANS:
-            return
-    if key not in pending:
-        pending[key] = _new_plan(*plan_args)
+        cached = key in _PLANS
+    if not cached and key not in recording.plans:
+        recording.plans[key] = _new_plan(*plan_args)
+    recording.calls.append((chain, _stand_in_layout(x), None if residual is None else _stand_in_layout(residual)))
 
 
-def _compile_recorded(pending: dict, workers: int | None, progress: bool | None) -> int:
-    """Compile the recorded plans, every handle's on ``workers`` threads; the compiled ones are
-    cached for the chains' calls even where others failed (whose error is raised). Returns how
-    many plans were compiled."""
+def _stand_in_layout(t: torch.Tensor) -> tuple:
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _stand_in(layout: tuple) -> torch.Tensor:
+    """A tensor of ``layout`` (shape, strides, dtype, device), zeros."""
+    shape, strides, dtype, device = layout
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device).zero_()
+
+
+def _compile_recorded(recording: _Recording, workers: int | None, progress: bool | None) -> None:
+    """Compile the recorded plans, every handle's on ``workers`` threads (the compiled ones are
+    cached for the chains' calls even where others failed, whose error is raised), then repeat
+    the recorded calls on stand-in tensors, on as many threads."""
     by_handle: dict[int, list[tuple]] = {}
-    for key, entry in pending.items():
+    for key, entry in recording.plans.items():
         by_handle.setdefault(entry[2].uid, []).append((key, entry))
-    compiled = 0
     for items in by_handle.values():
         handle = items[0][1][2]
         try:
@@ -447,8 +466,15 @@ def _compile_recorded(pending: dict, workers: int | None, progress: bool | None)
                 for key, entry in items:
                     if entry[0].is_compiled(handle):
                         _PLANS.setdefault(key, entry)
-                        compiled += 1
-    return compiled
+
+    def first_execute(index: int) -> None:
+        chain, x_layout, residual_layout = recording.calls[index]
+        residual = None if residual_layout is None else _stand_in(residual_layout)
+        _, _, solver = _run_new(_stand_in(x_layout), chain._params(), chain._hyperparameters(), residual)
+        chain.solvers.add(solver)
+
+    with torch.no_grad():
+        run_on_threads(first_execute, list(range(len(recording.calls))), resolve_workers(workers))
 
 
 # ---- the replacement module ------------------------------------------------------------------------------
@@ -499,16 +525,17 @@ class FusedChain(nn.Module):
         return self._op_call(x, residual)
 
     def _recording_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
-        """While the model is prepared: note the plan this call needs and compute the chain in
-        plain torch operations, into an output laid out as the plan's would be (the next chains'
-        plans depend on its strides)."""
+        """While the model is prepared: note the plan this call needs, and return zeros laid out as
+        the plan's output would be (the next chains' plans depend on its shape and strides; the
+        values are not computed: a convolution's first call in torch costs more than the plan)."""
         x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
-        h = self._unfused(x, residual)
         if (residual is not None and not self._fits(x, residual)) or not _eager_call(x):
-            return h
-        _record_plan(x, self._params(), self._hyperparameters())
-        out = torch.empty(h.shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
-        return out.copy_(h)
+            return self._unfused(x, residual)
+        _record_call(self, x, residual)
+        conv = self._refs[0]
+        shape = x.shape if conv is None else _conv_out_shape(x, conv.weight, conv.stride, conv.padding, conv.dilation)
+        out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=_memory_format(x))
+        return out.zero_()
 
     def _op_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """The chain through the custom op, as torch.compile, export and dispatch modes see it."""
@@ -764,8 +791,7 @@ class FusedModel(torch.fx.GraphModule):
         model runs once in plain torch operations to find the chains' input shapes."""
         if self.training:
             raise BadParmError("prepare(): fused models are for inference; call .eval() on the model")
-        pending = self._record(example_inputs, example_kwargs)
-        _compile_recorded(pending, workers, progress)
+        _compile_recorded(self._record(example_inputs, example_kwargs), workers, progress)
         self._prepared().add(_input_layouts(example_inputs, example_kwargs))
         return self
 
@@ -781,21 +807,22 @@ class FusedModel(torch.fx.GraphModule):
         fails in plain torch operations is left to its call, which reports what is wrong."""
         self._prepared().add(layouts)
         try:
-            pending = self._record(args, kwargs)
+            recording = self._record(args, kwargs)
         except Exception:
             return
-        _compile_recorded(pending, None, None)
+        _compile_recorded(recording, None, None)
 
-    def _record(self, args: tuple, kwargs: dict) -> dict:
-        """The uncompiled plans a call with these inputs needs, found by running it unfused."""
-        pending: dict = {}
-        token = _RECORDING.set(pending)
+    def _record(self, args: tuple, kwargs: dict) -> _Recording:
+        """What a call with these inputs needs, found by running it with the chains' outputs
+        stood in for (zeros of their layouts)."""
+        recording = _Recording()
+        token = _RECORDING.set(recording)
         try:
             with torch.no_grad():
                 nn.Module.__call__(self, *args, **kwargs)  # not self(...): that would prepare again
         finally:
             _RECORDING.reset(token)
-        return pending
+        return recording
 
     def _prepared(self) -> set:
         """The input layouts the model's plans were compiled for."""
