@@ -542,3 +542,15 @@ def test_programs_per_multiprocessor_takes_the_tightest_limit():
     assert programs_per_multiprocessor(128, 32, 8 * 1024, H100) == 16  # threads: 16 x 128
     assert programs_per_multiprocessor(128, 255, 0, H100) == 2  # 256 registers a thread: 32 K a program
     assert programs_per_multiprocessor(32, 16, 0, H100) == 32  # at most 32 programs
+
+
+def test_one_lock_per_specialization_record(tmp_path):
+    """Threads compiling one specialization (one record path) share a lock; no record, no lock."""
+    from fusionplan.launch import _compiling
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    assert _compiling(a) is _compiling(tmp_path / "a.json")
+    assert _compiling(a) is not _compiling(b)
+    with _compiling(None):
+        with _compiling(None):  # a null context: nesting does not wait
+            pass

@@ -165,6 +165,18 @@ def _launch_hooks() -> tuple:
 #: Triton's interpreter patches triton.language while it runs a kernel: one kernel at a time.
 _INTERPRETER_LOCK = threading.Lock()
 _NO_LOCK = contextlib.nullcontext()
+_RECORD_LOCKS: dict[Path, threading.Lock] = {}
+_RECORD_LOCKS_LOCK = threading.Lock()
+
+
+def _compiling(record: Path | None):
+    """Held while one specialization (named by its record's path) compiles: plans compiled on
+    several threads (fusionplan.compile_all) that need one kernel wait for its first compile and
+    load its record, instead of compiling it again."""
+    if record is None:
+        return _NO_LOCK
+    with _RECORD_LOCKS_LOCK:
+        return _RECORD_LOCKS.setdefault(record, threading.Lock())
 
 
 class Launcher:
@@ -208,27 +220,31 @@ class Launcher:
         kernel = self._compiled.get(key) if self.direct else None
         if kernel is None:
             record = self._record_path(key, num_warps, num_stages) if self.direct else None
-            kernel = self._load_recorded(key, record)
-        if kernel is None:
-            if len(args) != len(self.names):
-                raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
-            launch = self.fn[grid]
-            try:
-                with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
-                    kernel = with_own_scratch(
-                        launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
-                    )
-            except Exception as exc:
-                if is_out_of_resources(exc):
-                    self._too_large[key] = exc
-                raise
-            if self.direct and kernel is not None and hasattr(kernel, "run"):
-                self._keep(key, kernel, record)
-            return kernel
+            with _compiling(record):
+                kernel = self._load_recorded(key, record)
+                if kernel is None:
+                    return self._compile_and_launch(grid, key, args, num_warps, num_stages, record)
         if _needs_scratch(kernel):
             with_own_scratch(launch_compiled, kernel, grid, args)
         else:
             launch_compiled(kernel, grid, args)
+        return kernel
+
+    def _compile_and_launch(self, grid, key: tuple, args: list, num_warps: int, num_stages: int, record):
+        if len(args) != len(self.names):
+            raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
+        launch = self.fn[grid]
+        try:
+            with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
+                kernel = with_own_scratch(
+                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
+                )
+        except Exception as exc:
+            if is_out_of_resources(exc):
+                self._too_large[key] = exc
+            raise
+        if self.direct and kernel is not None and hasattr(kernel, "run"):
+            self._keep(key, kernel, record)
         return kernel
 
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
@@ -238,15 +254,16 @@ class Launcher:
         if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
             return None
         record = self._record_path(key, num_warps, num_stages)
-        kernel = self._load_recorded(key, record)
-        if kernel is None:
-            kernel = self.fn.warmup(
-                **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
-            )
-            if kernel is None or not hasattr(kernel, "run"):
-                return None
-            kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
-            self._keep(key, kernel, record)
+        with _compiling(record):
+            kernel = self._load_recorded(key, record)
+            if kernel is None:
+                kernel = self.fn.warmup(
+                    **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
+                )
+                if kernel is None or not hasattr(kernel, "run"):
+                    return None
+                kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
+                self._keep(key, kernel, record)
         return kernel
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
