@@ -554,3 +554,26 @@ def test_one_lock_per_specialization_record(tmp_path):
     with _compiling(None):
         with _compiling(None):  # a null context: nesting does not wait
             pass
+
+
+def test_records_are_named_by_what_compiles_not_by_where_the_caches_are(monkeypatch, tmp_path):
+    """An imported cache lies in another directory (Triton's cache inside it): its records must
+    keep their names there, while a setting that changes the code names another record."""
+    pytest.importorskip("triton")
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
+
+    def kernel(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "a" / "triton"))
+    launcher = Launcher(JITFunction(kernel))
+    first = launcher._record_path(("key",), 4, 2)
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path / "b"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "b" / "triton"))
+    moved = launcher._record_path(("key",), 4, 2)
+    assert first is not None and first.name == moved.name and moved.parent == tmp_path / "b" / "launch"
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
+    assert launcher._record_path(("key",), 4, 2).name != first.name

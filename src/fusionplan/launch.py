@@ -165,6 +165,10 @@ def _launch_hooks() -> tuple:
 #: Triton's interpreter patches triton.language while it runs a kernel: one kernel at a time.
 _INTERPRETER_LOCK = threading.Lock()
 _NO_LOCK = contextlib.nullcontext()
+#: Triton's settings that say where its files are, not what it compiles: a record names the
+#: kernel in whichever cache is current, so an imported cache (fusionplan-cache import, which puts
+#: Triton's cache inside the new directory) keeps its records.
+_WHERE_VARIABLES = frozenset({"TRITON_CACHE_DIR", "TRITON_HOME"})
 _RECORD_LOCKS: dict[Path, threading.Lock] = {}
 _RECORD_LOCKS_LOCK = threading.Lock()
 
@@ -297,7 +301,7 @@ class Launcher:
             import triton
 
             module = getattr(getattr(self.fn, "fn", self.fn), "__module__", "")  # named by its source's hash
-            env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_"))
+            env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_") and k not in _WHERE_VARIABLES)
             device = torch.cuda.get_device_capability()
             ident = repr((module, key, num_warps, num_stages, device, triton.__version__, env))
         except Exception:  # no device, or an unusual key: no record
