@@ -1,11 +1,11 @@
 """Cold start of fused models: fuse + prepare + first call, in fresh processes.
 
-    python bench/cold_start.py --out bench/results/cold-start [--models resnet50,mobilenet_v2] [--serial]
+    python bench/cold_start.py --out bench/results/cold-start [--models resnet50,mobilenet_v2] [--serial resnet50]
 
 For each model of the zoo suite (fp16, channels-last, batch 32 by default), each measurement is a
 new Python process with its own cache directory (Triton's cache inside it):
   cold      an empty cache: fuse, prepare (every plan compiled on all cores), the first call
-  serial    (--serial) the same with FUSIONPLAN_COMPILE_WORKERS=1: one plan after another
+  serial    (--serial MODELS) the same with FUSIONPLAN_COMPILE_WORKERS=1: one plan after another
   warm      a second process on the cold run's cache
   imported  the cold run's cache exported (fusionplan-cache export), imported into an empty
             directory (fusionplan-cache import), then a process on it; it must compile nothing
@@ -164,7 +164,9 @@ def main() -> int:
     parser.add_argument("--child")
     parser.add_argument("--models", default="resnet50,mobilenet_v2,inception_v3,densenet121,regnet_y_1_6gf")
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--serial", action="store_true", help="also compile one plan after another, for comparison")
+    parser.add_argument(
+        "--serial", default="", help="comma-separated models also compiled one plan after another, for comparison"
+    )
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args()
     if opts.child:
@@ -173,7 +175,7 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in opts.models.split(","):
-            rows.append(measure(model, opts.batch, opts.serial, Path(tmp)))
+            rows.append(measure(model, opts.batch, model in opts.serial.split(","), Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
     text = table(rows)
     misses = check(rows)
