@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import cache_archive
+from fusionplan import cache_archive, codegen
 from fusionplan.cachecli import main as cache_main
 from fusionplan.codegen import interpreter_active
 from fusionplan.perfdb import PerfDB
@@ -39,6 +39,8 @@ def filled(tmp_path, monkeypatch):
     """A cache with generated kernels (a plan compiled through the interpreter where it is on),
     Triton files, a launch record and perf database entries; returns its directory."""
     root = _use_cache(monkeypatch, tmp_path / "source")
+    # modules another test loaded are not written again: this cache gets its own files
+    monkeypatch.setattr(codegen, "_modules", {})
     if interpreter_active():
         monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
         plan, _ = shape_plan("1x1", "CBA", torch.float32, "NHWC")
