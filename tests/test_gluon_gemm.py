@@ -880,4 +880,4 @@ def test_fit_carveout_gives_kernels_a_module_of_their_own(solver, name, monkeypa
     on = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
     assert on.launcher.fit_carveout is True and off.launcher.fit_carveout is False
     assert on.source().endswith(CARVEOUT_MARK) and not off.source().endswith(CARVEOUT_MARK)
-    assert on.launcher.fn is not off.launcher.fn
+    assert on.launcher.jit is not off.launcher.jit

@@ -9,6 +9,7 @@ written atomically; the same text is never written twice.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib.util
 import os
@@ -55,32 +56,100 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
-    """Write ``source`` (once, atomically) and import it; modules are kept per text and mode.
+def module_name(source: str, stem: str) -> str:
+    """The name a generated module is imported as (and Triton names its kernels' module by): the
+    stem and the hash of the text, with the interpreter flag (Triton decides at decoration time
+    whether a kernel runs compiled or interpreted)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    return f"fusionplan_gen_{stem}_{digest}" + ("_interpret" if _interpreting() else "")
 
-    The interpreter flag is part of the key: Triton decides at decoration time whether a kernel
-    runs compiled or interpreted.
-    """
+
+def write_source(source: str, stem: str) -> Path:
+    """The file of a generated module, written once (atomically) under the cache directory."""
     use_triton_cache_inside_ours()
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    name = f"fusionplan_gen_{stem}_{digest}"
-    key = name + (":interpret" if _interpreting() else "")
+    directory = cache_dir() / "kernels"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"fusionplan_gen_{stem}_{digest}.py"
+    if not path.exists() or path.read_text() != source:
+        write_atomic(path, source)
+    return path
+
+
+def import_source(path: Path, name: str) -> ModuleType:
+    """Import the generated module at ``path`` as ``name``, once per name."""
     with _modules_lock:
-        if key in _modules:
-            module = _modules[key]
-            return module, Path(module.__file__)
-        directory = cache_dir() / "kernels"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{name}.py"
-        if not path.exists() or path.read_text() != source:
-            write_atomic(path, source)
-        spec = importlib.util.spec_from_file_location(key.replace(":", "_"), path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # Triton resolves globals through the module
-        spec.loader.exec_module(module)
-        _modules[key] = module
-        return module, path
+        module = _modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # Triton resolves globals through the module
+            spec.loader.exec_module(module)
+            _modules[name] = module
+        return module
+
+
+def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
+    """Write ``source`` (once, atomically) and import it; modules are kept per text and mode."""
+    path = write_source(source, stem)
+    return import_source(path, module_name(source, stem)), path
+
+
+class KernelParam:
+    """A kernel parameter as Triton's JIT function lists it: its name and whether it is a constexpr."""
+
+    def __init__(self, name: str, is_constexpr: bool) -> None:
+        self.name = name
+        self.is_constexpr = is_constexpr
+
+
+class GeneratedKernel:
+    """A ``@triton.jit`` or ``@gluon.jit`` kernel of a generated module, imported only when it is
+    compiled: its parameters are read from the source, so a kernel that a launch record names is
+    loaded without importing its module (whose jit decorators read and tokenize the source, about
+    20 ms a module). It stands in for the JIT function where Triton's compiled kernel takes one
+    (``__name__``, ``arg_names``, ``launch_metadata``)."""
+
+    launch_metadata = None
+
+    def __init__(self, source: str, stem: str, fn_name: str) -> None:
+        self.path = write_source(source, stem)
+        self.module_name = module_name(source, stem)
+        self.__name__ = fn_name
+        self.gluon, self.params = kernel_signature(source, fn_name)
+        self.arg_names = [p.name for p in self.params]
+
+    @property
+    def jit(self):
+        """Triton's JIT function of the kernel (its module imported now, once)."""
+        return getattr(import_source(self.path, self.module_name), self.__name__)
+
+
+def generated_kernel(source: str, stem: str, fn_name: str):
+    """The kernel ``fn_name`` of a generated module as a GeneratedKernel, or (a source whose
+    signature is not read that way) Triton's JIT function from the module imported now."""
+    try:
+        return GeneratedKernel(source, stem, fn_name)
+    except (ValueError, SyntaxError):
+        return getattr(load_module(source, stem)[0], fn_name)
+
+
+def kernel_signature(source: str, fn_name: str) -> tuple[bool, list[KernelParam]]:
+    """Whether ``fn_name`` in ``source`` is a Gluon kernel, and its parameters, read from its
+    ``def`` alone (the generated sources put the decorator on the line before it)."""
+    start = source.index(f"def {fn_name}(")
+    decorator = source[:start].rstrip().rsplit("\n", 1)[-1].strip()
+    if decorator not in ("@triton.jit", "@gluon.jit"):
+        raise ValueError(f"{fn_name}: a kernel with decorator {decorator!r} is imported, not read")
+    end = source.index("):\n", start) + 3
+    tree = ast.parse(source[start:end] + "    pass\n")
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    params = [
+        KernelParam(a.arg, a.annotation is not None and "constexpr" in ast.unparse(a.annotation)) for a in fn.args.args
+    ]
+    return decorator == "@gluon.jit", params
 
 
 def triton_available() -> str | None:

@@ -203,7 +203,7 @@ class Launcher:
     """
 
     def __init__(self, fn, grid_dependency: bool = False, fit_carveout: bool = False) -> None:
-        self.fn = fn
+        self.fn = fn  # Triton's JIT function, or a codegen.GeneratedKernel that imports it when compiled
         self.grid_dependency = grid_dependency
         self.fit_carveout = fit_carveout
         self.names = list(getattr(fn, "arg_names", []))
@@ -237,7 +237,7 @@ class Launcher:
     def _compile_and_launch(self, grid, key: tuple, args: list, num_warps: int, num_stages: int, record):
         if len(args) != len(self.names):
             raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
-        launch = self.fn[grid]
+        launch = self.jit[grid]
         try:
             with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
                 kernel = with_own_scratch(
@@ -255,13 +255,15 @@ class Launcher:
         """Compile (or load) and initialize without launching, so that the first execute does not
         pay for it. ``args`` may hold stand-in tensors of the right dtypes and alignment."""
         key = (key, specialization(args, self.constexprs), self.grid_dependency)
-        if not self.direct or key in self._compiled or not hasattr(self.fn, "warmup"):
+        if not self.direct or key in self._compiled:
             return None
         record = self._record_path(key, num_warps, num_stages)
         with _compiling(record):
             kernel = self._load_recorded(key, record)
             if kernel is None:
-                kernel = self.fn.warmup(
+                if not hasattr(self.jit, "warmup"):
+                    return None
+                kernel = self.jit.warmup(
                     **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
                 )
                 if kernel is None or not hasattr(kernel, "run"):
@@ -269,6 +271,12 @@ class Launcher:
                 kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
                 self._keep(key, kernel, record)
         return kernel
+
+    @property
+    def jit(self):
+        """Triton's JIT function of the kernel, imported now where the launcher was given a
+        GeneratedKernel."""
+        return getattr(self.fn, "jit", self.fn)
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
         """Triton's compile options of a launch (sass.compile_for_hopper compiles with them too)."""
@@ -300,13 +308,19 @@ class Launcher:
         try:
             import triton
 
-            module = getattr(getattr(self.fn, "fn", self.fn), "__module__", "")  # named by its source's hash
+            module = module_of(self.fn)  # named by its source's hash
             env = sorted((k, v) for k, v in os.environ.items() if k.startswith("TRITON_") and k not in _WHERE_VARIABLES)
             device = torch.cuda.get_device_capability()
             ident = repr((module, key, num_warps, num_stages, device, triton.__version__, env))
         except Exception:  # no device, or an unusual key: no record
             return None
         return cache_dir() / "launch" / (hashlib.sha256(ident.encode()).hexdigest()[:32] + ".json")
+
+
+def module_of(fn) -> str:
+    """The name of the module that holds a kernel (a JIT function's, or a GeneratedKernel's)."""
+    name = getattr(fn, "module_name", None)
+    return name if name is not None else getattr(getattr(fn, "fn", fn), "__module__", "")
 
 
 def is_out_of_resources(exc: BaseException) -> bool:
@@ -379,7 +393,7 @@ def record_kernel(path: Path | None, kernel) -> None:
 
 def source_class(fn):
     """Triton's class of a kernel's source for compiling: GluonASTSource for a Gluon kernel, else ASTSource."""
-    if type(fn).__name__ == "GluonJITFunction":
+    if getattr(fn, "gluon", False) or type(fn).__name__ == "GluonJITFunction":
         from triton.experimental.gluon._runtime import GluonASTSource
 
         return GluonASTSource

@@ -253,7 +253,7 @@ def compile_for_hopper(kernel, with_prior: bool = False) -> tuple[tuple[int, int
 
     grid, _, args, num_warps, num_stages = captured_launch(kernel, with_prior)
     compiled = triton.compile(
-        ast_source(kernel.launcher.fn, args),
+        ast_source(kernel.launcher.jit, args),
         target=GPUTarget("cuda", 90, 32),
         options=kernel.launcher.compile_options(num_warps, num_stages),
     )

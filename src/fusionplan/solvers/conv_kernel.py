@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent, interpreter_active, load_module
+from fusionplan.codegen import generated_kernel, indent, interpreter_active, write_source
 from fusionplan.enums import DataType
 from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments, stand_in_stage_arguments
 from fusionplan.folding import (
@@ -350,8 +350,9 @@ class TritonConvKernel(Repeating, Kernel):
         fits = bool(self.fits_carveout())
         if fits:
             self._source += CARVEOUT_MARK
-        module, self.path = load_module(self._source, self.stem)
-        self.launcher = Launcher(getattr(module, f"{self.stem}_kernel"), self.grid_dependency, fits)
+        fn = generated_kernel(self._source, self.stem, f"{self.stem}_kernel")
+        self.path = write_source(self._source, self.stem)
+        self.launcher = Launcher(fn, self.grid_dependency, fits)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups

@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import interpreter_active, load_module
+from fusionplan.codegen import generated_kernel, interpreter_active, write_source
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
 from fusionplan.launch import (
@@ -748,7 +748,7 @@ class _TrainingKernel(Kernel):
     def __init__(self, spec: PlanSpec, handle) -> None:
         self.spec = spec
         self._source = render_source(spec)
-        self.module, self.path = load_module(self._source, "batchnorm")
+        self.path = write_source(self._source, "batchnorm")
         self.geo = geometry(spec)
         self.has_act = len(spec.ops) > 1
         sms = persistent_programs(handle)
@@ -798,7 +798,7 @@ class _TrainingKernel(Kernel):
     def _launch(self, fn_name: str, grid: tuple[int, int, int], args: list) -> None:
         launcher = self._launchers.get(fn_name)
         if launcher is None:
-            launcher = self._launchers[fn_name] = Launcher(getattr(self.module, fn_name))
+            launcher = self._launchers[fn_name] = Launcher(generated_kernel(self._source, "batchnorm", fn_name))
         key = _launch_key(fn_name, args) if launcher.direct else None
         kernel = self._kernels.get(key) if key is not None else None
         if kernel is not None:  # Launcher's specialization of every argument, skipped (tens of us a launch)

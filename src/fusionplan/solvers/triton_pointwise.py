@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from fusionplan import tuning
-from fusionplan.codegen import indent, interpreter_active, load_module
+from fusionplan.codegen import generated_kernel, indent, interpreter_active, write_source
 from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments
 from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
 from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
@@ -161,9 +161,9 @@ class TritonPointwiseKernel(Repeating, Kernel):
         self.spec = spec
         self.stages = pointwise_stages(spec.ops)
         self._source = render_pointwise_source(spec, self.stages)
-        module, self.path = load_module(self._source, "pointwise")
-        self.launcher = Launcher(module.pointwise_kernel)
-        self.flat_launcher = Launcher(module.pointwise_flat_kernel)
+        self.path = write_source(self._source, "pointwise")
+        self.launcher = Launcher(generated_kernel(self._source, "pointwise", "pointwise_kernel"))
+        self.flat_launcher = Launcher(generated_kernel(self._source, "pointwise", "pointwise_flat_kernel"))
         n, c, h, w = spec.input_desc.dims
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
