@@ -1,8 +1,9 @@
 """Compile many plans at once: ``compile_all(plans, handle)``.
 
 Each plan compiles as ``FusionPlan.compile`` would compile it, but the plans' kernels are built
-on several threads: Triton releases the GIL while it lowers and assembles a kernel, so a model's
-plans compile on every core instead of one after another (docs/decisions/cold-start.md).
+on several threads, and on a GPU each thread hands Triton's compile to a worker process
+(fusionplan.compile_pool), so a model's plans compile on every core instead of one after
+another (docs/decisions/cold-start.md).
 Plans that would build the same kernel (equal signatures) are compiled once, first, and the
 others after, from the handle's kernel cache.
 """
@@ -17,6 +18,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TextIO
 
+from fusionplan.codegen import interpreter_active
+from fusionplan.compile_pool import worker_processes
 from fusionplan.errors import BadParmError, FusionPlanError, InternalError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
@@ -56,9 +59,10 @@ def compile_all(
             failures[index] = exc
         shown.step()
 
-    run_on_threads(compile_one, leaders, count)
-    for index in followers:  # their kernels are in the handle's cache now
-        compile_one(index)
+    with worker_processes(count, on_gpu(handle.device.type)):
+        run_on_threads(compile_one, leaders, count)
+        for index in followers:  # their kernels are in the handle's cache now
+            compile_one(index)
     shown.done()
     if failures:
         raise _combined(plans, failures)
@@ -111,9 +115,19 @@ def _by_kernel(plans: list[FusionPlan]) -> tuple[list[int], list[int]]:
     return leaders, followers
 
 
-def run_on_threads(task: Callable[[int], None], indices: list[int], workers: int) -> None:
-    """``task(i)`` for each index, on up to ``workers`` threads; the first error raised is raised
-    once every task has ended."""
+def on_gpu(device_type: str) -> bool:
+    """Whether kernels for a device of ``device_type`` are compiled (not interpreted) GPU kernels,
+    which worker processes may compile."""
+    return device_type == "cuda" and not interpreter_active()
+
+
+def run_on_threads(task: Callable[[int], None], indices: list[int], workers: int, processes: bool = False) -> None:
+    """``task(i)`` for each index, on up to ``workers`` threads (``processes``: whose Triton
+    compiles go to as many worker processes); the first error raised is raised once every task
+    has ended."""
+    if processes:
+        with worker_processes(workers, True):
+            return run_on_threads(task, indices, workers)
     if workers == 1 or len(indices) <= 1:
         for i in indices:
             task(i)

@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 
 from fusionplan.codegen import cache_dir, interpreter_active, write_atomic
+from fusionplan.compile_pool import compile_in_worker
+from fusionplan.compile_worker import source_class
 from fusionplan.folding import args_fingerprint
 from fusionplan.ops import OpArgs
 from fusionplan.tma import DescriptorEncoder, is_host_descriptor, rebased
@@ -237,12 +239,13 @@ class Launcher:
     def _compile_and_launch(self, grid, key: tuple, args: list, num_warps: int, num_stages: int, record):
         if len(args) != len(self.names):
             raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
+        kwargs = {**dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)}
+        if self.direct:
+            compile_in_worker(self.fn, {**kwargs, "grid": grid})
         launch = self.jit[grid]
         try:
             with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
-                kernel = with_own_scratch(
-                    launch, **dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)
-                )
+                kernel = with_own_scratch(launch, **kwargs)
         except Exception as exc:
             if is_out_of_resources(exc):
                 self._too_large[key] = exc
@@ -263,9 +266,9 @@ class Launcher:
             if kernel is None:
                 if not hasattr(self.jit, "warmup"):
                     return None
-                kernel = self.jit.warmup(
-                    **dict(zip(self.names, args)), grid=grid, **self.compile_options(num_warps, num_stages)
-                )
+                kwargs = {**dict(zip(self.names, args)), "grid": grid, **self.compile_options(num_warps, num_stages)}
+                compile_in_worker(self.fn, kwargs)
+                kernel = self.jit.warmup(**kwargs)
                 if kernel is None or not hasattr(kernel, "run"):
                     return None
                 kernel._init_handles()  # loads the binary onto the device now (a record's kernel is loaded)
@@ -389,17 +392,6 @@ def record_kernel(path: Path | None, kernel) -> None:
         write_atomic(path, text)
     except Exception as exc:  # a Triton without these attributes, constants JSON cannot hold, a full disk
         log.debug("no launch record for %s: %s", getattr(kernel, "name", "?"), exc)
-
-
-def source_class(fn):
-    """Triton's class of a kernel's source for compiling: GluonASTSource for a Gluon kernel, else ASTSource."""
-    if getattr(fn, "gluon", False) or type(fn).__name__ == "GluonJITFunction":
-        from triton.experimental.gluon._runtime import GluonASTSource
-
-        return GluonASTSource
-    from triton.compiler.compiler import ASTSource
-
-    return ASTSource
 
 
 #: cuFuncSetAttribute's CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: the percentage of the

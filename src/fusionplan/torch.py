@@ -33,7 +33,7 @@ from torch import nn
 
 from fusionplan.activations import activation_forward
 from fusionplan.api import default_handle
-from fusionplan.compiling import compile_all, resolve_workers, run_on_threads
+from fusionplan.compiling import compile_all, on_gpu, resolve_workers, run_on_threads
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.errors import BadParmError
@@ -473,8 +473,9 @@ def _compile_recorded(recording: _Recording, workers: int | None, progress: bool
         _, _, solver = _run_new(_stand_in(x_layout), chain._params(), chain._hyperparameters(), residual)
         chain.solvers.add(solver)
 
+    gpu = any(on_gpu(call[1][3].type) for call in recording.calls)
     with torch.no_grad():
-        run_on_threads(first_execute, list(range(len(recording.calls))), resolve_workers(workers))
+        run_on_threads(first_execute, list(range(len(recording.calls))), resolve_workers(workers), processes=gpu)
 
 
 # ---- the replacement module ------------------------------------------------------------------------------
