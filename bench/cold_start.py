@@ -1,16 +1,20 @@
 """Cold start of fused models: fuse + prepare + first call, in fresh processes.
 
     python bench/cold_start.py --out bench/results/cold-start [--models resnet50,mobilenet_v2] [--serial resnet50]
+        [--threads resnet50]
 
 For each model of the zoo suite (fp16, channels-last, batch 32 by default), each measurement is a
 new Python process with its own cache directory (Triton's cache inside it):
   cold      an empty cache: fuse, prepare (every plan compiled on all cores), the first call
   serial    (--serial MODELS) the same with FUSIONPLAN_COMPILE_WORKERS=1: one plan after another
+  threads   (--threads MODELS) the same on threads alone (FUSIONPLAN_COMPILE_PROCESSES=0), no
+            worker processes
   warm      a second process on the cold run's cache
   imported  the cold run's cache exported (fusionplan-cache export), imported into an empty
             directory (fusionplan-cache import), then a process on it; it must compile nothing
 Times start after torch, the CUDA context and Triton are imported (reported apart). Triton
-compilations are counted by the kernels ptxas assembles. Writes results.json and results.md.
+compilations are counted by the kernels ptxas assembles in the process and the kernels it hands
+to worker processes. Writes results.json and results.md.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ LIMITS_S = {"cold": 8.0, "warm": 0.3, "imported": 0.5}  # issue 67's acceptance 
 
 # ---- child: one process's measurement -------------------------------------------------------------
 def count_ptxas_runs() -> list[int]:
-    """A counter of the kernels Triton assembles from here on (a disk-cache hit assembles none)."""
+    """A counter of the kernels Triton assembles from here on (a disk-cache hit assembles none)
+    and of those handed to worker processes."""
     from triton.backends.nvidia.compiler import CUDABackend
 
     runs = [0]
@@ -40,6 +45,15 @@ def count_ptxas_runs() -> list[int]:
         return make_cubin(self, *args, **kwargs)
 
     CUDABackend.make_cubin = counted
+    from fusionplan.compile_pool import CompilePool
+
+    hand_over = CompilePool.compile
+
+    def counted_hand_over(self, request):
+        runs[0] += 1
+        return hand_over(self, request)
+
+    CompilePool.compile = counted_hand_over
     return runs
 
 
@@ -84,18 +98,17 @@ def child(model_name: str, batch: int) -> dict:
 
 
 # ---- parent ----------------------------------------------------------------------------------------
-def clean_env(cache: Path, workers: int | None = None) -> dict:
+def clean_env(cache: Path, settings: dict[str, str] | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_CACHE_DIR", "FUSIONPLAN_FIND_MODE")}
     env["FUSIONPLAN_CACHE_DIR"] = str(cache)
-    if workers is not None:
-        env["FUSIONPLAN_COMPILE_WORKERS"] = str(workers)
+    env.update(settings or {})
     return env
 
 
-def run_child(model: str, batch: int, cache: Path, workers: int | None = None) -> dict:
+def run_child(model: str, batch: int, cache: Path, settings: dict[str, str] | None = None) -> dict:
     out = subprocess.run(
         [sys.executable, __file__, "--child", model, "--batch", str(batch)],
-        env=clean_env(cache, workers),
+        env=clean_env(cache, settings),
         capture_output=True,
         text=True,
         timeout=400,
@@ -113,7 +126,11 @@ def cache_command(cache: Path, *args: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure(model: str, batch: int, serial: bool, root: Path) -> dict:
+#: The comparison columns: their settings.
+VARIANTS = {"serial": {"FUSIONPLAN_COMPILE_WORKERS": "1"}, "threads": {"FUSIONPLAN_COMPILE_PROCESSES": "0"}}
+
+
+def measure(model: str, batch: int, variants: list[str], root: Path) -> dict:
     row: dict = {"model": model, "batch": batch}
     cold = root / f"{model}-cold"
     row["cold"] = run_child(model, batch, cold)
@@ -124,22 +141,22 @@ def measure(model: str, batch: int, serial: bool, root: Path) -> dict:
     imported = root / f"{model}-imported"
     row["import_s"] = cache_command(imported, "import", str(archive))
     row["imported"] = run_child(model, batch, imported)
-    if serial:
-        row["serial"] = run_child(model, batch, root / f"{model}-serial", workers=1)
+    for variant in variants:
+        row[variant] = run_child(model, batch, root / f"{model}-{variant}", VARIANTS[variant])
     return row
 
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | chains | cold s | serial s | warm s | imported s | compiles cold / warm / imported | "
-        "archive MB | import s | rel. error |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | chains | cold s | threads s | serial s | warm s | imported s | "
+        "compiles cold / warm / imported | archive MB | import s | rel. error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        serial = f"{r['serial']['total_s']:.2f}" if "serial" in r else ""
+        threads, serial = (f"{r[v]['total_s']:.2f}" if v in r else "" for v in ("threads", "serial"))
         compiles = " / ".join(str(r[k]["triton_compiles"]) for k in ("cold", "warm", "imported"))
         lines.append(
-            f"| {r['model']} | {r['cold']['chains']} | {r['cold']['total_s']:.2f} | {serial} | "
+            f"| {r['model']} | {r['cold']['chains']} | {r['cold']['total_s']:.2f} | {threads} | {serial} | "
             f"{r['warm']['total_s']:.2f} | {r['imported']['total_s']:.2f} | {compiles} | {r['archive_mb']:.1f} | "
             f"{r['import_s']:.2f} | {r['cold']['relative_error']:.1e} |"
         )
@@ -167,6 +184,7 @@ def main() -> int:
     parser.add_argument(
         "--serial", default="", help="comma-separated models also compiled one plan after another, for comparison"
     )
+    parser.add_argument("--threads", default="", help="comma-separated models also compiled on threads alone")
     parser.add_argument("--out", type=Path)
     opts = parser.parse_args()
     if opts.child:
@@ -175,7 +193,8 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in opts.models.split(","):
-            rows.append(measure(model, opts.batch, model in opts.serial.split(","), Path(tmp)))
+            variants = [v for v in VARIANTS if model in getattr(opts, v).split(",")]
+            rows.append(measure(model, opts.batch, variants, Path(tmp)))
             print(json.dumps(rows[-1]), flush=True)
     text = table(rows)
     misses = check(rows)

@@ -81,6 +81,8 @@ def test_a_bad_request_is_answered_with_an_error():
 def test_a_dead_worker_means_compiling_here(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_COMPILE_PROCESSES", "1")
     pool = compile_pool.CompilePool(1)
+    assert pool._workers == []  # started as kernels come
+    pool._idle.put(pool._take())
     try:
         pool._workers[0].process.kill()
         pool._workers[0].process.wait()

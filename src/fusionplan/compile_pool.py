@@ -8,7 +8,8 @@ share and builds the kernel's launcher there. The thread then loads the kernel a
 would. Python's share of compiling (Triton's code generator, the LLVM passes' bindings) then runs
 on every core instead of under one process's GIL (docs/decisions/cold-start.md).
 
-The workers start with the first ``compile_all`` that uses them and serve later ones; they end
+The workers start as the first kernels to compile come (none for a warm cache), up to one per
+compiling thread, and serve later ``compile_all`` calls; they end
 with this process (their stdin closes). Any problem (a worker that died, a compile that failed
 there, a kernel the process does not find after the worker compiled it) means the thread compiles
 the kernel itself, as without workers: workers can cost time, never a wrong kernel.
@@ -83,14 +84,21 @@ class CompilePool:
         self.size = size
         self.environment = _environment()
         self._idle: queue.Queue[Worker] = queue.Queue()
-        self._workers = [Worker() for _ in range(size)]
-        for worker in self._workers:
-            self._idle.put(worker)
+        self._workers: list[Worker] = []
+        self._start_lock = threading.Lock()
+
+    def _take(self) -> Worker:
+        """An idle worker; a new one while fewer than ``size`` run (a warm cache starts none)."""
+        with self._start_lock:
+            if self._idle.empty() and len(self._workers) < self.size:
+                self._workers.append(Worker())
+                return self._workers[-1]
+        return self._idle.get()
 
     def compile(self, request: dict) -> str | None:
         """The compiled kernel's hash in Triton's cache, or None where the worker did not compile
         it (the caller compiles it itself)."""
-        worker = self._idle.get()
+        worker = self._take()
         try:
             reply = worker.ask(request)
         except (OSError, ValueError) as exc:
