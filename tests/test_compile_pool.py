@@ -130,3 +130,17 @@ class FakePool:
 
     def close(self) -> None:
         self.closed = True
+
+
+def test_the_pool_is_started_with_the_triton_cache_set(monkeypatch, tmp_path):
+    """The workers compile into the cache the kernels are loaded from: Triton's cache goes inside
+    fusionplan's before the pool reads its settings (else every kernel compiles in the process)."""
+    monkeypatch.setenv("FUSIONPLAN_COMPILE_PROCESSES", "1")
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setattr(compile_pool, "CompilePool", FakePool)
+    monkeypatch.setattr(compile_pool, "_pool", None)
+    with worker_processes(2, True):
+        pool = compile_pool.active_pool()
+        assert pool is not None and ("TRITON_CACHE_DIR", str(tmp_path / "triton")) in pool.environment
+    compile_pool.close_pool()

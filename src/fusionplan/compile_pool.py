@@ -28,6 +28,7 @@ import sys
 import threading
 from pathlib import Path
 
+from fusionplan.codegen import use_triton_cache_inside_ours
 from fusionplan.compile_worker import read_frame, write_frame
 
 log = logging.getLogger("fusionplan")
@@ -138,6 +139,7 @@ def worker_processes(workers: int, on_gpu: bool):
     if workers < 2 or not on_gpu or not processes_enabled():
         yield
         return
+    use_triton_cache_inside_ours()  # before the pool's settings are read: the workers compile there
     with _lock:
         if _pool is not None and _active == 0 and (_pool.environment != _environment() or _pool.size < workers):
             _pool.close()

@@ -363,7 +363,7 @@ def test_fused_model_direct_launches_follow_what_changes(monkeypatch):
     import fusionplan.torch as fpt
     from fusionplan.launch import Repeat
 
-    from .test_torch_fuse import ResidualAdd, randomize_bn
+    from ..test_torch_fuse import ResidualAdd, randomize_bn
 
     direct = []
     original = Repeat.launch_fresh
