@@ -57,6 +57,11 @@ def count_ptxas_runs() -> list[int]:
     return runs
 
 
+def main_output(out):
+    """A model's output tensor (segmentation models return a dict: its "out")."""
+    return out["out"] if isinstance(out, dict) else out
+
+
 def child(model_name: str, batch: int) -> dict:
     t_start = time.perf_counter()
     import torch
@@ -83,7 +88,8 @@ def child(model_name: str, batch: int) -> dict:
     torch.cuda.synchronize()
     t3 = time.perf_counter()
     with torch.no_grad():
-        expected = model(x).double()
+        expected = main_output(model(x)).double()
+    y = main_output(y)
     err = ((y.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
     return {
         "startup_s": startup_s,
