@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import importlib.util
 import os
-import sys
 import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
+
+from fusionplan.compile_worker import import_file
 
 
 def indent(lines: list[str], spaces: int) -> str:
@@ -81,12 +81,7 @@ def import_source(path: Path, name: str) -> ModuleType:
     with _modules_lock:
         module = _modules.get(name)
         if module is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module  # Triton resolves globals through the module
-            spec.loader.exec_module(module)
-            _modules[name] = module
+            module = _modules[name] = import_file(path, name)
         return module
 
 

@@ -39,13 +39,18 @@ def load_function(path: str, module_name: str, fn_name: str):
     """The JIT function ``fn_name`` of the generated module at ``path``, imported under the name
     the fusionplan process gave it (Triton's cache key of a kernel depends on its module)."""
     module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # Triton resolves globals through the module
-        spec.loader.exec_module(module)
-    return getattr(module, fn_name)
+    return getattr(module if module is not None else import_file(path, module_name), fn_name)
+
+
+def import_file(path, name: str):
+    """Import the module at ``path`` as ``name`` (registered in sys.modules: Triton resolves a
+    kernel's globals through its module)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _tuples(value):
