@@ -56,21 +56,24 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _base_name(source: str, stem: str) -> str:
+    """A generated module's file stem: the stem and the hash of the text."""
+    return f"fusionplan_gen_{stem}_{hashlib.sha256(source.encode()).hexdigest()[:20]}"
+
+
 def module_name(source: str, stem: str) -> str:
-    """The name a generated module is imported as (and Triton names its kernels' module by): the
-    stem and the hash of the text, with the interpreter flag (Triton decides at decoration time
-    whether a kernel runs compiled or interpreted)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
-    return f"fusionplan_gen_{stem}_{digest}" + ("_interpret" if _interpreting() else "")
+    """The name a generated module is imported as (and Triton names its kernels' module by): its
+    file stem, with the interpreter flag (Triton decides at decoration time whether a kernel runs
+    compiled or interpreted)."""
+    return _base_name(source, stem) + ("_interpret" if _interpreting() else "")
 
 
 def write_source(source: str, stem: str) -> Path:
     """The file of a generated module, written once (atomically) under the cache directory."""
     use_triton_cache_inside_ours()
-    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     directory = cache_dir() / "kernels"
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"fusionplan_gen_{stem}_{digest}.py"
+    path = directory / f"{_base_name(source, stem)}.py"
     if not path.exists() or path.read_text() != source:
         write_atomic(path, source)
     return path

@@ -50,13 +50,12 @@ def _environment() -> tuple:
 class Worker:
     """One compiling process and its pipes."""
 
-    def __init__(self, env: dict[str, str] | None = None) -> None:
+    def __init__(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, str(WORKER_SCRIPT)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
-            env=env,
         )
 
     def ask(self, request: dict) -> dict:

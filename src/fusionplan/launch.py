@@ -239,7 +239,7 @@ class Launcher:
     def _compile_and_launch(self, grid, key: tuple, args: list, num_warps: int, num_stages: int, record):
         if len(args) != len(self.names):
             raise AssertionError(f"kernel takes {len(self.names)} arguments, {len(args)} given")
-        kwargs = {**dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)}
+        kwargs = self._jit_arguments(args, num_warps, num_stages)
         if self.direct:
             compile_in_worker(self.fn, {**kwargs, "grid": grid})
         launch = self.jit[grid]
@@ -266,7 +266,7 @@ class Launcher:
             if kernel is None:
                 if not hasattr(self.jit, "warmup"):
                     return None
-                kwargs = {**dict(zip(self.names, args)), "grid": grid, **self.compile_options(num_warps, num_stages)}
+                kwargs = {**self._jit_arguments(args, num_warps, num_stages), "grid": grid}
                 compile_in_worker(self.fn, kwargs)
                 kernel = self.jit.warmup(**kwargs)
                 if kernel is None or not hasattr(kernel, "run"):
@@ -280,6 +280,10 @@ class Launcher:
         """Triton's JIT function of the kernel, imported now where the launcher was given a
         GeneratedKernel."""
         return getattr(self.fn, "jit", self.fn)
+
+    def _jit_arguments(self, args: list, num_warps: int, num_stages: int) -> dict:
+        """A launch's arguments by name with its compile options, as Triton's JIT function takes them."""
+        return {**dict(zip(self.names, args)), **self.compile_options(num_warps, num_stages)}
 
     def compile_options(self, num_warps: int, num_stages: int) -> dict:
         """Triton's compile options of a launch (sass.compile_for_hopper compiles with them too)."""
