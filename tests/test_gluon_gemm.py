@@ -187,12 +187,12 @@ def test_defers_beyond_one_wave(name, deferred):
 
 
 def test_defers_beyond_one_wave_where_tiles_store_by_pointer(monkeypatch):
-    """Persistent tiles of one warpgroup whose stores cannot run by TMA (switched off, or reductions
-    of more than GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS steps) defer to triton-gemm's persistent
-    programs."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", False)
+    """Persistent tiles of one warpgroup whose stores cannot run by TMA (tiles below
+    TMA_STORE_MIN_PIXELS, or reductions of more than GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS steps) defer
+    to triton-gemm's persistent programs."""
+    monkeypatch.setattr(fp.tuning, "TMA_STORE_MIN_PIXELS", 1 << 20)
     assert "programs" in gluon_gemm.GluonGemmSolver().defer_why(layer("r50_07").spec(), fp.Handle("cpu"))
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", True)
+    monkeypatch.setattr(fp.tuning, "TMA_STORE_MIN_PIXELS", 128)
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS", 1)
     why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_05").spec(), fp.Handle("cpu"))
     assert "4 reduction steps (< 8)" in why
@@ -354,7 +354,7 @@ from dataclasses import replace
 from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 rows = []
-tuning.GLUON_GEMM_TMA_STORE = False  # the pointer stores' layout change
+tuning.TMA_STORE_MIN_PIXELS = 1 << 20  # the pointer stores' layout change
 for on in (False, True):
     tuning.GLUON_GEMM_MMA_EPILOGUE = on
     for name in ("r50_15", "r50_07"):
@@ -437,13 +437,11 @@ def test_tma_store_strides(strides, slots, fits):
     assert gluon_gemm.gemm_tma_store_fits(strides, 7, 7, slots) is fits
 
 
-def test_tma_store_by_plan(monkeypatch):
-    """16-bit channels-last output goes out by TMA unless switched off; fp32 output by pointer."""
+def test_tma_store_by_plan():
+    """16-bit channels-last output goes out by TMA; fp32 output by pointer."""
     assert gluon_gemm.gemm_tma_store(layer("r50_19").spec(), 0)
     assert gluon_gemm.gemm_tma_store(layer("r50_20", torch.bfloat16).spec(), 8)
     assert not gluon_gemm.gemm_tma_store(layer("r50_19", torch.float32).spec(), 0)
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_TMA_STORE", False)
-    assert not gluon_gemm.gemm_tma_store(layer("r50_19").spec(), 0)
 
 
 @pytest.mark.parametrize(
@@ -493,14 +491,12 @@ def test_persistent_tiles_make_room_for_their_stores():
     assert (r50_11.consumers, r50_11.num_stages) == (2, 6)  # stores by pointer: no stage given up
 
 
-def test_channel_planes_need_whole_boxes_of_channels(monkeypatch):
-    """A box of 64 fp16 planes must not cross into the next image; the switch turns planes off."""
+def test_channel_planes_need_whole_boxes_of_channels():
+    """A box of 64 fp16 planes must not cross into the next image."""
     x = torch.empty(2, 96, 8, 8, dtype=torch.float16)
     plan = add_chain(plan_for(x), "CBA", conv=fp.ConvolutionDescriptor((0, 0)), k=64, r=1, s=1, param_dtype="float")
     assert "C=96: boxes of 64 channel planes would cross into the next image" in verdict(plan).reason
     assert "needs a Hopper GPU" in verdict(layer("r50_03", layout="NCHW")).reason
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANES", False)
-    assert "tuning.GLUON_GEMM_PLANES" in verdict(layer("r50_03", layout="NCHW")).reason
 
 
 def test_channel_planes_pad_each_image_to_whole_tiles():
@@ -586,10 +582,9 @@ def test_plane_tma_store_strides(strides, fits):
 
 
 def test_plane_layers_defer_as_measured(monkeypatch):
-    """Beyond one wave, channel-plane tiles read by boxes (tuning.GLUON_GEMM_PLANE_COPIES 0) and
-    stored by pointer with one computing warpgroup defer to triton-gemm-nchw, as channels-last ones
-    to triton-gemm; with tuning.GLUON_GEMM_PLANE_STORE_TILES the short reductions take tiles that
-    persistent programs store by TMA, and stay."""
+    """Beyond one wave, channel-plane tiles read by boxes (tuning.GLUON_GEMM_PLANE_COPIES 0) with
+    short reductions take tiles that persistent programs store by TMA, and stay (stored by pointer
+    with one computing warpgroup they measured slower than triton-gemm-nchw)."""
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
     names = ("r50_01", "r50_03", "r50_04", "r50_05", "r50_07", "r50_09", "r50_11")
 
@@ -598,9 +593,6 @@ def test_plane_layers_defer_as_measured(monkeypatch):
         return {name: why for name, why in found.items() if why}
 
     assert deferred() == {}
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_TILES", False)
-    late = deferred()
-    assert set(late) == {"r50_01", "r50_04", "r50_05", "r50_07"} and "triton-gemm-nchw" in late["r50_07"]
 
 
 @pytest.mark.parametrize("name, tile", [("r50_01", (256, 64)), ("r50_05", (256, 128)), ("r50_07", (128, 256))])
@@ -667,10 +659,10 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
     (the plane's pixels a constant of the source: the copying warps' addresses fit their registers),
     within sm_90's shared memory. Batch 3: 588 pixels, not a multiple of 16 (the masks still cover
     whole copies)."""
-    switches = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\nfp.tuning.GLUON_GEMM_PLANE_PAIRS = False\n"
+    switches = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\nfp.tuning.GLUON_GEMM_PAIRS_MAX_WIDENING = 0\n"
     info = compile_sm90(switches + layer_build(name, dtype, "CBNA", "NCHW", batch), "gluon-gemm")
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_PAIRS", False)
+    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 0)
     spec = layer(name, getattr(torch, dtype), batch, layout="NCHW").spec()
     pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
     assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]  # four copying warps
@@ -719,7 +711,7 @@ def test_planes_are_copied_where_measured_faster(name, copied, l1, deferred):
     ],
 )
 def test_narrow_14x14_planes_come_as_pairs(name, dtype, pairs):
-    """tuning.GLUON_GEMM_PLANE_PAIRS: planes that start 8 bytes into a 16-byte unit every other channel
+    """Planes that start 8 bytes into a 16-byte unit every other channel
     (14x14, 392 bytes) where the output has at most tuning.GLUON_GEMM_PAIRS_MAX_WIDENING times the
     input's channels come as pairs (plane_pairs): not copied, each image padded to whole tiles as the
     boxes' (r50_15's 128-pixel tiles: 256 rows an image)."""
@@ -849,9 +841,7 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits, monkeypatch):
     """Kernels of 8-byte copied planes prefer the smallest shared-memory carve-out they fit (their
     launcher's fit_carveout), their ring held within tuning.GLUON_GEMM_COPY_SHARED_BYTES (fewer
     stages than the largest carve-out would take): the rest of the multiprocessor's memory is L1,
-    where their copies land on their way. Others keep their stages, and Triton's carve-out unless
-    every kernel fits its own (tuning.FIT_CARVEOUT, off here)."""
-    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", False)
+    where their copies land on their way. Others keep their stages; every kernel fits its carve-out."""
 
     def kernel():
         return fp.solvers.solver_named("gluon-gemm").build(layer(name, layout="NCHW").spec(), fp.Handle("cpu"))
@@ -859,7 +849,7 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits, monkeypatch):
     budgeted = kernel()
     monkeypatch.setattr(fp.tuning, "GLUON_GEMM_COPY_SHARED_BYTES", gluon_gemm.GEMM_SHARED_BYTES)
     unbounded = kernel()
-    assert budgeted.launcher.fit_carveout is fits
+    assert budgeted.launcher.fit_carveout
     assert (budgeted.config.num_stages < unbounded.config.num_stages) is fits
     if fits:
         cfg = budgeted.config
@@ -867,17 +857,10 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits, monkeypatch):
 
 
 @pytest.mark.parametrize("solver, name", [("gluon-gemm", "r50_11"), ("triton-conv", "r50_16")])
-def test_fit_carveout_gives_kernels_a_module_of_their_own(solver, name, monkeypatch):
-    """tuning.FIT_CARVEOUT: every convolution kernel's launcher fits its carve-out, from a module of
-    its own (the source marked), so that an A/B in one process never shares a loaded kernel, whose
-    carve-out is the driver's attribute, between the two sides."""
+def test_every_convolution_kernel_fits_its_carveout(solver, name):
+    """Every convolution kernel's launcher fits its carve-out, its source marked (CARVEOUT_MARK)."""
     from fusionplan.solvers.conv_kernel import CARVEOUT_MARK
 
-    spec = layer(name, layout="NCHW").spec()
-    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", False)
-    off = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
-    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", True)
-    on = fp.solvers.solver_named(solver).build(spec, fp.Handle("cpu"))
-    assert on.launcher.fit_carveout is True and off.launcher.fit_carveout is False
-    assert on.source().endswith(CARVEOUT_MARK) and not off.source().endswith(CARVEOUT_MARK)
-    assert on.launcher.jit is not off.launcher.jit
+    on = fp.solvers.solver_named(solver).build(layer(name, layout="NCHW").spec(), fp.Handle("cpu"))
+    assert on.launcher.fit_carveout is True
+    assert on.source().endswith(CARVEOUT_MARK)

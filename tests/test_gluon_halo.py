@@ -193,7 +193,7 @@ def test_emulated_halo_matches_the_convolution(h, w, stride, pixels):
 def test_compiles_for_hopper(name):
     """The kernel compiles for sm_90: wgmma from shared memory with one product in flight, no spills,
     its shared memory within the multiprocessor's; launched with programmatic dependent launch, it
-    waits for the kernel before it before its partitions start (tuning.GRID_DEPENDENCY)."""
+    waits for the kernel before it before its partitions start (programmatic dependent launch)."""
     info = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout="NCHW"), "gluon-halo")
     assert info["HGMMA"] > 0
     assert "0x1" in info["wgmma waits (outstanding groups allowed)"]

@@ -238,11 +238,10 @@ def test_gemm_products_overlap_in_tf32_too(dtype):
     assert "LOCAL:0" in info["resources"] and "STACK:0" in info["resources"]
 
 
-#: Programmatic dependent launch switched on for the build, on a device that runs it (the CPU
-#: handle's kernels otherwise launch plainly).
+#: The build as on a device that runs programmatic dependent launch (the CPU handle's kernels
+#: otherwise launch plainly).
 GRID_DEPENDENCY_ON = (
-    "import fusionplan.tuning as t\nfrom fusionplan.solvers import conv_kernel\n"
-    "t.GRID_DEPENDENCY = True\nconv_kernel.grid_dependency_capable = lambda handle: True\n"
+    "from fusionplan.solvers import conv_kernel\nconv_kernel.grid_dependency_capable = lambda handle: True\n"
 )
 ORDER = "grid dependency (W wait, P trigger, G global access) in order"
 
@@ -258,9 +257,10 @@ ORDER = "grid dependency (W wait, P trigger, G global access) in order"
     ],
 )
 def test_triton_kernels_wait_for_the_kernel_before_them(name, solver, layout):
-    """tuning.GRID_DEPENDENCY: the kernel launches with programmatic dependent launch, so its first
+    """On a device that has it, the kernel launches with programmatic dependent launch, so its first
     instructions may run while the kernel before it still writes; griddepcontrol.wait (ACQBULK) comes
-    before any global memory access, the trigger for the next kernel after it. Off, neither is there."""
+    before any global memory access, the trigger for the next kernel after it. Without, neither is
+    there."""
     on = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout=layout), solver)
     assert on["programmatic dependent launch"] and on[ORDER] == "WPG", on[ORDER]
     off = compile_sm90(layer_build(name, "float16", layout=layout), solver)
@@ -282,7 +282,7 @@ def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):
     """The Gluon templates wait for the kernel before them (a no-op in a plain launch) before any
     global memory access but their packed weights' (gluon-stem's filter, r50_22's first round of
     gluon-window's weights: written by stream-ordered copies, never by a kernel that may still
-    run): launched with programmatic dependent launch only with tuning.GRID_DEPENDENCY. The
+    run): launched with programmatic dependent launch only on a device that has it. The
     warp-specialized ones wait before their partitions start (the SASS places the partitions'
     loads apart from the start, hence the check in the source)."""
     on = compile_sm90(GRID_DEPENDENCY_ON + layer_build(name, "float16", layout=layout), solver)

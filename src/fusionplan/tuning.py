@@ -268,11 +268,6 @@ GLUON_GEMM_MMA_EPILOGUE = True
 #: r50_15 18.6 -> 16.8, r50_21 17.0 -> 16.2; even on the 56x56 layers (r50_04 51.9 / 51.3, r50_05
 #: 62.9 / 63.6), which go to triton-gemm (TF32_GEMM_MIN_PIXELS).
 GLUON_GEMM_FP32_ACC_STORES = True
-#: gluon-gemm: each part of the tile stored by TMA from shared memory (16-bit output of packed
-#: channels-last rows) instead of by pointer after a layout change; a program per tile (one wave)
-#: allocates the buffer after the ring's last use, so that it may take its memory, persistent
-#: programs keep a buffer per computing warpgroup beside the ring (GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS).
-GLUON_GEMM_TMA_STORE = True
 #: Tiles of fewer pixels than this (gluon-gemm: the first part; gluon-window: the window) store by
 #: pointer even where TMA could: the A/B of H100, batch 32, CBNA, 5 rounds
 #: (`--tuning GLUON_GEMM_TMA_STORE=0,1`, `GLUON_WINDOW_TMA_STORE=0,1`) had TMA stores faster from
@@ -291,22 +286,6 @@ TMA_STORE_MIN_PIXELS = 128
 #: strided, 4: 20.10 -> 20.62).
 GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS = 4
 
-#: gluon-gemm reads packed NCHW input (16-bit, stride 1, planes of whole 16-byte units, C a multiple
-#: of the reduction step) as channel planes: boxes of [channels, pixels] by TMA, wgmma's B operand
-#: along the pixels, each image's pixels padded to a multiple of the tile; the output stored along
-#: the planes by TMA (gluon_gemm.gemm_store_mode) or by pointer, 16 bytes a thread
-#: (gluon_gemm.planes_why_not). H100, batch 32, CBNA, against triton-gemm-nchw (fp16 / bf16,
-#: `--tuning GLUON_GEMM_PLANES=0`): r50_03 29.6 -> 24.5 / 29.6 -> 24.5 us, r50_11 21.2 -> 20.6, r50_09
-#: 15.4 -> 15.1 (bench/results/2026-11-25-h100-nchw-planes-34/ab-planes.csv).
-GLUON_GEMM_PLANES = True
-#: Channel planes beyond one wave with at most GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS reduction steps
-#: take the best tile that persistent programs store by TMA (one part of at least
-#: TMA_STORE_MIN_PIXELS pixels), even where it pads each image more (r50_07's 784 pixels: 7 tiles of
-#: 128 against 4 of 208): stored by pointer, such tiles' epilogues run between their products.
-#: H100, batch 32, CBNA, fp16 / bf16 (`ab-plane-store-tiles.csv` beside ab-planes.csv): r50_07 18.7 ->
-#: 16.3 / 18.4 -> 16.1 us (the pointer-stored tiles deferred to triton-gemm-nchw), r50_05 34.1 ->
-#: 32.8 / 34.5 -> 33.2, r50_01 and r50_04 even (12.4-12.5, 26.8-26.9).
-GLUON_GEMM_PLANE_STORE_TILES = True
 #: gluon-gemm reads packed NCHW planes by asynchronous copies from four copying warps into the
 #: operand's swizzled rows, each thread's arrival on the stage's barrier, the computing warpgroup's
 #: proxy fence after its wait (gluon-stem's input rows alike), the batch's pixels flat:
@@ -332,15 +311,6 @@ GLUON_GEMM_PLANE_STORE_LANES = 16
 #: Copied planes of whole 16-byte units (GLUON_GEMM_PLANE_COPIES 2) where the output has at most this
 #: many times the input's channels (r50_11's 0.5, r50_01's 1; not r50_03's or r50_07's 4).
 GLUON_GEMM_COPY_MAX_WIDENING = 2
-#: Planes that start 8 bytes into a 16-byte unit every other channel (14x14 fp16) read as pairs: the
-#: even channels' planes by tensor boxes, the odd ones' by 8-byte copies, each image padded to whole
-#: tiles (gluon_gemm.plane_pairs), where the output has at most GLUON_GEMM_PAIRS_MAX_WIDENING times
-#: the input's channels; else all by copies. H100, batch 32, CBNA, fp16 / bf16, 5 rounds
-#: (bench/NOTES.md section 58): r50_15 (1024 -> 256) 13.3 -> 12.1 / 13.3 -> 12.1 us; not r50_17
-#: (1024 -> 512: 18.5 -> 21.1, 18.5 with 196 KB of shared memory) nor r50_13 (256 -> 1024: 12.9 ->
-#: 14.6, its 128-pixel tiles padding 196 pixels to 256; 16.5 with 208-pixel tiles in persistent
-#: programs of one computing partition, H200, section 60).
-GLUON_GEMM_PLANE_PAIRS = True
 GLUON_GEMM_PAIRS_MAX_WIDENING = 0.25
 #: Shared memory of a program reading copied planes by 8-byte copies (gluon_gemm.copies_through_l1)
 #: at most, as gluon_gemm.gemm_stages counts it (the ring, and beside it an estimate of the
@@ -376,26 +346,6 @@ GLUON_WINDOW_MMA_EPILOGUE = True
 #: (r50_18, r50_22) measured no different (20.8 / 20.6 against 21.1 / 20.4 us) and were dropped.
 GLUON_WINDOW_WIDE_CHANNELS = True
 
-#: The convolution kernels launch with programmatic dependent launch on Hopper GPUs
-#: (launch.Launcher's grid_dependency, conv_kernel.GRID_DEPENDENCY): each may begin (its blocks
-#: placed, barriers set up) while the kernel before it on the stream ends, and waits for that
-#: kernel's end before it touches global memory. H100, fp16, batch 32, CBNA, CUDA-graph replay, the
-#: A/B of every layer (`fusionplan-bench --layouts NHWC,NCHW --graph --tuning GRID_DEPENDENCY=0,1`,
-#: bench/results/2026-11-22-h100-pdl-25/): NHWC 1.038x faster (against cuDNN 1.036 -> 1.076; r50_13
-#: 12.5 -> 11.2 us, r50_19 11.7 -> 10.6), NCHW 1.023x; within 0.4 us slower on the 7x7 windows.
-GRID_DEPENDENCY = True
-
-#: Every convolution kernel prefers the smallest shared-memory carve-out that holds the programs a
-#: multiprocessor holds anyway (launch.fit_shared_carveout), the rest L1, not only gluon-gemm's
-#: 8-byte copied planes (GLUON_GEMM_COPY_SHARED_BYTES): Triton gives every kernel of over 48 KB of
-#: shared memory the largest carve-out, which leaves 28 KB of L1 on an H100 to kernels that gather
-#: their input by pointer loads (gluon-nchw, gluon-nchw-regs, triton-conv) or copy it
-#: asynchronously through L1 (triton-gemm-nchw's 14x14 planes). H100, batch 32, CBNA, the suites'
-#: A/B columns (`scripts/gpu_bench.sh ... --tuning FIT_CARVEOUT=1`, bench/results/
-#: 2026-11-25-h100-carveout-37/): NCHW 1.030x faster in fp16, 1.035x in bf16 (r50_20 40.1 -> 30.0
-#: us, r50_16 23.3 -> 20.7, r50_22 32.6 -> 30.7, r50_18 38.9 -> 37.4, r50_10 28.3 -> 27.1); NHWC
-#: 1.003x / 1.007x (no layer slower by more than 0.2 us).
-FIT_CARVEOUT = True
 
 #: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
 #: their 64 output channels in registers, for convolutions of few input channels (r50_02: C = K =

@@ -41,7 +41,7 @@ GLUON_GEMM_CASES = {
 #: not a multiple of the channel block; planes that start inside 16-byte units, read by
 #: asynchronous copies (tuning.GLUON_GEMM_PLANE_COPIES 1): 196 and 60 pixels; planes of whole
 #: 16-byte units copied too (2): 784 and 120 pixels; the 196- and 60-pixel planes as pairs, the even
-#: channels by boxes and the odd ones by copies (tuning.GLUON_GEMM_PLANE_PAIRS).
+#: channels by boxes and the odd ones by copies (gluon_gemm.plane_pairs).
 GLUON_GEMM_PLANE_CASES = {
     "planes-28x28": (3, 128, 28, 28, 136, 1),
     "planes-10x12": (5, 192, 10, 12, 24, 1),
@@ -98,8 +98,8 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
     monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
-    monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_PAIRS", "pairs" in case)
-    monkeypatch.setattr(tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 4)  # the pair cases' wider outputs too
+    # the pair cases' wider outputs too; no pairs elsewhere
+    monkeypatch.setattr(tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 4 if "pairs" in case else 0)
     n, c, h, w, k, stride = {**GLUON_GEMM_CASES, **GLUON_GEMM_PLANE_CASES}[case]
     dtype, tf32 = PRECISIONS[precision][:2]
     x = input_tensor((n, c, h, w), dtype, "NCHW" if case in GLUON_GEMM_PLANE_CASES else "NHWC")
@@ -129,34 +129,30 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
             monkeypatch.setattr(gluon_gemm, "multiprocessors", (lambda h, n=programs: n) if programs else every_sm)
             check_random_records(plan, handle, x, precision, rng, with_prior, "NHWC", (kernel.config, programs))
             if not with_prior and precision != "tf32":
-                # 16-bit tiles of 128 pixels and more go out by TMA (tuning.GLUON_GEMM_TMA_STORE), by
+                # 16-bit tiles of 128 pixels and more go out by TMA (gluon_gemm.gemm_tma_store), by
                 # pointer to an NCHW output given at launch
                 check_random_records(plan, handle, x, precision, rng, False, "NCHW", (kernel.config, "NCHW"))
 
 
 @pytest.mark.parametrize(
-    "layer_name, solver, fit_all, fits",
+    "layer_name, solver",
     [
-        ("r50_15", "gluon-gemm", False, True),
-        ("r50_11", "gluon-gemm", False, False),
-        ("r50_11", "gluon-gemm", True, True),
-        ("r50_16", "gluon-nchw", True, True),
-        ("r50_17", "triton-gemm-nchw", True, True),
+        ("r50_15", "gluon-gemm"),
+        ("r50_11", "gluon-gemm"),
+        ("r50_16", "gluon-nchw"),
+        ("r50_17", "triton-gemm-nchw"),
     ],
 )
-def test_kernels_prefer_the_carveout_they_fit(layer_name, solver, fit_all, fits, monkeypatch):
-    """Compiled and loaded (ahead of the first execute), a kernel prefers the smallest shared-memory
-    carve-out that holds the programs a multiprocessor holds (the driver's attribute read back):
-    every convolution kernel under tuning.FIT_CARVEOUT, and without it gluon-gemm's kernels of
-    8-byte copied planes, while 16-byte copies keep Triton's (no preference set: -1). The output
-    checked too."""
+def test_kernels_prefer_the_carveout_they_fit(layer_name, solver):
+    """Compiled and loaded (ahead of the first execute), every convolution kernel prefers the
+    smallest shared-memory carve-out that holds the programs a multiprocessor holds (the driver's
+    attribute read back). The output checked too."""
     import ctypes
 
     from fusionplan.launch import carveout_percent, programs_per_multiprocessor
     from fusionplan.shapes import resnet50_layer
     from fusionplan.verify import layer_plan
 
-    monkeypatch.setattr(fp.tuning, "FIT_CARVEOUT", fit_all)
     s = resnet50_layer(layer_name)
     x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")
     plan = layer_plan(s, x, "CBNA")
@@ -173,7 +169,7 @@ def test_kernels_prefer_the_carveout_they_fit(layer_name, solver, fit_all, fits,
         shared = kernel.metadata.shared
         programs = programs_per_multiprocessor(kernel.metadata.num_warps * 32, kernel.n_regs, shared, props)
         expected = carveout_percent(shared, props.shared_memory_per_multiprocessor, programs)
-        assert preferred.value == (expected if fits else -1)
+        assert preferred.value == expected
 
 
 def test_gemm_wide_tiles_reading_a_prior_run_narrower():

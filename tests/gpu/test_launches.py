@@ -450,13 +450,10 @@ def test_repeats_do_not_keep_inputs_and_outputs_alive():
         ("gluon-halo", "gluon-halo", "NCHW"),
     ],
 )
-def test_grid_dependency_keeps_dependent_launches_in_order(first, second, layout, monkeypatch):
-    """tuning.GRID_DEPENDENCY: a kernel may begin while the one before it on the stream ends. The
-    second plan reads the first's output, which a NaN fill precedes (a read too early would see
+def test_grid_dependency_keeps_dependent_launches_in_order(first, second, layout):
+    """Programmatic dependent launch: a kernel may begin while the one before it on the stream ends.
+    The second plan reads the first's output, which a NaN fill precedes (a read too early would see
     it), launch after launch on one stream and in a replayed graph; each result is the reference's."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "GRID_DEPENDENCY", True)
     handle = fp.Handle("cuda")
     x = input_tensor((8, 128, 14, 14), torch.float16, layout)
     conv3 = fp.ConvolutionDescriptor((1, 1))

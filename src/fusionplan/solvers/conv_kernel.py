@@ -286,7 +286,7 @@ def pack_weights(w: Tensor, groups: int) -> Tensor:
 
 
 #: The start of a kernel's work where it launches with programmatic dependent launch
-#: (tuning.GRID_DEPENDENCY; launch.Launcher's grid_dependency), in ``{lang}``'s names: the launch may
+#: (launch.Launcher's grid_dependency, on devices that have it), in ``{lang}``'s names: the launch may
 #: begin while the kernel before it on the stream still runs, so it waits for that kernel's end
 #: (its writes then visible) before it touches global memory, then lets the kernel after it begin
 #: its own start (both no-ops in a plain launch). Hopper's griddepcontrol instructions.
@@ -313,10 +313,9 @@ def holds_grid_dependency(source: str) -> bool:
     return "griddepcontrol.wait" in source
 
 
-#: The last line of a kernel's source whose compiled kernels prefer the carve-out they fit
-#: (Launcher's fit_carveout): a module of their own, so that their compiled kernels (whose
-#: preference is the driver's attribute of the loaded function) are never those of the same source
-#: loaded without it (an A/B of tuning.FIT_CARVEOUT in one process).
+#: The last line of every convolution kernel's source: its compiled kernels prefer the smallest
+#: shared-memory carve-out they fit (Launcher's fit_carveout), the rest of the multiprocessor's
+#: memory L1 (measured faster: docs/decisions/tuning.md, FIT_CARVEOUT).
 CARVEOUT_MARK = "\n# compiled kernels prefer the shared-memory carve-out they fit (launch.fit_shared_carveout)\n"
 
 
@@ -329,11 +328,6 @@ class TritonConvKernel(Repeating, Kernel):
     #: tile, run through triton-conv's implicit GEMM for the same plan.
     reads_descriptors = False
 
-    def fits_carveout(self) -> bool:
-        """Whether the kernel prefers the smallest shared-memory carve-out it fits (Launcher's
-        fit_carveout: the rest of the multiprocessor's memory L1): tuning.FIT_CARVEOUT."""
-        return tuning.FIT_CARVEOUT
-
     def __init__(self, spec: PlanSpec, handle) -> None:
         self._handle = handle
         self._conv_kernel: TritonConvKernel | None = None
@@ -343,16 +337,14 @@ class TritonConvKernel(Repeating, Kernel):
         assert conv is not None
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
-        self.grid_dependency = tuning.GRID_DEPENDENCY and grid_dependency_capable(handle)
+        self.grid_dependency = grid_dependency_capable(handle)
         self._source = self.render(spec, self.stages)
         if self.grid_dependency and not holds_grid_dependency(self._source):
             self._source = with_grid_dependency(self._source, self.stem)
-        fits = bool(self.fits_carveout())
-        if fits:
-            self._source += CARVEOUT_MARK
+        self._source += CARVEOUT_MARK
         fn = generated_kernel(self._source, self.stem, f"{self.stem}_kernel")
         self.path = write_source(self._source, self.stem)
-        self.launcher = Launcher(fn, self.grid_dependency, fits)
+        self.launcher = Launcher(fn, self.grid_dependency, fit_carveout=True)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups

@@ -137,7 +137,7 @@ def gluon_gemm_config(
     pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane)
     persistent = beyond_one_wave(pixels, block_n)
     short = steps <= tuning.GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS
-    if plane and tma_store and persistent and short and tuning.GLUON_GEMM_PLANE_STORE_TILES:
+    if plane and tma_store and persistent and short:
         # channel planes beyond one wave with short reductions: a tile that persistent TMA stores
         # take (gemm_store_mode 2: its epilogue under the next tile's products), whatever it pads
         pixels, block_n, warps = best_tile(m, k, steps, multiprocessors, row_slots, plane, stored_by_tma=True)
@@ -273,14 +273,12 @@ def gluon_gemm_input_why_not(spec: PlanSpec) -> str | None:
 
 
 def planes_why_not(spec: PlanSpec) -> str | None:
-    """Why gluon-gemm cannot read the plan's packed NCHW input as channel planes, or None
-    (tuning.GLUON_GEMM_PLANES): the input seen as [N*C, H*W] is a tensor descriptor where the planes
-    are whole 16-byte units, a box of BLOCK_K planes must not cross into the next image (C a multiple
-    of BLOCK_K), and wgmma reads the box along its pixels only for 16-bit data."""
+    """Why gluon-gemm cannot read the plan's packed NCHW input as channel planes, or None: the
+    input seen as [N*C, H*W] is a tensor descriptor where the planes are whole 16-byte units, a box
+    of BLOCK_K planes must not cross into the next image (C a multiple of BLOCK_K), and wgmma reads
+    the box along its pixels only for 16-bit data."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    if not tuning.GLUON_GEMM_PLANES:
-        return "NCHW input read as channel planes is off (tuning.GLUON_GEMM_PLANES)"
     if conv.conv.groups != 1:
         return "grouped convolutions are not one GEMM"
     if conv.conv.strides != (1, 1):
@@ -323,14 +321,14 @@ def plane_copies(spec: PlanSpec) -> bool:
 
 
 def plane_pairs(spec: PlanSpec) -> bool:
-    """Whether gluon-gemm reads the plan's channel planes as pairs (COPIES 2, tuning.GLUON_GEMM_PLANE_PAIRS):
+    """Whether gluon-gemm reads the plan's channel planes as pairs (COPIES 2):
     packed NCHW input read as planes (planes_why_not) whose planes start 8 bytes into a 16-byte unit
     every other channel (14x14 fp16: 392 bytes), so that two channels' planes are whole 16-byte
     units: the even channels' planes come by boxes of the input seen as [N*C/2, 2*H*W], the odd
     ones' by 8-byte asynchronous copies, each image's pixels padded to whole tiles as the boxes';
     where the output has at most tuning.GLUON_GEMM_PAIRS_MAX_WIDENING times the input's channels
     (wider outputs measured faster all by copies, their tiles unpadded)."""
-    if not tuning.GLUON_GEMM_PLANE_PAIRS or not channel_planes(spec) or planes_why_not(spec) is not None:
+    if not channel_planes(spec) or planes_why_not(spec) is not None:
         return False
     _, c, h, w = spec.input_desc.dims
     narrow = spec.output_desc.dims[1] <= tuning.GLUON_GEMM_PAIRS_MAX_WIDENING * c
@@ -397,7 +395,7 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     Strided, where triton-gemm does not apply: strided_defer_why. Channel planes, against
     triton-gemm-nchw, by the same rule (H100, fp16, batch 32, bench/results/2026-11-25-h100-nchw-planes-34/:
     stored by pointer beyond one wave, r50_01 14.4 us against 12.7, r50_05 35.4 / 33.6, r50_07 19.5 /
-    18.8; by TMA, r50_03 24.5 / 29.6, r50_07 16.2 / 18.4 with tuning.GLUON_GEMM_PLANE_STORE_TILES;
+    18.8; by TMA, r50_03 24.5 / 29.6, r50_07 16.2 / 18.4 in tiles stored by TMA;
     ping-pong, r50_11 20.6 / 21.1)."""
     n, c, _, _ = spec.input_desc.dims
     oh, ow = spec.output_desc.dims[2:]
@@ -426,7 +424,7 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     if copies:
         return copies_defer_why(spec, cfg)
     if plane_pairs(spec):
-        return None  # measured against the copies (tuning.GLUON_GEMM_PLANE_PAIRS)
+        return None  # measured against the copies (docs/decisions/tuning.md, GLUON_GEMM_PLANE_PAIRS)
     if programs <= sms:
         if fp32 and n * oh * ow >= tuning.GLUON_TF32_1X1_MAX_PIXELS:
             return (
@@ -516,7 +514,7 @@ def tma_store_bytes(cfg: tuning.ConvConfig, size: int) -> int:
 
 
 def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
-    """Whether gluon-gemm stores a program's tiles by TMA (tuning.GLUON_GEMM_TMA_STORE): 16-bit output
+    """Whether gluon-gemm stores a program's tiles by TMA: 16-bit output
     of the plan's dtype whose strides fit (gemm_tma_store_fits; ``slots``: row_slots; channel-plane
     input: plane_tma_store_fits)."""
     out = spec.output_desc
@@ -526,7 +524,7 @@ def gemm_tma_store(spec: PlanSpec, slots: int) -> bool:
         fits = plane_tma_store_fits(out.strides, out.dims[3])
     else:
         fits = gemm_tma_store_fits(out.strides, *out.dims[2:], slots)
-    return tuning.GLUON_GEMM_TMA_STORE and sixteen_bit_output(spec) and fits
+    return sixteen_bit_output(spec) and fits
 
 
 def plane_tma_store_fits(strides: tuple[int, ...], ow: int) -> bool:
@@ -559,11 +557,6 @@ class GluonGemmKernel(TritonConvKernel):
     splits_reduction = False
     solver_name = "gluon-gemm"
     stem = "gluon_gemm"
-
-    def fits_carveout(self) -> bool:
-        """Planes by 8-byte copies, which land in L1 on their way (copies_through_l1), and every
-        kernel under tuning.FIT_CARVEOUT."""
-        return copies_through_l1(self.spec) or super().fits_carveout()
 
     @property
     def candidates(self) -> list[tuning.ConvConfig]:  # type: ignore[override]
