@@ -353,22 +353,17 @@ def test_conv_heuristic_takes_small_tiles_for_small_grids(m, k, groups, taps, ti
         (1, 3, (16, 4)),  # 1x1 planes of 3 channels: the smallest tile
     ],
 )
-def test_nchw_pointwise_tiles_fit_the_plane(plane, channels, fitted, monkeypatch):
+def test_nchw_pointwise_tiles_fit_the_plane(plane, channels, fitted):
     """NCHW pointwise tiles: the plane's pixels rounded up to a power of two by channels up to 4096
-    elements, or (tuning.POINTWISE_NCHW_PLANE_TILES off) 1024 pixels x 4 channels; NHWC tiles and
-    the interpreter's are the same either way."""
+    elements; the interpreter's small tiles."""
     cfg = tuning.pointwise_heuristic(False, channels, False, plane)
     assert (cfg.block_p, cfg.block_c) == fitted and cfg.block_p * cfg.block_c <= 4096
-    nhwc = tuning.pointwise_heuristic(True, channels, False, plane)
-    monkeypatch.setattr(tuning, "POINTWISE_NCHW_PLANE_TILES", False)
-    assert tuning.pointwise_heuristic(False, channels, False, plane) == tuning.PointwiseConfig(1024, 4, 8)
-    assert tuning.pointwise_heuristic(True, channels, False, plane) == nhwc
     assert tuning.pointwise_heuristic(False, channels, True, plane) == tuning.POINTWISE_INTERPRETER
 
 
 def test_flat_pointwise_runs_where_they_are_faster(monkeypatch):
     """Flat runs for every NHWC plan and for NCHW planes below POINTWISE_FLAT_NCHW_PLANES_BELOW
-    pixels (the tiles are faster on larger ones); the interpreter's short runs; none when off."""
+    pixels (the tiles are faster on larger ones); the interpreter's short runs."""
     below = tuning.POINTWISE_FLAT_NCHW_PLANES_BELOW
     flat = tuning.PointwiseConfig(tuning.POINTWISE_FLAT_BLOCK, 1, tuning.POINTWISE_FLAT_WARPS)
     monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", 0)
@@ -377,8 +372,6 @@ def test_flat_pointwise_runs_where_they_are_faster(monkeypatch):
     assert tuning.pointwise_flat_config(False, True, 3136, 2) == flat
     assert tuning.pointwise_flat_config(True, False, 49, 2) == tuning.POINTWISE_FLAT_INTERPRETER
     assert tuning.pointwise_flat_config(True, False, below, 2) is None
-    monkeypatch.setattr(tuning, "POINTWISE_FLAT", False)
-    assert tuning.pointwise_flat_config(False, True, 49, 2) is None
 
 
 @pytest.mark.parametrize(

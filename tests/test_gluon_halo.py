@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
 from fusionplan.shapes import resnet50_layer
 from fusionplan.verify import add_chain
 
@@ -61,7 +60,7 @@ def test_wide_strided_planes_that_do_not_fit_say_why():
     assert halo.halo_config(plan.spec()).block_m == 128
 
 
-def test_in_the_registry_before_the_gather_kernels(monkeypatch):
+def test_in_the_registry_before_the_gather_kernels():
     """Before gluon-nchw-regs and gluon-nchw, which took these layers before it; where it measured
     faster (stride 1 up to 28x28 planes, stride 2 on 7x7 outputs); a switch."""
     from fusionplan.solvers import REGISTRY
@@ -74,8 +73,6 @@ def test_in_the_registry_before_the_gather_kernels(monkeypatch):
     assert "196 pixels (> 49 at stride 2)" in solver.defer_why(layer("r50_12").spec(), fp.Handle("cpu"))
     assert "784 pixels (> 49 at stride 2)" in solver.defer_why(layer("r50_06").spec(), fp.Handle("cpu"))
     assert "3136 pixels (> 784 at stride 1)" in solver.defer_why(layer("r50_02").spec(), fp.Handle("cpu"))
-    monkeypatch.setattr(tuning, "GLUON_HALO", False)
-    assert "off (tuning.GLUON_HALO)" in solver.defer_why(layer("r50_22").spec(), fp.Handle("cpu"))
 
 
 @pytest.mark.parametrize(

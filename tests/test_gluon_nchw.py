@@ -105,37 +105,27 @@ def test_fp32_data_defers_on_28x28_planes(name, why):
     assert found == why if why is None else why in found
 
 
-def test_channels_last_input_and_the_switch_defer(monkeypatch):
+def test_channels_last_input_defers():
     assert "channels-last input" in deferred(layer("r50_22", layout="NHWC"))
-    monkeypatch.setattr(tuning, "GLUON_NCHW", False)
-    assert "off (tuning.GLUON_NCHW)" in deferred(layer("r50_22"))
 
 
 @pytest.mark.parametrize(
-    "name, tile, wide, split",
+    "name, tile",
     [
-        ("r50_16", (64, 256, 1), True, True),
-        ("r50_12", (64, 256, 1), True, True),
-        ("r50_19", (64, 256, 1), True, True),
-        ("r50_22", (64, 256, 2), True, True),
-        ("r50_18", (64, 256, 2), True, True),
-        ("r50_21", (64, 128, 1), True, True),
-        ("r50_22", (64, 128, 1), True, False),
-        ("r50_18", (64, 128, 1), True, False),
-        ("r50_16", (128, 128, 1), False, True),
-        ("r50_19", (128, 128, 1), False, True),
-        ("r50_22", (128, 128, 2), False, True),
-        ("r50_22", (64, 128, 1), False, False),
+        ("r50_16", (64, 256, 1)),
+        ("r50_12", (64, 256, 1)),
+        ("r50_19", (64, 256, 1)),
+        ("r50_22", (64, 256, 2)),
+        ("r50_18", (64, 256, 2)),
+        ("r50_21", (64, 128, 1)),
     ],
 )
-def test_tiles_fill_half_the_multiprocessors(name, tile, wide, split, monkeypatch):
+def test_tiles_fill_half_the_multiprocessors(name, tile):
     """64 x 256 where its grid fills half the GPU (r50_16, r50_12: 98 programs; r50_19: 200) or
     does so split in two (r50_22, r50_18: 50 x 2 programs, 2304 products a part), else 128 x 128
     or 64 x 128 (r50_21: its 2048 channels split in two parts of 1024, below
-    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH: 100 programs of 64 x 128 against 50 and 52); without the wide
-    tile (tuning.GLUON_NCHW_WIDE off) 128 x 128 first; the ring within tuning.GLUON_NCHW_RING_BYTES."""
-    monkeypatch.setattr(tuning, "GLUON_NCHW_WIDE", wide)
-    monkeypatch.setattr(tuning, "GLUON_NCHW_SPLIT", split)
+    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH: 100 programs of 64 x 128 against 50 and 52); the ring within
+    tuning.GLUON_NCHW_RING_BYTES."""
     s = resnet50_layer(name)
     oh = s.h // s.stride
     for dtype in (torch.float16, torch.float32):
@@ -264,11 +254,9 @@ def test_product_along_the_pixels_where_the_registers_hold_it(name, ring, instru
     assert info["HGMMA shapes"] == [instruction] and "LOCAL:0" in info["resources"]
 
 
-def test_pixel_rows_by_the_registers_at_launch(monkeypatch):
+def test_pixel_rows_by_the_registers_at_launch():
     assert gluon_nchw.pixel_rows(256, 12) and gluon_nchw.pixel_rows(128, 16) and gluon_nchw.pixel_rows(64, 16)
     assert not gluon_nchw.pixel_rows(256, 16)
-    monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", False)
-    assert not gluon_nchw.pixel_rows(128, 12)
 
 
 def test_gathering_side_by_the_tile(monkeypatch):

@@ -62,14 +62,8 @@ def test_takes_the_28x28_layers_by_default():
     assert deferred(plan) is None and deferred(layer("r50_10", layout="NHWC"))  # channels-last: tensor boxes
 
 
-def test_off_switch(monkeypatch):
-    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS", False)
-    assert "off (tuning.GLUON_NCHW_REGS)" in deferred(layer("r50_10"))
-
-
-def test_stride_1_1x1_filters_only_with_the_wide_tile(monkeypatch):
-    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_WIDE", False)
-    assert "1x1 filters on grids too small" in deferred(layer("r50_19"))
+def test_stride_1_1x1_filters_only_where_the_wide_tile_fills_the_gpu():
+    assert "1x1 filters on grids too small" in deferred(layer("r50_21"))
     assert deferred(layer("r50_20")) is None  # strided 1x1: taken on its own rule
 
 
@@ -90,16 +84,12 @@ def test_tiles_and_rings():
         regs.ring_stages(1)
 
 
-@pytest.mark.parametrize("wide", [True, False])
-def test_wide_tile_for_one_tap(wide, monkeypatch):
+def test_wide_tile_for_one_tap(monkeypatch):
     """1x1 filters take 128 x 256 (two warpgroups along the pixels) where its grid fills half the
-    GPU (r50_20: 1568 pixels x 2048 channels, 104 programs) and tuning.GLUON_NCHW_REGS_WIDE is on;
-    filters of several taps never; the ring within tuning.GLUON_NCHW_RING_BYTES whatever stages
-    are asked for."""
-    monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_WIDE", wide)
+    GPU (r50_20: 1568 pixels x 2048 channels, 104 programs); filters of several taps never; the
+    ring within tuning.GLUON_NCHW_RING_BYTES whatever stages are asked for."""
     cfg = regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=1)
-    expected = regs.WIDE_1X1_TILE if wide else (64, 128, 8)
-    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == expected
+    assert (cfg.block_m, cfg.block_n, cfg.num_warps) == regs.WIDE_1X1_TILE
     cfg = regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=9)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps) == (64, 128, 8)
     # a grid below half the GPU, or output channels fewer than the tile's: the usual tiles

@@ -44,7 +44,7 @@ def test_why_not_names_what_is_missing():
     assert "C=48: a step's chunk of 32 channel planes" in reason(plane_plan(48, 7, 7))
 
 
-def test_in_the_registry_before_the_gather_kernels(monkeypatch):
+def test_in_the_registry_before_the_gather_kernels():
     """Before gluon-nchw-regs and gluon-nchw, which took the 7x7 1x1 layers before it; a switch."""
     from fusionplan.solvers import REGISTRY
 
@@ -54,8 +54,6 @@ def test_in_the_registry_before_the_gather_kernels(monkeypatch):
     assert solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu")) is None  # 128 tiles
     assert "32 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_21").spec(), fp.Handle("cpu"))
     assert "8 tiles on 132 multiprocessors" in solver.defer_why(layer("r50_19", batch=1).spec(), fp.Handle("cpu"))
-    monkeypatch.setattr(tuning, "GLUON_PLANE_CHUNKS", False)
-    assert "off (tuning.GLUON_PLANE_CHUNKS)" in solver.defer_why(layer("r50_19").spec(), fp.Handle("cpu"))
 
 
 @pytest.mark.parametrize("h, w, slots", [(7, 7, 64), (5, 5, 32), (8, 8, 64), (3, 5, 16), (1, 2, 2)])

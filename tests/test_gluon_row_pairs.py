@@ -72,14 +72,12 @@ def test_defers_where_other_kernels_measured_faster(name, why):
     assert found == why if why is None else why in found
 
 
-def test_before_the_other_strided_1x1_kernels(monkeypatch):
+def test_before_the_other_strided_1x1_kernels():
     """In the registry before gluon-nchw-regs and triton-gemm-nchw, which took r50_08 before it."""
     from fusionplan.solvers import REGISTRY
 
     names = [s.name for s in REGISTRY]
     assert names.index("gluon-row-pairs") < min(names.index("gluon-nchw-regs"), names.index("triton-gemm-nchw"))
-    monkeypatch.setattr(tuning, "GLUON_ROW_PAIRS", False)
-    assert "off (tuning.GLUON_ROW_PAIRS)" in deferred(layer("r50_08"))
 
 
 def test_tiles_and_shared_memory(monkeypatch):

@@ -209,16 +209,12 @@ def test_channel_parameters_can_be_loaded_once_before_the_tiles():
     assert "tl.load(sc0_ptr + ch" in "\n".join(plain.body)
 
 
-def test_gluon_rows_source_loads_channel_parameters_before_its_rows(monkeypatch):
-    from fusionplan import tuning
-
-    for hoist in (True, False):
-        monkeypatch.setattr(tuning, "GLUON_ROWS_HOIST_CHANNELS", hoist)
-        source = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu")).source()
-        loop = source.index("for u in range(start + CONSUMER, end, 2):")
-        before, inside = source[:loop], source[loop:]
-        assert ("sc0_ptr_v = gl.load(sc0_ptr + ch_v, mask=ch_v_mask" in before) == hoist
-        assert ("gl.load(sc0_ptr + ch," in inside) == (not hoist)
+def test_gluon_rows_source_loads_channel_parameters_before_its_rows():
+    source = solver_named("gluon-rows").build(layer("r50_02").spec(), fp.Handle("cpu")).source()
+    loop = source.index("for u in range(start + CONSUMER, end, 2):")
+    before, inside = source[:loop], source[loop:]
+    assert "sc0_ptr_v = gl.load(sc0_ptr + ch_v, mask=ch_v_mask" in before
+    assert "gl.load(sc0_ptr + ch," not in inside
 
 
 @pytest.mark.parametrize(
@@ -238,23 +234,18 @@ def test_channel_planes_why_not(plan, reason):
     assert reason in verdict(plan()).reason
 
 
-def test_channel_planes_switched_off(monkeypatch):
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANES", False)
-    assert "tuning.GLUON_ROWS_PLANES is off" in verdict(layer("r50_02", layout="NCHW")).reason
-    assert verdict(layer("r50_02")).reason.startswith("needs a Hopper GPU")  # channels-last rows unchanged
+#: The build with the shifter refused, as for rows of over 64 pixels: the products are shifted.
+NO_SHIFTER = "from fusionplan.solvers import gluon_rows\ngluon_rows.shifted_planes_why_not = lambda spec: 'refused'\n"
 
 
 def test_channel_planes_kernel_shifts_the_filter_columns():
-    """r50_02 on NCHW input with the products shifted (tuning.GLUON_ROWS_PLANE_SHIFTS off): per
+    """r50_02 on NCHW input with the products shifted (the shifter refused, NO_SHIFTER): per
     output row and computing warpgroup a wgmma per tap and 16-channel slice (2 x 9 x 4), a wait per
     filter column (the sums of columns 0 and 2 then shifted by -1 and +1 pixels by warp shuffles,
     column 1's added as it is), the filter's 9 taps and one box per input row by TMA, the filter
     read from shared memory, the NCHW output along the pixels, 8 a thread (16-byte stores); no
     spills."""
-    switch = "import fusionplan.tuning as t\nt.GLUON_ROWS_PLANE_SHIFTS = False\n"
-    info = compile_sm90(switch + layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
+    info = compile_sm90(NO_SHIFTER + layer_build("r50_02", "float16", layout="NCHW"), "gluon-rows")
     assert info["HGMMA"] == 72 and info["wgmma waits (outstanding groups allowed)"] == ["0x0"] * 6
     assert info["tensor loads (UTMALDG)"] == 10
     assert info["source"].count("gl.gather(acc, index, 1)") == 2 and "row = row + acc" in info["source"]
@@ -278,12 +269,10 @@ def test_channel_planes_kernel_shifts_the_input_rows():
     assert info["global stores by bytes"] == {"16": 8} and info["shared bytes (dynamic)"] <= 232448
 
 
-def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte_units(monkeypatch):
+def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte_units():
     """PLANE_VEC: 8 pixels a thread for NCHW output whose strides, OW and data are 16-byte units;
     one where the data is not 16-byte aligned, OW is not a multiple of 8 (38), rows have under 16
-    pixels, or tuning.GLUON_ROWS_PLANE_VECTOR_STORES is off; 0 (along the channels) for
-    channels-last output."""
-    from fusionplan import tuning
+    pixels; 0 (along the channels) for channels-last output."""
 
     def rows_kernel(plan):
         return solver_named("gluon-rows").build(plan.spec(), fp.Handle("cpu"))
@@ -299,8 +288,6 @@ def test_channel_planes_store_eight_pixels_a_thread_where_they_are_whole_16_byte
     narrow = rows_kernel(conv_plan(w=40, pads=(0, 0), layout="NCHW"))  # OW = 38
     out38 = torch.empty(2, 64, 18, 38, dtype=torch.float16)
     assert narrow._plane_vector(out38, list(out38.stride()), 64) == 1
-    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANE_VECTOR_STORES", False)
-    assert kernel._plane_vector(out, list(out.stride()), 64) == 1
 
 
 def emulated_move(offset: int, length: int, with_next: bool = False):
@@ -364,13 +351,12 @@ def test_plane_modes(plan, mode, reason):
 
 def test_a_built_kernel_keeps_its_plane_mode(monkeypatch):
     """The launch of a kernel built with the shifter (plane_mode 2) keeps its arguments (the filter
-    through the ring's first slots, the box of the column at offset 0) after the tuning switch
-    that chose it is turned off: the source and its launches agree."""
-    from fusionplan import tuning
+    through the ring's first slots, the box of the column at offset 0) after the choice that made
+    it would be another: the source and its launches agree."""
     from fusionplan.sass import captured_launch
 
     kernel = solver_named("gluon-rows").build(layer("r50_02", layout="NCHW").spec(), fp.Handle("cpu"))
-    monkeypatch.setattr(tuning, "GLUON_ROWS_PLANE_SHIFTS", False)
+    monkeypatch.setattr(gluon_rows, "shifted_planes_why_not", lambda spec: "refused")
     _, _, args, _, _ = captured_launch(kernel)
     named = dict(zip(kernel.launcher.names, args))
     assert (named["PLANES"], named["ZERO_COL"], named["W_SLOTS"]) == (2, 1, 3)

@@ -280,7 +280,7 @@ def test_runs_of_one_and_four_pixels_compile(c, r, stride, w, pixels):
 
 
 def test_tma_store_by_plan(monkeypatch):
-    """The stem's channels-last output takes TMA stores unless switched off; 17 output channels
+    """The stem's channels-last output takes TMA stores; 17 output channels
     (34-byte pixels) and outputs that the tiles' shared memory would not fit store by pointer."""
     from fusionplan import tuning
 
@@ -290,9 +290,6 @@ def test_tma_store_by_plan(monkeypatch):
     monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 140 * 1024)  # 16 slots fit, 14 and the tiles do not
     assert not gluon_stem.plan_tma_store(stem().spec(), kernel.runs)
     assert solver_named("gluon-stem").build(stem().spec(), fp.Handle("cpu")).config.num_stages == 16
-    monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 192 * 1024)
-    monkeypatch.setattr(tuning, "GLUON_STEM_TMA_STORE", False)
-    assert not gluon_stem.plan_tma_store(stem().spec(), kernel.runs)
 
 
 def test_joined_rows_put_each_runs_pixels_in_order():
@@ -309,16 +306,12 @@ def test_joined_rows_put_each_runs_pixels_in_order():
     assert torch.equal(rows[:, 0], torch.arange(20))
 
 
-def test_joined_plane_vector(monkeypatch):
+def test_joined_plane_vector():
     """16-byte stores where NCHW output planes are aligned (8 elements), single elements where only
-    the pixels are contiguous (13-pixel rows), none for channels-last output or when switched off."""
-    from fusionplan import tuning
-
+    the pixels are contiguous (13-pixel rows), none for channels-last output."""
     planes = torch.empty(2, 64, 56, 56, dtype=torch.float16)
     assert gluon_stem.joined_plane_vector(planes.stride(), planes) == 8
     odd = torch.empty(2, 64, 11, 13, dtype=torch.float16)
     assert gluon_stem.joined_plane_vector(odd.stride(), odd) == 1
     last = planes.to(memory_format=torch.channels_last)
     assert gluon_stem.joined_plane_vector(last.stride(), last) == 0
-    monkeypatch.setattr(tuning, "GLUON_STEM_JOINED_PLANES", False)
-    assert gluon_stem.joined_plane_vector(planes.stride(), planes) == 0

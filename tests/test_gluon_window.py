@@ -62,7 +62,7 @@ def test_kernel_past_2_to_the_31_elements_compiles(tma_store):
     """The one-image plan above (its output's offsets in an image pass 2^31) with 64-bit offsets,
     its output stored by TMA or by pointer: builds for sm_90 without spills."""
     build = (
-        f"fp.tuning.GLUON_WINDOW_TMA_STORE = {tma_store}\n"
+        f"fp.tuning.TMA_STORE_MIN_PIXELS = {128 if tma_store else 1 << 20}\n"
         "x = torch.empty(1, 128, 4096, 4160, dtype=torch.float16, device='meta')\n"
         "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x.to(memory_format=torch.channels_last)))\n"
         "add_chain(plan, 'CBNA', conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype='float')"
@@ -130,21 +130,16 @@ def test_configs_fit_one_warpgroup_per_64_channels_and_the_shared_memory(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
-def test_stride_1_windows_of_wide_layers_take_256_channels_over_two_warpgroups(dtype, monkeypatch):
-    """tuning.GLUON_WINDOW_WIDE_CHANNELS: r50_16 (stride 1, 256 channels) runs 64-pixel windows of
-    256 channels over two warpgroups, as many programs as 128 x 128; the strided r50_12 and the
-    128-channel r50_10 keep their windows; switched off, r50_16 does too."""
+def test_stride_1_windows_of_wide_layers_take_256_channels_over_two_warpgroups(dtype):
+    """r50_16 (stride 1, 256 channels) runs 64-pixel windows of 256 channels over two warpgroups, as
+    many programs as 128 x 128; the strided r50_12 and the 128-channel r50_10 keep their windows."""
     wide = gluon_window.gluon_config(layer("r50_16", dtype).spec())
     assert (wide.block_m, wide.block_n, wide.num_warps, wide.num_stages) == (64, 256, 8, 4)
     assert wide.block_k == 128 // dtype.itemsize
     assert gluon_window.gluon_config(layer("r50_12", dtype).spec()).block_m == 128
     assert gluon_window.gluon_config(layer("r50_10", dtype).spec()).block_n == 128
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WIDE_CHANNELS", False)
-    narrow = gluon_window.gluon_config(layer("r50_16", dtype).spec())
-    assert (narrow.block_m, narrow.block_n, narrow.num_warps) == (128, 128, 4)
     spec = layer("r50_16", dtype).spec()
-    programs = [window_tiles(spec, c.block_m)[1] * (256 // c.block_n) for c in (wide, narrow)]
-    assert programs == [128, 128]
+    assert window_tiles(spec, 64)[1] * (256 // 256) == window_tiles(spec, 128)[1] * (256 // 128) == 128
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -185,10 +180,10 @@ def test_kernel_is_warp_specialized_with_overlapping_products(name, dtype, first
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_first_weights_before_the_wait_where_they_measured_faster(dtype, monkeypatch):
-    """tuning.GLUON_WINDOW_WEIGHTS_FIRST: 64 x 128 windows of one warpgroup (r50_22, r50_18), 16-bit
-    or TF32, request their first weights before the grid-dependency wait; r50_16's 64 x 256 windows
-    over two warpgroups, the 128-pixel r50_12 and the switch off do not."""
+def test_first_weights_before_the_wait_where_they_measured_faster(dtype):
+    """64 x 128 windows of one warpgroup (r50_22, r50_18), 16-bit or TF32, request their first
+    weights before the grid-dependency wait; r50_16's 64 x 256 windows over two warpgroups and the
+    128-pixel r50_12 do not."""
 
     def first() -> dict[str, int]:
         return {
@@ -197,13 +192,11 @@ def test_first_weights_before_the_wait_where_they_measured_faster(dtype, monkeyp
         }
 
     assert first() == {"r50_22": 1, "r50_18": 1, "r50_16": 0, "r50_12": 0}
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_WEIGHTS_FIRST", False)
-    assert set(first().values()) == {0}
 
 
 @pytest.mark.parametrize("name, late", [("r50_22", True), ("r50_10", False)])
-def test_64_pixel_windows_invalidate_their_barriers_after_the_epilogue(name, late, monkeypatch):
-    """tuning.GLUON_WINDOW_LATE_INVALIDATION: r50_22's 64-pixel windows invalidate the ring's
+def test_64_pixel_windows_invalidate_their_barriers_after_the_epilogue(name, late):
+    """r50_22's 64-pixel windows invalidate the ring's
     barriers at the kernel's end, after the output's stores (in the PTX every invalidation after every
     store; ptxas may then schedule some among the stores), r50_10's larger windows right after the
     partitions join (every one before the first store); every barrier invalidated either way."""
@@ -212,8 +205,6 @@ def test_64_pixel_windows_invalidate_their_barriers_after_the_epilogue(name, lat
     assert info["barriers invalidated (PTX mbarrier.inval)"] == info["barriers initialized (PTX mbarrier.init)"]
     cfg = gluon_window.gluon_config(layer(name, torch.float16).spec())
     assert gluon_window.window_late_invalidation(cfg) is late
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_LATE_INVALIDATION", False)
-    assert gluon_window.window_late_invalidation(cfg) is False
 
 
 def test_every_epilogue_operator_compiles_in_gluon():
@@ -265,8 +256,8 @@ def test_tma_store_strides(strides, ow, pixels, fits):
     assert gluon_window.tma_store_strides_fit(strides, ow, pixels, 2) is fits
 
 
-def test_window_tma_store_by_plan(monkeypatch):
-    """16-bit channels-last windows go out by TMA unless switched off; fp32 output and 17 output
+def test_window_tma_store_by_plan():
+    """16-bit channels-last windows go out by TMA; fp32 output and 17 output
     channels (34-byte pixels) store by pointer (and so does an output of other strides at launch:
     tests/gpu)."""
     assert gluon_window.window_tma_store(layer("r50_22").spec())
@@ -276,8 +267,6 @@ def test_window_tma_store_by_plan(monkeypatch):
     conv = fp.ConvolutionDescriptor((1, 1))
     assert gluon_window.window_tma_store(add_chain(plan_for(x), "CBNA", conv=conv, k=24, r=3, s=3).spec())
     assert not gluon_window.window_tma_store(add_chain(plan_for(x), "CBNA", conv=conv, k=17, r=3, s=3).spec())
-    monkeypatch.setattr(fp.tuning, "GLUON_WINDOW_TMA_STORE", False)
-    assert not gluon_window.window_tma_store(layer("r50_22").spec())
 
 
 @pytest.mark.parametrize(

@@ -149,8 +149,8 @@ def test_strided_nchw_row_pairs_are_read_as_boxes(name):
 @pytest.mark.parametrize(
     "name, input_copy, switches",
     [
-        ("r50_08", "16", "t.NCHW_GEMM_STRIDED_TILE_LOADS = False\n"),  # 56-pixel rows: 16-byte copies
-        ("r50_14", "8", "t.NCHW_GEMM_STRIDED_TILE_LOADS = False\n"),  # 28: 8-byte
+        ("r50_08", "16", "g.tile_reads = lambda spec: False\n"),  # 56-pixel rows: 16-byte copies
+        ("r50_14", "8", "g.tile_reads = lambda spec: False\n"),  # 28: 8-byte (as for unaligned input)
         ("r50_20", "4", ""),  # 14: 4-byte (28-byte row pairs: no boxes)
     ],
 )
@@ -159,7 +159,8 @@ def test_strided_nchw_planes_are_read_as_row_copies(name, input_copy, switches):
     columns (the odd ones' products dropped after the reduction) by asynchronous copies as wide as
     the rows' alignment allows, where a pixel-by-pixel gather would load 2-byte elements; wgmma
     products, pipelined from shared memory (no operand staged in registers), nothing spilled."""
-    build = "import fusionplan.tuning as t\n" + switches + layer_build(name, "float16", layout="NCHW")
+    build = "from fusionplan.solvers import triton_gemm_nchw as g\n" + switches
+    build += layer_build(name, "float16", layout="NCHW")
     info = compile_sm90(build, "triton-gemm-nchw")
     widths = info["async copies by bytes"]  # the weights' are 16-byte copies
     assert widths.get(input_copy, 0) >= 8 and min(int(b) for b in widths) == int(input_copy), widths

@@ -246,8 +246,9 @@ def test_pointwise_chains(chain, layout, bn_mode, dtype):
 def test_pointwise_nchw_tiles_past_the_plane(tile, monkeypatch):
     """NCHW tiles with more pixel slots than a 7x7 plane holds (64: one pixel tile, 15 slots past
     the plane; 8 channels, the second tile half past C=12) or fewer (16: four pixel tiles, the last
-    with one pixel)."""
-    monkeypatch.setattr(tuning, "POINTWISE_FLAT", False)
+    with one pixel). The flat runs made to step aside for the tiles."""
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_NCHW_PLANES_BELOW", 0)
+    monkeypatch.setattr(tuning, "POINTWISE_FLAT_PLANE_VECTORS", 0)
     x = make_input((2, 12, 7, 7), torch.float16, "NCHW")
     plan = add_chain(
         plan_for(x), "NA", bn_mode=BatchNormMode.SPATIAL, activation=ActivationMode.RELU, param_dtype="float"
@@ -261,7 +262,6 @@ def test_pointwise_nchw_tiles_past_the_plane(tile, monkeypatch):
 def flat_plan(shape, layout, chain, bn_mode, monkeypatch, dtype=torch.float16):
     """A pointwise plan with flat runs on, and the list that records each flat launch's order
     (True: channels last)."""
-    monkeypatch.setattr(tuning, "POINTWISE_FLAT", True)
     x = make_input(shape, dtype, layout)
     plan = add_chain(plan_for(x), chain, bn_mode=bn_mode, activation=ActivationMode.ELU, param_dtype="float")
     handle = compile_triton(plan)
@@ -460,23 +460,17 @@ def test_nchw_gemm_solver(case, dtype, out_layout):
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
 
 
-@pytest.mark.parametrize("tile_loads, tile_stores", [(True, True), (True, False), (False, True), (False, False)])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-def test_nchw_gemm_reads_boxes_where_planes_allow(tile_loads, tile_stores, dtype, monkeypatch):
-    """tuning.NCHW_GEMM_TILE_LOADS / _STORES: 80-pixel planes through tensor boxes of the input and
-    weights (the persistent loop flattened) and of the output planes, else by pointer; 13x11 planes
-    (143 pixels, not whole 16-byte units) by pointer either way, as are weights of K=36 output
-    channels in fp16 (72-byte rows) and channels-last output."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "NCHW_GEMM_TILE_LOADS", tile_loads)
-    monkeypatch.setattr(tuning, "NCHW_GEMM_TILE_STORES", tile_stores)
+def test_nchw_gemm_reads_boxes_where_planes_allow(dtype):
+    """80-pixel planes through tensor boxes of the input and weights (the persistent loop flattened)
+    and of the output planes; 13x11 planes (143 pixels, not whole 16-byte units) by pointer, as are
+    weights of K=36 output channels in fp16 (72-byte rows) and channels-last output."""
     fp16 = dtype == torch.float16
     cases = (
-        ((2, 24, 8, 10, 40), "NCHW", tile_loads, tile_stores),
-        ((2, 24, 8, 10, 40), "NHWC", tile_loads, None),  # pointer stores in the output's strides
+        ((2, 24, 8, 10, 40), "NCHW", True, True),
+        ((2, 24, 8, 10, 40), "NHWC", True, None),  # pointer stores in the output's strides
         ((2, 8, 13, 11, 8), "NCHW", False, False),
-        ((2, 16, 4, 8, 36), "NCHW", tile_loads and not fp16, tile_stores),
+        ((2, 16, 4, 8, 36), "NCHW", not fp16, True),
     )
     for dims, out_layout, boxes, stores in cases:
         plan, x = nchw_gemm_plan(*dims, dtype)
@@ -525,19 +519,6 @@ def test_strided_nchw_gemm(case, dtype, out_layout):
     expect_boxes = boxes[dtype == torch.float16]
     assert (kernel._input_tiles(x, kernel.config) is not None) == expect_boxes and "SLOTS" in kernel.source()
     check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, out_layout))
-
-
-@pytest.mark.parametrize("case", ["boxes-16x16", "boxes-12x20"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])
-def test_strided_nchw_gemm_boxes_over_whole_rows(case, dtype, monkeypatch):
-    """tuning.NCHW_GEMM_STRIDED_EVEN_FIRST off: the row pairs' boxes go to the product whole and the
-    odd columns' rows are dropped after the reduction."""
-    from fusionplan import tuning
-
-    monkeypatch.setattr(tuning, "NCHW_GEMM_STRIDED_EVEN_FIRST", False)
-    plan, handle, kernel, x = strided_nchw_gemm(case, dtype)
-    assert kernel._input_tiles(x, kernel.config) is not None and "EVEN_FIRST" in kernel.source()
-    check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "fp16"])

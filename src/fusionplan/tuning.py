@@ -337,53 +337,12 @@ GLUON_GEMM_COPY_L1_MAX_PIXELS = 192
 #: 19.3 -> 19.0, r50_06 23.1 -> 22.9).
 GLUON_WINDOW_MMA_EPILOGUE = True
 
-#: gluon-window's stride-1 windows of 128 pixels and 128 channels, where the layer has 256 output
-#: channels or more, run as 64 pixels x 256 channels over two computing warpgroups (as many
-#: programs). The bench's A/B columns (H100, batch 32, CBNA, bench/results/
-#: 2026-11-21-h100-window-warpgroups-1/): r50_16 fp16 19.0 -> 17.9 us, bf16 19.0 -> 17.8, TF32 32.9
-#: -> 30.6; on the strided r50_12 no gain in 16-bit (19.3 -> 19.4) and a loss in TF32 (34.7 ->
-#: 36.4), so strided windows keep theirs. Two warpgroups of 64 channels for the 64-pixel windows
-#: (r50_18, r50_22) measured no different (20.8 / 20.6 against 21.1 / 20.4 us) and were dropped.
-GLUON_WINDOW_WIDE_CHANNELS = True
 
-
-#: gluon-rows (solvers/gluon_rows.py): persistent programs over output rows holding the filter of
-#: their 64 output channels in registers, for convolutions of few input channels (r50_02: C = K =
-#: 64, 3x3 on 56x56). GLUON_ROWS_FILTER_REGS: the most registers a computing thread spends on the
-#: filter (64 x C x R x S 16-bit elements over 128 threads; a 64-channel 3x3 filter takes 144);
-#: GLUON_ROWS_MIN_WIDTH: narrower output rows defer to the window kernels (not measured faster);
-#: GLUON_ROWS_RING_BYTES: shared memory of the ring of input rows (beside the epilogues' layout
-#: changes, 8 KB per computing warpgroup for 64-pixel rows).
-GLUON_ROWS = True
 GLUON_ROWS_FILTER_REGS = 160
 GLUON_ROWS_MIN_WIDTH = 32
 GLUON_ROWS_RING_BYTES = 192 * 1024
-#: gluon-rows: the chain's per-channel parameters loaded once per program, before its rows (the
-#: generated chain otherwise loads them at every row).
-GLUON_ROWS_HOIST_CHANNELS = True
-#: gluon-rows on packed channel-plane (NCHW) input of at most 64 channels: each input row's box
-#: from column 0, the filter's columns as the shifter's moved copies of it (GLUON_ROWS_PLANE_SHIFTS)
-#: or as shifts of the products. r50_02 on NCHW input, H100 fp16: 44.0 us on triton-conv -> 31.4
-#: with shifted products, 21.1 with the shifter (bench/NOTES.md section 37).
-GLUON_ROWS_PLANES = True
 
-#: gluon-rows' channel planes to NCHW output: 8 pixels a thread (16-byte stores) where the output's
-#: strides, OW and data allow, instead of one pixel a thread (lanes along a plane's row).
-GLUON_ROWS_PLANE_VECTOR_STORES = True
 
-#: gluon-rows' channel planes with the filter's columns as shifted copies of each input row's box
-#: (a shifter partition moves a plane's row within a thread's registers into the slot's other
-#: boxes; the products then run as on channels-last rows, the filter in registers) instead of
-#: shifts of the products by warp shuffles. Plans it cannot take (rows over 64 pixels, no filter
-#: column at offset 0, the filter past the registers) keep the shuffles.
-GLUON_ROWS_PLANE_SHIFTS = True
-
-#: gluon-stem (solvers/gluon_stem.py): triton-stem's stretches of input rows gathered once per
-#: input row by a loading warpgroup, the Toeplitz blocks of the filter in shared memory, two
-#: computing warpgroups taking output rows in turn (Hopper, fp16/bf16). GLUON_STEM_SLOTS: the ring
-#: of input-row tiles (4 KB each for the ResNet stem); GLUON_STEM_SMEM_BYTES: the filter's blocks
-#: and the ring at most (the epilogues' layout changes and the barriers take the rest).
-GLUON_STEM = True
 GLUON_STEM_SLOTS = 16
 GLUON_STEM_SMEM_BYTES = 192 * 1024
 #: gluon-stem: the filter's blocks requested before the wait for the kernel before it (their
@@ -393,59 +352,12 @@ GLUON_STEM_FILTER_FIRST = True
 #: Registers of gluon-stem's loading warps on channel-plane input (gluon_stem.stem_registers: the
 #: second computing warpgroup takes as many fewer; channels-last input keeps LOAD_REGS' 40).
 GLUON_STEM_PLANE_LOAD_REGS = 64
-#: gluon-stem: each pixel's output tile stored by TMA from shared memory (channels-last output of
-#: 16-byte aligned strides, rows of whole runs) instead of by pointer after a layout change.
-GLUON_STEM_TMA_STORE = True
-#: gluon-stem: NCHW output rows stored with the pixels of a row's runs joined in order, several
-#: contiguous pixels a thread, instead of pixel by pixel (lanes along the channels).
-GLUON_STEM_JOINED_PLANES = True
 
-#: gluon-window: each output window stored by TMA from shared memory (16-bit channels-last output
-#: of 16-byte aligned strides; the buffer is allocated after the ring's last use and may take its
-#: memory) instead of by pointer after a layout change.
-GLUON_WINDOW_TMA_STORE = True
-
-#: gluon-window: the first round of weights tiles (a ring's worth) requested before the wait for
-#: the kernel before it, as gluon-stem's filter (GLUON_STEM_FILTER_FIRST), for 64-pixel windows of
-#: one computing warpgroup (gluon_window.window_weights_first). Measured (H100, batch 32, CBNA, 5
-#: rounds, `--tuning GLUON_WINDOW_WEIGHTS_FIRST=1` on every window,
-#: bench/results/2026-11-26-h100-pointwise-flat-39/ab-weights-first.csv): the 64 x 128 windows
-#: faster, r50_22 20.22 -> 19.73 us fp16 (1.082x -> 1.055x cuDNN's time), 20.11 -> 19.69 bf16,
-#: r50_18 20.04 -> 19.50 / 20.16 -> 19.73; the others not, r50_16's 64 x 256 windows over two
-#: warpgroups 3 % slower (17.21 -> 17.72), r50_10 and r50_12 within 0.6 % (as in bench/NOTES.md
-#: section 36, where r50_16 and r50_12 lost 2-5 %). TF32's windows are the same shapes (32-channel
-#: steps: a stage of 24 KB, 16 KB of it weights) and faster too (5 rounds, CBNA / CBA,
-#: bench/results/2026-11-26-h100-tf32-weights-first-40/ab-tf32-wf.csv): r50_22 37.98 -> 37.13 us /
-#: 37.96 -> 37.21, r50_18 38.11 -> 37.39 / 38.05 -> 37.32.
-GLUON_WINDOW_WEIGHTS_FIRST = True
-
-#: gluon-window invalidates its ring's barriers at the kernel's end, after the epilogue, rather
-#: than right after the partitions join, for 64-pixel windows (gluon_window.window_late_invalidation;
-#: PTX lets an mbarrier's memory serve nothing else until it is invalidated: live to the end, no
-#: buffer takes it). Between the join and the epilogue the invalidations cost 5 CTA barriers, and
-#: the window layers ran 2-3 % slower after they came (r50_22 19.0 -> 19.5 us, r50_18 19.0 -> 19.6
-#: across suites). H100 A/B, batch 32, 5 rounds, fp16 / bf16, CBNA and CBA
-#: (bench/results/2026-11-26-h100-nchw-copies-43/ab-late-invalidation.csv): r50_22 19.53 -> 19.30,
-#: 19.62 -> 19.16, 19.57 -> 19.32, 19.51 -> 19.24 us; r50_18 1-1.7 % faster, r50_16 0.2-1 %; the
-#: larger windows not (r50_10 0.6-2 % slower in three of four, r50_12 within 0.3 %).
-GLUON_WINDOW_LATE_INVALIDATION = True
 
 #: Shared memory of gluon-window's pipeline stages at most (the epilogue's layout change and the
 #: barriers take the rest of the 227 KB).
 GLUON_WINDOW_RING_BYTES = 160 * 1024
 
-#: gluon-nchw (gathering partitions of pointer loads beside gluon-window's computing warpgroup)
-#: takes NCHW-like input where this is on, on the output planes where it measured faster than
-#: triton-conv and triton-gemm-nchw (H100, fp16, batch 32, CBNA, CUDA-graph replay, every solver
-#: forced side by side; bench/NOTES.md section 21, bench/results/2026-11-21-h100-nchw-16/): filters
-#: of several taps on planes of at most GLUON_NCHW_MAX_PLANE output pixels (r50_16 41.4 -> 34.6 us,
-#: r50_12 53.2 -> 47.8, r50_22 58.5 -> 36.9, r50_18 81.3 -> 60.0; not the 56x56 r50_02: 62.6
-#: against 43.5, where triton-conv reads rows of slots), stride-1 1x1 filters on planes of at most
-#: GLUON_NCHW_1X1_MAX_PLANE (r50_21 37.3 -> 21.9, r50_19 24.9 -> 23.1; not the 14x14 ones: r50_15
-#: 32.1 against 15.6 for triton-gemm-nchw's tensor boxes; not the strided r50_20: 65.4 against
-#: 56.4), grids of GLUON_NCHW_MIN_PROGRAMS or more (it cannot split a reduction; triton-conv does
-#: on small grids).
-GLUON_NCHW = True
 GLUON_NCHW_MAX_PLANE = 784
 #: The same for fp32 data (TF32 products): triton-conv stays faster on 28x28 planes (r50_10 55.8 us
 #: against 61.1, r50_06 82.2 against 83.8), gluon-nchw on 14x14 and 7x7 (r50_16 66.0 -> 55.2, r50_12
@@ -461,16 +373,7 @@ GLUON_NCHW_1X1_MAX_PLANE = 49
 GLUON_NCHW_FP32_STRIDED_1X1_MAX_PLANE = 784
 GLUON_NCHW_MIN_PROGRAMS = 64
 
-#: gluon-nchw's tiles include 64 pixels x 256 output channels, preferred where its grid fills half
-#: the GPU (solvers/gluon_nchw.py GATHER_TILES). H100 A/B (CBNA, batch 32,
-#: bench/results/2026-11-22-h100-nchw-wide-20): fp16 r50_12 46.7 -> 37.0 us, r50_16 33.8 -> 26.1;
-#: TF32 r50_12 77.2 -> 60.7, r50_16 48.9 -> 42.4.
-GLUON_NCHW_WIDE = True
 
-#: gluon-nchw splits a tile's reduction over programs (fp32 partial sums, summed by the tile's last
-#: program) where its grid leaves more than half the GPU idle, each part keeping at least
-#: GLUON_NCHW_SPLIT_MIN_DEPTH products (solvers/gluon_nchw.py gather_split).
-GLUON_NCHW_SPLIT = True
 GLUON_NCHW_SPLIT_MIN_DEPTH = 2048
 
 #: Bytes of a pixel's channels in one of gluon-nchw's reduction steps for strided convolutions (128
@@ -517,15 +420,6 @@ GLUON_NCHW_PAIR_SUM = 1
 #: -> 21.9).
 GLUON_NCHW_EARLY_WEIGHTS = True
 
-#: gluon-nchw's product as [pixels, channels] = input @ weights^T: one wgmma instruction covers the
-#: tile's pixels and all its channels (64 x 256: A 2 KB + B 8 KB of shared memory read per 16-deep
-#: slice), where the transposed product [channels, pixels] issues one for every 64 channels, each
-#: reading the stage's input again (4 x (2 + 2) KB for the same products), in the shared memory
-#: bandwidth that the gathers' stores and the weights' loads use too. Where ptxas cannot hold one
-#: instruction's accumulator in the registers at launch the kernel keeps the transposed product
-#: (solvers/gluon_nchw.py pixel_rows). H100 A/B (bench/NOTES.md section 27): fp16 r50_16 27.2 ->
-#: 25.6 us, r50_21 21.6 -> 21.2, r50_22 unchanged; TF32 r50_16 38.8 -> 32.5, r50_21 31.9 -> 30.6.
-GLUON_NCHW_PIXEL_ROWS = True
 
 #: The reduction order of gluon-nchw and gluon-nchw-regs: the filter taps of a channel block one
 #: after another (their shifted reads of the same input lines meet in L1), rather than the channel
@@ -535,15 +429,6 @@ GLUON_NCHW_PIXEL_ROWS = True
 #: r50_18 92.5 -> 75.8, r50_16 55.3 -> 49.0, r50_22 57.5 -> 53.2.
 GLUON_NCHW_TAPS_INNER = True
 
-#: gluon-row-pairs (strided 1x1 filters on packed NCHW input of 16-bit data: the even input rows
-#: by vector copies, their even columns kept in registers; solvers/gluon_row_pairs.py), on output
-#: planes of GLUON_ROW_PAIRS_MIN_PLANE pixels or more (H100, fp16, batch 32, CBNA, bench/NOTES.md
-#: section 50: r50_08 33.4 us against 38.6 for triton-gemm-nchw; r50_14 33.2 / 31.7, r50_20 29.6 /
-#: 28.8 for gluon-nchw-regs); how many reduction steps ahead its loads run; a program keeps its
-#: channel block's weights in shared memory where they are at most GLUON_ROW_PAIRS_RESIDENT_BYTES
-#: (0: a weights' box each stage; r50_08 48.0 us resident against 46.7 with loads into registers,
-#: 35.0 against 34.8 staged).
-GLUON_ROW_PAIRS = True
 GLUON_ROW_PAIRS_MIN_PLANE = 784
 GLUON_ROW_PAIRS_PREFETCH = 2
 GLUON_ROW_PAIRS_RESIDENT_BYTES = 0
@@ -580,11 +465,6 @@ GLUON_ROW_PAIRS_HOIST_CHANNELS = 1
 #: (bf16); gluon-plane-chunks' r50_19 slower (15.07 against 14.18), so that kernel never does.
 GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = 1
 
-#: gluon-plane-chunks (1x1 filters at stride 1 on packed NCHW input of 16-bit data with planes of
-#: at most 64 pixels: each image's channel block loaded as one run, the operand gathered from it;
-#: solvers/gluon_plane_chunks.py): H100, fp16, batch 32, CBNA (bench/NOTES.md section 51): r50_19
-#: 16.8 -> 13.4 us in the suite (from gluon-nchw-regs).
-GLUON_PLANE_CHUNKS = True
 #: gluon-plane-chunks defers where its tiles fill less than this share of the multiprocessors (it
 #: does not split its reduction): r50_21's 32 tiles measured 34.2 us (64 of 128 channels 25.9)
 #: against 18.0 on gluon-nchw; 128 tiles of one image by 128 channels 16.2 us with the input warm
@@ -616,16 +496,6 @@ GLUON_PLANE_CHUNKS_SHIFTED = 1
 #: GLUON_PLANE_CHUNKS_IMAGE_TILES=0,1`.
 GLUON_PLANE_CHUNKS_IMAGE_TILES = 0
 
-#: gluon-halo (3x3 filters, padding 1, stride 1 or 2, on packed NCHW planes of 16-bit data: each
-#: channel block's halo gathered once into shared memory, the nine taps read as views of it shifted
-#: by whole rows) takes output planes of at most GLUON_HALO_MAX_PLANE pixels at stride 1 and
-#: GLUON_HALO_STRIDED_MAX_PLANE at stride 2, where it measured faster than the gather kernels (H100,
-#: fp16 CBNA, batch 32, CUDA-graph replay, 3 rounds; bench/NOTES.md section 57): r50_22 29.5 ->
-#: 18.3 us, r50_16 20.5 -> 16.7, r50_10 27.0 -> 21.1, r50_18 34.5 -> 22.6; not r50_12 (26.8 against
-#: 26.5: four phases of 136 rows, 3 weights stages beside two 640-row halos) nor r50_06 (39.0 /
-#: 29.3). Tiles of GLUON_HALO_BLOCK_N output channels (256 spills: 3-6x slower), a weights ring of
-#: GLUON_HALO_STAGES stages (fewer where the halos leave no room).
-GLUON_HALO = True
 GLUON_HALO_MAX_PLANE = 784
 GLUON_HALO_STRIDED_MAX_PLANE = 49
 GLUON_HALO_BLOCK_N = 128
@@ -635,14 +505,6 @@ GLUON_HALO_STAGES = 4
 #: r50_16 16.6 / 16.6, r50_10 21.1 / 20.7; bench/NOTES.md section 57).
 GLUON_HALO_BUFFERS = 2
 
-#: gluon-nchw-regs (gluon-nchw's convolutions with the input operand of wgmma in registers: no
-#: shared-memory store read by wgmma, so no proxy fence) takes filters of several taps on output
-#: planes of GLUON_NCHW_REGS_MIN_PLANE pixels or more (within gluon-nchw's limits): r50_10 37.5 ->
-#: 30.3 us, r50_06 53.6 -> 49.4 (H100, fp16, batch 32, taps inner); gluon-nchw stays faster on the
-#: 14x14 and 7x7 planes (r50_18 45.9 against 58.1, r50_22 36.1 / 40.5, r50_12 46.4 / 47.7) and
-#: on 1x1 filters (r50_21 21.7 / 31.1) but where GLUON_NCHW_REGS_WIDE's tile fills half the GPU
-#: (r50_19 17.7 us against 22.0 for gluon-nchw's 64 x 256; bench/NOTES.md section 25).
-GLUON_NCHW_REGS = True
 GLUON_NCHW_REGS_MIN_PLANE = 784
 #: It also takes strided 1x1 filters on output planes of at most this many pixels: r50_20 (7x7
 #: outputs) 49.4 us against 56.3 for triton-conv (H100, fp16 CBNA, batch 32; 49.5 / 56.5 in an
@@ -671,10 +533,6 @@ GLUON_NCHW_REGS_UNROLLED_MAX_ACC = 64
 #: sweep-gathers.txt): r50_06 30.1 us at 4 stages, 32.0 at 6, 36.6 at 8; in the bench (cold L2,
 #: ab-regs-strided-stages.csv) 33.7 us fp16 and 32.5 bf16 at 4 against 40.0 and 38.9 at 8.
 GLUON_NCHW_REGS_STRIDED_STAGES = 4
-#: gluon-nchw-regs takes 128 x 256 tiles for 1x1 filters where their grid fills half the GPU
-#: (solvers/gluon_nchw_regs.py WIDE_1X1_TILE), and stride-1 1x1 filters there alone. H100 A/B
-#: (fp16 CBNA, batch 32, bench/results/2026-11-22-h100-nchw-wide-20): r50_20 49.6 -> 42.6 us.
-GLUON_NCHW_REGS_WIDE = True
 
 #: fp32 data (TF32 products) of this many output pixels or more (1x1, stride 1) run on triton-gemm,
 #: its weights read along the reduction ([K, C]: TF32 wgmma reads B only that way); fewer stay on
@@ -684,27 +542,6 @@ GLUON_NCHW_REGS_WIDE = True
 #: r50_07 34.8 against 28.2 for gluon-gemm, r50_09 33.8 / 29.7 for triton-conv, r50_13 23.5 / 19.0.
 TF32_GEMM_MIN_PIXELS = 65536
 
-#: triton-gemm-nchw reads its input through tensor descriptors ([N, C, H*W] boxes: TMA on Hopper)
-#: where the planes are whole 16-byte units (56x56 and 28x28 in fp16), else by pointer. Measured
-#: even (H100, fp16 CBNA, batch 32, `python scripts/tile_sweep.py --layout NCHW --solver
-#: triton-gemm-nchw --tuning NCHW_GEMM_TILE_LOADS=0,1 ...`: r50_03 48.5 / 47.8 us, r50_07 26.9 /
-#: 26.9, r50_11 27.7 / 28.2, pointers / boxes); boxes kept (no pointer arithmetic per element).
-NCHW_GEMM_TILE_LOADS = True
-#: triton-gemm-nchw stores packed output planes of whole 16-byte units through a tensor descriptor
-#: (TMA on Hopper: asynchronous, no registers held); else 16-byte pointer stores after a layout
-#: change. (Where its loads are tensor boxes, the persistent loop is flattened too: the next tile's
-#: loads run under this one's epilogue.)
-NCHW_GEMM_TILE_STORES = True
-#: triton-gemm-nchw reads strided plans' input through tensor boxes too (with NCHW_GEMM_TILE_LOADS),
-#: as the input's row pairs [N, OH, C, 2 x IW] where an even number of rows and row pairs of whole
-#: 16-byte units allow (56x56 and 28x28 input in fp16); the persistent loop is flattened then.
-#: With NCHW_GEMM_STRIDED_EVEN_FIRST, H100, fp16 CBNA, batch 32 (bench/results/2026-11-22-h100-
-#: nchw-row-pairs-19/ab-row-pairs.csv): r50_08 50.9 -> 38.7 us (128-channel tiles).
-NCHW_GEMM_STRIDED_TILE_LOADS = True
-#: With strided boxes, the even columns kept before the product (the box rows reach wgmma through
-#: registers either way): half the products; else the product runs over the odd columns too
-#: (r50_08 47.7 us against 38.7, same run).
-NCHW_GEMM_STRIDED_EVEN_FIRST = True
 
 #: triton-gemm-nchw's 16-bit tiles: NCHW_GEMM_PIXELS pixels of one image (two warpgroups, 3 stages
 #: of 48 KB) by 128 output channels (64 where K <= 64), fewer pixels (one warpgroup, 4 stages) while
@@ -955,27 +792,16 @@ def find_config(
     return best
 
 
-#: NCHW pointwise tiles fitted to the plane (off: 1024 pixels x 4 channels whatever the plane):
-#: the plane's pixels rounded up to a power of two (16 to 1024) by as many channels as make 4096
-#: elements. Why: a 7x7 plane fills 49 of a tile's 1024 pixel slots. Measured (H100, fp16, batch 32,
-#: NA, bench/results/2026-11-26-h100-pointwise-flat-39/ab-na.csv): r50_19 31.0 -> 7.5 us, r50_13
-#: 16.8 -> 12.3, r50_18 9.1 -> 3.8, planes of 28x28 and more unchanged. Dense tensors take the
-#: flat runs below (faster still); these tiles serve NCHW tensors in other strides.
-POINTWISE_NCHW_PLANE_TILES = True
-
-
 def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, plane: int) -> PointwiseConfig:
-    """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW (planes of ``plane``
-    pixels: POINTWISE_NCHW_PLANE_TILES)."""
+    """Tiles long along the contiguous axis: channels for NHWC, pixels for NCHW (the plane's
+    ``plane`` pixels rounded up to a power of two)."""
     if interpret:
         return POINTWISE_INTERPRETER
     if channels_last:
         block_c = _pow2_at_least(channels, 16, 128)
         return PointwiseConfig(max(8192 // block_c, 16), block_c, 8)
-    if POINTWISE_NCHW_PLANE_TILES:
-        block_p = _pow2_at_least(plane, 16, 1024)
-        return PointwiseConfig(block_p, min(4096 // block_p, _pow2_at_least(channels, 4, 256)), 8)
-    return PointwiseConfig(1024, 4, 8)
+    block_p = _pow2_at_least(plane, 16, 1024)
+    return PointwiseConfig(block_p, min(4096 // block_p, _pow2_at_least(channels, 4, 256)), 8)
 
 
 #: Pointwise chains over tensors dense in one element order (input, output and prior all contiguous
@@ -990,7 +816,6 @@ def pointwise_heuristic(channels_last: bool, channels: int, interpret: bool, pla
 #: they hold whole vectors (POINTWISE_FLAT_PLANE_VECTORS): with each element's channel a separate
 #: 4-byte load of each parameter, a tile that loads 4 channels' parameters once was faster there
 #: (28x28 planes: 6.5 us tiled against 6.8 flat).
-POINTWISE_FLAT = True
 POINTWISE_FLAT_BLOCK = 2048
 POINTWISE_FLAT_WARPS = 8
 POINTWISE_FLAT_NCHW_PLANES_BELOW = 512
@@ -1025,9 +850,9 @@ def pointwise_flat_config(
     interpret: bool, channels_last: bool, plane: int, element_size: int
 ) -> PointwiseConfig | None:
     """The flat runs' config (block_p elements per program, block_c 1) for a plan of this layout,
-    plane size and element size, None where the tiles serve better or flat runs are off."""
+    plane size and element size, None where the tiles serve better."""
     large_plane = plane >= POINTWISE_FLAT_NCHW_PLANES_BELOW and pointwise_plane_vector(False, plane, element_size) == 1
-    if not POINTWISE_FLAT or (not channels_last and large_plane):
+    if not channels_last and large_plane:
         return None
     if interpret:
         return POINTWISE_FLAT_INTERPRETER

@@ -62,8 +62,9 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     gathers' stores), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
-    from fusionplan.solvers import gather_toolkit
+    from fusionplan.solvers import gather_toolkit, gluon_nchw
 
+    pixel_rows = gluon_nchw.pixel_rows
     dtype, tf32 = PRECISIONS[precision][:2]
     plan, x = gluon_nchw_case(case, dtype)
     handle = fp.Handle("cuda", allow_tf32=tf32)
@@ -83,7 +84,8 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_PIXEL_ROWS", rng.choice((False, True)))
+        transposed = rng.choice((False, True))  # the product [channels, pixels] where it could be either
+        monkeypatch.setattr(gluon_nchw, "pixel_rows", lambda n, w, t=transposed: not t and pixel_rows(n, w))
         monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 

@@ -78,11 +78,13 @@ GLUON_ROWS_PLANE_CASES = {
 @pytest.mark.parametrize("precision, chain", [("fp16", "CBNA"), ("bf16", "CNAAB")])
 @pytest.mark.parametrize("case", list(GLUON_ROWS_PLANE_CASES))
 def test_gluon_rows_plane_cases(case, precision, chain, out_layout, shifts, monkeypatch):
-    """gluon-rows on channel-plane input (tuning.GLUON_ROWS_PLANES: each input row's box from
-    column 0; the filter's columns as the shifter's moved copies of the box, or as shifts of the
-    products) against the float64 reference."""
-    monkeypatch.setattr(fp.tuning, "GLUON_ROWS_PLANES", True)
-    monkeypatch.setattr(fp.tuning, "GLUON_ROWS_PLANE_SHIFTS", shifts)
+    """gluon-rows on channel-plane input (each input row's box from column 0; the filter's columns
+    as the shifter's moved copies of the box, or, the shifter refused, as shifts of the products)
+    against the float64 reference."""
+    from fusionplan.solvers import gluon_rows
+
+    if not shifts:
+        monkeypatch.setattr(gluon_rows, "shifted_planes_why_not", lambda spec: "refused")
     n, c, h, w, k, r, s, pads, dil = GLUON_ROWS_PLANE_CASES[case]
     conv = fp.ConvolutionDescriptor(pads, (1, 1), (dil, dil))
     check_forced_solver("gluon-rows", case, (n, c, h, w), conv, k, r, s, precision, chain, out_layout, "NCHW")

@@ -47,7 +47,7 @@ def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
     of rows with the fp32 reference, every element written."""
     from fusionplan import tuning
 
-    monkeypatch.setattr(tuning, "GLUON_WINDOW_TMA_STORE", tma_store)
+    monkeypatch.setattr(tuning, "TMA_STORE_MIN_PIXELS", 128 if tma_store else 1 << 20)
     x = input_tensor(shape, torch.float16, "NHWC")
     plan = same_size_cbna(x, 3)
     handle = fp.Handle("cuda")
@@ -107,8 +107,8 @@ GLUON_CASES = {
 #: every precision and chain with the accumulator's layout changed first, and in two chains with
 #: the chain run in it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its
 #: stores, fp32 output stored from the accumulator's layout), 16-bit windows stored by TMA where
-#: they have tuning.TMA_STORE_MIN_PIXELS or more (tuning.GLUON_WINDOW_TMA_STORE; an NCHW output at
-#: launch by pointer; test_window_shapes forces 128- and 256-pixel windows) and, in one chain, by
+#: they have tuning.TMA_STORE_MIN_PIXELS or more (an NCHW output at launch by
+#: pointer; test_window_shapes forces 128- and 256-pixel windows) and, in one chain, by
 #: pointer.
 GLUON_WINDOW_RUNS = [
     (case, precision, chain, mma_epilogue, tma_store)
@@ -128,7 +128,7 @@ def test_gluon_window_cases(case, precision, chain, mma_epilogue, tma_store, mon
     from fusionplan import tuning
 
     monkeypatch.setattr(tuning, "GLUON_WINDOW_MMA_EPILOGUE", mma_epilogue)
-    monkeypatch.setattr(tuning, "GLUON_WINDOW_TMA_STORE", tma_store)
+    monkeypatch.setattr(tuning, "TMA_STORE_MIN_PIXELS", 128 if tma_store else 1 << 20)
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
     dtype = PRECISIONS[precision][0]
     x = input_tensor((n, c, h, w), dtype, "NHWC")

@@ -103,7 +103,7 @@ ch = offs_n"""
 
 
 def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = False) -> str | None:
-    """Where other kernels measured faster (tuning.GLUON_NCHW and the limits beside it): packed
+    """Where other kernels measured faster (the limits in tuning.GLUON_NCHW_*): packed
     channels-last input goes through tensor boxes (gluon-gemm, gluon-window, triton-gemm,
     triton-conv's 16-byte copies); NCHW-like input (unit-stride pixels) on large output planes
     through triton-conv's rows of slots and triton-gemm-nchw's boxes, strided 1x1 filters of
@@ -112,8 +112,6 @@ def gather_defer_why(spec: PlanSpec, multiprocessors: int, strided_1x1: bool = F
     x = spec.input_desc
     if x.strides[1] == 1:
         return "channels-last input: the tensor-box and 16-byte-copy kernels read it"
-    if not tuning.GLUON_NCHW:
-        return "off (tuning.GLUON_NCHW)"
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     k, c, r, s = conv.w_desc.dims
@@ -158,7 +156,7 @@ def gather_config(
     step_bytes(strided) and as many stages as ring_bytes holds (2 to 6)."""
     size = torch.empty((), dtype=dtype).element_size()
     row, ring = step_bytes(strided), ring_bytes(strided, size)
-    tiles = gather_tiles()
+    tiles = GATHER_TILES
     for pixels, block_n in tiles:
         programs = triton_cdiv(m, pixels) * triton_cdiv(k, block_n)
         split = gather_split(programs, depth, multiprocessors)
@@ -184,11 +182,11 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
     """How many programs share each tile's reduction of ``depth`` products: grids below half the
     multiprocessors split in powers of two (fp32 partial sums, summed by a tile's last program)
     while the grid stays within the multiprocessors and each part keeps at least
-    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products; 1 with tuning.GLUON_NCHW_SPLIT off. H100, fp16,
+    tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products. H100, fp16,
     batch 32, warm L2 (bench/NOTES.md section 26): 64 x 256 in two parts on r50_22 32.0 us against
     36.0 for 64 x 128 whole, r50_18 46.9 / 50.3; not r50_21's 2048 channels: 23.2 / 19.9."""
     split = 1
-    if not tuning.GLUON_NCHW_SPLIT or programs >= multiprocessors // 2:
+    if programs >= multiprocessors // 2:
         return split
     while programs * split * 2 <= multiprocessors and depth // (split * 2) >= tuning.GLUON_NCHW_SPLIT_MIN_DEPTH:
         split *= 2
@@ -202,11 +200,6 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
 #: r50_21 keep 64 x 128: their 50 programs of 64 x 256 leave most of the GPU idle; bench/NOTES.md
 #: section 25).
 GATHER_TILES = ((64, 256), (128, 128), (64, 128), (128, 64), (64, 64))
-
-
-def gather_tiles() -> tuple[tuple[int, int], ...]:
-    """GATHER_TILES, without the 64 x 256 tile where tuning.GLUON_NCHW_WIDE is off."""
-    return GATHER_TILES if tuning.GLUON_NCHW_WIDE else GATHER_TILES[1:]
 
 
 def gather_tile(

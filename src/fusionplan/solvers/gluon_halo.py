@@ -446,8 +446,6 @@ def halo_why_not(spec: PlanSpec) -> str | None:
 def halo_defer_why(spec: PlanSpec) -> str | None:
     """Where the gather kernels measured faster: output planes above tuning.GLUON_HALO_MAX_PLANE
     pixels (tuning.GLUON_HALO_STRIDED_MAX_PLANE at stride 2)."""
-    if not tuning.GLUON_HALO:
-        return "off (tuning.GLUON_HALO)"
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     oh, ow = conv.output_desc.dims[2:]

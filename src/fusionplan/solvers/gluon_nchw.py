@@ -37,13 +37,13 @@ from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc
 from fusionplan.solvers.gather_toolkit import (
     GATHER_COORDINATES,
     GATHER_STEP,
+    GATHER_TILES,
     gather_config,
     gather_defer_why,
     gather_launch_args,
     gather_programs_and_steps,
     gather_split,
     gather_tile,
-    gather_tiles,
     ring_bytes,
     step_bytes,
 )
@@ -353,13 +353,13 @@ PIXEL_ROWS_SPARE_REGS = 26
 
 
 def pixel_rows(block_n: int, warps: int) -> bool:
-    """Whether the product is [pixels, channels] (tuning.GLUON_NCHW_PIXEL_ROWS): ptxas compiles the
+    """Whether the product is [pixels, channels]: ptxas compiles the
     kernel within the registers a thread has at launch (64K over ``warps`` warps, before the
     partitions reallocate them), and one instruction of that product holds BLOCK_N / 2 accumulator
     registers: 64 x 256 tiles beside 12 gathering warps (128 registers at launch) keep the
     transposed product, whose instructions cover 64 channels."""
     at_launch = 65536 // (32 * warps) // 8 * 8
-    return tuning.GLUON_NCHW_PIXEL_ROWS and block_n // 2 + PIXEL_ROWS_SPARE_REGS <= at_launch
+    return block_n // 2 + PIXEL_ROWS_SPARE_REGS <= at_launch
 
 
 def mma_regs(pixels: int, block_n: int) -> int:
@@ -390,7 +390,7 @@ def render_gluon_nchw_source(spec: PlanSpec, stages: list[Stage]) -> str:
 class GluonNchwKernel(TritonConvKernel):
     solver_name = "gluon-nchw"
     stem = "gluon_nchw"
-    splits_reduction = True  # where tuning.GLUON_NCHW_SPLIT is on (gather_split)
+    splits_reduction = True  # small grids (gather_split)
 
     @staticmethod
     def render(spec: PlanSpec, stages: list[Stage]) -> str:
@@ -411,7 +411,7 @@ class GluonNchwKernel(TritonConvKernel):
         """NORMAL find's configurations: the tiles of gather_config with their stages."""
         size = self.spec.dtype.torch_dtype.itemsize
         row, ring = step_bytes(self.strided), ring_bytes(self.strided, size)
-        return [gather_tile(p, n, size, row, ring) for p, n in gather_tiles()]
+        return [gather_tile(p, n, size, row, ring) for p, n in GATHER_TILES]
 
     def pack(self, weight: Tensor) -> Tensor:
         return pack_rows_rsc(weight)

@@ -250,7 +250,7 @@ def render_gluon_nchw_regs_source(spec: PlanSpec, stages: list[Stage]) -> str:
 #: layer tried (H100, fp16, batch 32: r50_16 31.3 us against 37.9 for 128 x 128 and 40.9 for 64 x
 #: 64, r50_22 40.3 / 72.6 / 51.4, r50_18 57.7 / 96.9 / 86.7, r50_10 31.8 / 39.5 / 39.8).
 REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
-#: 1x1 filters' tile first where its grid fills half the GPU (tuning.GLUON_NCHW_REGS_WIDE): two
+#: 1x1 filters' tile first where its grid fills half the GPU : two
 #: warpgroups along the pixels, each 64 x 256. A pixel tile reads its channel tile's weights from L2
 #: and a channel tile its gathered input, and a 1x1 filter's step is one tap: both reads quarter
 #: against 64 x 128 (H100, fp16 CBNA, batch 32, warm L2: r50_20 31.1 us against 50.6; the 3x3
@@ -292,7 +292,7 @@ def regs_config(
     of several taps in gluon-nchw's shorter steps (H100, fp16, batch 32, warm L2: r50_06 45.3 ->
     35.7 us; not the 1x1 r50_20, 31.7 against 32.4; bench/NOTES.md section 26)."""
     size = torch.empty((), dtype=dtype).element_size()
-    wide = (WIDE_1X1_TILE,) if taps == 1 and tuning.GLUON_NCHW_REGS_WIDE else ()
+    wide = (WIDE_1X1_TILE,) if taps == 1 else ()
     tiles = [t for t in wide + REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit
     pixels, block_n, warps = next(
         ((p, n, w) for p, n, w in tiles if triton_cdiv(m, p) * triton_cdiv(k, n) >= multiprocessors // 2),
@@ -327,8 +327,6 @@ def regs_defer_why(spec: PlanSpec, multiprocessors: int) -> str | None:
     faster: 1x1 filters unless their grid takes WIDE_1X1_TILE (wide_1x1), output planes below
     tuning.GLUON_NCHW_REGS_MIN_PLANE pixels. Strided 1x1 filters are taken on output planes of at
     most tuning.GLUON_NCHW_REGS_STRIDED_1X1_MAX_PLANE pixels."""
-    if not tuning.GLUON_NCHW_REGS:
-        return "off (tuning.GLUON_NCHW_REGS)"
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     r, s = conv.w_desc.dims[2:]

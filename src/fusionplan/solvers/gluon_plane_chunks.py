@@ -266,13 +266,11 @@ def tiles_of(cfg: tuning.ConvConfig, slots: int, k: int) -> int:
 
 
 def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
-    """Where other kernels measured faster (tuning.GLUON_PLANE_CHUNKS switches it): grids of fewer
+    """Where other kernels measured faster : grids of fewer
     tiles than tuning.GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors (the kernel does not split
     its reduction). H100, fp16, batch 32, CBNA (bench/NOTES.md section 51): r50_19's 128 tiles 13.0 us
     against 16.8 for gluon-nchw-regs; r50_21's 32 (64 of 128 channels) 34.2 (25.9) against 18.0 for
     gluon-nchw."""
-    if not tuning.GLUON_PLANE_CHUNKS:
-        return "off (tuning.GLUON_PLANE_CHUNKS)"
     tiles = chunks_tiles(spec, sms)
     if tiles < tuning.GLUON_PLANE_CHUNKS_MIN_FILL * sms:
         return (

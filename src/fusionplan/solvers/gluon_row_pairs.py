@@ -160,12 +160,10 @@ def pairs_why_not(spec: PlanSpec) -> str | None:
 
 
 def pairs_defer_why(spec: PlanSpec) -> str | None:
-    """Where other kernels measured faster (tuning.GLUON_ROW_PAIRS switches it): output planes below
+    """Where other kernels measured faster : output planes below
     tuning.GLUON_ROW_PAIRS_MIN_PLANE pixels (H100, fp16, batch 32, CBNA, bench/NOTES.md section 50:
     r50_08's 28x28 planes 33.4 us against 38.6 for triton-gemm-nchw; r50_14's 14x14 33.2 against
     31.7, r50_20's 7x7 29.6 against 28.8 for gluon-nchw-regs)."""
-    if not tuning.GLUON_ROW_PAIRS:
-        return "off (tuning.GLUON_ROW_PAIRS)"
     oh, ow = spec.output_desc.dims[2:]
     if oh * ow < tuning.GLUON_ROW_PAIRS_MIN_PLANE:
         return (

@@ -22,7 +22,7 @@ The filter comes first, by TMA into the ring's first slots, and each computing w
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
 4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
 
-Channel planes (NCHW input, tuning.GLUON_ROWS_PLANES): a row's shifted boxes would start inside
+Channel planes (NCHW input): a row's shifted boxes would start inside
 a 16-byte unit, which TMA cannot read, so each input row comes once, as a box of its channel
 planes from column 0, into the box of the filter column at offset 0, and a shifter partition
 (a thread per plane's row) copies it into the slot's boxes of the other columns, moved by their
@@ -30,7 +30,7 @@ offsets s * dil_w - pad_w within its registers (the row split into even and odd 
 interleaved back: byte permutes, no shuffles); the products then run as on channels-last rows,
 the filter in registers (plane_mode 2; r50_02: 42.6 us on triton-conv -> 20.2, 18.5 on NHWC
 input). Where the shifter cannot (rows over 64 pixels, no column at offset 0, the filter past
-the registers; or tuning.GLUON_ROWS_PLANE_SHIFTS off), the filter stays in shared memory and
+the registers), the filter stays in shared memory and
 each filter column's products over the filter rows are summed, then moved by the column's offset
 (gl.gather along the accumulator's rows: warp shuffles) and added into the row (plane_mode 1).
 NCHW output of either is stored along the planes, 16 bytes a thread where strides allow.
@@ -97,12 +97,10 @@ def plane_mode(spec: PlanSpec) -> int:
 
 
 def shifted_planes_why_not(spec: PlanSpec) -> str | None:
-    """Why the shifter does not take the plan's channel planes, or None: tuning.GLUON_ROWS_PLANE_SHIFTS,
-    rows of at most 64 pixels (a plane's row in a thread's registers), a filter column at offset
-    0 (the box TMA reads), the filter in registers (tuning.GLUON_ROWS_FILTER_REGS) and the
-    shallowest ring of slots of S boxes within tuning.GLUON_ROWS_RING_BYTES."""
-    if not tuning.GLUON_ROWS_PLANE_SHIFTS:
-        return "tuning.GLUON_ROWS_PLANE_SHIFTS is off"
+    """Why the shifter does not take the plan's channel planes, or None: rows of at most 64 pixels
+    (a plane's row in a thread's registers), a filter column at offset 0 (the box TMA reads), the
+    filter in registers (tuning.GLUON_ROWS_FILTER_REGS) and the shallowest ring of slots of S boxes
+    within tuning.GLUON_ROWS_RING_BYTES."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     pixels = row_pixels(spec.output_desc.dims[3])
@@ -150,8 +148,6 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     c = conv.conv
-    if not tuning.GLUON_ROWS:
-        return "tuning.GLUON_ROWS is off"
     if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
         return f"{spec.dtype.name} data: the filter is held in registers as 16-bit wgmma operands (fp16, bf16)"
     if c.groups != 1:
@@ -197,14 +193,12 @@ def gluon_rows_why_not(spec: PlanSpec) -> str | None:
 
 
 def plane_rows_why_not(spec: PlanSpec) -> str | None:
-    """Why gluon-rows does not take the plan's channel planes, or None (tuning.GLUON_ROWS_PLANES,
-    at most 64 channels and a multiple of 8, rows of whole 16-byte units that an output row's box of at least 16 pixels
-    (a swizzled box row) holds from column 0, the filter and the shallowest ring within
+    """Why gluon-rows does not take the plan's channel planes, or None (at most 64 channels and a
+    multiple of 8, rows of whole 16-byte units that an output row's box of at least 16 pixels (a
+    swizzled box row) holds from column 0, the filter and the shallowest ring within
     tuning.GLUON_ROWS_RING_BYTES)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    if not tuning.GLUON_ROWS_PLANES:
-        return "channel planes (NCHW): tuning.GLUON_ROWS_PLANES is off"
     n, c, h, w = spec.input_desc.dims
     if c > 64:
         return f"C={c} channel planes: a box holds at most 64"
@@ -344,10 +338,10 @@ class GluonRowsKernel(TritonConvKernel):
 
     def _plane_vector(self, out: Tensor, strides: list[int], pixels: int) -> int:
         """PLANE_VEC of channel-plane input: plane_vector's (0: channels-last output), 1 instead of
-        8 where tuning.GLUON_ROWS_PLANE_VECTOR_STORES is off, OW is not a multiple of 8 (the row's
-        mask would split a thread's pixels) or rows are under 16 pixels (one lane along them)."""
+        8 where OW is not a multiple of 8 (the row's mask would split a thread's pixels) or rows are
+        under 16 pixels (one lane along them)."""
         vector = plane_vector(tuple(strides), out)
-        whole = tuning.GLUON_ROWS_PLANE_VECTOR_STORES and self.out_hw[1] % 8 == 0 and pixels >= 16
+        whole = self.out_hw[1] % 8 == 0 and pixels >= 16
         return 1 if vector == 8 and not whole else vector
 
     def _fewest_slots(self, pixels: int) -> int:

@@ -139,18 +139,18 @@ def stem_smem_bytes(r: int, runs: Stretches, slots: int, itemsize: int, tma_stor
 
 def joined_plane_vector(strides: tuple[int, ...], out: Tensor) -> int:
     """Output pixels a thread stores together where rows are stored joined (0: not joined, as on
-    channels-last output or with tuning.GLUON_STEM_JOINED_PLANES off): plane_vector's."""
-    return plane_vector(strides, out) if tuning.GLUON_STEM_JOINED_PLANES else 0
+    channels-last output): plane_vector's."""
+    return plane_vector(strides, out)
 
 
 def plan_tma_store(spec: PlanSpec, runs: Stretches) -> bool:
-    """Whether the plan's output takes TMA stores (tuning.GLUON_STEM_TMA_STORE, its strides, the
-    output tiles beside the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES)."""
+    """Whether the plan's output takes TMA stores (16-bit output, its strides, the output tiles
+    beside the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
     out = spec.output_desc
     itemsize = spec.dtype.torch_dtype.itemsize
-    if not tuning.GLUON_STEM_TMA_STORE or not sixteen_bit_output(spec):
+    if not sixteen_bit_output(spec):
         return False
     if not tma_store_strides_fit(out.strides, out.dims[3], runs.pixels, itemsize):
         return False
@@ -183,8 +183,6 @@ def gluon_stem_why_not(spec: PlanSpec) -> str | None:
     runs, the filter's blocks and the shallowest ring within tuning.GLUON_STEM_SMEM_BYTES."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None
-    if not tuning.GLUON_STEM:
-        return "tuning.GLUON_STEM is off"
     if spec.dtype not in (DataType.HALF, DataType.BFLOAT16):
         return f"{spec.dtype.name} data: the products are 16-bit wgmma (fp16, bf16)"
     if conv.groups != 1:

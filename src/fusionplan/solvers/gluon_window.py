@@ -266,11 +266,10 @@ _STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
 
 
 def window_tma_store(spec: PlanSpec) -> bool:
-    """Whether gluon-window stores the plan's output windows by TMA (tuning.GLUON_WINDOW_TMA_STORE):
-    16-bit output of the plan's dtype whose strides fit (tma_store_strides_fit)."""
+    """Whether gluon-window stores the plan's output windows by TMA: 16-bit output of the plan's
+    dtype whose strides fit (tma_store_strides_fit)."""
     out = spec.output_desc
-    fits = tma_store_strides_fit(out.strides, out.dims[3], 1, 2)
-    return tuning.GLUON_WINDOW_TMA_STORE and sixteen_bit_output(spec) and fits
+    return sixteen_bit_output(spec) and tma_store_strides_fit(out.strides, out.dims[3], 1, 2)
 
 
 def gluon_window_why_not(spec: PlanSpec, tf32: bool) -> str | None:
@@ -331,10 +330,10 @@ def gluon_config(spec: PlanSpec) -> tuning.ConvConfig:
 
 def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tuple[int, int, int]:
     """The window's pixels, channels and warps: two warpgroups where the accumulator exceeds
-    128 x 128 (at most 128 registers a thread), one otherwise; with tuning.GLUON_WINDOW_WIDE_CHANNELS
-    a stride-1 window of 128 pixels and 128 channels, where there are 256 or more, becomes 64
-    pixels x 256 channels over two warpgroups (as many programs)."""
-    if tuning.GLUON_WINDOW_WIDE_CHANNELS and stride_1 and pixels == 128 and block_n == 128 and k >= 256:
+    128 x 128 (at most 128 registers a thread), one otherwise; a stride-1 window of 128 pixels and
+    128 channels, where there are 256 or more, becomes 64 pixels x 256 channels over two warpgroups
+    (as many programs)."""
+    if stride_1 and pixels == 128 and block_n == 128 and k >= 256:
         return 64, 256, 8
     return pixels, block_n, 8 if pixels * block_n > 128 * 128 else 4
 
@@ -346,18 +345,17 @@ def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
 
 def window_weights_first(cfg: tuning.ConvConfig) -> int:
     """1 where gluon-window requests its first round of weights tiles before the grid-dependency
-    wait (tuning.GLUON_WINDOW_WEIGHTS_FIRST): 64-pixel windows of one computing warpgroup, the
-    windows where it measured faster (16-bit and TF32); else 0."""
-    one_warpgroup_64 = cfg.block_m == 64 and cfg.num_warps == 4
-    return int(tuning.GLUON_WINDOW_WEIGHTS_FIRST and one_warpgroup_64)
+    wait: 64-pixel windows of one computing warpgroup, the windows where it measured faster (16-bit
+    and TF32); else 0."""
+    return int(cfg.block_m == 64 and cfg.num_warps == 4)
 
 
 def window_late_invalidation(cfg: tuning.ConvConfig) -> bool:
     """Whether gluon-window invalidates its ring's barriers at the kernel's end rather than right
-    after its partitions join (tuning.GLUON_WINDOW_LATE_INVALIDATION): 64-pixel windows, where the
-    barriers and invalidations between the join and the epilogue measured 1-2 % of the time; the
-    larger windows measured the same or slower at the end."""
-    return bool(tuning.GLUON_WINDOW_LATE_INVALIDATION and cfg.block_m == 64)
+    after its partitions join: 64-pixel windows, where the barriers and invalidations between the
+    join and the epilogue measured 1-2 % of the time; the larger windows measured the same or
+    slower at the end."""
+    return cfg.block_m == 64
 
 
 def window_epilogue_mode(size: int) -> int:

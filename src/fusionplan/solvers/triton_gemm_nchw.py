@@ -248,7 +248,7 @@ MAX_ROW_SLOTS = 128
 
 def tile_reads(spec: PlanSpec) -> bool:
     """Whether the kernel reads the plan's input and weights through tensor boxes (given aligned
-    data): tuning.NCHW_GEMM_TILE_LOADS, planes and weight rows ([C, K]) of whole 16-byte units; at
+    data): planes and weight rows ([C, K]) of whole 16-byte units; at
     stride 2 an even number of input rows (the planes are whole row pairs), row pairs of whole
     16-byte units and a box row (2 x slots) of at least one."""
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
@@ -257,8 +257,8 @@ def tile_reads(spec: PlanSpec) -> bool:
     slots = row_slots(spec)
     if slots:
         row_pairs = h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
-        whole_units = whole_units and row_pairs and tuning.NCHW_GEMM_STRIDED_TILE_LOADS
-    return tuning.NCHW_GEMM_TILE_LOADS and whole_units
+        whole_units = whole_units and row_pairs
+    return whole_units
 
 
 def row_slots(spec: PlanSpec) -> int:
@@ -305,12 +305,12 @@ def wide_channels(cfg: tuning.ConvConfig, c: int, k: int) -> tuning.ConvConfig:
 
 
 def even_first(spec: PlanSpec) -> bool:
-    """Whether a strided plan's kernel keeps the even input columns before the product
-    (tuning.NCHW_GEMM_STRIDED_EVEN_FIRST): where it reads through boxes (tile_reads; by pointer
-    too where an input is not 16-byte aligned). Over whole rows by pointer otherwise: r50_20 took
-    55.0 us keeping them first against 74.6 over whole rows, but gluon-nchw-regs, its solver,
-    48.0 (H100, fp16 CBNA, batch 32; result set 2026-11-22-h100-nchw-row-pairs-19, in git history)."""
-    return bool(row_slots(spec)) and tuning.NCHW_GEMM_STRIDED_EVEN_FIRST and tile_reads(spec)
+    """Whether a strided plan's kernel keeps the even input columns before the product: where it
+    reads through boxes (tile_reads; by pointer too where an input is not 16-byte aligned). Over
+    whole rows by pointer otherwise: r50_20 took 55.0 us keeping them first against 74.6 over whole
+    rows, but gluon-nchw-regs, its solver, 48.0 (H100, fp16 CBNA, batch 32; result set
+    2026-11-22-h100-nchw-row-pairs-19, in git history)."""
+    return bool(row_slots(spec)) and tile_reads(spec)
 
 
 def tile_count(spec: PlanSpec, cfg: tuning.ConvConfig) -> int:
@@ -401,9 +401,8 @@ class TritonGemmNchwKernel(TritonConvKernel):
 
     def _input_tiles(self, x: Tensor, cfg: tuning.ConvConfig):
         """The input's descriptor, [N, C, H*W] in [1, BLOCK_K, BLOCK_M] boxes (stride 2: its row
-        pairs, [N, H/2, C, 2W] in boxes of whole rows of 2 x slots), where
-        tuning.NCHW_GEMM_TILE_LOADS asks for it and descriptors can read the input and the weights
-        (tile_reads, an aligned input); else None (pointer loads, no descriptor to encode)."""
+        pairs, [N, H/2, C, 2W] in boxes of whole rows of 2 x slots), where descriptors can read the
+        input and the weights (tile_reads, an aligned input); else None (pointer loads, no descriptor to encode)."""
         n, c, h, w = self.spec.input_desc.dims
         if not tile_reads(self.spec) or x.data_ptr() % 16:
             return None
@@ -415,13 +414,13 @@ class TritonGemmNchwKernel(TritonConvKernel):
         return host_descriptor(x, [n, c, h * w], [c * h * w, h * w, 1], [1, cfg.block_k, cfg.block_m])
 
     def _output_tiles(self, out: Tensor, cfg: tuning.ConvConfig):
-        """The output's descriptor, [N, K, OH*OW] in [1, BLOCK_N, BLOCK_M] boxes, where
-        tuning.NCHW_GEMM_TILE_STORES asks for it and a descriptor can write the output (packed planes
+        """The output's descriptor, [N, K, OH*OW] in [1, BLOCK_N, BLOCK_M] boxes, where a descriptor
+        can write the output (packed planes
         of whole 16-byte units, an aligned address; stride 1); else None (pointer stores)."""
         n, k = self.spec.input_desc.dims[0], self.k
         hw = self.out_hw[0] * self.out_hw[1]
         whole_units = (hw * out.element_size()) % 16 == 0 and out.data_ptr() % 16 == 0
-        if not tuning.NCHW_GEMM_TILE_STORES or row_slots(self.spec) or not whole_units:
+        if row_slots(self.spec) or not whole_units:
             return None
         return host_descriptor(out, [n, k, hw], [k * hw, hw, 1], [1, cfg.block_n, cfg.block_m])
 

@@ -4,7 +4,7 @@ convolution (NA, BA, NAN, AA, ...) in one pass over memory.
 Two kernels from one generated chain. Where input, output and prior are dense in one element
 order (all contiguous NCHW, or all channels-last NHWC), flat runs of consecutive elements with
 16-byte accesses, each element's channel computed from its index, a vector's parameters loaded
-once where the NCHW plane holds whole vectors (tuning.POINTWISE_FLAT*). Otherwise tiles of
+once where the NCHW plane holds whole vectors (tuning.POINTWISE_FLAT_*). Otherwise tiles of
 [pixels, channels] of one image, long along the contiguous axis (channels for NHWC, the plane's
 pixels for NCHW), each tensor read and written in its own strides. Runs of affine operators are
 folded into one scale and shift per channel (or per element) once per argument set, so the kernel

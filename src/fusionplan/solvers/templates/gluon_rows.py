@@ -4,7 +4,6 @@ products, and the store of channels-last rows or channel planes."""
 
 from __future__ import annotations
 
-from fusionplan import tuning
 from fusionplan.codegen import indent
 from fusionplan.epilogue import TileIndex, emit_stages
 from fusionplan.folding import Stage, split_at_conv
@@ -518,10 +517,8 @@ def render_gluon_rows_source(spec: PlanSpec, stages: list[Stage], mode: int) -> 
     halves = channel_splits(spec.input_desc.dims[1]) == 2
     half = "CONSUMER" if halves else "0"
     names = gluon_names()
-    hoist = tuning.GLUON_ROWS_HOIST_CHANNELS
     # the loads before the row loop index with ch_v (the loop's own ch is in another layout)
-    idx = TileIndex(ch="ch_v", ch_mask="ch_v_mask") if hoist else TileIndex()
-    epi = emit_stages(stages, spec.ops, idx, hoist_channels=hoist)
+    epi = emit_stages(stages, spec.ops, TileIndex(ch="ch_v", ch_mask="ch_v_mask"), hoist_channels=True)
     weight_loads = (
         []
         if mode == 1
