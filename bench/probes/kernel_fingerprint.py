@@ -72,8 +72,8 @@ def fingerprint(plan: fp.FusionPlan, handle: fp.Handle) -> list[dict]:
     return rows
 
 
-def layer_plans():
-    shapes = load_shapes() + load_shapes(Path(fp.__file__).parent / "data" / "zoo_convs.csv")
+def layer_plans(zoo: bool):
+    shapes = load_shapes() + (load_shapes(Path(fp.__file__).parent / "data" / "zoo_convs.csv") if zoo else [])
     for shape in shapes:
         for precision, modes in PRECISIONS_MODES.items():
             for layout in ("NHWC", "NCHW"):
@@ -91,10 +91,12 @@ def fuzz_plans(count: int, handle: fp.Handle):
         yield f"fuzz{index}", lambda case=case: CorePlan(case, make_tensors(case, "cpu", values=False), handle).plan
 
 
-def collect(fuzz: int, device: str) -> dict:
+def collect(fuzz: int, device: str, zoo: bool = True) -> dict:
     handle = fp.Handle(device, allow_tf32=True)
     result = {}
-    for name, make in [*layer_plans(), *fuzz_plans(fuzz, handle)]:
+    for index, (name, make) in enumerate([*layer_plans(zoo), *fuzz_plans(fuzz, handle)]):
+        if index % 500 == 0:
+            print(f"{index} plans", file=sys.stderr, flush=True)
         try:
             result[name] = fingerprint(make(), handle)
         except Exception as exc:  # a plan that cannot be made is part of the fingerprint
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", nargs="?", help="where to write the fingerprint (JSON)")
     parser.add_argument("--fuzz", type=int, default=300, help="random sm90 plans besides the layers")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--no-zoo", action="store_true", help="ResNet-50's layers only, not the zoo's")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     opts = parser.parse_args(argv)
     if opts.compare:
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if diffs else 0
     if not opts.out:
         parser.error("give OUT, or --compare BEFORE AFTER")
-    result = collect(opts.fuzz, opts.device)
+    result = collect(opts.fuzz, opts.device, zoo=not opts.no_zoo)
     Path(opts.out).write_text(json.dumps(result, indent=0, sort_keys=True))
     print(f"{len(result)} plans -> {opts.out}")
     return 0
