@@ -122,14 +122,15 @@ def test_bad_arguments_are_bad_parm(plans, handle, workers, match):
         fp.compile_all(plans, fp.Handle("cpu") if handle == "handle" else handle, workers=workers)
 
 
-def test_workers_from_the_environment(monkeypatch):
+def test_workers_from_the_settings(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_COMPILE_WORKERS", "3")
-    assert compiling.resolve_workers(None) == 3
+    assert compiling.resolve_workers(None, fp.Handle("cpu").settings) == 3
+    assert compiling.resolve_workers(2, fp.Handle("cpu").settings) == 2
     monkeypatch.setenv("FUSIONPLAN_COMPILE_WORKERS", "many")
     with pytest.raises(fp.BadParmError, match="FUSIONPLAN_COMPILE_WORKERS"):
-        compiling.resolve_workers(None)
+        fp.Handle("cpu")
     monkeypatch.delenv("FUSIONPLAN_COMPILE_WORKERS")
-    assert compiling.resolve_workers(None) >= 1
+    assert compiling.resolve_workers(None, fp.Settings()) >= 1
     assert fp.compile_all([], fp.Handle("cpu")) == []
 
 

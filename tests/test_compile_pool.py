@@ -93,15 +93,14 @@ def test_a_dead_worker_means_compiling_here(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "workers, on_gpu, setting, used",
-    [(4, True, "1", True), (1, True, "1", False), (4, False, "1", False), (4, True, "0", False)],
+    "workers, enabled, used",
+    [(4, True, True), (1, True, False), (4, False, False)],
 )
-def test_the_pool_serves_gpu_compiles_of_several_workers(monkeypatch, workers, on_gpu, setting, used):
-    monkeypatch.setenv("FUSIONPLAN_COMPILE_PROCESSES", setting)
+def test_the_pool_serves_gpu_compiles_of_several_workers(monkeypatch, workers, enabled, used):
     started = []
     monkeypatch.setattr(compile_pool, "CompilePool", lambda size: started.append(size) or FakePool(size))
     monkeypatch.setattr(compile_pool, "_pool", None)
-    with worker_processes(workers, on_gpu):
+    with worker_processes(workers, enabled):
         assert (compile_pool.active_pool() is not None) == used
     assert compile_pool.active_pool() is None and started == ([workers] if used else [])
 

@@ -148,21 +148,39 @@ def test_backend_restriction(handle, monkeypatch):
     assert plan.compile(handle, solver="reference") == "reference"
     with pytest.raises(fp.BadParmError, match="no solver named"):
         plan.compile(handle, solver="tensorrt")
-    monkeypatch.setenv("FUSIONPLAN_BACKEND", "cpu")
-    assert plan.compile(handle) == "cpu-folded"
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "cpu")  # read by handles made from now on
+    assert plan.compile(fp.Handle("cpu")) == "cpu-folded"
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    triton_only = fp.Handle("cpu")
     training = fp.FusionPlan(fp.TensorDescriptor.packed("double", (2, 4, 9, 7)))  # the Triton kernels take no fp64
     training.add_batchnorm_forward(fp.BatchNormMode.SPATIAL)
     with pytest.raises(fp.UnsupportedOpError, match="compile restricted to the triton family") as refused:
-        training.compile(handle)
+        training.compile(triton_only)
     # a tried solver's reason a line, and the solvers left out by the restriction named once
     lines = str(refused.value).splitlines()
     assert lines[0].startswith("no solver can run the plan") and all(len(line) < 200 for line in lines)
     assert lines[-1].endswith(": cpu-folded, cpu-training, cudnn, reference")
     assert any(line.strip().startswith("triton-pointwise [triton]: no: ") for line in lines)
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "cuda")
-    with pytest.raises(fp.BadParmError, match="backend"):
-        plan.compile(handle)
+    with pytest.raises(fp.BadParmError, match="FUSIONPLAN_BACKEND: backend 'cuda'"):
+        fp.Handle("cpu")
+    with pytest.raises(fp.BadParmError, match="backend 'cuda'"):
+        plan.compile(triton_only, backend="cuda")
+
+
+def test_a_handle_keeps_the_settings_it_was_made_with(monkeypatch):
+    """The environment is read when a handle is made; settings given to a handle are its own; the
+    default handle of a device follows the environment (another handle once it changes)."""
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    plan = cbna_plan()
+    default, made, own = fp.default_handle("cpu"), fp.Handle("cpu"), fp.Handle("cpu", settings=fp.Settings("reference"))
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "reference")
+    assert made.settings.backend is None and plan.compile(made) == "cpu-folded"
+    assert own.settings.backend == "reference" and plan.compile(own) == "reference"
+    assert fp.default_handle("cpu") is not default and fp.default_handle("cpu").settings.backend == "reference"
+    assert fp.Handle("cpu", find_mode="normal").settings == fp.Settings(backend="reference", find_mode="NORMAL")
+    with pytest.raises(fp.BadParmError, match="settings: expected fusionplan.Settings"):
+        fp.Handle("cpu", settings={"backend": "cpu"})
 
 
 # ---- execute: every failure path leaves the output untouched -------------------------------------

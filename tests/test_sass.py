@@ -61,7 +61,8 @@ from fusionplan.shapes import load_shapes
 from fusionplan.verify import layer_plan
 
 hopper = types.SimpleNamespace(
-    device=torch.device("cuda", 0), tf32_allowed=lambda: True, compute_capability=lambda: (9, 0)
+    device=torch.device("cuda", 0), tf32_allowed=lambda: True, compute_capability=lambda: (9, 0),
+    settings=fp.Settings(),
 )
 seen, rows = set(), []
 for shape in load_shapes():

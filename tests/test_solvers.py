@@ -171,7 +171,10 @@ def test_no_applicability_check_raises_on_common_plans():
             plans.append(layer_plan(shape, x, "CBNA"))
     for device, capability in (("cpu", None), ("cuda", (8, 0)), ("cuda", (9, 0))):
         handle = types.SimpleNamespace(
-            device=torch.device(device), tf32_allowed=lambda: True, compute_capability=lambda c=capability: c
+            device=torch.device(device),
+            tf32_allowed=lambda: True,
+            compute_capability=lambda c=capability: c,
+            settings=fp.Settings(),
         )
         for plan in plans:
             for verdict in solvers.verdicts(plan.spec(), handle):

@@ -26,6 +26,7 @@ from fusionplan.ops import (
     ConvArgs,
 )
 from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.settings import Settings
 from fusionplan.version import __version__ as __version__
 
 # A library's logger: its records reach the application's handlers, and with none configured
@@ -58,6 +59,7 @@ __all__ = [
     "NotCompiledError",
     "OperatorArgs",
     "Plan",
+    "Settings",
     "Status",
     "compile_all",
     "conv_bias_activation",

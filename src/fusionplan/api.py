@@ -31,19 +31,21 @@ from fusionplan.ops import (
     as_tensor,
 )
 from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.settings import Settings
 from fusionplan.solvers.base import Verdict
 
-_default_handles: dict[torch.device, Handle] = {}
+_default_handles: dict[tuple[torch.device, Settings], Handle] = {}
 _handles_lock = threading.Lock()
 
 
 def default_handle(device: Any = None) -> Handle:
     """One shared handle per device (torch's current stream at each execute)."""
     dev = resolve_device(device)
+    settings = Settings.from_environment()  # a change of the environment's settings: another handle
     with _handles_lock:
-        if dev not in _default_handles:
-            _default_handles[dev] = Handle(dev)
-        return _default_handles[dev]
+        if (dev, settings) not in _default_handles:
+            _default_handles[dev, settings] = Handle(dev, settings=settings)
+        return _default_handles[dev, settings]
 
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:

@@ -36,11 +36,6 @@ log = logging.getLogger("fusionplan")
 WORKER_SCRIPT = Path(__file__).with_name("compile_worker.py")
 
 
-def processes_enabled() -> bool:
-    """Whether compile_all may compile in worker processes ($FUSIONPLAN_COMPILE_PROCESSES, default on)."""
-    return os.environ.get("FUSIONPLAN_COMPILE_PROCESSES", "1").strip().lower() not in ("0", "false", "off", "no")
-
-
 def _environment() -> tuple:
     """What a worker inherits that selects what it compiles and where it puts it: a pool started
     under other settings is not used."""
@@ -130,12 +125,12 @@ _lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def worker_processes(workers: int, on_gpu: bool):
+def worker_processes(workers: int, enabled: bool):
     """While it is entered, Launcher compiles in ``workers`` worker processes (a pool kept for
-    later calls); a no-op where processes are turned off, one worker is asked for, or the kernels
-    are not for a GPU (``on_gpu``: Triton's interpreter compiles nothing)."""
+    later calls); a no-op where they are not ``enabled`` (the settings' compile_processes, and
+    kernels for a GPU: Triton's interpreter compiles nothing) or one worker is asked for."""
     global _pool, _active
-    if workers < 2 or not on_gpu or not processes_enabled():
+    if workers < 2 or not enabled:
         yield
         return
     use_triton_cache_inside_ours()  # before the pool's settings are read: the workers compile there

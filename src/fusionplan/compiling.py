@@ -23,6 +23,7 @@ from fusionplan.compile_pool import worker_processes
 from fusionplan.errors import BadParmError, FusionPlanError, InternalError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
+from fusionplan.settings import Settings
 
 #: Compiling shorter than this shows no progress line.
 PROGRESS_AFTER_S = 1.0
@@ -46,7 +47,7 @@ def compile_all(
     plans = _checked_plans(plans)
     if not isinstance(handle, Handle):
         raise BadParmError(f"compile_all: expected a Handle, got {type(handle).__name__}")
-    count = resolve_workers(workers)
+    count = resolve_workers(workers, handle.settings)
     leaders, followers = _by_kernel(plans)
     results: dict[int, str] = {}
     failures: dict[int, Exception] = {}
@@ -59,7 +60,7 @@ def compile_all(
             failures[index] = exc
         shown.step()
 
-    with worker_processes(count, on_gpu(handle.device.type)):
+    with worker_processes(count, on_gpu(handle.device.type) and handle.settings.compile_processes):
         run_on_threads(compile_one, leaders, count)
         for index in followers:  # their kernels are in the handle's cache now
             compile_one(index)
@@ -69,18 +70,11 @@ def compile_all(
     return [results[i] for i in range(len(plans))]
 
 
-def resolve_workers(workers: int | None) -> int:
-    """The number of compiling threads: ``workers``, else $FUSIONPLAN_COMPILE_WORKERS, else the
-    cores this process may run on."""
+def resolve_workers(workers: int | None, settings: Settings) -> int:
+    """The number of compiling threads: ``workers``, else the settings' compile_workers (from
+    $FUSIONPLAN_COMPILE_WORKERS), else the cores this process may run on."""
     if workers is None:
-        env = os.environ.get("FUSIONPLAN_COMPILE_WORKERS")
-        if env:
-            try:
-                workers = int(env)
-            except ValueError:
-                raise BadParmError(f"FUSIONPLAN_COMPILE_WORKERS must be a whole number, got {env!r}") from None
-        else:
-            workers = _usable_cores()
+        workers = settings.compile_workers or _usable_cores()
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise BadParmError(f"workers must be a whole number of at least 1, got {workers!r}")
     return workers
@@ -123,8 +117,8 @@ def on_gpu(device_type: str) -> bool:
 
 def run_on_threads(task: Callable[[int], None], indices: list[int], workers: int, processes: bool = False) -> None:
     """``task(i)`` for each index, on up to ``workers`` threads (``processes``: whose Triton
-    compiles go to as many worker processes); the first error raised is raised once every task
-    has ended."""
+    compiles go to as many worker processes, where the settings allow); the first error raised is
+    raised once every task has ended."""
     if processes:
         with worker_processes(workers, True):
             return run_on_threads(task, indices, workers)

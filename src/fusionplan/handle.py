@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fusionplan.errors import BadParmError
+from fusionplan.settings import Settings
 
 _uids = itertools.count(1)
 
@@ -47,20 +48,36 @@ class Handle:
 
     ``stream=None`` means torch's current stream at the time of each execute, which is what a
     framework expects. ``allow_tf32=None`` follows ``torch.backends.cudnn.allow_tf32``.
-    ``find_mode``: FAST (heuristic tuning) or NORMAL (benchmark the candidates once per signature).
+    ``settings``: the handle's ``Settings`` (None: read from the environment now);
+    ``find_mode``: FAST (heuristic tuning) or NORMAL (benchmark the candidates once per
+    signature), in place of the settings' own.
     """
 
     def __init__(
-        self, device: Any = None, stream: Any = None, allow_tf32: bool | None = None, find_mode: str | None = None
+        self,
+        device: Any = None,
+        stream: Any = None,
+        allow_tf32: bool | None = None,
+        find_mode: str | None = None,
+        settings: Settings | None = None,
     ) -> None:
+        if settings is not None and not isinstance(settings, Settings):
+            raise BadParmError(f"settings: expected fusionplan.Settings, got {type(settings).__name__}")
         self.device = resolve_device(device)
         self.uid = next(_uids)
         self.allow_tf32 = allow_tf32
-        self.find_mode = find_mode  # None: $FUSIONPLAN_FIND_MODE, else FAST
+        self.settings = settings if settings is not None else Settings.from_environment()
+        if find_mode is not None:
+            self.settings = self.settings.with_changes(find_mode=find_mode)
         self._stream = None
         self.set_stream(stream)
         self.kernels: dict[tuple, Any] = {}  # plan signature -> compiled kernel
         self.lock = threading.Lock()
+
+    @property
+    def find_mode(self) -> str:
+        """FAST or NORMAL (the settings')."""
+        return self.settings.find_mode
 
     @property
     def stream(self) -> Any:

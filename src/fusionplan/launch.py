@@ -42,6 +42,7 @@ from fusionplan.compile_pool import compile_in_worker
 from fusionplan.compile_worker import source_class
 from fusionplan.folding import args_fingerprint
 from fusionplan.ops import OpArgs
+from fusionplan.settings import Settings
 from fusionplan.tma import DescriptorEncoder, is_host_descriptor, rebased
 
 Tensor = torch.Tensor
@@ -192,7 +193,9 @@ class Launcher:
     cache on each call (tens of microseconds for our ~50 arguments). The first launch for a given
     ``key`` goes through it; the compiled kernel it returns is kept, and later launches with the
     same key call it directly. The key is the caller's (launch options) with the arguments'
-    ``specialization``. ``FUSIONPLAN_DIRECT_LAUNCH=0`` turns this off (and ``BoundLaunch`` with it).
+    ``specialization``. ``direct=False`` (a handle's settings' ``direct_launch``, from
+    ``FUSIONPLAN_DIRECT_LAUNCH=0``; None: the environment's) turns this off, and ``BoundLaunch``
+    with it.
 
     ``grid_dependency``: compile the kernel for programmatic dependent launch (Triton's
     ``launch_pdl``), for kernels that wait for the kernel before them on the stream before they
@@ -204,7 +207,9 @@ class Launcher:
     multiprocessor's memory to L1.
     """
 
-    def __init__(self, fn, grid_dependency: bool = False, fit_carveout: bool = False) -> None:
+    def __init__(
+        self, fn, grid_dependency: bool = False, fit_carveout: bool = False, direct: bool | None = None
+    ) -> None:
         self.fn = fn  # Triton's JIT function, or a codegen.GeneratedKernel that imports it when compiled
         self.grid_dependency = grid_dependency
         self.fit_carveout = fit_carveout
@@ -212,9 +217,9 @@ class Launcher:
         self.constexprs = constexpr_positions(fn)
         self._compiled: dict[tuple, object] = {}
         self._too_large: dict[tuple, Exception] = {}  # specializations that do not fit the device
-        self.direct = (
-            not interpreter_active() and os.environ.get("FUSIONPLAN_DIRECT_LAUNCH", "1") != "0" and bool(self.names)
-        )
+        if direct is None:
+            direct = Settings.from_environment().direct_launch
+        self.direct = not interpreter_active() and direct and bool(self.names)
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that

@@ -15,6 +15,7 @@ from fusionplan import solvers
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.plan import FusionPlan
+from fusionplan.settings import Settings
 
 Builder = Callable[[FusionPlan], None]
 
@@ -84,7 +85,9 @@ def _solver_for(builders: list[Builder], device: tuple, channels: int = 64) -> s
     ``device``: (torch device, compute capability)."""
     where, capability = device
     # verdicts only read these
-    handle = types.SimpleNamespace(device=where, tf32_allowed=lambda: True, compute_capability=lambda: capability)
+    handle = types.SimpleNamespace(
+        device=where, tf32_allowed=lambda: True, compute_capability=lambda: capability, settings=Settings()
+    )
     chosen: list[str] = []
     for dtype in DTYPES:
         for layout in ("NCHW", "NHWC"):

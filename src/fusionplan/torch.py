@@ -31,6 +31,7 @@ from fusionplan.activations import activation_forward
 from fusionplan.compiling import compile_all, on_gpu, resolve_workers, run_on_threads
 from fusionplan.enums import ActivationMode
 from fusionplan.errors import BadParmError
+from fusionplan.settings import Settings
 from fusionplan.torch_op import (
     _PLANS,
     _PLANS_LOCK,
@@ -169,9 +170,11 @@ def _compile_recorded(recording: _Recording, workers: int | None, progress: bool
         _, _, solver = _run_new(_stand_in(x_layout), chain._params(), chain._hyperparameters(), residual)
         chain.solvers.add(solver)
 
-    gpu = any(on_gpu(call[1][3].type) for call in recording.calls)
+    settings = Settings.from_environment()
+    gpu = any(on_gpu(call[1][3].type) for call in recording.calls) and settings.compile_processes
+    count = resolve_workers(workers, settings)
     with torch.no_grad():
-        run_on_threads(first_execute, list(range(len(recording.calls))), resolve_workers(workers), processes=gpu)
+        run_on_threads(first_execute, list(range(len(recording.calls))), count, processes=gpu)
 
 
 # ---- the replacement module ------------------------------------------------------------------------------

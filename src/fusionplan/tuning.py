@@ -9,7 +9,6 @@ the numbers and the commands.
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fusionplan.errors import BadParmError
+from fusionplan.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -505,15 +504,10 @@ def depthwise_heuristic(interpret: bool) -> ConvConfig:
     return ConvConfig(16, 16, 16, 1, 4, 1) if interpret else DEPTHWISE_CANDIDATES[0]
 
 
-FIND_MODES = ("FAST", "NORMAL")
-
-
 def find_mode(requested: str | None = None) -> str:
-    """FAST: the heuristic's configuration. NORMAL: benchmark the candidates once per signature."""
-    mode = (requested or os.environ.get("FUSIONPLAN_FIND_MODE") or "FAST").strip().upper()
-    if mode not in FIND_MODES:
-        raise BadParmError(f"find mode {mode!r}: choose one of {', '.join(FIND_MODES)}")
-    return mode
+    """FAST: the heuristic's configuration. NORMAL: benchmark the candidates once per signature
+    (a handle's settings say which; FAST where nothing is asked)."""
+    return Settings(find_mode=requested or "FAST").find_mode
 
 
 def find_config(

@@ -7,10 +7,10 @@ UnsupportedOpError and every solver's reason.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from fusionplan.errors import BadParmError, UnsupportedOpError
+from fusionplan.settings import FAMILIES, VARIABLES, Settings  # noqa: F401  (FAMILIES: the driver's choices)
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.cpu_training import CpuTrainingSolver
@@ -37,8 +37,7 @@ from fusionplan.solvers.triton_window import TritonWindowSolver
 if TYPE_CHECKING:
     from fusionplan.handle import Handle
 
-FAMILIES = ("triton", "cpu", "vendor", "reference")
-BACKEND_ENV = "FUSIONPLAN_BACKEND"
+BACKEND_ENV = VARIABLES["backend"]
 
 #: Priority order. Each solver knows its device: on a CUDA handle the CPU solver says no and the
 #: Triton solvers come first; on a CPU handle the CPU solver comes first (the Triton solvers run
@@ -68,21 +67,18 @@ REGISTRY: list[Solver] = [
 ]
 
 
-def requested_backend(backend: str | None = None) -> str | None:
-    """The family compile is restricted to: the argument, else $FUSIONPLAN_BACKEND, else None."""
-    value = backend if backend is not None else os.environ.get(BACKEND_ENV) or None
-    if value is None:
-        return None
-    value = value.strip().lower()
-    if value not in FAMILIES:
-        raise BadParmError(f"backend {value!r}: choose one of {', '.join(FAMILIES)}")
-    return value
+def requested_backend(backend: str | None, handle: Handle) -> str | None:
+    """The family compile is restricted to: the argument, else the handle's settings' (from
+    $FUSIONPLAN_BACKEND), else None."""
+    if backend is None:
+        return handle.settings.backend
+    return Settings(backend=backend).backend
 
 
 def verdicts(spec: PlanSpec, handle: Handle, backend: str | None = None, solver: str | None = None) -> list[Verdict]:
     """Every registered solver's verdict on ``spec`` for ``handle``, in priority order; ``backend``
     restricts the choice to a family, ``solver`` to one solver by name."""
-    family = requested_backend(backend)
+    family = requested_backend(backend, handle)
     if solver is not None:
         solver_named(solver)  # an unknown name is an error, not an empty choice
     out = []
@@ -108,7 +104,7 @@ def candidates(spec: PlanSpec, handle: Handle, backend: str | None = None, solve
     ordered = compile_order(found)
     if ordered:
         return [solver_named(v.solver) for v in ordered]
-    raise UnsupportedOpError(refusal(spec, found, requested_backend(backend), solver))
+    raise UnsupportedOpError(refusal(spec, found, requested_backend(backend, handle), solver))
 
 
 def refusal(spec: PlanSpec, found: list[Verdict], family: str | None, solver: str | None) -> str:

@@ -344,7 +344,7 @@ class TritonConvKernel(Repeating, Kernel):
         self._source += CARVEOUT_MARK
         fn = generated_kernel(self._source, self.stem, f"{self.stem}_kernel")
         self.path = write_source(self._source, self.stem)
-        self.launcher = Launcher(fn, self.grid_dependency, fit_carveout=True)
+        self.launcher = Launcher(fn, self.grid_dependency, fit_carveout=True, direct=handle.settings.direct_launch)
         n, c, h, w = spec.input_desc.dims
         _, k, oh, ow = conv.output_desc.dims
         g = conv.groups

@@ -310,6 +310,7 @@ class _TrainingKernel(Kernel):
         self.spec = spec
         self._source = render_source(spec)
         self.path = write_source(self._source, "batchnorm")
+        self.direct = handle.settings.direct_launch
         self.geo = geometry(spec)
         self.has_act = len(spec.ops) > 1
         sms = persistent_programs(handle)
@@ -359,7 +360,9 @@ class _TrainingKernel(Kernel):
     def _launch(self, fn_name: str, grid: tuple[int, int, int], args: list) -> None:
         launcher = self._launchers.get(fn_name)
         if launcher is None:
-            launcher = self._launchers[fn_name] = Launcher(generated_kernel(self._source, "batchnorm", fn_name))
+            launcher = self._launchers[fn_name] = Launcher(
+                generated_kernel(self._source, "batchnorm", fn_name), direct=self.direct
+            )
         key = _launch_key(fn_name, args) if launcher.direct else None
         kernel = self._kernels.get(key) if key is not None else None
         if kernel is not None:  # Launcher's specialization of every argument, skipped (tens of us a launch)

@@ -162,8 +162,11 @@ class TritonPointwiseKernel(Repeating, Kernel):
         self.stages = pointwise_stages(spec.ops)
         self._source = render_pointwise_source(spec, self.stages)
         self.path = write_source(self._source, "pointwise")
-        self.launcher = Launcher(generated_kernel(self._source, "pointwise", "pointwise_kernel"))
-        self.flat_launcher = Launcher(generated_kernel(self._source, "pointwise", "pointwise_flat_kernel"))
+        direct = handle.settings.direct_launch
+        self.launcher = Launcher(generated_kernel(self._source, "pointwise", "pointwise_kernel"), direct=direct)
+        self.flat_launcher = Launcher(
+            generated_kernel(self._source, "pointwise", "pointwise_flat_kernel"), direct=direct
+        )
         n, c, h, w = spec.input_desc.dims
         self.dims = (n, c, h, w)
         channels_last = spec.input_desc.strides[1] == 1 and c > 1
