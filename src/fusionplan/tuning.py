@@ -230,8 +230,6 @@ GLUON_ROWS_RING_BYTES = 192 * 1024
 #: gluon-stem: the ring's slots and the kernel's shared memory at most.
 GLUON_STEM_SLOTS = 16
 GLUON_STEM_SMEM_BYTES = 192 * 1024
-#: gluon-stem requests its filter before the grid-dependency wait.
-GLUON_STEM_FILTER_FIRST = True
 #: Registers of gluon-stem's loading warps on channel-plane input.
 GLUON_STEM_PLANE_LOAD_REGS = 64
 

@@ -383,7 +383,6 @@ class GluonStemKernel(TritonConvKernel):
             LOAD_WARPS,
             *stem_registers(arrangement.side > 1),
             CONSUMERS,
-            tuning.GLUON_STEM_FILTER_FIRST,
             needs_int64(x, out, p) if idx64 is None else idx64,
             has_prior,
             tma_store,

@@ -90,10 +90,7 @@ def _load_partition(
     STEP: gl.constexpr, LEAD: gl.constexpr, VEC: gl.constexpr, RUNS: gl.constexpr, BLOCK_E: gl.constexpr,
     TAPS: gl.constexpr, SIDE: gl.constexpr, PITCH: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, LOAD_WARPS: gl.constexpr, IDX64: gl.constexpr,
-    FILTER_FIRST: gl.constexpr,
 ):
-    if not FILTER_FIRST:
-        _load_filter(w_desc, w_bufs, w_ready, KP, TAPS)
     # tile row q: run q's stretch, LEAD elements before its first pixel's column; VEC elements a copy
     gather: gl.constexpr = gl.BlockedLayout(
         [1, VEC], [32 // (BLOCK_E // VEC), BLOCK_E // VEC], [LOAD_WARPS, 1], [1, 0]
@@ -199,7 +196,7 @@ def gluon_stem_kernel(
     RUNS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_E: gl.constexpr, NUM_SLOTS: gl.constexpr,
     STR_H: gl.constexpr, SPAN: gl.constexpr, SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr,
     LOAD_WARPS: gl.constexpr, LOAD_REGS: gl.constexpr, CONSUMER_REGS: gl.constexpr, CONSUMERS: gl.constexpr,
-    FILTER_FIRST: gl.constexpr, IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, TMA_STORE: gl.constexpr,
+    IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, TMA_STORE: gl.constexpr,
     PLANE_VEC: gl.constexpr, PLANE_LANES: gl.constexpr,
     {stage_flags}
 ):
@@ -224,10 +221,9 @@ def gluon_stem_kernel(
         mbarrier.init(ready.index(i), count=LOAD_WARPS * 32)  # every loading thread's copies
         mbarrier.init(empty.index(i), count=CONSUMERS)  # handed back by every computing warpgroup
     fence_async_shared()
-    if FILTER_FIRST:
-        # The filter's blocks before the wait for the kernel before this one: no kernel that may
-        # still run writes them (the packed weights are written by plain stream-ordered copies)
-        _load_filter(w_desc, w_bufs, w_ready, KP, R * PX)
+    # The filter's blocks before the wait for the kernel before this one: no kernel that may still
+    # run writes them (the packed weights are written by plain stream-ordered copies)
+    _load_filter(w_desc, w_bufs, w_ready, KP, R * PX)
 {grid_dependency}
 {row_run}
     gl.warp_specialize(
@@ -249,7 +245,7 @@ _LOADER = """(
             _load_partition,
             (x_ptr, w_desc, x_bufs, w_bufs, w_ready, ready, empty, start, end, H, OH, KP, ROW_VECS, sxn_vecs,
              sxh_vecs, sxc_vecs, pad_h, STEP, LEAD, VEC, RUNS, BLOCK_E, R * PX, SIDE, PITCH, NUM_SLOTS, STR_H,
-             SPAN, LOAD_WARPS, IDX64, FILTER_FIRST),
+             SPAN, LOAD_WARPS, IDX64),
         )"""
 
 
