@@ -224,15 +224,12 @@ def test_kernel_gathers_beside_one_computing_warpgroup(name, dtype, partitions):
     assert info["shared bytes (dynamic)"] <= 232448
 
 
-@pytest.mark.parametrize("early, order", [(True, "TF" * 6), (False, "FT" * 6)])
-def test_weights_requested_before_the_gathers_fence(early, order):
-    """With tuning.GLUON_NCHW_EARLY_WEIGHTS each gathering partition (r50_22: two, each three steps a
-    turn) issues its stage's weights load before the proxy fence that waits for its gathers, and
-    the stage's ready barrier counts the stores' arrival besides the load's; without it, the load
-    after the fence."""
-    build = f"fp.tuning.GLUON_NCHW_EARLY_WEIGHTS = {early}\n" + layer_build("r50_22", "float16", layout="NCHW")
-    info = compile_sm90(build, "gluon-nchw")
-    assert info["tensor loads (T) and fences (F) in order"] == order
+def test_weights_requested_before_the_gathers_fence():
+    """Each gathering partition (r50_22: two, each three steps a turn) issues its stage's weights
+    load before the proxy fence that waits for its gathers, and the stage's ready barrier counts the
+    stores' arrival besides the load's."""
+    info = compile_sm90(layer_build("r50_22", "float16", layout="NCHW"), "gluon-nchw")
+    assert info["tensor loads (T) and fences (F) in order"] == "TF" * 6
     assert ("mbarrier.init(ready.index(i), count=2)" in info["source"]) and "LOCAL:0" in info["resources"]
 
 

@@ -264,9 +264,6 @@ GLUON_NCHW_PREFETCH = 0
 #: A reduction split in two adds the other part's partial (H100 A/B, r50_18 / r50_22).
 GLUON_NCHW_PAIR_SUM = 1
 
-#: gluon-nchw requests a stage's weights before its gathered stores (H100 A/B, TF32).
-GLUON_NCHW_EARLY_WEIGHTS = True
-
 
 #: Filter taps innermost in the gather kernels' reduction (H100 A/B, r50_18 / r50_10).
 GLUON_NCHW_TAPS_INNER = True

@@ -58,8 +58,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
     output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
     in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
-    either reduction order, the product either way round, the weights requested before or after the
-    gathers' stores), output in planes and channels-last, with and without a prior (three launches
+    either reduction order, the product either way round), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
     from fusionplan.solvers import gather_toolkit, gluon_nchw
@@ -86,7 +85,6 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         transposed = rng.choice((False, True))  # the product [channels, pixels] where it could be either
         monkeypatch.setattr(gluon_nchw, "pixel_rows", lambda n, w, t=transposed: not t and pixel_rows(n, w))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_EARLY_WEIGHTS", rng.choice((False, True)))
         check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 

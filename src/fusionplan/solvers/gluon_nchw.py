@@ -87,24 +87,20 @@ def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.cons
 @gluon.jit
 def _fill_stage(
     v, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
+    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
 ):
-    # Step kb's stage once it is free: its gathered input ``v`` stored, fenced and announced, its
-    # weights requested. With EARLY_WEIGHTS the weights are requested as soon as the stage is free
-    # and the stage's ready barrier counts two arrivals (the weights' expect, the stores' arrival);
-    # else one, the weights requested after the stores.
+    # Step kb's stage once it is free: its weights requested, its gathered input ``v`` stored,
+    # fenced and announced. The stage's ready barrier counts two arrivals (the weights' expect,
+    # the stores' arrival).
     stage = kb % NUM_STAGES
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
-    if EARLY_WEIGHTS:  # the weights' load runs under the stores and the fence
-        _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
+    # the weights' load runs under the stores and the fence
+    _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
     a_bufs.index(stage).store(v)
     fence_async_shared()  # the stores, before wgmma reads them through the async proxy
     {thread_barrier}()  # every gathering warp's stores, before the stage is announced
-    if EARLY_WEIGHTS:
-        mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
-    else:
-        _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
+    mbarrier.arrive(ready.index(stage))  # the stage's second arrival: its input is stored
 
 
 @gluon.jit
@@ -114,7 +110,7 @@ def _gather_partition(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr, EARLY_WEIGHTS: gl.constexpr,
+    TAPS_INNER: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -155,7 +151,7 @@ def _gather_partition(
             )
             if kb + j * G < n:
                 _fill_stage(vals[0], kb + j * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER, EARLY_WEIGHTS)
+                            BLOCK_K, NUM_STAGES, TAPS_INNER)
             vals = vals[1:] + (ahead,)
 
 
@@ -200,7 +196,7 @@ def gluon_nchw_kernel(
     PIXELS: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr,
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, GATHER_WARPS: gl.constexpr, WARPS_M: gl.constexpr,
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
-    EARLY_WEIGHTS: gl.constexpr, PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, IDX64: gl.constexpr,
+    PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr,
     WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
     {stage_flags}
@@ -218,10 +214,7 @@ def gluon_nchw_kernel(
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_STAGES):
-        if EARLY_WEIGHTS:
-            mbarrier.init(ready.index(i), count=2)
-        else:
-            mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(ready.index(i), count=2)  # the weights' expect, the stores' arrival
         mbarrier.init(empty.index(i), count=1)
     fence_async_shared()
 {grid_dependency}
@@ -293,7 +286,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER, EARLY_WEIGHTS),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER),
             )"""
 
 
@@ -428,8 +421,7 @@ class GluonNchwKernel(TritonConvKernel):
         warps, parts, prefetch = gather_partitions(cfg.block_m)
         stages, parts = shared_ring(cfg.num_stages, parts)
         # warps of a gathering partition, warps along the pixels, registers, steps ahead, partitions,
-        # programs sharing a tile's reduction, whether a stage's weights are requested before its stores,
-        # the product's orientation
+        # programs sharing a tile's reduction, the product's orientation
         own = (
             warps,
             min(warps, cfg.block_m // 32),
@@ -437,7 +429,6 @@ class GluonNchwKernel(TritonConvKernel):
             prefetch,
             parts,
             cfg.split_k,
-            tuning.GLUON_NCHW_EARLY_WEIGHTS,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
             cfg.split_k == 2 and bool(tuning.GLUON_NCHW_PAIR_SUM),
         )
