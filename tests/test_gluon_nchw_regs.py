@@ -115,13 +115,12 @@ def test_strided_filters_of_several_taps_take_shorter_steps(row, monkeypatch):
     assert regs.regs_config(1568, 2048, torch.float16, H100_SMS, taps=1, strided=True).block_k == 64
 
 
-@pytest.mark.parametrize("taps_inner", [True, False])
-def test_sm90_kernel_takes_its_operand_from_registers(taps_inner):
-    """In either reduction order: the product reads the input operand from registers (matrix loads
+def test_sm90_kernel_takes_its_operand_from_registers():
+    """The product reads the input operand from registers (matrix loads
     from the layout-change buffers, no wgmma of a shared input tile), weights by TMA, global loads,
     no spills, one product in flight at each step of the unrolled loop (the registers it reads are
     not kept past it)."""
-    build = f"fp.tuning.GLUON_NCHW_TAPS_INNER = {taps_inner}\n" + layer_build("r50_10", "float16", layout="NCHW")
+    build = layer_build("r50_10", "float16", layout="NCHW")
     info = compile_sm90(build, "gluon-nchw-regs")
     assert info["HGMMA"] >= 4 and info["LDSM (operand through registers)"] >= 4
     assert info["tensor loads (UTMALDG)"] >= 2 and info["async copies (LDGSTS)"] == 0

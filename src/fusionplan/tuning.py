@@ -265,9 +265,6 @@ GLUON_NCHW_PREFETCH = 0
 GLUON_NCHW_PAIR_SUM = 1
 
 
-#: Filter taps innermost in the gather kernels' reduction (H100 A/B, r50_18 / r50_10).
-GLUON_NCHW_TAPS_INNER = True
-
 #: gluon-row-pairs: the smallest output plane, its prefetch depth and resident bytes.
 GLUON_ROW_PAIRS_MIN_PLANE = 784
 GLUON_ROW_PAIRS_PREFETCH = 2

@@ -58,7 +58,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     """gluon-nchw on NCHW input over each of its tiles (64 x 256, 128 and 64 pixels by 128 and 64
     output channels, steps of 64 or 128 bytes a pixel, random ring depths, reductions whole or split
     in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
-    either reduction order, the product either way round), output in planes and channels-last, with and without a prior (three launches
+    the product either way round), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
     from fusionplan import tuning
     from fusionplan.solvers import gather_toolkit, gluon_nchw
@@ -82,7 +82,6 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHER_WARPS", warps)
         monkeypatch.setattr(tuning, "GLUON_NCHW_GATHERERS", parts)
         monkeypatch.setattr(tuning, "GLUON_NCHW_PREFETCH", rng.choice((1, 2, 3)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         transposed = rng.choice((False, True))  # the product [channels, pixels] where it could be either
         monkeypatch.setattr(gluon_nchw, "pixel_rows", lambda n, w, t=transposed: not t and pixel_rows(n, w))
         check_kernel_config(plan, handle, kernel, x, precision, rng)
@@ -105,7 +104,7 @@ def test_gluon_nchw_layers(layer, precision):
 @pytest.mark.parametrize("case", list(GLUON_NCHW_CASES))
 def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
-    stages), loads 1 to 3 steps ahead, either reduction order, output in planes and channels-last, with
+    stages), loads 1 to 3 steps ahead, output in planes and channels-last, with
     and without a prior."""
     from fusionplan import tuning
     from fusionplan.solvers import gluon_nchw_regs
@@ -120,7 +119,6 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_STRIDED_STAGES", rng.choice((2, 3, 4, 6, 8)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_AHEAD", rng.choice((1, 2, 3)))
         monkeypatch.setattr(tuning, "GLUON_NCHW_REGS_UNROLLED", rng.choice((0, 1)))
-        monkeypatch.setattr(tuning, "GLUON_NCHW_TAPS_INNER", rng.choice((False, True)))
         row = rng.choice((64, 128))  # a pixel's bytes in a reduction step (64: strided filters' steps)
         kernel.config = gluon_nchw_regs.regs_tile(pixels, block_n, warps, x.element_size(), row)
         check_kernel_config(plan, handle, kernel, x, precision, rng)

@@ -24,20 +24,16 @@ Tensor = torch.Tensor
 #: A tile's gathered pixels and one reduction step's input operand, gathered in the layout of
 #: its pointers (both gluon-nchw kernels).
 GATHER_STEP = """@gluon.jit
-def _tap_and_block(kb, num_cb, TAPS: gl.constexpr, TAPS_INNER: gl.constexpr):
-    # Step kb's filter tap and channel block: the taps of a channel block one after another
-    # (TAPS_INNER: their shifted reads of the same input lines meet in L1), or the channel blocks
-    # of a tap.
-    if TAPS_INNER:
-        return kb % TAPS, kb // TAPS
-    else:
-        return kb // num_cb, kb % num_cb
+def _tap_and_block(kb, TAPS: gl.constexpr):
+    # Step kb's filter tap and channel block: the taps of a channel block one after another (their
+    # shifted reads of the same input lines meet in L1)
+    return kb % TAPS, kb // TAPS
 
 
 @gluon.jit
-def _weights_column(kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr, TAPS_INNER: gl.constexpr):
+def _weights_column(kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr):
     # step kb's first column of the packed weights ([K, R*S*C], a tap's C channels after another's)
-    t, cb = _tap_and_block(kb, num_cb, TAPS, TAPS_INNER)
+    t, cb = _tap_and_block(kb, TAPS)
     return t * C + cb * BLOCK_K
 
 
@@ -66,12 +62,11 @@ def _gather_pixels(
 def _gather_step(
     x_ptr, base, ih0, iw0, m_mask, offs_c, kb, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w,
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, BLOCK_K: gl.constexpr, WHOLE_CB: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
 ):
     # Step kb's [pixels, BLOCK_K] operand (zeros past the last step): its tap's input pixels, each
     # thread's channels of its pixel one address and constant offsets (SXC, the channel stride, is
     # a constant of the plan: immediates of the loads).
-    t, cb = _tap_and_block(kb, num_cb, R * S, TAPS_INNER)
+    t, cb = _tap_and_block(kb, R * S)
     c0 = cb * BLOCK_K
     ih = ih0 + (t // S) * dil_h
     iw = iw0 + (t % S) * dil_w
@@ -289,7 +284,6 @@ def gather_launch(
         has_prior,
         c % cfg.block_k == 0,
         strides[5] != 1,  # output channels apart: lanes along the pixels
-        tuning.GLUON_NCHW_TAPS_INNER,
         *flags.values(),
     )
     grid = (kernel.programs_and_steps(cfg)[0], 1, cfg.split_k)

@@ -76,18 +76,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 
 {gather_step}@gluon.jit
-def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-                  TAPS_INNER: gl.constexpr):
+def _load_weights(w_desc, w_bufs, ready, stage, k0, kb, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr):
     # step kb's weights tile into the stage by TMA; the expect is one of the stage's arrivals
     mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes)
-    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)], ready.index(stage),
+    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K)], ready.index(stage),
                w_bufs.index(stage))
 
 
 @gluon.jit
 def _fill_stage(
     v, kb, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
 ):
     # Step kb's stage once it is free: its weights requested, its gathered input ``v`` stored,
     # fenced and announced. The stage's ready barrier counts two arrivals (the weights' expect,
@@ -96,7 +95,7 @@ def _fill_stage(
     # the first round finds every buffer free (the phase before a new barrier's first counts as done)
     mbarrier.wait(empty.index(stage), ((kb // NUM_STAGES) & 1) ^ 1)
     # the weights' load runs under the stores and the fence
-    _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)
+    _load_weights(w_desc, w_bufs, ready, stage, k0, kb_lo + kb, num_cb, C, TAPS, BLOCK_K)
     a_bufs.index(stage).store(v)
     fence_async_shared()  # the stores, before wgmma reads them through the async proxy
     {thread_barrier}()  # every gathering warp's stores, before the stage is announced
@@ -110,7 +109,6 @@ def _gather_partition(
     SXC: gl.constexpr, R: gl.constexpr, S: gl.constexpr, STR_H: gl.constexpr, STR_W: gl.constexpr,
     PIXELS: gl.constexpr, BLOCK_K: gl.constexpr, NUM_STAGES: gl.constexpr, WARPS_M: gl.constexpr, IDX64: gl.constexpr,
     WHOLE_CB: gl.constexpr, PREFETCH: gl.constexpr, PART: gl.constexpr, GATHERERS: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
 ):
     # Lanes along the pixels (a warp's load: 32 neighbouring pixels of one channel), 8 channels
     # per thread (a 16-byte piece of its pixel's row in the stage's [pixels, BLOCK_K] operand).
@@ -137,7 +135,7 @@ def _gather_partition(
         vals = vals + (
             _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + PART + j * G, kb_hi, num_cb, C, H, W, sxh, sxw,
-                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB,
             ),
         )
     for kb in range(PART, n, (PREFETCH + 1) * G):
@@ -147,11 +145,11 @@ def _gather_partition(
             # never stored
             ahead = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb_lo + kb + (j + PREFETCH) * G, kb_hi, num_cb, C, H, W,
-                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                sxh, sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB,
             )
             if kb + j * G < n:
                 _fill_stage(vals[0], kb + j * G, kb_lo, k0, num_cb, C, w_desc, a_bufs, w_bufs, ready, empty, TAPS,
-                            BLOCK_K, NUM_STAGES, TAPS_INNER)
+                            BLOCK_K, NUM_STAGES)
             vals = vals[1:] + (ahead,)
 
 
@@ -198,7 +196,7 @@ def gluon_nchw_kernel(
     GATHER_REGS: gl.constexpr, PREFETCH: gl.constexpr, GATHERERS: gl.constexpr, SPLIT_K: gl.constexpr,
     PIXEL_ROWS: gl.constexpr, PAIR_SUM: gl.constexpr, IDX64: gl.constexpr,
     HAS_PRIOR: gl.constexpr,
-    WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -286,7 +284,7 @@ _GATHERER = """(
                 _gather_partition,
                 (x_ptr, w_desc, a_bufs, w_bufs, ready, empty, m0, k0, M, C, H, W, OH, OW, sxn, sxh, sxw,
                  pad_h, pad_w, dil_h, dil_w, kb_lo, kb_hi, num_cb, SXC, R, S, STR_H, STR_W, PIXELS, BLOCK_K, NUM_STAGES,
-                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}, TAPS_INNER),
+                 WARPS_M, IDX64, WHOLE_CB, PREFETCH, {part}, {parts}),
             )"""
 
 

@@ -72,13 +72,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 {gather_step}@gluon.jit
 def _load_weights(
     w_desc, w_bufs, ready, k0, kb, steps, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
 ):
     # step kb's [BLOCK_N, BLOCK_K] weights (its tap's, its channel block's) into its stage
     stage = kb % NUM_STAGES
     live = kb < steps
     mbarrier.expect(ready.index(stage), w_desc.block_type.nbytes, pred=live)
-    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K, TAPS_INNER)], ready.index(stage),
+    {tma_load}(w_desc, [k0, _weights_column(kb, num_cb, C, TAPS, BLOCK_K)], ready.index(stage),
                w_bufs.index(stage), pred=live)
 
 
@@ -114,7 +114,7 @@ def _issue_product(kb, acc, a_bufs, w_bufs, ready, a_layout: gl.constexpr, NUM_S
 @gluon.jit
 def _hand_over(
     kb, v, acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS: gl.constexpr, BLOCK_K: gl.constexpr,
-    NUM_STAGES: gl.constexpr, TAPS_INNER: gl.constexpr,
+    NUM_STAGES: gl.constexpr,
 ):
     # under step kb's product: step kb + 1's values ``v`` stored; then the product's end
     a_bufs.index((kb + 1) % 2).store(_handed_over(v))
@@ -123,7 +123,7 @@ def _hand_over(
     # so its weights' stage takes step kb - 1 + NUM_STAGES.
     {thread_barrier}()
     _load_weights(
-        w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER
+        w_desc, w_bufs, ready, k0, kb + NUM_STAGES - 1, steps, num_cb, C, TAPS, BLOCK_K, NUM_STAGES
     )
     # The product reads its operand's registers until it finishes, and the next step's matrix
     # loads may take the same registers (the operand is not live past its product as the
@@ -143,7 +143,6 @@ def gluon_nchw_regs_kernel(
     SWIZZLE: gl.constexpr, ELEM_BITS: gl.constexpr, WARPS_M: gl.constexpr, AHEAD: gl.constexpr,
     UNROLLED: gl.constexpr,
     IDX64: gl.constexpr, HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
-    TAPS_INNER: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, R*S*C], boxes of [BLOCK_N, BLOCK_K]. Tiles in order of their
@@ -170,7 +169,7 @@ def gluon_nchw_regs_kernel(
     num_cb = gl.cdiv(C, BLOCK_K)
     steps = R * S * num_cb
     for i in gl.static_range(NUM_STAGES - 1):
-        _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES, TAPS_INNER)
+        _load_weights(w_desc, w_bufs, ready, k0, i, steps, num_cb, C, R * S, BLOCK_K, NUM_STAGES)
 
     # the loads' layout (gluon-nchw's): lanes along the pixels (a warp's load: 32 neighbouring
     # pixels of one channel), 8 channels per thread
@@ -188,7 +187,7 @@ def gluon_nchw_regs_kernel(
     a_bufs.index(0).store(
         _gather_step(
             x_ptr, base, ih0, iw0, m_mask, offs_c, 0, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC, R, S,
-            BLOCK_K, WHOLE_CB, TAPS_INNER,
+            BLOCK_K, WHOLE_CB,
         )
     )
     # the values of the next AHEAD steps, the oldest (the next step's, to store during this one's
@@ -198,7 +197,7 @@ def gluon_nchw_regs_kernel(
         vals = vals + (
             _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, 1 + j, steps, num_cb, C, H, W, sxh, sxw, dil_h, dil_w, SXC,
-                R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                R, S, BLOCK_K, WHOLE_CB,
             ),
         )
     {thread_barrier}()
@@ -215,10 +214,10 @@ def gluon_nchw_regs_kernel(
                     acc = _issue_product(kb + j, acc, a_bufs, w_bufs, ready, a_layout, NUM_STAGES)
                     ahead = _gather_step(
                         x_ptr, base, ih0, iw0, m_mask, offs_c, kb + j + 1 + AHEAD, steps, num_cb, C, H, W, sxh,
-                        sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                        sxw, dil_h, dil_w, SXC, R, S, BLOCK_K, WHOLE_CB,
                     )
                     acc = _hand_over(kb + j, vals[j], acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C,
-                                     TAPS, BLOCK_K, NUM_STAGES, TAPS_INNER)
+                                     TAPS, BLOCK_K, NUM_STAGES)
                     vals = _with_slot(vals, (j + AHEAD) % (AHEAD + 1), ahead)
     else:
         for kb in range(steps):
@@ -226,10 +225,10 @@ def gluon_nchw_regs_kernel(
             # under the product: the loads of step kb + 1 + AHEAD, the stores of step kb + 1
             ahead = _gather_step(
                 x_ptr, base, ih0, iw0, m_mask, offs_c, kb + 1 + AHEAD, steps, num_cb, C, H, W, sxh, sxw, dil_h,
-                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB, TAPS_INNER,
+                dil_w, SXC, R, S, BLOCK_K, WHOLE_CB,
             )
             acc = _hand_over(kb, vals[0], acc, w_desc, w_bufs, a_bufs, ready, k0, steps, num_cb, C, TAPS, BLOCK_K,
-                             NUM_STAGES, TAPS_INNER)
+                             NUM_STAGES)
             vals = vals[1:] + (ahead,)
     # the weights ring's barriers invalidated after their last use, before the epilogue's buffers may take
     # their memory (PTX lets an mbarrier's memory serve nothing else until it is invalidated)

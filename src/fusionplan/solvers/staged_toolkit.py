@@ -272,7 +272,7 @@ def {stem}_kernel(
     STAGED: gl.constexpr, OUT_W: gl.constexpr, OUT_VEC: gl.constexpr, RAW_ROWS: gl.constexpr,
     RAW_COLS: gl.constexpr, IMAGE_W: gl.constexpr, OPERAND_K_MAJOR: gl.constexpr, STORE_WARPS: gl.constexpr,
     STORE_REGS: gl.constexpr, HOIST_CHANNELS: gl.constexpr, WEIGHTS_BY_MMA: gl.constexpr, IDX64: gl.constexpr,
-    HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr, TAPS_INNER: gl.constexpr,
+    HAS_PRIOR: gl.constexpr, WHOLE_CB: gl.constexpr, OUT_PIXEL_MAJOR: gl.constexpr,
     {stage_flags}
 ):
     # w_desc: the weights as [K, C], boxes of [BLOCK_N, BLOCK_K]. M counts the output's pixels; the
