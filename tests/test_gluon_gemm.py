@@ -137,16 +137,12 @@ def test_cost_model_sizes_the_grid_to_one_wave(name, tile):
     assert programs <= H100_SMS
 
 
-@pytest.mark.parametrize("mma_epilogue", [True, False, "fp32-acc-stores"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("batch", [1, 8, 32, 128])
-def test_configs_fit_registers_and_shared_memory(dtype, batch, mma_epilogue, monkeypatch):
-    """The ring and a persistent program's epilogue scratch (the fp32 accumulator's layout change,
-    or with the epilogue in the accumulator's layout, the 16-bit output's: measured in
-    test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory; none for fp32
-    output stored from the accumulator's layout) fit sm_90."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
+def test_configs_fit_registers_and_shared_memory(dtype, batch):
+    """The ring and a persistent program's epilogue scratch (the 16-bit output's layout change:
+    measured in test_the_chain_in_the_accumulators_layout_compiles_with_little_shared_memory; none
+    for fp32 output stored from the accumulator's layout) fit sm_90."""
     for name in ("r50_01", "r50_05", "r50_09", "r50_13", "r50_15", "r50_17", "r50_19", "r50_21"):
         s = resnet50_layer(name)
         cfg = gluon_gemm.gluon_gemm_config(batch * s.h * s.w, s.k, s.c, dtype, H100_SMS)
@@ -157,12 +153,10 @@ def test_configs_fit_registers_and_shared_memory(dtype, batch, mma_epilogue, mon
         row = cfg.block_k * dtype.itemsize
         persistent = -(-batch * s.h * s.w // cfg.block_m) * -(-s.k // cfg.block_n) > H100_SMS
         part = gluon_gemm.pixel_parts(cfg.block_m)[0] * cfg.block_n
-        if mma_epilogue and dtype != torch.float32:
+        if dtype != torch.float32:
             scratch = cfg.consumers * min(part * 2, {4: 2048, 8: 8192}[cfg.num_warps])
-        elif mma_epilogue == "fp32-acc-stores":
-            scratch = 0
         else:
-            scratch = cfg.consumers * min(part, {4: 4096, 8: 128 * 128}[cfg.num_warps]) * 4
+            scratch = 0
         scratch = scratch if persistent else 0
         ring = cfg.num_stages * (cfg.block_m + cfg.block_n) * row
         assert row == 128 and 2 <= cfg.num_stages and ring + scratch <= 224 * 1024
@@ -355,8 +349,7 @@ from fusionplan import tuning
 from fusionplan.sass import compile_for_hopper, summarize
 rows = []
 tuning.TMA_STORE_MIN_PIXELS = 1 << 20  # the pointer stores' layout change
-for on in (False, True):
-    tuning.GLUON_GEMM_MMA_EPILOGUE = on
+for on in (True,):
     for name in ("r50_15", "r50_07"):
         s = resnet50_layer(name)
         x = torch.empty(32, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
@@ -370,22 +363,19 @@ print("MMA" + json.dumps(rows))
 """
 
 
-def test_the_chain_in_the_accumulators_layout_compiles_with_less_shared_memory():
-    """GLUON_GEMM_MMA_EPILOGUE (on, and off; pointer stores): the chain runs in the accumulator's
-    layout and only the 16-bit output changes layout: no spills, and a persistent program (r50_07) needs less shared
-    memory beside its ring (what gemm_stages reckons with: its ring takes a fourth stage); a
-    program per tile (r50_15) reuses the ring either way."""
+def test_the_chain_in_the_accumulators_layout_compiles_with_little_shared_memory():
+    """The chain runs in the accumulator's layout and only the 16-bit output changes layout
+    (pointer stores): no spills, and a persistent program (r50_07) needs little shared memory
+    beside its ring (what gemm_stages reckons with); a program per tile (r50_15) reuses the
+    ring."""
     from .util import COMPILE, compiling_process
 
     stdout = compiling_process(["-c", COMPILE.split("{build}")[0] + MMA_EPILOGUE])
     rows = json.loads(next(line for line in stdout.splitlines() if line.startswith("MMA"))[3:])
     beside = {(on, name): nbytes for on, name, _, nbytes, _, _ in rows}
-    stages = {(on, name): n for on, name, _, _, n, _ in rows}
     assert all("LOCAL:0" in resources and "STACK:0" in resources and src for _, _, resources, _, _, src in rows)
-    assert beside[(False, "r50_07")] > 64 * 1024  # the fp32 accumulator's 128 x 128 block
     assert beside[(True, "r50_07")] <= gluon_gemm.GEMM_MMA_EPILOGUE_BYTES[8] + 1024  # and the barriers
-    assert stages[(True, "r50_07")] == stages[(False, "r50_07")] + 1
-    assert beside[(True, "r50_15")] == beside[(False, "r50_15")] < 1024
+    assert beside[(True, "r50_15")] < 1024
 
 
 def test_every_epilogue_operator_compiles_in_every_part():

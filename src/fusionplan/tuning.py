@@ -195,10 +195,6 @@ GLUON_GEMM_MIN_TILE = 64 * 128
 #: Reduction steps from which two warpgroups take tiles in turn, by (size, K) (H100, fp16 / TF32).
 GLUON_GEMM_PINGPONG_MIN_STEPS = {(2, 0): 8, (2, 256): 4, (4, 0): 4}
 
-#: gluon-gemm's chain runs in the accumulator's layout (H100, every layer tried faster).
-GLUON_GEMM_MMA_EPILOGUE = True
-#: fp32 output stored from the accumulator's layout (H100, TF32 A/B columns).
-GLUON_GEMM_FP32_ACC_STORES = True
 #: Tiles and windows of fewer pixels store by pointer, not TMA (H100 A/B, fp16 / bf16).
 TMA_STORE_MIN_PIXELS = 128
 #: Persistent gluon-gemm programs store by TMA up to this many steps (H100 A/B, r50_13).
@@ -216,9 +212,6 @@ GLUON_GEMM_PAIRS_MAX_WIDENING = 0.25
 GLUON_GEMM_COPY_SHARED_BYTES = 164 * 1024
 #: 8-byte copied planes in larger tiles defer to triton-gemm-nchw (H100, r50_17).
 GLUON_GEMM_COPY_L1_MAX_PIXELS = 192
-
-#: gluon-window's chain runs in the accumulator's layout (H100, window-epilogue-1).
-GLUON_WINDOW_MMA_EPILOGUE = True
 
 
 #: gluon-rows: the filter's registers a thread, the narrowest row and the ring's bytes at most.

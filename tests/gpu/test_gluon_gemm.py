@@ -59,31 +59,22 @@ GLUON_GEMM_PLANE_CASES = {
 #: and chain pairs; the accumulator-layout epilogue on three cases (flat, 7x7, strided) in two.
 GLUON_GEMM_RUNS = (
     [
-        (case, precision, chain, False)
+        (case, precision, chain)
         for case in GLUON_GEMM_CASES
         for precision, chain in (("fp16", "CBNA"), ("fp16", "CNAAB"), ("bf16", "CBNA"), ("tf32", "CNAAB"))
     ]
+    + [(case, "tf32", "CBNA") for case in ("odd-rows", "7x7", "strided-28x28", "C40-K24")]
     + [
-        (case, precision, chain, True)
-        for case in ("odd-rows", "7x7", "strided-28x28")
-        for precision, chain in (("fp16", "CNAAB"), ("tf32", "CBNA"))
-    ]
-    + [
-        (case, precision, chain, mma_epilogue)
+        (case, precision, chain)
         for case in GLUON_GEMM_PLANE_CASES
-        for precision, chain, mma_epilogue in (("fp16", "CBNA", True), ("bf16", "CNAAB", True), ("fp16", "CBA", False))
-    ]
-    + [  # fp32 output stored from the accumulator's layout (tuning.GLUON_GEMM_FP32_ACC_STORES)
-        (case, "tf32", chain, "fp32-acc-stores")
-        for case in ("odd-rows", "7x7", "strided-28x28", "C40-K24")
-        for chain in ("CBNA", "CNAAB")
+        for precision, chain in (("fp16", "CBNA"), ("bf16", "CNAAB"), ("fp16", "CBA"))
     ]
 )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case, precision, chain, mma_epilogue", GLUON_GEMM_RUNS)
-def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
+@pytest.mark.parametrize("case, precision, chain", GLUON_GEMM_RUNS)
+def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     """gluon-gemm over every kind of tile: pixels of one, two and three parts (16, 48, 96, 112,
     208, 256; strided, those of parts that hold whole output rows), 64, 128 and 256 output
     channels, one computing warpgroup or two taking tiles in turn; each with and without a prior
@@ -95,8 +86,6 @@ def test_gluon_gemm_tiles(case, precision, chain, mma_epilogue, monkeypatch):
     from fusionplan import tuning
     from fusionplan.solvers import gluon_gemm
 
-    monkeypatch.setattr(tuning, "GLUON_GEMM_MMA_EPILOGUE", bool(mma_epilogue))  # the chain in the accumulator's layout
-    monkeypatch.setattr(tuning, "GLUON_GEMM_FP32_ACC_STORES", mma_epilogue == "fp32-acc-stores")
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
     # the pair cases' wider outputs too; no pairs elsewhere
     monkeypatch.setattr(tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 4 if "pairs" in case else 0)

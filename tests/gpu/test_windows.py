@@ -103,19 +103,16 @@ GLUON_CASES = {
 }
 
 
-#: (case, precision, chain, the epilogue in the accumulator's layout, TMA stores): every case in
-#: every precision and chain with the accumulator's layout changed first, and in two chains with
-#: the chain run in it (tuning.GLUON_WINDOW_MMA_EPILOGUE: 16-bit output changing layout for its
-#: stores, fp32 output stored from the accumulator's layout), 16-bit windows stored by TMA where
-#: they have tuning.TMA_STORE_MIN_PIXELS or more (an NCHW output at launch by
-#: pointer; test_window_shapes forces 128- and 256-pixel windows) and, in one chain, by
-#: pointer.
+#: (case, precision, chain, TMA stores): every case in every precision and chain, the chain run
+#: in the accumulator's layout (16-bit output changing layout for its stores, fp32 output stored
+#: from the accumulator's layout), 16-bit windows stored by TMA where they have
+#: tuning.TMA_STORE_MIN_PIXELS or more (an NCHW output at launch by pointer; test_window_shapes
+#: forces 128- and 256-pixel windows) and, in one chain, by pointer.
 GLUON_WINDOW_RUNS = [
-    (case, precision, chain, mma_epilogue, tma_store)
-    for mma_epilogue, tma_store, chains, precisions in (
-        (False, True, ("CBNA", "CA", "CNAAB"), ("fp16", "bf16", "tf32")),
-        (True, True, ("CBNA", "CNAAB"), ("fp16", "bf16", "tf32")),
-        (True, False, ("CBNA",), ("fp16", "bf16")),
+    (case, precision, chain, tma_store)
+    for tma_store, chains, precisions in (
+        (True, ("CBNA", "CA", "CNAAB"), ("fp16", "bf16", "tf32")),
+        (False, ("CBNA",), ("fp16", "bf16")),
     )
     for case in GLUON_CASES
     for precision in precisions
@@ -123,11 +120,10 @@ GLUON_WINDOW_RUNS = [
 ]
 
 
-@pytest.mark.parametrize("case, precision, chain, mma_epilogue, tma_store", GLUON_WINDOW_RUNS)
-def test_gluon_window_cases(case, precision, chain, mma_epilogue, tma_store, monkeypatch):
+@pytest.mark.parametrize("case, precision, chain, tma_store", GLUON_WINDOW_RUNS)
+def test_gluon_window_cases(case, precision, chain, tma_store, monkeypatch):
     from fusionplan import tuning
 
-    monkeypatch.setattr(tuning, "GLUON_WINDOW_MMA_EPILOGUE", mma_epilogue)
     monkeypatch.setattr(tuning, "TMA_STORE_MIN_PIXELS", 128 if tma_store else 1 << 20)
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]
     dtype = PRECISIONS[precision][0]

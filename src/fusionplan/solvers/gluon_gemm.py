@@ -66,12 +66,8 @@ GEMM_SHARED_BYTES = 224 * 1024
 #: The ring of a program per tile (its epilogue reuses the ring's memory): r50_15 (96 x 128 tiles)
 #: measured 8.7 us with 5 stages, 8.9 with 7 (H200, fp16).
 GEMM_RING_BYTES = 200 * 1024
-#: Elements of the largest part's accumulator that the epilogue's layout change stages in shared
-#: memory at a time, at most, by the computing warps (Triton 3.9's allocation for sm_90: 128 x 128
-#: fp32 with 8 warps, 4096 elements with 4; two warpgroups taking tiles in turn have one each).
-GEMM_EPILOGUE_ELEMENTS = {4: 4096, 8: 128 * 128}
-#: Shared memory of the epilogue in the accumulator's layout (tuning.GLUON_GEMM_MMA_EPILOGUE), which
-#: changes only the 16-bit output's layout, at most, per computing warpgroup (Triton 3.6 and 3.9 for
+#: Shared memory of the epilogue in the accumulator's layout, which changes only the 16-bit output's
+#: layout, at most, per computing warpgroup (Triton 3.6 and 3.9 for
 #: sm_90: 8 KB with 8 warps, 2 KB with 4; persistent r50_07, 256 x 128: 213052 -> 155708 bytes).
 GEMM_MMA_EPILOGUE_BYTES = {4: 2048, 8: 8192}
 #: At most this many stages (deeper rings measured no faster on windows: GLUON_STAGES).
@@ -220,20 +216,17 @@ def gemm_stages(
 
 
 def gemm_epilogue_mode(size: int) -> int:
-    """gluon-gemm's epilogue_mode (tuning.GLUON_GEMM_MMA_EPILOGUE, GLUON_GEMM_FP32_ACC_STORES)."""
-    return epilogue_mode(size, tuning.GLUON_GEMM_MMA_EPILOGUE, tuning.GLUON_GEMM_FP32_ACC_STORES)
+    """gluon-gemm's epilogue_mode."""
+    return epilogue_mode(size)
 
 
 def epilogue_scratch_bytes(part_elements: int, size: int, warps: int) -> int:
     """Shared memory a computing warpgroup's epilogue stages a part's outputs of ``size`` bytes
-    through (gemm_epilogue_mode): the 16-bit output's layout change, none for stores from the
-    accumulator's layout, else the fp32 accumulator's layout change."""
-    mode = gemm_epilogue_mode(size)
-    if mode == 2:
+    through (gemm_epilogue_mode): the 16-bit output's layout change, none for fp32 output stored
+    from the accumulator's layout."""
+    if gemm_epilogue_mode(size) == 2:
         return 0
-    if mode == 1 and size == 2:
-        return min(part_elements * size, GEMM_MMA_EPILOGUE_BYTES[warps])
-    return min(part_elements, GEMM_EPILOGUE_ELEMENTS[warps]) * 4
+    return min(part_elements * size, GEMM_MMA_EPILOGUE_BYTES[warps])
 
 
 def row_slots(spec: PlanSpec) -> int:

@@ -194,14 +194,12 @@ def gluon_header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict:
 COORDINATE_LAYOUTS = (("in_acc", "acc.type.layout"), ("in_out", "out_layout"))
 
 
-def epilogue_mode(size: int, in_acc_layout: bool, fp32_acc_stores: bool = True) -> int:
-    """A Gluon kernel's MMA_EPILOGUE for data of ``size`` bytes: 1, the chain in the accumulator's
-    layout (``in_acc_layout``) and the output's layout changed for the stores; 2, as 1 but fp32
-    output (with ``fp32_acc_stores``) stored from the accumulator's layout; 0, the accumulator's
-    layout changed first."""
-    if not in_acc_layout:
-        return 0
-    return 2 if size == 4 and fp32_acc_stores else 1
+def epilogue_mode(size: int) -> int:
+    """A Gluon kernel's MMA_EPILOGUE for data of ``size`` bytes, the chain always in the
+    accumulator's layout: 1, the output's layout changed for the stores (16-bit data); 2, fp32
+    output stored from the accumulator's layout (measured faster: docs/decisions/tuning.md,
+    GLUON_GEMM_MMA_EPILOGUE and GLUON_GEMM_FP32_ACC_STORES)."""
+    return 2 if size == 4 else 1
 
 
 #: Before the epilogue (both gluon-nchw kernels): the stores' layout and the output plane's size.

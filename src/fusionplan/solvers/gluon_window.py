@@ -28,6 +28,7 @@ from dataclasses import replace
 import torch
 
 from fusionplan import tuning
+from fusionplan.codegen import indent
 from fusionplan.enums import DataType
 from fusionplan.folding import Stage, split_at_conv
 from fusionplan.launch import needs_int64
@@ -221,12 +222,8 @@ def gluon_window_kernel(
     # the stores' layout, [pixels, channels]: 8 contiguous channels per thread, 16-byte stores
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
     ohw = OH * OW
-    if MMA_EPILOGUE:  # the chain in the accumulator's own layout (window_epilogue_mode)
-        acc = gl.permute(acc, (1, 0))
+    acc = gl.permute(acc, (1, 0))  # the chain in the accumulator's own layout (window_epilogue_mode)
 {coordinates_in_acc}
-    else:
-        acc = gl.convert_layout(gl.permute(acc, (1, 0)), out_layout)
-{coordinates_in_out}
 {tail}
     if LATE_INVALIDATION:
         _invalidate_ring(ready, empty, NUM_STAGES)
@@ -240,9 +237,9 @@ _COORDINATES = WINDOW_COORDINATES.format(
 #: The store: in MMA_EPILOGUE 1 the output, in its own dtype, changes layout first (a quarter of
 #: the fp32 tile's shared memory for 16-bit data), its coordinates then in the stores' layout; in
 #: 2 (fp32 output) it is stored from the accumulator's layout, each thread's element of eight
-#: neighbouring channels' threads writing 32 contiguous bytes; in 0 the accumulator changed layout
-#: before the chain. With TMA_STORE (window_tma_store) the output goes to shared memory from the
-#: layout it is in, and from there by TMA: no layout change, no per-element addresses or masks.
+#: neighbouring channels' threads writing 32 contiguous bytes. With TMA_STORE (window_tma_store)
+#: the output goes to shared memory from the layout it is in, and from there by TMA: no layout
+#: change, no per-element addresses or masks.
 _STORE = """    if MMA_EPILOGUE == 1 and not TMA_STORE:
         h = gl.convert_layout(h.to(y_ptr.dtype.element_ty), out_layout)
 {coordinates_in_out}
@@ -340,7 +337,9 @@ def window_warpgroups(pixels: int, block_n: int, k: int, stride_1: bool) -> tupl
 
 def render_gluon_source(spec: PlanSpec, stages: list[Stage]) -> str:
     """The kernel's source: _TEMPLATE with the epilogue of ``stages`` in Gluon's names."""
-    return _TEMPLATE.format(**gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8), **gluon_names())
+    fields = gluon_epilogue(spec, stages, _COORDINATES, _STORE, 8)
+    fields["coordinates_in_acc"] = indent(_COORDINATES.format(layout="acc.type.layout").split("\n"), 4)
+    return _TEMPLATE.format(**fields, **gluon_names())
 
 
 def window_weights_first(cfg: tuning.ConvConfig) -> int:
@@ -359,8 +358,8 @@ def window_late_invalidation(cfg: tuning.ConvConfig) -> bool:
 
 
 def window_epilogue_mode(size: int) -> int:
-    """gluon-window's epilogue_mode (tuning.GLUON_WINDOW_MMA_EPILOGUE)."""
-    return epilogue_mode(size, tuning.GLUON_WINDOW_MMA_EPILOGUE)
+    """gluon-window's epilogue_mode: the chain in the accumulator's layout, fp32 output stored from it."""
+    return epilogue_mode(size)
 
 
 class GluonWindowKernel(TritonConvKernel):

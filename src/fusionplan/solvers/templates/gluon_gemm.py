@@ -367,8 +367,6 @@ elif PLANE_VEC > 0:
     out_layout: gl.constexpr = gl.BlockedLayout([PLANE_VEC, 1], [4, 8], [1, gl.num_warps()], [0, 1])
 else:
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [gl.num_warps(), 1], [1, 0])
-if not MMA_EPILOGUE:
-{channels_in_out}
 ohw = OHW
 if COPIES:  # the plane's pixels, a constant: a multiple of the copies' (and the stores') pixels
     ohw = {plane}
@@ -413,18 +411,13 @@ else:
 
 
 #: One part's epilogue: the generated chain on its [pixels, channels] accumulator, then the store
-#: (``{tail}``). MMA_EPILOGUE (gemm_epilogue_mode): 1, the chain runs in the accumulator's own layout and
+#: (``{tail}``). The chain runs in the accumulator's own layout; MMA_EPILOGUE (gemm_epilogue_mode): 1,
 #: only the output, in its own dtype, changes layout for the stores (a quarter of the fp32 tile's
-#: shared memory); 2, the same without the layout change, fp32 output stored from the
-#: accumulator's layout (each thread's two neighbouring channels: 8-byte stores, four threads
-#: writing 32 contiguous bytes); 0, the fp32 accumulator changes layout first.
-_PART = """if MMA_EPILOGUE:
-    acc = gl.permute({acc}, (1, 0))
+#: shared memory); 2, no layout change, fp32 output stored from the accumulator's layout (each
+#: thread's two neighbouring channels: 8-byte stores, four threads writing 32 contiguous bytes).
+_PART = """acc = gl.permute({acc}, (1, 0))
 {channels_in_acc}
 {pixels_in_acc}
-else:
-    acc = gl.convert_layout(gl.permute({acc}, (1, 0)), out_layout)
-{pixels_in_out}
 {tail}"""
 
 
@@ -552,19 +545,16 @@ def render_gluon_gemm_source(spec: PlanSpec, stages: list[Stage], copy_vec: int 
         part = _PART.format(
             acc=f"acc{i}",
             tail=tail,
-            channels_in_acc=_indented(channels["in_acc"], 4),
-            pixels_in_acc=_indented(pixels["in_acc"], 4),
-            pixels_in_out=_indented(pixels["in_out"], 4),
+            channels_in_acc=_indented(channels["in_acc"], 0),
+            pixels_in_acc=_indented(pixels["in_acc"], 0),
         ).split("\n")
         parts.append("\n".join(part) if i == 0 else f"if PARTS > {i}:\n" + indent(part, 4))
-    channels_in_out = _indented(channels["in_out"], 4)
     _, _, h, w = spec.input_desc.dims
     plane = h * w if copies else 0  # copied planes' pixels, a constant of the source
     lanes = tuning.GLUON_GEMM_PLANE_STORE_LANES
     if lanes not in (1, 2, 4, 8, 16, 32):
         raise ValueError(f"tuning.GLUON_GEMM_PLANE_STORE_LANES = {lanes}: a power of two of at most 32 lanes")
     text = _EPILOGUE.format(
-        channels_in_out=channels_in_out,
         parts="\n".join(parts),
         plane=plane,
         store_lanes=lanes,
