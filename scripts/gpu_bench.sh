@@ -3,7 +3,7 @@
 # and torch.compile caches are on disk, shared by the processes), then time them in one process.
 #   scripts/gpu_bench.sh OUTDIR PRECISION [LAYOUTS] [MODES] [fusionplan-bench options of the timed run...]
 # e.g. scripts/gpu_bench.sh /tmp/bench fp16 NHWC,NCHW CBNA,CBA,NA --graph
-#      scripts/gpu_bench.sh /tmp/ab fp16 NHWC,NCHW CBNA --graph --tuning GLUON_NCHW_PAIR_SUM=0,1  (an A/B of every layer)
+#      scripts/gpu_bench.sh /tmp/ab fp16 NHWC,NCHW CBNA --graph --tuning GLUON_NCHW_STRIDED_RING_BYTES=98304,163840  (an A/B of every layer)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out=$1 precision=$2 layouts=${3:-NHWC,NCHW} modes=${4:-CBNA,CBA,NA}

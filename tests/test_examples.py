@@ -92,7 +92,7 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
         (128, 128, None, 4, 6, 2),
     ]
     assert sweep.parse_splits("auto,1,8") == [None, 1, 8]
-    assert tuning_override("GLUON_NCHW_PAIR_SUM=0") == ("GLUON_NCHW_PAIR_SUM", 0)
+    assert tuning_override("GLUON_PLANE_CHUNKS_IMAGE_TILES=1") == ("GLUON_PLANE_CHUNKS_IMAGE_TILES", 1)
     assert tuning_override("SPLIT_K_TARGET=114") == ("SPLIT_K_TARGET", 114)
     assert sweep.tuning_choices is tuning_choices  # the script's --tuning parses as fusionplan-bench's
     choices = [tuning_choices("WINDOW_MIN_PROGRAMS=50,100"), tuning_choices("SPLIT_K_TARGET=114")]

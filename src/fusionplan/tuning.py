@@ -254,8 +254,6 @@ GLUON_NCHW_STRIDED_RING_BYTES = 96 * 1024
 GLUON_NCHW_GATHER_WARPS = 0
 GLUON_NCHW_GATHERERS = 0
 GLUON_NCHW_PREFETCH = 0
-#: A reduction split in two adds the other part's partial (H100 A/B, r50_18 / r50_22).
-GLUON_NCHW_PAIR_SUM = 1
 
 
 #: gluon-row-pairs: the smallest output plane, its prefetch depth and resident bytes.

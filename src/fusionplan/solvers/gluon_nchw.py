@@ -428,7 +428,7 @@ class GluonNchwKernel(TritonConvKernel):
             parts,
             cfg.split_k,
             pixel_rows(cfg.block_n, cfg.num_warps + warps * parts),
-            cfg.split_k == 2 and bool(tuning.GLUON_NCHW_PAIR_SUM),
+            cfg.split_k == 2,  # the other part's partial added onto this one's (PAIR_SUM)
         )
         tiles = self.programs_and_steps(cfg)[0]
         return stages, own, self._workspace(x.device, cfg, tiles, cfg.block_m * cfg.block_n)
