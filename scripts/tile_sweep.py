@@ -4,7 +4,7 @@
     python scripts/tile_sweep.py --layers r50_19 --batch 1 --tiles 32x64,32x32 --splits 1,2,4
     python scripts/tile_sweep.py --layers r50_18 --batch 32 --mode CBNA --tiles keep,128x128w8s3 --splits 1,2
     python scripts/tile_sweep.py --layers r50_07 --batch 32 --mode CBNA --solver gluon-gemm --tiles keep \
-        --splits 1 --tuning GLUON_GEMM_MMA_EPILOGUE=1
+        --splits 1 --tuning GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS=8
 
 For each layer the plan (fp16 NHWC by default) is compiled with its usual solver (or ``--solver``);
 then its kernel runs with each configuration: block_m x block_n tiles, optionally with their

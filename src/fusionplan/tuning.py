@@ -579,7 +579,7 @@ def pointwise_flat_config(
 
 # ---- overrides of the constants above, for experiments (tile_sweep's and fusionplan-bench's --tuning) ----
 def parse_override(text: str) -> tuple[str, int | float]:
-    """'GLUON_GEMM_MMA_EPILOGUE=1' -> ('GLUON_GEMM_MMA_EPILOGUE', True): a value for a numeric
+    """'GLUON_PLANE_CHUNKS_IMAGE_TILES=1' -> ('GLUON_PLANE_CHUNKS_IMAGE_TILES', 1): a value for a numeric
     constant of this module that exists (booleans take 0 or 1); ValueError otherwise."""
     name, _, value = text.partition("=")
     current = globals().get(name)

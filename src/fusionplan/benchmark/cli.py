@@ -4,7 +4,7 @@
     fusionplan-bench --precisions fp16,fp32 --layouts NHWC,NCHW --modes CBNA,CBA,NA --out bench/results/run
     fusionplan-bench --shapes my_shapes.csv --batch 1,32 --graph
     fusionplan-bench --device cpu --layers r50_01,r50_10   # CPU: cpu solver vs reference vs eager
-    fusionplan-bench --layers r50_07 --graph --tuning GLUON_GEMM_FP32_ACC_STORES=0,1   # an A/B column
+    fusionplan-bench --layers r50_07 --graph --tuning TMA_STORE_MIN_PIXELS=64,128   # an A/B column
     fusionplan-bench --suite training --models resnet50,mobilenet_v2,densenet121 --layouts NHWC,NCHW
 
 Every variant is verified against the float64 reference before it is timed; a wrong result is
