@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
-from fusionplan import solvers
 from fusionplan.enums import ActivationMode
 from fusionplan.reference import run_reference
 from fusionplan.solvers.cudnn_vendor import CudnnKernel, CudnnSolver, plan_shape_why_not
@@ -73,7 +72,7 @@ def test_double_data_and_missing_cudnn_are_refused(monkeypatch):
 
 
 def test_the_vendor_family_is_a_backend_choice():
-    assert "vendor" in solvers.FAMILIES
+    assert "vendor" in fp.settings.FAMILIES
     plan, _ = shape_plan("1x1", "CBA", torch.float32, "NCHW")
     with pytest.raises(fp.UnsupportedOpError, match="CUDA devices only"):
         plan.compile(fp.Handle(), backend="vendor")

@@ -117,8 +117,8 @@ def on_gpu(device_type: str) -> bool:
 
 def run_on_threads(task: Callable[[int], None], indices: list[int], workers: int, processes: bool = False) -> None:
     """``task(i)`` for each index, on up to ``workers`` threads (``processes``: whose Triton
-    compiles go to as many worker processes, where the settings allow); the first error raised is
-    raised once every task has ended."""
+    compiles go to as many worker processes; the caller decides, from its settings and device);
+    the first error raised is raised once every task has ended."""
     if processes:
         with worker_processes(workers, True):
             return run_on_threads(task, indices, workers)

@@ -26,7 +26,7 @@ from fusionplan.enums import MIOPEN_ACTIVATIONS, ActivationMode, BatchNormMode, 
 from fusionplan.errors import FusionPlanError
 from fusionplan.handle import Handle
 from fusionplan.plan import FusionPlan
-from fusionplan.solvers import FAMILIES
+from fusionplan.settings import FAMILIES
 from fusionplan.solvers.reference_solver import ReferenceKernel
 from fusionplan.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_tensor, reference_output
 

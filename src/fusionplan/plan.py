@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from fusionplan import solvers, tuning
+from fusionplan import solvers
 from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
 from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction
 from fusionplan.errors import (
@@ -258,7 +258,7 @@ class FusionPlan:
     def _kernel(chosen: solvers.Solver, spec: PlanSpec, handle: Handle) -> Kernel:
         """The handle's kernel of ``chosen`` for ``spec``, built (and kept by the handle) on first use."""
         # Everything that changes the generated kernel: the plan, TF32 and the find mode.
-        key = (chosen.name, spec.signature(), handle.tf32_allowed(), tuning.find_mode(handle.find_mode))
+        key = (chosen.name, spec.signature(), handle.tf32_allowed(), handle.find_mode)
         with handle.lock:
             kernel = handle.kernels.get(key)
         if kernel is None:

@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fusionplan.settings import Settings
-
 
 @dataclass(frozen=True)
 class ConvConfig:
@@ -485,12 +483,6 @@ DEPTHWISE_CANDIDATES: list[ConvConfig] = [
 
 def depthwise_heuristic(interpret: bool) -> ConvConfig:
     return ConvConfig(16, 16, 16, 1, 4, 1) if interpret else DEPTHWISE_CANDIDATES[0]
-
-
-def find_mode(requested: str | None = None) -> str:
-    """FAST: the heuristic's configuration. NORMAL: benchmark the candidates once per signature
-    (a handle's settings say which; FAST where nothing is asked)."""
-    return Settings(find_mode=requested or "FAST").find_mode
 
 
 def find_config(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fusionplan.errors import BadParmError, UnsupportedOpError
-from fusionplan.settings import FAMILIES, VARIABLES, Settings  # noqa: F401  (FAMILIES: the driver's choices)
+from fusionplan.settings import VARIABLES, Settings
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.cpu_training import CpuTrainingSolver

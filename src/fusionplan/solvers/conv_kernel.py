@@ -364,7 +364,7 @@ class TritonConvKernel(Repeating, Kernel):
         self._derived = PerArgsCache()
         self._repeats = RepeatCache()
         if handle.device.type == "cuda":
-            if tuning.find_mode(handle.find_mode) == "NORMAL":
+            if handle.find_mode == "NORMAL":
                 self.config = self.with_split(self.find(handle.device))
             self.compile_ahead(handle.device)
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fusionplan import tuning
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ def rank(
     could be."""
     times = stored_times(spec, handle, db)
     timed = [s for s in candidates if s.family != "reference" and runs_natively(s.family, handle.device)]
-    if tuning.find_mode(handle.find_mode) == "NORMAL" and len(timed) > 1 and any(s.name not in times for s in timed):
+    if handle.find_mode == "NORMAL" and len(timed) > 1 and any(s.name not in times for s in timed):
         measured = measure(spec, handle, timed, kernel_of)
         if measured:
             times = {**times, **measured}
