@@ -248,17 +248,16 @@ MAX_ROW_SLOTS = 128
 
 def tile_reads(spec: PlanSpec) -> bool:
     """Whether the kernel reads the plan's input and weights through tensor boxes (given aligned
-    data): planes and weight rows ([C, K]) of whole 16-byte units; at
-    stride 2 an even number of input rows (the planes are whole row pairs), row pairs of whole
-    16-byte units and a box row (2 x slots) of at least one."""
+    data): planes and weight rows ([C, K]) of whole 16-byte units; at stride 2 an even number of
+    input rows (the planes are whole row pairs), row pairs of whole 16-byte units and a box row
+    (2 x slots) of at least one."""
     (_, _, h, w), k = spec.input_desc.dims, spec.output_desc.dims[1]
     size = spec.dtype.torch_dtype.itemsize
     whole_units = (h * w * size) % 16 == 0 and (k * size) % 16 == 0
     slots = row_slots(spec)
-    if slots:
-        row_pairs = h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
-        whole_units = whole_units and row_pairs
-    return whole_units
+    if not slots:
+        return whole_units
+    return whole_units and h % 2 == 0 and (2 * w * size) % 16 == 0 and (2 * slots * size) % 16 == 0
 
 
 def row_slots(spec: PlanSpec) -> int:
