@@ -17,7 +17,7 @@ import torch
 
 import fusionplan as fp
 import fusionplan.api as api
-from fusionplan.shapes import resnet50_layer
+from fusionplan.tools.shapes import resnet50_layer
 
 
 def copying_empty(desc, device, layout):

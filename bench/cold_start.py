@@ -45,7 +45,7 @@ def count_ptxas_runs() -> list[int]:
         return make_cubin(self, *args, **kwargs)
 
     CUDABackend.make_cubin = counted
-    from fusionplan.compile_pool import CompilePool
+    from fusionplan.runtime.compile_pool import CompilePool
 
     hand_over = CompilePool.compile
 
@@ -71,7 +71,7 @@ def child(model_name: str, batch: int) -> dict:
     startup_s = time.perf_counter() - t_start
     runs = count_ptxas_runs()
     import fusionplan.torch as fpt
-    from fusionplan.benchmark.zoo import MODELS, build_model
+    from fusionplan.tools.bench.zoo import MODELS, build_model
 
     size = MODELS[model_name][0]
     torch.manual_seed(0)
@@ -127,7 +127,10 @@ def run_child(model: str, batch: int, cache: Path, settings: dict[str, str] | No
 def cache_command(cache: Path, *args: str) -> float:
     t0 = time.perf_counter()
     subprocess.run(
-        [sys.executable, "-m", "fusionplan.cachecli", *args], env=clean_env(cache), check=True, capture_output=True
+        [sys.executable, "-m", "fusionplan.tools.cachecli", *args],
+        env=clean_env(cache),
+        check=True,
+        capture_output=True,
     )
     return time.perf_counter() - t0
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 import fusionplan as fp
-from fusionplan.verify import EPS, add_chain, compare, random_args, reference_output
+from fusionplan.tools.verify import EPS, add_chain, compare, random_args, reference_output
 
 LAYER = dict(n=32, c=64, h=56, w=56, k=64, r=3, pad=1)  # ResNet-50's 3x3 64->64 at 56x56 (r50_02)
 

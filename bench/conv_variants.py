@@ -22,8 +22,8 @@ import torch.nn.functional as F
 import triton.testing
 
 import fusionplan as fp
-from fusionplan.shapes import load_shapes
-from fusionplan.verify import TF32_EPS, compare, reference_output
+from fusionplan.tools.shapes import load_shapes
+from fusionplan.tools.verify import TF32_EPS, compare, reference_output
 
 DT = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
-from fusionplan.shapes import load_shapes
-from fusionplan.verify import compare, random_args, random_tensor, reference_output
+from fusionplan.tools.shapes import load_shapes
+from fusionplan.tools.verify import compare, random_args, random_tensor, reference_output
 
 DEFAULT_LAYERS = ["r50_01", "r50_02", "r50_06", "r50_10", "r50_15", "r50_22"]
 

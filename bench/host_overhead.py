@@ -12,7 +12,7 @@ import torch
 from compile_and_launch import per_call_us  # bench/ is the script's directory
 
 import fusionplan as fp
-from fusionplan.verify import random_args
+from fusionplan.tools.verify import random_args
 
 
 def plan_for(chain: str) -> tuple[fp.FusionPlan, torch.Tensor]:

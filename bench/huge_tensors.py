@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
-from fusionplan.benchmark.timing import median_ms
-from fusionplan.verify import random_args
+from fusionplan.tools.bench.timing import median_ms
+from fusionplan.tools.verify import random_args
 
 SHAPES = ((17, 128, 1024, 1024), (1, 128, 4096, 4160))
 SOLVERS = ("gluon-window", "triton-conv")
@@ -34,7 +34,7 @@ def cbna_plan(x: torch.Tensor, r: int = 3) -> fp.FusionPlan:
 
 
 def gpu_ms(run) -> float:
-    """fusionplan.benchmark.timing's CUDA-event median of ``run``, 10 runs after 2 (each launch is
+    """fusionplan.tools.bench.timing's CUDA-event median of ``run``, 10 runs after 2 (each launch is
     milliseconds: no rotated inputs or graph replay needed)."""
     return median_ms(lambda i: run(), torch.device("cuda"), iters=10, warmup=2)
 

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from fusionplan.benchmark.timing import median_ms
+from fusionplan.tools.bench.timing import median_ms
 
 
 @triton.jit(do_not_specialize=["shift"])

@@ -8,7 +8,7 @@ Every case is compiled and warmed up first; the profiler ranges then hold, case 
 one fusionplan execute (CBNA-ReLU) and, unless ``--no-cudnn``, one cuDNN fused conv+bias+ReLU
 (batch-norm folded), fp16, NHWC or NCHW input and output. ``--layer`` and ``--layout`` take
 comma-separated lists (every layer in every layout, in that order); the cases' order and solvers are
-printed, so that a table of counters (``fusionplan.benchmark.ncu_table``) can name each kernel's case.
+printed, so that a table of counters (``fusionplan.tools.bench.ncu_table``) can name each kernel's case.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from collections.abc import Callable
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.benchmark.cases import cudnn_fused
-from fusionplan.benchmark.cli import tuning_override
-from fusionplan.shapes import resnet50_layer
-from fusionplan.verify import layer_plan, random_args
+from fusionplan.runtime import tuning
+from fusionplan.tools.bench.cases import cudnn_fused
+from fusionplan.tools.bench.cli import tuning_override
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import layer_plan, random_args
 
 
 def main() -> None:
@@ -38,7 +38,7 @@ def main() -> None:
         action="append",
         default=[],
         type=tuning_override,
-        help="NAME=VALUE: a constant of fusionplan.tuning set for the run (repeatable)",
+        help="NAME=VALUE: a constant of fusionplan.runtime.tuning set for the run (repeatable)",
     )
     a = p.parse_args()
     cases = [(layer, layout) for layer in a.layer.split(",") for layout in a.layout.split(",")]
@@ -78,7 +78,7 @@ def prepare(a: argparse.Namespace, layer: str, layout: str) -> tuple[str, Callab
 
 
 def profile(label: str, once: Callable[[], None]) -> None:
-    """One run of a case inside the profiler range, then its label (fusionplan.benchmark.ncu_table's LABEL)."""
+    """One run of a case inside the profiler range, then its label (fusionplan.tools.bench.ncu_table's LABEL)."""
     torch.cuda.profiler.start()
     once()
     torch.cuda.synchronize()

@@ -18,8 +18,8 @@ import torch
 from huge_tensors import cbna_plan  # bench/ is the script's directory
 
 import fusionplan as fp
-from fusionplan.benchmark.contention import other_processes_on_the_gpu
-from fusionplan.verify import random_args
+from fusionplan.tools.bench.contention import other_processes_on_the_gpu
+from fusionplan.tools.verify import random_args
 
 
 def repeats(label: str, plan, handle, x, args, first, iters: int) -> int:

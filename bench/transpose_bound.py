@@ -32,9 +32,9 @@ import triton
 import triton.language as tl
 
 import fusionplan as fp
-from fusionplan.benchmark.timing import median_ms
-from fusionplan.shapes import ConvShape, resnet50_layer
-from fusionplan.verify import layer_plan, random_args
+from fusionplan.tools.bench.timing import median_ms
+from fusionplan.tools.shapes import ConvShape, resnet50_layer
+from fusionplan.tools.verify import layer_plan, random_args
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 ROTATION_BYTES = 256 * 2**20

@@ -18,9 +18,9 @@ for ((i = 0; i < ${#args[@]}; i++)); do
   [[ ${args[i]} == --tuning ]] && variants+=(--tuning "${args[i + 1]}")
 done
 for k in $(seq 0 $((shards - 1))); do
-  TORCHINDUCTOR_COMPILE_THREADS=1 timeout "${WARM_TIMEOUT:-240}" python -m fusionplan.benchmark.cli "${common[@]}" \
+  TORCHINDUCTOR_COMPILE_THREADS=1 timeout "${WARM_TIMEOUT:-240}" python -m fusionplan.tools.bench.cli "${common[@]}" \
     "${variants[@]}" --warm-only --shard "$k/$shards" > "/tmp/warm-$k.log" 2>&1 &
 done
 wait
 grep -h "wrong result\|Error" /tmp/warm-*.log | head -20
-timeout "${TIMED_TIMEOUT:-330}" python -m fusionplan.benchmark.cli "${common[@]}" --iters "${ITERS:-30}" --out "$out" "$@"
+timeout "${TIMED_TIMEOUT:-330}" python -m fusionplan.tools.bench.cli "${common[@]}" --iters "${ITERS:-30}" --out "$out" "$@"

@@ -88,7 +88,7 @@ def in_model(fused, x: torch.Tensor, iters: int) -> None:
 
 def chain_pieces(fused, x: torch.Tensor) -> None:
     """Times the pieces of the first fused chain's repeat path on an input like its own."""
-    from fusionplan import launch
+    from fusionplan.runtime import launch
     from fusionplan.torch import FusedChain, _layout
 
     chain = next(m for m in fused.modules() if isinstance(m, FusedChain))
@@ -146,7 +146,7 @@ def launch_pieces(bound, x: torch.Tensor, y: torch.Tensor, iters: int = 200) -> 
 
 def launcher_in_words(bound) -> str:
     """The launcher a bound launch calls and, where descriptor arguments keep it on Triton's, why."""
-    from fusionplan.launch import DescriptorEncoder, is_host_descriptor
+    from fusionplan.runtime.launch import DescriptorEncoder, is_host_descriptor
 
     words = bound.path()
     descriptors = [i for i, a in enumerate(bound.args) if is_host_descriptor(a)]
@@ -159,9 +159,9 @@ def plan_calls(layer_names: str, batch: int, device: torch.device) -> None:
     """Host time of ``plan.execute`` repeated on one benchmark case (fp16 NHWC CBA) per layer, and
     how many of the calls took a bound launch (``Repeat.try_launch`` succeeding)."""
     import fusionplan as fp
-    from fusionplan.benchmark.cases import Case, prepare
-    from fusionplan.launch import Repeat
-    from fusionplan.shapes import load_shapes
+    from fusionplan.runtime.launch import Repeat
+    from fusionplan.tools.bench.cases import Case, prepare
+    from fusionplan.tools.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(None)}
     outcomes, bound = [], []

@@ -19,12 +19,12 @@ import sys
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.benchmark.cli import tuning_override
-from fusionplan.sass import compile_for_hopper, summarize, with_control_bits
-from fusionplan.shapes import resnet50_layer
+from fusionplan.runtime import tuning
+from fusionplan.runtime.sass import compile_for_hopper, summarize, with_control_bits
 from fusionplan.solvers import solver_named
-from fusionplan.verify import layer_plan
+from fusionplan.tools.bench.cli import tuning_override
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import layer_plan
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
         action="append",
         default=[],
         type=tuning_override,
-        help="NAME=VALUE: a constant of fusionplan.tuning set for this compile (repeatable)",
+        help="NAME=VALUE: a constant of fusionplan.runtime.tuning set for this compile (repeatable)",
     )
     a = p.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":

@@ -27,7 +27,7 @@ import sys
 
 import torch
 
-from fusionplan.benchmark.cli import tuning_choices
+from fusionplan.tools.bench.cli import tuning_choices
 
 _TILE = re.compile(r"(\d+)x(\d+)(?:k(\d+))?(?:w(\d+))?(?:s(\d+))?(?:c(\d+))?")
 
@@ -72,7 +72,7 @@ def parse_splits(text: str) -> list[int | None]:
 def graph_us(fn, launches: int = 20) -> float:
     """Median GPU microseconds of one ``fn(i)`` (``i``: the call's index, which picks its input set)
     from CUDA-graph replays of ``launches`` calls (fusionplan-bench's graph timing)."""
-    from fusionplan.benchmark.timing import median_ms
+    from fusionplan.tools.bench.timing import median_ms
 
     return median_ms(fn, torch.device("cuda"), launches, warmup=1, graph=True) * 1e3
 
@@ -80,8 +80,8 @@ def graph_us(fn, launches: int = 20) -> float:
 def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
     """(microseconds, description) of every configuration; ``timer`` replaces ``graph_us`` (tests)."""
     import fusionplan as fp
-    from fusionplan.benchmark.cases import Case, prepare, tolerance
-    from fusionplan.benchmark.timing import l2_bytes
+    from fusionplan.tools.bench.cases import Case, prepare, tolerance
+    from fusionplan.tools.bench.timing import l2_bytes
 
     case = Case(layer, opts.batch, opts.precision, opts.layout, opts.mode)
     device = torch.device(getattr(opts, "device", "cuda"))
@@ -121,7 +121,7 @@ def sweep_layer(layer, opts, timer=None) -> list[tuple[float, str]]:
 
 
 def _run_config(kernel, unsplit, split, auto, programs, steps, x, y, records, prep, tol, timer) -> tuple[float, str]:
-    from fusionplan.verify import compare
+    from fusionplan.tools.verify import compare
 
     kernel.config = dataclasses.replace(unsplit, split_k=split)
     kernel._repeats._by_records.clear()  # the next launch binds the new configuration
@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help=(
-            "NAME=VALUE: set a constant of fusionplan.tuning for this run (an experiment's switch), repeatable; "
+            "NAME=VALUE: set a constant of fusionplan.runtime.tuning for this run (an experiment's switch), "
+            "repeatable; "
             "NAME=V1,V2: sweep every layer once per value, one after the other in this process (an A/B)"
         ),
     )
@@ -176,8 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("tile_sweep: needs a CUDA GPU (it times kernels as CUDA-graph replays)", file=sys.stderr)
         return 2
-    from fusionplan import tuning
-    from fusionplan.shapes import load_shapes
+    from fusionplan.runtime import tuning
+    from fusionplan.tools.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(opts.shapes)}
     unknown = [name for name in opts.layers.split(",") if name not in shapes]

@@ -6,8 +6,8 @@ import warnings
 import pytest
 import torch
 
-from fusionplan.activations import ACTIVATIONS, POWER_EPS, activation_backward, activation_forward
-from fusionplan.enums import ActivationMode as M
+from fusionplan.core.activations import ACTIVATIONS, POWER_EPS, activation_backward, activation_forward
+from fusionplan.core.enums import ActivationMode as M
 
 
 def scalar_formula(mode, x, a, b, g):
@@ -148,7 +148,7 @@ def test_extension_kernel_code_matches_the_table(mode, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     import importlib.util
 
-    from fusionplan.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
+    from fusionplan.runtime.epilogue import ACTIVATION_BACKWARD_CODE, ACTIVATION_CODE
 
     forward = ACTIVATION_CODE[mode].format(x="x", a="1.0", b="0.0", g="1.0")
     backward = ACTIVATION_BACKWARD_CODE[mode].format(dy="dy", x="x", a="1.0", b="0.0", g="1.0")

@@ -5,7 +5,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan import api
-from fusionplan.reference import run_reference
+from fusionplan.oracle.reference import run_reference
 
 
 def test_plan_from_tensors_is_callable():

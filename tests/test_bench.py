@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from fusionplan.benchmark import cases as bench_cases
-from fusionplan.benchmark.cli import build_parser, main
+from fusionplan.tools.bench import cases as bench_cases
+from fusionplan.tools.bench.cli import build_parser, main
 
 SMALL = ["--device", "cpu", "--layers", "r50_01,r50_22", "--iters", "2", "--warmup", "1"]
 
@@ -58,7 +58,7 @@ def test_cpu_run_writes_every_output(tmp_path, capsys):
 def test_training_suite_on_the_cpu(tmp_path, capsys, monkeypatch):
     """--suite training: the training plans verified and timed beside eager PyTorch, written out;
     every shape of the packaged models is a distinct batch-norm layer with its count."""
-    from fusionplan.benchmark.training import model_layers
+    from fusionplan.tools.bench.training import model_layers
 
     monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
     layers = model_layers(["resnet50", "mobilenet_v2", "densenet121"])
@@ -102,8 +102,8 @@ def test_training_suite_on_the_cpu(tmp_path, capsys, monkeypatch):
 def test_training_tuning_columns_compile_under_their_values(tmp_path, monkeypatch):
     """--suite training --tuning NAME=V: each column's plans built under the value, on a handle of
     their own (a handle keeps the kernels it built, whatever the constants are later)."""
-    from fusionplan import tuning
-    from fusionplan.benchmark import training
+    from fusionplan.runtime import tuning
+    from fusionplan.tools.bench import training
 
     monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
     seen = []
@@ -176,7 +176,7 @@ def test_bad_options_are_refused(capsys):
 def test_rounds_interleave_the_variants(monkeypatch, tmp_path):
     """--rounds 3: every verified variant is timed once per round, the variants taking turns, and
     its time is the median of its three rounds."""
-    from fusionplan.benchmark import runner
+    from fusionplan.tools.bench import runner
 
     calls = []
     fake_ms = iter(range(1, 1000))
@@ -198,8 +198,8 @@ def test_rounds_interleave_the_variants(monkeypatch, tmp_path):
 
 
 def test_packaged_depthwise_shapes_run_as_depthwise_plans(capsys):
-    from fusionplan.benchmark.cases import Case, build_plan
-    from fusionplan.shapes import load_shapes
+    from fusionplan.tools.bench.cases import Case, build_plan
+    from fusionplan.tools.shapes import load_shapes
 
     shapes = load_shapes("mobilenet_v2_depthwise")
     assert len(shapes) == 10 and all(s.groups == s.c == s.k for s in shapes)
@@ -218,7 +218,7 @@ def test_tuning_columns_run_the_plan_under_their_values(monkeypatch, tmp_path):
     with the constant set (and only then: the defaults stay for 'fused' and after the run);
     bad names and values are refused."""
     import fusionplan as fp
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     seen = []
     execute = fp.FusionPlan.execute
@@ -388,9 +388,9 @@ def test_slow_tests_start_on_every_worker(tmp_path):
 
 
 def test_other_processes_run_for_the_body_and_are_killed_after():
-    """The load processes of fusionplan.benchmark.contention (here a sleep, no GPU needed) run
+    """The load processes of fusionplan.tools.bench.contention (here a sleep, no GPU needed) run
     while the body does and are gone after it, even when it raises."""
-    from fusionplan.benchmark.contention import other_processes_on_the_gpu
+    from fusionplan.tools.bench.contention import other_processes_on_the_gpu
 
     sleeper = "import time\ntime.sleep({seconds})\n"
     with pytest.raises(RuntimeError), other_processes_on_the_gpu(2, 60, start_s=0, load=sleeper) as processes:

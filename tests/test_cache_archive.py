@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import cache_archive, codegen
-from fusionplan.cachecli import main as cache_main
-from fusionplan.codegen import interpreter_active
-from fusionplan.perfdb import PerfDB
+from fusionplan.runtime import cache_archive, codegen
+from fusionplan.runtime.codegen import interpreter_active
+from fusionplan.runtime.perfdb import PerfDB
+from fusionplan.tools.cachecli import main as cache_main
 
 from .util import check_against_reference, poisoned, random_args, shape_plan
 
@@ -179,7 +179,7 @@ def test_the_command_exports_and_imports(filled, tmp_path, monkeypatch, capsys):
 
 IMPORTER = """
 import sys
-from fusionplan import cache_archive
+from fusionplan.runtime import cache_archive
 summary = cache_archive.import_cache(sys.argv[1])
 print("ok", summary.files, summary.perfdb_rows)
 """

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.cachecli import main as cache_main
-from fusionplan.codegen import interpreter_active
-from fusionplan.perfdb import PerfDB, signature_digest
-from fusionplan.verify import compare, random_args, reference_output
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import interpreter_active
+from fusionplan.runtime.perfdb import PerfDB, signature_digest
+from fusionplan.tools.cachecli import main as cache_main
+from fusionplan.tools.verify import compare, random_args, reference_output
 
 
 @pytest.fixture
@@ -102,8 +102,8 @@ def test_find_skips_configs_that_fail(cache):
 
 WORKER = textwrap.dedent("""
     import sys, torch, fusionplan as fp
-    from fusionplan.perfdb import PerfDB
-    from fusionplan.verify import random_args, reference_output, compare
+    from fusionplan.runtime.perfdb import PerfDB
+    from fusionplan.tools.verify import random_args, reference_output, compare
     worker = int(sys.argv[1])
     db = PerfDB()
     for i in range(40):
@@ -148,7 +148,7 @@ def test_four_processes_at_once(cache, tmp_path):
 @pytest.mark.skipif(not interpreter_active(), reason="needs Triton's interpreter")
 def test_truncated_kernel_file_is_rewritten(cache, monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
-    import fusionplan.codegen as codegen
+    import fusionplan.runtime.codegen as codegen
 
     x = torch.randn(1, 3, 5, 5)
 
@@ -283,7 +283,7 @@ def test_cache_command(cache, capsys):
 
 
 def test_tune_command_on_the_cpu(cache, capsys):
-    from fusionplan.tunecli import main as tune_main
+    from fusionplan.tools.tunecli import main as tune_main
 
     assert tune_main(["--device", "cpu", "--layers", "r50_01,r50_22", "--batch", "1", "--precisions", "fp32"]) == 0
     out = capsys.readouterr().out
@@ -298,7 +298,7 @@ def test_launch_records_that_cannot_be_used_are_ignored(cache, caplog, monkeypat
 
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache / "triton"))
 
-    from fusionplan.launch import load_recorded_kernel, record_kernel
+    from fusionplan.runtime.launch import load_recorded_kernel, record_kernel
 
     class Fn:  # what Triton's source object needs from a kernel function
         __name__ = "conv_kernel"
@@ -405,7 +405,7 @@ def test_tests_do_not_write_into_the_users_cache():
     """conftest.py gives the run its own cache directory (Triton's cache within it)."""
     import tempfile
 
-    from fusionplan.codegen import cache_dir
+    from fusionplan.runtime.codegen import cache_dir
 
     if "FUSIONPLAN_TEST_CACHE_DIR" in os.environ:
         pytest.skip("the run was given its cache directory")

@@ -6,12 +6,12 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import codegen
-from fusionplan.codegen import GeneratedKernel, generated_kernel, kernel_signature
-from fusionplan.launch import Launcher, module_of, source_class
-from fusionplan.shapes import resnet50_layer
+from fusionplan.runtime import codegen
+from fusionplan.runtime.codegen import GeneratedKernel, generated_kernel, kernel_signature
+from fusionplan.runtime.launch import Launcher, module_of, source_class
 from fusionplan.solvers import REGISTRY
-from fusionplan.verify import layer_plan
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import layer_plan
 
 pytest.importorskip("triton")
 

@@ -11,7 +11,7 @@ import fusionplan as fp
 import fusionplan.torch as fpt
 from fusionplan import compiling
 from fusionplan.plan import FusionPlan
-from fusionplan.verify import add_chain, compare, random_args, reference_output
+from fusionplan.tools.verify import add_chain, compare, random_args, reference_output
 
 from .test_torch_fuse import model
 from .util import make_input

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from fusionplan import compile_pool
-from fusionplan.compile_pool import Worker, worker_processes
+from fusionplan.runtime import compile_pool
+from fusionplan.runtime.compile_pool import Worker, worker_processes
 
 from .util import compiling_process
 
@@ -24,11 +24,11 @@ SAME_ENTRY = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler.compiler import make_backend
     import fusionplan as fp
-    from fusionplan.compile_pool import CompilePool
-    from fusionplan.sass import ast_source, captured_launch
-    from fusionplan.shapes import resnet50_layer
+    from fusionplan.runtime.compile_pool import CompilePool
+    from fusionplan.runtime.sass import ast_source, captured_launch
+    from fusionplan.tools.shapes import resnet50_layer
     from fusionplan.solvers import solver_named
-    from fusionplan.verify import layer_plan
+    from fusionplan.tools.verify import layer_plan
 
     s = resnet50_layer("r50_22")
     x = torch.empty(8, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode
-from fusionplan.reference import run_reference
+from fusionplan.core.enums import ActivationMode
+from fusionplan.oracle.reference import run_reference
 from fusionplan.solvers.cudnn_vendor import CudnnKernel, CudnnSolver, plan_shape_why_not
-from fusionplan.verify import TOLERANCE, add_chain, compare, random_record
+from fusionplan.tools.verify import TOLERANCE, add_chain, compare, random_record
 
 from .util import CONV_SHAPES, make_input, plan_for, poisoned, shape_plan
 
@@ -72,7 +72,7 @@ def test_double_data_and_missing_cudnn_are_refused(monkeypatch):
 
 
 def test_the_vendor_family_is_a_backend_choice():
-    assert "vendor" in fp.settings.FAMILIES
+    assert "vendor" in fp.core.settings.FAMILIES
     plan, _ = shape_plan("1x1", "CBA", torch.float32, "NCHW")
     with pytest.raises(fp.UnsupportedOpError, match="CUDA devices only"):
         plan.compile(fp.Handle(), backend="vendor")

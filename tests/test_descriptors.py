@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.descriptors import batchnorm_param_dims, layout_strides
+from fusionplan.core.descriptors import batchnorm_param_dims, layout_strides
 
 
 def test_packed_layouts():

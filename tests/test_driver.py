@@ -2,7 +2,7 @@
 
 import pytest
 
-from fusionplan.driver import FUSION_MODES, build_parser, main
+from fusionplan.tools.driver import FUSION_MODES, build_parser, main
 
 SMALL = ["-n", "2", "-c", "3", "-k", "17", "-H", "13", "-W", "11", "-i", "2"]
 
@@ -68,7 +68,7 @@ def test_driver_console_script_runs():
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "fusionplan.driver", "CBAInferfp16", "-F", "2", *SMALL],
+        [sys.executable, "-m", "fusionplan.tools.driver", "CBAInferfp16", "-F", "2", *SMALL],
         capture_output=True,
         text=True,
         timeout=120,

@@ -76,8 +76,8 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
 
     import torch
 
-    from fusionplan import tuning
-    from fusionplan.benchmark.cli import tuning_choices, tuning_override
+    from fusionplan.runtime import tuning
+    from fusionplan.tools.bench.cli import tuning_choices, tuning_override
 
     path = pathlib.Path(__file__).parents[1] / "scripts" / "tile_sweep.py"
     spec = importlib.util.spec_from_file_location("tile_sweep", path)
@@ -103,7 +103,7 @@ def test_tile_sweep_script_parses_its_options_and_needs_a_gpu():
     ]
     assert tuning.override_combinations([]) == [{}]
     for bad in ("NO_SUCH=1", "SPLIT_K_TARGET=x", "WINDOW_CANDIDATES=1"):
-        with pytest.raises(Exception, match="constant of fusionplan.tuning|NAME=NUMBER"):
+        with pytest.raises(Exception, match="constant of fusionplan.runtime.tuning|NAME=NUMBER"):
             tuning_override(bad)
     for bad in ("32by64", "x64", "32x64w", "32x64s3w8", "32x64c2s3"):
         with pytest.raises(Exception, match="expected MxN"):
@@ -122,7 +122,7 @@ def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkey
     import argparse
     import importlib.util
 
-    from fusionplan.codegen import interpreter_active
+    from fusionplan.runtime.codegen import interpreter_active
 
     if not interpreter_active():
         pytest.skip("runs the kernels through Triton's interpreter")
@@ -133,7 +133,7 @@ def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkey
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
     shapes = tmp_path / "small.csv"
     shapes.write_text("name,C,K,H,W,R,S,stride,pad\nsmall,16,32,6,5,3,3,1,1\n")
-    from fusionplan.shapes import load_shapes
+    from fusionplan.tools.shapes import load_shapes
 
     (layer,) = load_shapes(shapes)
     opts = argparse.Namespace(

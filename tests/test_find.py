@@ -8,9 +8,9 @@ import torch
 
 import fusionplan as fp
 from fusionplan import solvers
-from fusionplan.perfdb import default_db
+from fusionplan.runtime.perfdb import default_db
 from fusionplan.solvers import find
-from fusionplan.verify import add_chain
+from fusionplan.tools.verify import add_chain
 
 from .util import check_against_reference, make_input, plan_for, poisoned, random_args, shape_plan
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fusionplan.codegen import interpreter_active
+from fusionplan.runtime.codegen import interpreter_active
 
 from .fuzz import cases
 from .fuzz.cases import draw_case

@@ -15,8 +15,8 @@ import torch
 
 import fusionplan as fp
 import fusionplan.miopen as mi
-from fusionplan.codegen import interpreter_active
-from fusionplan.torch_conv import canonical_strides
+from fusionplan.oracle.torch_conv import canonical_strides
+from fusionplan.runtime.codegen import interpreter_active
 
 from .fuzz import oracle
 from .fuzz.execute import GUARD, MARGIN, compare
@@ -77,7 +77,7 @@ def test_thin_planes_go_to_torch_in_nchw_and_16_bit_data_in_fp32(monkeypatch):
     in fp32 (bf16 channels-last kernels miscompute and crash on CPUs with AVX512-BF16)."""
     import torch.nn.functional as F
 
-    from fusionplan import torch_conv
+    from fusionplan.oracle import torch_conv
 
     calls = []
     real = F.conv2d
@@ -383,7 +383,7 @@ def test_activation_code_keeps_nan_on_the_gpu():
     """On the GPU tl.maximum / tl.minimum return the other operand for a NaN unless told to
     propagate it (the interpreter's numpy always does, so runs there cannot tell): every clamp of
     the activation's input says so."""
-    from fusionplan.epilogue import ACTIVATION_CODE
+    from fusionplan.runtime.epilogue import ACTIVATION_CODE
 
     for mode, code in ACTIVATION_CODE.items():
         for clamp in ("tl.maximum({x}", "tl.minimum({x}", "tl.minimum(tl.maximum({x}"):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.shapes import resnet50_layer
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain, layer_plan
 
 from .util import assert_stages_expect_their_boxes, compile_sm90, layer_build, plan_for
 
@@ -184,10 +184,10 @@ def test_defers_beyond_one_wave_where_tiles_store_by_pointer(monkeypatch):
     """Persistent tiles of one warpgroup whose stores cannot run by TMA (tiles below
     TMA_STORE_MIN_PIXELS, or reductions of more than GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS steps) defer
     to triton-gemm's persistent programs."""
-    monkeypatch.setattr(fp.tuning, "TMA_STORE_MIN_PIXELS", 1 << 20)
+    monkeypatch.setattr(fp.runtime.tuning, "TMA_STORE_MIN_PIXELS", 1 << 20)
     assert "programs" in gluon_gemm.GluonGemmSolver().defer_why(layer("r50_07").spec(), fp.Handle("cpu"))
-    monkeypatch.setattr(fp.tuning, "TMA_STORE_MIN_PIXELS", 128)
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS", 1)
+    monkeypatch.setattr(fp.runtime.tuning, "TMA_STORE_MIN_PIXELS", 128)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PERSISTENT_TMA_MAX_STEPS", 1)
     why = gluon_gemm.GluonGemmSolver().defer_why(layer("r50_05").spec(), fp.Handle("cpu"))
     assert "4 reduction steps (< 8)" in why
 
@@ -297,8 +297,8 @@ def test_kernel_is_warp_specialized_with_a_product_per_part(name, dtype, hgmma):
 PINGPONG = """
 import json
 from dataclasses import replace
-from fusionplan import tuning
-from fusionplan.sass import compile_for_hopper, summarize
+from fusionplan.runtime import tuning
+from fusionplan.runtime.sass import compile_for_hopper, summarize
 from fusionplan.solvers.gluon_gemm import gemm_stages
 s = resnet50_layer("r50_07")
 rows = []
@@ -345,8 +345,8 @@ def test_strided_kernels_load_whole_rows(name, dtype):
 MMA_EPILOGUE = """
 import json
 from dataclasses import replace
-from fusionplan import tuning
-from fusionplan.sass import compile_for_hopper, summarize
+from fusionplan.runtime import tuning
+from fusionplan.runtime.sass import compile_for_hopper, summarize
 rows = []
 tuning.TMA_STORE_MIN_PIXELS = 1 << 20  # the pointer stores' layout change
 for on in (True,):
@@ -540,8 +540,8 @@ def test_channel_plane_kernels_read_boxes_and_store_along_planes(name, dtype, pi
     (no copy through registers of the input); the output stored by TMA a copy per part where
     gemm_store_mode says so (the tile written transposed to shared memory), else along the planes
     16 bytes a thread; no pointer loads, no spills."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
-    build = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 0\n" + layer_build(name, dtype, "CBNA", "NCHW")
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
+    build = "fp.runtime.tuning.GLUON_GEMM_PLANE_COPIES = 0\n" + layer_build(name, dtype, "CBNA", "NCHW")
     info = compile_sm90(build, "gluon-gemm")
     assert "PLANES" in info["source"]
     kernel = layer(name, getattr(torch, dtype), layout="NCHW").spec()
@@ -575,7 +575,7 @@ def test_plane_layers_defer_as_measured(monkeypatch):
     """Beyond one wave, channel-plane tiles read by boxes (tuning.GLUON_GEMM_PLANE_COPIES 0) with
     short reductions take tiles that persistent programs store by TMA, and stay (stored by pointer
     with one computing warpgroup they measured slower than triton-gemm-nchw)."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", 0)
     names = ("r50_01", "r50_03", "r50_04", "r50_05", "r50_07", "r50_09", "r50_11")
 
     def deferred() -> dict:
@@ -607,7 +607,7 @@ def test_planes_inside_16_byte_units_come_by_copies(name, dtype, reason, monkeyp
     """tuning.GLUON_GEMM_PLANE_COPIES: 14x14 planes, whose starts lie inside 16-byte units where no
     tensor box may start, are read by 8-byte asynchronous copies instead (plane_copies); planes
     that are not whole 8-byte units (7x7: 98 bytes) and 32-bit data stay refused."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", True)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", True)
     plan = layer(name, dtype, layout="NCHW")
     assert reason in verdict(plan).reason
     assert gluon_gemm.plane_copies(plan.spec()) == (reason == "needs a Hopper GPU")
@@ -617,7 +617,7 @@ def test_planes_inside_16_byte_units_come_by_copies(name, dtype, reason, monkeyp
 def test_planes_of_whole_16_byte_units_are_copied_only_in_mode_2(mode, copied, monkeypatch):
     """tuning.GLUON_GEMM_PLANE_COPIES 2 copies every plane size, in place of the boxes: r50_11's
     784-pixel planes by 16-byte copies (8 pixels), the batch's pixels flat (no image padded to 896)."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", mode)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", mode)
     spec = layer("r50_11", layout="NCHW").spec()
     kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
     assert kernel.copies == copied and gluon_gemm.plane_copy_vec(spec) == 8
@@ -629,7 +629,7 @@ def test_copied_planes_take_flat_rows(monkeypatch):
     """Copied planes are the batch's pixels without padding (a tile may span two images: each copy
     holds 4 pixels of one, 196 a multiple of 4), stored by pointer 8 bytes a thread (TMA stores
     of plane tiles hold one image)."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
     spec = layer("r50_13", layout="NCHW").spec()
     kernel = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu"))
     assert kernel.copies and kernel.plane == 196 and gluon_gemm.plane_copy_vec(spec) == 4
@@ -649,10 +649,10 @@ def test_copied_plane_kernels_load_by_asynchronous_copies(name, dtype, batch, mo
     (the plane's pixels a constant of the source: the copying warps' addresses fit their registers),
     within sm_90's shared memory. Batch 3: 588 pixels, not a multiple of 16 (the masks still cover
     whole copies)."""
-    switches = "fp.tuning.GLUON_GEMM_PLANE_COPIES = 1\nfp.tuning.GLUON_GEMM_PAIRS_MAX_WIDENING = 0\n"
+    switches = "fp.runtime.tuning.GLUON_GEMM_PLANE_COPIES = 1\nfp.runtime.tuning.GLUON_GEMM_PAIRS_MAX_WIDENING = 0\n"
     info = compile_sm90(switches + layer_build(name, dtype, "CBNA", "NCHW", batch), "gluon-gemm")
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 0)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_COPIES", 1)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PAIRS_MAX_WIDENING", 0)
     spec = layer(name, getattr(torch, dtype), batch, layout="NCHW").spec()
     pixels = fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).config.block_m
     assert "count=4 * 32" in info["source"] and "mbarrier_arrive(copied" in info["source"]  # four copying warps
@@ -811,9 +811,9 @@ def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):
         return fp.solvers.solver_named("gluon-gemm").build(spec, fp.Handle("cpu")).source()
 
     assert "[PLANE_VEC, 1], [16, 32 // 16]" in source() and "[PLANE_VEC, 1], [4, 8]" in source()
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 8)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 8)
     assert "[PLANE_VEC, 1], [8, 32 // 8]" in source()
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 12)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_PLANE_STORE_LANES", 12)
     with pytest.raises(ValueError, match="GLUON_GEMM_PLANE_STORE_LANES = 12"):
         source()
 
@@ -821,7 +821,7 @@ def test_8_byte_plane_stores_take_the_lanes_along_the_pixels(monkeypatch):
 def test_larger_tiles_of_8_byte_copies_defer(monkeypatch):
     """8-byte copied planes in tiles of more than tuning.GLUON_GEMM_COPY_L1_MAX_PIXELS pixels defer to
     triton-gemm-nchw (r50_17's 192 against a limit of 128)."""
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_COPY_L1_MAX_PIXELS", 128)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_COPY_L1_MAX_PIXELS", 128)
     why = gluon_gemm.gluon_gemm_defer_why(layer("r50_17", layout="NCHW").spec(), H100_SMS)
     assert "triton-gemm-nchw" in why and "192 pixels (> 128)" in why
 
@@ -837,7 +837,7 @@ def test_kernels_copying_through_l1_fit_their_carveout(name, fits, monkeypatch):
         return fp.solvers.solver_named("gluon-gemm").build(layer(name, layout="NCHW").spec(), fp.Handle("cpu"))
 
     budgeted = kernel()
-    monkeypatch.setattr(fp.tuning, "GLUON_GEMM_COPY_SHARED_BYTES", gluon_gemm.GEMM_SHARED_BYTES)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_GEMM_COPY_SHARED_BYTES", gluon_gemm.GEMM_SHARED_BYTES)
     unbounded = kernel()
     assert budgeted.launcher.fit_carveout
     assert (budgeted.config.num_stages < unbounded.config.num_stages) is fits

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.shapes import resnet50_layer
-from fusionplan.verify import add_chain
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain
 
 from .test_gluon_nchw import layer
 from .test_sass import GRID_DEPENDENCY_ON

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.shapes import resnet50_layer
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.runtime import tuning
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain, layer_plan
 
 from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build, plan_for
 
@@ -243,7 +243,7 @@ def test_product_along_the_pixels_where_the_registers_hold_it(name, ring, instru
     ptxas compiles each within its registers (no spills)."""
     build = layer_build(name, "float16", layout="NCHW")
     if ring:
-        build = f"fp.tuning.GLUON_NCHW_STRIDED_RING_BYTES = {ring * 1024}\n" + build
+        build = f"fp.runtime.tuning.GLUON_NCHW_STRIDED_RING_BYTES = {ring * 1024}\n" + build
     info = compile_sm90(build, "gluon-nchw")
     assert info["HGMMA shapes"] == [instruction] and "LOCAL:0" in info["resources"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
+from fusionplan.runtime import tuning
 
 from .test_gluon_nchw import layer, odd_plan
 from .util import assert_each_expect_counts_its_load, compile_sm90, layer_build

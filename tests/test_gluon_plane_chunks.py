@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.verify import add_chain
+from fusionplan.runtime import tuning
+from fusionplan.tools.verify import add_chain
 
 from .test_gluon_nchw import layer
 from .util import compile_sm90, layer_build, plan_for
@@ -207,8 +207,8 @@ def test_sm90_kernel(staged, shifted):
     loads of the units, no 2-byte shared reads), the weights by TMA, two computing warpgroups' wgmma
     (one product in flight), 2-byte NCHW stores, no spills."""
     build = (
-        f"fp.tuning.GLUON_PLANE_CHUNKS_STAGED = {staged}\n"
-        f"fp.tuning.GLUON_PLANE_CHUNKS_SHIFTED = {shifted}\n" + layer_build("r50_19", "float16", layout="NCHW")
+        f"fp.runtime.tuning.GLUON_PLANE_CHUNKS_STAGED = {staged}\n"
+        f"fp.runtime.tuning.GLUON_PLANE_CHUNKS_SHIFTED = {shifted}\n" + layer_build("r50_19", "float16", layout="NCHW")
     )
     info = compile_sm90(build, "gluon-plane-chunks")
     if staged:
@@ -226,7 +226,7 @@ def test_sm90_kernel(staged, shifted):
 def test_sm90_image_tiles():
     """r50_21 on tiles of one image (tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES) by the shifts: 64-slot
     wgmma, 16-byte loads of the units, no 2-byte shared reads, no spills."""
-    build = "fp.tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES = 1\n" + layer_build("r50_21", "float16", layout="NCHW")
+    build = "fp.runtime.tuning.GLUON_PLANE_CHUNKS_IMAGE_TILES = 1\n" + layer_build("r50_21", "float16", layout="NCHW")
     info = compile_sm90(build, "gluon-plane-chunks")
     assert info["HGMMA shapes"] == ["64x64x16"] and "16" in info["global loads by bytes"]
     assert info["shared loads by bytes (LDS, not matrix loads)"].get("2", 0) == 0

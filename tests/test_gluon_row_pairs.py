@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.verify import add_chain
+from fusionplan.runtime import tuning
+from fusionplan.tools.verify import add_chain
 
 from .test_gluon_nchw import layer
 from .util import compile_sm90, layer_build, plan_for
@@ -140,9 +140,10 @@ def test_sm90_kernel(staged, store_warps, by_mma):
     partition), two computing warpgroups' wgmma (one product in flight), 8-byte NCHW stores (by the
     storing partition: 8 a thread for each slice of 8 channels a warp), no spills."""
     build = (
-        f"fp.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n"
-        f"fp.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n"
-        f"fp.tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = {by_mma}\n" + layer_build("r50_08", "float16", layout="NCHW")
+        f"fp.runtime.tuning.GLUON_ROW_PAIRS_STAGED = {staged}\n"
+        f"fp.runtime.tuning.GLUON_ROW_PAIRS_STORE_WARPS = {store_warps}\n"
+        f"fp.runtime.tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA = {by_mma}\n"
+        + layer_build("r50_08", "float16", layout="NCHW")
     )
     info = compile_sm90(build, "gluon-row-pairs")
     if staged:
@@ -175,7 +176,7 @@ def test_hoisted_channels_only_where_measured(monkeypatch):
 def test_hoisted_channels_in_the_source():
     """The scale and shift are loaded by both placements, chosen by a constant of the launch: before
     the tiles' loop (HOIST_CHANNELS) or in each epilogue; the chain reads the vectors."""
-    from fusionplan.folding import pointwise_stages, split_at_conv
+    from fusionplan.runtime.folding import pointwise_stages, split_at_conv
 
     spec = layer("r50_08").spec()
     _, conv, post = split_at_conv(spec.ops)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain, layer_plan
 
 from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, plan_for
 
@@ -190,8 +190,8 @@ def test_channel_parameters_can_be_loaded_once_before_the_tiles():
     vectors that Epilogue.channel_loads loads (the prior weights under their flag); per-element
     parameters (a per-activation batch-norm) are still loaded with each tile; without it, nothing
     changes."""
-    from fusionplan.epilogue import emit_stages
-    from fusionplan.folding import AffineStage
+    from fusionplan.runtime.epilogue import emit_stages
+    from fusionplan.runtime.folding import AffineStage
 
     stages = [AffineStage((1, 2)), AffineStage((3,), per_element=True)]
     plain = emit_stages(stages, ())
@@ -353,7 +353,7 @@ def test_a_built_kernel_keeps_its_plane_mode(monkeypatch):
     """The launch of a kernel built with the shifter (plane_mode 2) keeps its arguments (the filter
     through the ring's first slots, the box of the column at offset 0) after the choice that made
     it would be another: the source and its launches agree."""
-    from fusionplan.sass import captured_launch
+    from fusionplan.runtime.sass import captured_launch
 
     kernel = solver_named("gluon-rows").build(layer("r50_02", layout="NCHW").spec(), fp.Handle("cpu"))
     monkeypatch.setattr(gluon_rows, "shifted_planes_why_not", lambda spec: "refused")

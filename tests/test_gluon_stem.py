@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain, layer_plan
 
 from .util import assert_expects_sum_to_their_loads, compile_sm90, layer_build, plan_for
 
@@ -74,7 +74,7 @@ def test_why_not_names_what_is_missing(plan, reason):
 
 
 def test_filter_too_large_for_shared_memory(monkeypatch):
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "GLUON_STEM_SMEM_BYTES", 64 * 1024)
     assert "Toeplitz blocks and 14 input-row tiles take" in verdict(stem()).reason
@@ -242,8 +242,11 @@ def test_loading_warps_on_channel_planes_take_more_registers(monkeypatch):
 
     assert gluon_stem.stem_registers(False) == (LOAD_REGS, CONSUMER_REGS)
     load, consumer = gluon_stem.stem_registers(True)
-    assert load == fp.tuning.GLUON_STEM_PLANE_LOAD_REGS > LOAD_REGS and load + consumer == LOAD_REGS + CONSUMER_REGS
-    monkeypatch.setattr(fp.tuning, "GLUON_STEM_PLANE_LOAD_REGS", 88)
+    assert (
+        load == fp.runtime.tuning.GLUON_STEM_PLANE_LOAD_REGS > LOAD_REGS
+        and load + consumer == LOAD_REGS + CONSUMER_REGS
+    )
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_STEM_PLANE_LOAD_REGS", 88)
     assert gluon_stem.stem_registers(True) == (88, CONSUMER_REGS - 48)
 
 
@@ -282,7 +285,7 @@ def test_runs_of_one_and_four_pixels_compile(c, r, stride, w, pixels):
 def test_tma_store_by_plan(monkeypatch):
     """The stem's channels-last output takes TMA stores; 17 output channels
     (34-byte pixels) and outputs that the tiles' shared memory would not fit store by pointer."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     kernel = solver_named("gluon-stem").build(stem().spec(), fp.Handle("cpu"))
     assert gluon_stem.plan_tma_store(stem().spec(), kernel.runs)

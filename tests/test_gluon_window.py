@@ -5,12 +5,12 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.sass import captured_launch
-from fusionplan.shapes import resnet50_layer
+from fusionplan.runtime.sass import captured_launch
 from fusionplan.solvers import solver_named
 from fusionplan.solvers.triton_window import window_defer_why
 from fusionplan.solvers.window_toolkit import window_tiles
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import add_chain, layer_plan
 
 from .util import HOPPER_SHARED_BYTES, compile_sm90, layer_build, plan_for
 
@@ -62,7 +62,7 @@ def test_kernel_past_2_to_the_31_elements_compiles(tma_store):
     """The one-image plan above (its output's offsets in an image pass 2^31) with 64-bit offsets,
     its output stored by TMA or by pointer: builds for sm_90 without spills."""
     build = (
-        f"fp.tuning.TMA_STORE_MIN_PIXELS = {128 if tma_store else 1 << 20}\n"
+        f"fp.runtime.tuning.TMA_STORE_MIN_PIXELS = {128 if tma_store else 1 << 20}\n"
         "x = torch.empty(1, 128, 4096, 4160, dtype=torch.float16, device='meta')\n"
         "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x.to(memory_format=torch.channels_last)))\n"
         "add_chain(plan, 'CBNA', conv=fp.ConvolutionDescriptor((1, 1)), k=128, r=3, s=3, param_dtype='float')"
@@ -100,7 +100,7 @@ def test_strided_3x3_of_many_pixels_defers_to_triton_conv_with_tap_bits(dtype, m
     for name in ("r50_12", "r50_18", "r50_10"):
         assert gluon_window.gluon_defer_why(layer(name, dtype).spec()) is None
     assert gluon_window.gluon_defer_why(layer("r50_06", torch.float32).spec()) is None
-    monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", 0)
+    monkeypatch.setattr(fp.runtime.tuning, "CONV_TAP_BITS", 0)
     assert gluon_window.gluon_defer_why(layer("r50_06", dtype).spec()) is None
 
 
@@ -111,7 +111,7 @@ def test_tf32_windows_defer_from_the_measured_size(monkeypatch):
     those two defer and smaller windows (r50_12, r50_16, r50_22) and 16-bit data do not."""
     for name in ("r50_10", "r50_06", "r50_12", "r50_16", "r50_22"):
         assert gluon_window.gluon_defer_why(layer(name, torch.float32).spec()) is None
-    monkeypatch.setattr(fp.tuning, "GLUON_TF32_MAX_WINDOW", 256)
+    monkeypatch.setattr(fp.runtime.tuning, "GLUON_TF32_MAX_WINDOW", 256)
     for name in ("r50_10", "r50_06"):
         assert "windows of 256 pixels" in gluon_window.gluon_defer_why(layer(name, torch.float32).spec())
     # (16-bit r50_06 defers to triton-conv's tap bits whatever this threshold)

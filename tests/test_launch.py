@@ -5,9 +5,9 @@ from collections import Counter
 import pytest
 import torch
 
-from fusionplan.folding import args_fingerprint
-from fusionplan.launch import Launcher, Repeat, RepeatCache, extent_bytes, needs_int64, specialization
-from fusionplan.verify import add_chain
+from fusionplan.runtime.folding import args_fingerprint
+from fusionplan.runtime.launch import Launcher, Repeat, RepeatCache, extent_bytes, needs_int64, specialization
+from fusionplan.tools.verify import add_chain
 
 from .util import make_input, plan_for, random_args
 
@@ -167,7 +167,7 @@ def test_own_scratch_serves_our_launches_whatever_allocator_is_set_and_restores_
     triton = pytest.importorskip("triton")
     from triton.runtime import _allocation
 
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     seen = {}
 
@@ -212,7 +212,7 @@ def test_bound_launch_calls_a_known_tritons_c_launcher_directly_with_own_scratch
     """BoundLaunch's direct path passes Triton 3.6's C launcher its arguments in that launcher's
     order: the bound arguments with the new pointers swapped in, and fusionplan's scratch address."""
     triton = pytest.importorskip("triton")
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     calls = []
 
@@ -252,7 +252,7 @@ def test_empty_launch_hook_chains_count_as_no_hooks():
     pytest.importorskip("triton")
     from triton import knobs
 
-    from fusionplan.launch import _launch_hooks
+    from fusionplan.runtime.launch import _launch_hooks
 
     enter = knobs.runtime.launch_enter_hook
     if not hasattr(enter, "add"):
@@ -275,7 +275,7 @@ def test_bound_launch_keeps_its_bound_tensors_alive_and_not_the_calls_input_and_
     network's activations alive; the tensors bound for good (weights, workspaces) must stay."""
     import weakref
 
-    from fusionplan.launch import BoundLaunch
+    from fusionplan.runtime.launch import BoundLaunch
 
     x, y, w = torch.randn(64), torch.randn(64), torch.randn(16)
     refs = [weakref.ref(t) for t in (x, y, w)]
@@ -296,7 +296,7 @@ def test_bound_launch_passes_a_descriptor_slot_over_each_calls_address(monkeypat
     hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
 
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     launched = []
     monkeypatch.setattr(launch, "launch_compiled", lambda kernel, grid, args: launched.append(args))
@@ -353,7 +353,7 @@ def encoded_launches(monkeypatch, wrapper_of, encode, input_pointer=False):
     hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
     from triton.experimental.gluon import language as gl
 
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     direct, through_wrapper = [], []
     signature = ["tensordesc<fp32[1, 4, 4, 32]>", "tensordesc<fp32[64, 32]>", "*fp32", "*fp32", "i32"]
@@ -441,7 +441,7 @@ def test_bound_launch_encodes_a_descriptor_sharing_its_pointers_slot(monkeypatch
 def test_bound_launch_leaves_other_descriptor_wrappers_to_triton(monkeypatch):
     """A wrapper without the metadata of every descriptor (device-side descriptors) or of another
     shape: Triton's own launch path."""
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     def inner(*args):
         return args
@@ -484,7 +484,7 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
     to the smallest percentage of the multiprocessor's shared memory that holds one program and
     the driver's reservation (through the driver's cuFuncSetAttribute); launchers without it, and
     kernels not loaded yet, are left alone; without a driver library nothing is called."""
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     calls = []
 
@@ -520,7 +520,7 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
 
 
 def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
-    from fusionplan.launch import carveout_percent
+    from fusionplan.runtime.launch import carveout_percent
 
     assert carveout_percent(143644, 233472) == 62  # r50_15: 144,668 of 233,472 bytes
     assert carveout_percent(232448, 233472) == 100
@@ -530,7 +530,7 @@ def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
 
 
 def test_programs_per_multiprocessor_takes_the_tightest_limit():
-    from fusionplan.launch import programs_per_multiprocessor
+    from fusionplan.runtime.launch import programs_per_multiprocessor
 
     class H100:
         shared_memory_per_multiprocessor = 233472
@@ -546,7 +546,7 @@ def test_programs_per_multiprocessor_takes_the_tightest_limit():
 
 def test_one_lock_per_specialization_record(tmp_path):
     """Threads compiling one specialization (one record path) share a lock; no record, no lock."""
-    from fusionplan.launch import _compiling
+    from fusionplan.runtime.launch import _compiling
 
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     assert _compiling(a) is _compiling(tmp_path / "a.json")

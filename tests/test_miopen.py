@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fusionplan.miopen as mi
-from fusionplan.reference import run_reference
+from fusionplan.oracle.reference import run_reference
 
 S = mi.miopenStatus_t
 

@@ -1,10 +1,10 @@
-"""fusionplan.benchmark.ncu_table: Nsight Compute's raw CSV (a units row, numbers with thousands separators)
+"""fusionplan.tools.bench.ncu_table: Nsight Compute's raw CSV (a units row, numbers with thousands separators)
 and bench/ncu_layer.py's case labels, interleaved on one stdout, become one table row a kernel named
 by its case."""
 
 import sys
 
-from fusionplan.benchmark import ncu_table
+from fusionplan.tools.bench import ncu_table
 
 ISSUE = "smsp__issue_active.avg.pct_of_peak_sustained_elapsed"
 HEADER = f'"ID","Kernel Name","gpu__time_duration.sum","lts__t_bytes.sum","{ISSUE}"'

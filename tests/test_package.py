@@ -51,29 +51,68 @@ def test_the_library_runs_without_triton_rich_or_matplotlib():
 
 
 def _fusionplan_imports(module: str) -> set[str]:
-    """The fusionplan modules ``module`` (a path under src/fusionplan) imports, at any depth of its code."""
+    """The fusionplan modules ``module`` (a path under src/fusionplan) imports, at any depth of its code;
+    ``from fusionplan import x`` counts as ``fusionplan.x``."""
     import ast
 
     tree = ast.parse((ROOT / "src" / "fusionplan" / module).read_text())
     names: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fusionplan":
+        if isinstance(node, ast.ImportFrom) and node.module == "fusionplan":
+            names.update(f"fusionplan.{a.name}" for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "fusionplan":
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(a.name for a in node.names if a.name.split(".")[0] == "fusionplan")
     return names
 
 
-def test_imports_run_one_way_down_the_layers():
-    """The data layer imports nothing above it: enums nothing of fusionplan, errors only enums, the
-    random samples only descriptors, enums and operators; the perf database takes the version
-    without importing the package; no solver imports the verification helpers (fusionplan.verify)."""
-    assert _fusionplan_imports("enums.py") == set()
-    assert _fusionplan_imports("errors.py") == {"fusionplan.enums"}
-    assert _fusionplan_imports("samples.py") <= {"fusionplan.enums", "fusionplan.ops", "fusionplan.descriptors"}
-    assert "fusionplan" not in _fusionplan_imports("perfdb.py")
-    solvers = sorted((ROOT / "src" / "fusionplan" / "solvers").glob("*.py"))
-    assert [p.name for p in solvers if "fusionplan.verify" in _fusionplan_imports(f"solvers/{p.name}")] == []
+#: The package's layers, top to bottom, and the layers each may import. The frontends are the
+#: package itself and the modules a user imports (fusionplan.miopen, fusionplan.torch, ...).
+LAYER_IMPORTS = {
+    "tools": {"tools", "frontends", "plan", "solvers", "runtime", "oracle", "core"},
+    "frontends": {"frontends", "plan", "solvers", "runtime", "oracle", "core"},
+    "plan": {"plan", "solvers", "runtime", "core"},
+    "solvers": {"solvers", "runtime", "oracle", "core"},
+    "runtime": {"runtime", "core"},
+    "oracle": {"oracle", "core"},
+    "core": {"core"},
+}
+FRONTENDS = {"api", "miopen", "torch", "torch_op", "compiling"}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] in FRONTENDS:
+        return "frontends"
+    assert parts[1] in LAYER_IMPORTS, f"{module} belongs to no layer"
+    return parts[1]
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    package = ROOT / "src" / "fusionplan"
+    wrong = []
+    for path in sorted(package.rglob("*.py")):
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__")
+        for imported in _fusionplan_imports(str(path.relative_to(package))):
+            if _layer(imported) not in LAYER_IMPORTS[_layer(module)]:
+                wrong.append(f"{module} ({_layer(module)}) imports {imported} ({_layer(imported)})")
+    assert wrong == []
+    assert {p.name for p in package.glob("*.py")} == {"__init__.py", "plan.py"} | {f"{m}.py" for m in FRONTENDS}
+
+
+def test_imports_run_one_way_inside_the_core():
+    """enums imports nothing of fusionplan, errors only enums, the random samples only descriptors,
+    enums and operators; the perf database takes the version without importing the package; no
+    solver imports the verification helpers (fusionplan.tools.verify)."""
+    assert _fusionplan_imports("core/enums.py") == set()
+    assert _fusionplan_imports("core/errors.py") == {"fusionplan.core.enums"}
+    assert _fusionplan_imports("core/samples.py") <= {
+        "fusionplan.core.enums",
+        "fusionplan.core.ops",
+        "fusionplan.core.descriptors",
+    }
+    assert "fusionplan" not in _fusionplan_imports("runtime/perfdb.py")
 
 
 #: The modules of fusionplan.solvers that every solver may import: the base classes and the shared

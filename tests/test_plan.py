@@ -5,7 +5,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan import solvers
-from fusionplan.ops import ConvArgs
+from fusionplan.core.ops import ConvArgs
 
 from .util import make_input, random_args
 
@@ -410,7 +410,7 @@ def test_in_place_weight_update_is_seen(handle):
     args.get(plan.ops[0]).weight.mul_(-1)
     args.get(plan.ops[2]).variance.add_(3.0)
     plan.execute(handle, x, y2, args)
-    from fusionplan.reference import run_reference
+    from fusionplan.oracle.reference import run_reference
 
     ref = run_reference(plan.ops, x, [args.get(op) for op in plan.ops]).output
     torch.testing.assert_close(y2.double(), ref, rtol=1e-5, atol=1e-5)
@@ -435,7 +435,7 @@ def test_checks_reused_only_for_identical_calls(compiled):
 
 def test_new_arguments_after_a_reused_call_are_checked_and_used(compiled):
     plan, handle, x, y, args = compiled
-    from fusionplan.reference import run_reference
+    from fusionplan.oracle.reference import run_reference
 
     plan.execute(handle, x, y, args)
     plan.execute(handle, x, y, args)
@@ -457,7 +457,7 @@ def test_new_arguments_after_a_reused_call_are_checked_and_used(compiled):
 
 def test_repeated_calls_with_separate_priors_use_each_prior(compiled):
     plan, handle, x, y, args = compiled
-    from fusionplan.reference import run_reference
+    from fusionplan.oracle.reference import run_reference
 
     args.set(plan.ops[2], fp.BatchNormInferenceArgs(**{**args.get(plan.ops[2]).field_values(), "beta": 1.0}))
     records = [args.get(op) for op in plan.ops]
@@ -472,7 +472,7 @@ def test_repeated_calls_with_separate_priors_use_each_prior(compiled):
 
 def test_repeater_repeats_a_checked_call_for_new_tensors(compiled):
     plan, handle, x, y, args = compiled
-    from fusionplan.reference import run_reference
+    from fusionplan.oracle.reference import run_reference
 
     assert plan.repeater(handle, x, y, args) is None  # nothing checked yet
     plan.execute(handle, x, y, args)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from fusionplan.support import support_table
+from fusionplan.tools.support import support_table
 
 ROOT = pathlib.Path(__file__).parents[1]
 README = ROOT / "README.md"
@@ -20,7 +20,7 @@ def test_readme_support_table_is_current():
     text = README.read_text()
     match = re.search(r"<!-- support-table -->\n(.*?)\n<!-- /support-table -->", text, re.S)
     assert match, "README.md lost its support-table markers"
-    assert match.group(1).strip() == support_table().strip(), "run: python -m fusionplan.support"
+    assert match.group(1).strip() == support_table().strip(), "run: python -m fusionplan.tools.support"
 
 
 def test_readme_commands_are_the_ci_commands():

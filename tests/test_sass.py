@@ -56,9 +56,9 @@ FIT = """
 import json, types, torch
 import fusionplan as fp
 from fusionplan import solvers
-from fusionplan.sass import compile_for_hopper
-from fusionplan.shapes import load_shapes
-from fusionplan.verify import layer_plan
+from fusionplan.runtime.sass import compile_for_hopper
+from fusionplan.tools.shapes import load_shapes
+from fusionplan.tools.verify import layer_plan
 
 hopper = types.SimpleNamespace(
     device=torch.device("cuda", 0), tf32_allowed=lambda: True, compute_capability=lambda: (9, 0),
@@ -175,7 +175,7 @@ def test_stem_joins_its_runs_for_nchw_stores(joined, stores):
     """tuning.STEM_JOINED_EPILOGUE (the NCHW stem, runs of 4 pixels): the run's accumulators joined
     into one tile of neighbouring pixels store 4 of them at once (8 bytes), where an epilogue per
     pixel of the run stores 2-byte elements 4 pixels apart; nothing spilled either way."""
-    switched = f"import fusionplan.tuning as t\nt.STEM_JOINED_EPILOGUE = {joined}\n"
+    switched = f"import fusionplan.runtime.tuning as t\nt.STEM_JOINED_EPILOGUE = {joined}\n"
     build = switched + layer_build("r50_00", "float16", layout="NCHW")
     info = compile_sm90(build, "triton-stem")
     assert set(info["global stores by bytes"]) == stores, info["global stores by bytes"]
@@ -200,7 +200,7 @@ def test_conv_tap_bits_shorten_the_reduction_loop(dtype):
     16-byte asynchronous copies and pipelined products, nothing spilled."""
 
     def switched(on: int) -> str:
-        return f"import fusionplan.tuning as t\nt.CONV_TAP_BITS = {on}\n" + layer_build("r50_02", dtype)
+        return f"import fusionplan.runtime.tuning as t\nt.CONV_TAP_BITS = {on}\n" + layer_build("r50_02", dtype)
 
     before = compile_sm90(switched(0), "triton-conv")
     after = compile_sm90(switched(1), "triton-conv")

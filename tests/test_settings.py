@@ -8,11 +8,12 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import compile_pool, compiling, launch
-from fusionplan.launch import Launcher
-from fusionplan.settings import VARIABLES, Settings
-from fusionplan.shapes import resnet50_layer
-from fusionplan.verify import layer_plan
+from fusionplan import compiling
+from fusionplan.core.settings import VARIABLES, Settings
+from fusionplan.runtime import compile_pool, launch
+from fusionplan.runtime.launch import Launcher
+from fusionplan.tools.shapes import resnet50_layer
+from fusionplan.tools.verify import layer_plan
 
 
 def test_defaults_and_every_variable():

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.verify import add_chain
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.tools.verify import add_chain
 
 from .util import (
     CONV_SHAPES,
@@ -152,9 +152,9 @@ def test_no_applicability_check_raises_on_common_plans():
     import types
 
     from fusionplan import solvers
-    from fusionplan.shapes import load_shapes
-    from fusionplan.support import ROWS
-    from fusionplan.verify import layer_plan
+    from fusionplan.tools.shapes import load_shapes
+    from fusionplan.tools.support import ROWS
+    from fusionplan.tools.verify import layer_plan
 
     plans = []
     for _, builders, *channels in ROWS:
@@ -260,9 +260,9 @@ def test_unit_activation_alpha_is_a_specialization(alpha, unit):
     """An activation whose output scale alpha is 1 compiles without the multiply (UNIT_AL, a
     constexpr flag beside HAS_Q that never counts as reading the prior); other alphas multiply.
     The result either way: test_alpha_beta_blend_prior_output."""
-    from fusionplan.epilogue import reads_prior, stage_arguments
+    from fusionplan.runtime.epilogue import reads_prior, stage_arguments
     from fusionplan.solvers import solver_named
-    from fusionplan.verify import random_record
+    from fusionplan.tools.verify import random_record
 
     x = make_input((2, 4, 6, 5), torch.float32, "NCHW")
     plan = add_chain(plan_for(x), "CBNA", conv=fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1), k=4, r=3, s=3)

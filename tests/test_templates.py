@@ -14,7 +14,7 @@ from collections import Counter
 import pytest
 
 import fusionplan as fp
-from fusionplan.codegen import interpreter_active
+from fusionplan.runtime.codegen import interpreter_active
 from fusionplan.solvers import solver_named
 
 from .fuzz.cases import draw_case

@@ -8,7 +8,7 @@ from torch import nn
 
 import fusionplan as fp
 import fusionplan.torch as fpt
-from fusionplan.codegen import interpreter_active
+from fusionplan.runtime.codegen import interpreter_active
 
 
 class ConvBNAct(nn.Module):

@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 import fusionplan as fp
-from fusionplan.activations import activation_forward
-from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.core.activations import activation_forward
+from fusionplan.core.enums import ActivationMode, BatchNormMode
 
 from .util import ACTIV_PARAMS, bn_backward_args, bn_forward_args, make_input
 
@@ -215,13 +215,13 @@ def test_backward_requires_saved_statistics():
 )
 def test_the_engine_cost_model(moved_mb, programs, one_launch):
     """tuning.batchnorm_one_launch on shapes of the suite it was fitted on (H200: 132 multiprocessors)."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     assert tuning.batchnorm_one_launch(int(moved_mb * 1e6), programs, 132) is one_launch
 
 
 def test_the_engine_override_wins_over_the_cost_model(monkeypatch):
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
     from fusionplan.solvers.triton_batchnorm import choose_config
 
     for value, expected in ((0, False), (1, True)):

@@ -8,15 +8,15 @@ import torch
 
 import fusionplan as fp
 import fusionplan.miopen as mi
-from fusionplan.activations import activation_forward
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.reference import run_reference
-from fusionplan.verify import ACTIV_PARAMS, TOLERANCE, compare
+from fusionplan.core.activations import activation_forward
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.oracle.reference import run_reference
+from fusionplan.tools.verify import ACTIV_PARAMS, TOLERANCE, compare
 
 from .util import bn_backward_args
 
 pytest.importorskip("triton")
-from fusionplan.codegen import interpreter_active  # noqa: E402
+from fusionplan.runtime.codegen import interpreter_active  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
 
@@ -35,7 +35,7 @@ EPSILON = 1e-5
 @pytest.fixture(autouse=True, params=[0, 1], ids=["three-launches", "one-launch"])
 def interpreter(request, monkeypatch, tmp_path_factory):
     """Each test on both engines of the training plans."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "BATCHNORM_ONE_LAUNCH", request.param)
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.enums import ActivationMode, BatchNormMode
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.runtime import tuning
 from fusionplan.solvers.window_toolkit import reads_one_view
-from fusionplan.verify import add_chain
+from fusionplan.tools.verify import add_chain
 
 from .util import (
     CONV_SHAPES,
@@ -32,7 +32,7 @@ from .util import (
 )
 
 pytest.importorskip("triton")
-from fusionplan.codegen import interpreter_active  # noqa: E402
+from fusionplan.runtime.codegen import interpreter_active  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
 
@@ -90,7 +90,7 @@ def test_conv_tap_bits(shape_key, layout, dtype, monkeypatch):
     """tuning.CONV_TAP_BITS: each pixel's taps inside the image as bits, set once, and one offset
     per tap, on padding, stride, dilation, groups, rectangular filters and channels no block
     divides; a 7x7 filter (49 taps) keeps the old reduction."""
-    monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", True)
+    monkeypatch.setattr(fp.runtime.tuning, "CONV_TAP_BITS", True)
     plan, x = shape_plan(shape_key, "CBNA", dtype, layout, shapes=TAP_SHAPES)
     handle = compile_named(plan, "triton-conv")
     assert plan._entry(handle).kernel._tap_bits() == (shape_key != "7x7")
@@ -123,7 +123,7 @@ def test_conv_tap_bits_rule(layer, dtype, layout, expected, monkeypatch):
     kernel = plan._entry(handle).kernel
     assert kernel._tap_bits() == expected
     for forced in (0, 1):
-        monkeypatch.setattr(fp.tuning, "CONV_TAP_BITS", forced)
+        monkeypatch.setattr(fp.runtime.tuning, "CONV_TAP_BITS", forced)
         assert kernel._tap_bits() == bool(forced)
 
 
@@ -179,7 +179,7 @@ def test_conv_in_place_output_is_safe():
     plan.add_conv_forward(fp.ConvolutionDescriptor((1, 1)), fp.TensorDescriptor.packed("float", (4, 4, 3, 3)))
     handle = compile_triton(plan)
     args = random_args(plan)
-    from fusionplan.verify import reference_output
+    from fusionplan.tools.verify import reference_output
 
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
@@ -344,7 +344,7 @@ def test_pointwise_in_place_and_strided():
     )
     handle = compile_triton(plan)
     args = random_args(plan)
-    from fusionplan.verify import reference_output
+    from fusionplan.tools.verify import reference_output
 
     ref = reference_output(plan, x, args)
     plan.execute(handle, x, x, args)
@@ -661,7 +661,7 @@ def test_nchw_gemm_deferring_plans_compile_elsewhere():
     ],
 )
 def test_nchw_gemm_tiles_hold_one_images_pixels(hw, images, k, tile):
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     cfg = tuning.nchw_gemm_heuristic(hw, images, k, 256, torch.float16, False)
     assert (cfg.block_m, cfg.block_n, cfg.num_warps) == tile, cfg
@@ -685,10 +685,10 @@ def test_nchw_gemm_tiles_hold_one_images_pixels(hw, images, k, tile):
 def test_nchw_gemm_long_reductions_take_wide_channel_tiles(name, dtype, min_c, tile, monkeypatch):
     """128 x 256 in place of 256 x 128 for stride-1 plans of tuning.NCHW_GEMM_WIDE_N_MIN_C input
     channels or more into 256 output channels or more; other plans keep their tiles."""
-    from fusionplan import tuning
-    from fusionplan.shapes import resnet50_layer
+    from fusionplan.runtime import tuning
     from fusionplan.solvers.triton_gemm_nchw import nchw_config
-    from fusionplan.verify import layer_plan
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan
 
     monkeypatch.setattr(tuning, "NCHW_GEMM_WIDE_N_MIN_C", min_c)
     s = resnet50_layer(name)
@@ -954,8 +954,8 @@ def test_gemm_defers_where_it_measured_slower():
 )
 def test_small_grids_defer_where_measured_slower(layer, batch, solver, deferred):
     """Choices at batch 1 and 32 follow the H100 measurements (descriptors only: nothing runs)."""
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan
 
     s = resnet50_layer(layer)
     x = torch.empty(batch, s.c, s.h, s.w, dtype=torch.float16).to(memory_format=torch.channels_last)
@@ -1015,7 +1015,7 @@ def test_launches_that_do_not_fit_the_device_run_narrower_or_on_triton_conv(wide
 def test_launcher_remembers_specializations_that_do_not_fit():
     """Triton raises OutOfResources when it loads a kernel too large for the device; the launcher
     raises it again for the same specialization without compiling anew."""
-    from fusionplan.launch import Launcher
+    from fusionplan.runtime.launch import Launcher
 
     calls = []
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from fusionplan.benchmark.cli import main
-from fusionplan.benchmark.zoo import UNet, layers_of
-from fusionplan.shapes import load_shapes
+from fusionplan.tools.bench.cli import main
+from fusionplan.tools.bench.zoo import UNet, layers_of
+from fusionplan.tools.shapes import load_shapes
 
 #: the Conv2d modules of each model of the suite (torchvision 0.26-0.28, and the UNet)
 CONVS = {
@@ -110,8 +110,8 @@ def test_the_model_suite_fuses_a_model_end_to_end(tmp_path, monkeypatch):
 
 def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch):
     """--model (bench and fusionplan-tune): the zoo layers of the named models, each with its chain."""
-    from fusionplan.benchmark.cli import build_parser, cases_from
-    from fusionplan.tunecli import main as tune_main
+    from fusionplan.tools.bench.cli import build_parser, cases_from
+    from fusionplan.tools.tunecli import main as tune_main
 
     opts = build_parser().parse_args(["--model", "vgg16_bn", "--device", "cpu"])
     cases = cases_from(opts, torch.device("cpu"))
@@ -128,7 +128,7 @@ def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch
 def test_the_suites_fusable_activations_are_fuses():
     """An activation ends a zoo chain with A exactly where fusionplan.torch.fuse takes it, as the mode
     the suite's table names."""
-    from fusionplan.benchmark import zoo
+    from fusionplan.tools.bench import zoo
     from fusionplan.torch import _activation_of
 
     for table in (zoo._ACTIVATION_MODULES, zoo._ACTIVATION_FUNCTIONS):

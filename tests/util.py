@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.reference import run_reference
-from fusionplan.verify import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
+from fusionplan.oracle.reference import run_reference
+from fusionplan.tools.verify import ACTIV_PARAMS, EPS, TOLERANCE, compare, random_args, random_record  # noqa: F401
 
 #: Shared memory a program of sm_90 may take (227 KB; the H100's and the H200's limit).
 HOPPER_SHARED_BYTES = 232448
@@ -78,8 +78,8 @@ def shape_plan(
     shape_key, chain, dtype, layout, bn_mode=None, act=None, w_layout="NCHW", device="cpu", shapes=CONV_SHAPES
 ):
     """A random input of the named odd shape (``shapes``) and the plan of ``chain`` on it."""
-    from fusionplan.enums import ActivationMode, BatchNormMode
-    from fusionplan.verify import add_chain
+    from fusionplan.core.enums import ActivationMode, BatchNormMode
+    from fusionplan.tools.verify import add_chain
 
     n, c, h, w, k, r, s, pad, stride, dil, groups = shapes[shape_key]
     x = make_input((n, c, h, w), dtype, layout, device)
@@ -133,8 +133,8 @@ def random_conv_plan(
     """A randomly drawn convolution plan and its input: shapes, groups/depthwise, padding, stride,
     dilation, chain, dtype, layouts. Returns (plan, x, output layout), or None when the draw gives an
     empty output (which must be the only reason to refuse it)."""
-    from fusionplan.enums import ActivationMode, BatchNormMode
-    from fusionplan.verify import add_chain
+    from fusionplan.core.enums import ActivationMode, BatchNormMode
+    from fusionplan.tools.verify import add_chain
 
     n, c = rng.randint(*batch), rng.choice(list(channels))
     h, w = rng.randint(*hw), rng.randint(*hw)
@@ -175,11 +175,11 @@ COMPILE = """
 import json, sys
 import torch
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.sass import compile_for_hopper, summarize
-from fusionplan.shapes import resnet50_layer
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.runtime.sass import compile_for_hopper, summarize
+from fusionplan.tools.shapes import resnet50_layer
 from fusionplan.solvers import solver_named
-from fusionplan.verify import add_chain, layer_plan
+from fusionplan.tools.verify import add_chain, layer_plan
 {build}
 kernel = solver_named({solver!r}).build(plan.spec(), fp.Handle("cpu"))
 _, compiled = compile_for_hopper(kernel)
@@ -211,7 +211,7 @@ def layer_build(name: str, dtype: str, chain: str = "CBNA", layout: str = "NHWC"
 
 
 def compile_sm90(build: str, solver: str) -> dict:
-    """The SASS summary (fusionplan.sass) and source of ``solver``'s kernel for the plan that the
+    """The SASS summary (fusionplan.runtime.sass) and source of ``solver``'s kernel for the plan that the
     code ``build`` makes, compiled for sm_90 without a GPU (skipped where Triton has no ptxas)."""
     stdout = compiling_process(["-c", COMPILE.format(build=build, solver=solver)])
     line = next(line for line in stdout.splitlines() if line.startswith("SUMMARY"))

@@ -98,7 +98,7 @@ def main() -> None:
     opts = p.parse_args()
     import dataclasses
 
-    from fusionplan.shapes import load_shapes
+    from fusionplan.tools.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(None)}
     if opts.depths:

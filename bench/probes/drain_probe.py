@@ -28,7 +28,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from fusionplan.benchmark.timing import median_ms
+from fusionplan.tools.bench.timing import median_ms
 
 #: The barrier of a program's warps (3.6: thread_barrier; later: barrier).
 warps_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier

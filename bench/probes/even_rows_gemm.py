@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, layer_tensors, summary_line  # noqa: E402
 
-from fusionplan.codegen import load_module  # noqa: E402
+from fusionplan.runtime.codegen import load_module  # noqa: E402
 
 BLOCK_N = 128  # output channels of a program (two warpgroups of 64)
 BLOCK_K = 64  # input channels a reduction step
@@ -219,7 +219,7 @@ def launch(kernel, geo: Geometry, x, w2d, bias, y, stages: int, row_boxes: bool 
 
 
 def measure(layer: str, pixels: int, stages: int, row_boxes: bool) -> None:
-    from fusionplan.shapes import resnet50_layer
+    from fusionplan.tools.shapes import resnet50_layer
 
     s = resnet50_layer(layer)
     assert (s.r, s.stride, s.pad) == (1, 2, 0), f"{layer}: a strided 1x1 layer"

@@ -510,9 +510,9 @@ def run_halo(x, w_packed_desc, bias, y, c, k, h, w, cfg, block_n=128, stages=4, 
 
 def layer(name: str, dtype: torch.dtype, iters: int, profile: bool = False) -> None:
     import fusionplan as fp
-    from fusionplan.benchmark.timing import median_ms
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.tools.bench.timing import median_ms
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan, random_args
 
     s = resnet50_layer(name)
     assert (s.r, s.s, s.stride, s.pad) == (3, 3, 1, 1), name

@@ -14,8 +14,8 @@ import torch
 
 def main() -> int:
     import fusionplan as fp
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan, random_args
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="r50_22,r50_16")

@@ -25,9 +25,9 @@ from collections import Counter
 from pathlib import Path
 
 import fusionplan as fp
-from fusionplan.benchmark.cases import Case, build_plan
-from fusionplan.shapes import load_shapes
 from fusionplan.solvers import solver_named
+from fusionplan.tools.bench.cases import Case, build_plan
+from fusionplan.tools.shapes import load_shapes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

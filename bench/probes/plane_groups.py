@@ -23,7 +23,7 @@ import re
 
 import torch
 
-from fusionplan.codegen import load_module
+from fusionplan.runtime.codegen import load_module
 
 #: Odd planes a box holds (the product's reduction), the pixels a plane has, where its boxes start.
 BC = 32
@@ -114,12 +114,12 @@ def run_and_check() -> None:
 
 def compile_summary(fn, signature: dict, constexprs: dict, attrs: dict) -> dict:
     """Compile the Gluon kernel ``fn`` for sm_90 with Triton's ASTSource arguments: the SASS
-    summary (fusionplan.sass) with counts of the instructions these probes are about."""
+    summary (fusionplan.runtime.sass) with counts of the instructions these probes are about."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fusionplan.sass import summarize
+    from fusionplan.runtime.sass import summarize
 
     source = GluonASTSource(fn, signature, constexprs, attrs)
     info = summarize(triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}))

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups import compile_summary  # noqa: E402
 
-from fusionplan.codegen import load_module  # noqa: E402
+from fusionplan.runtime.codegen import load_module  # noqa: E402
 
 BLOCK_K = 128  # output channels of a program
 
@@ -314,7 +314,7 @@ def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
     """fusionplan's CBA plan of the layer ``shape`` on ``x`` (NCHW) and on x channels-last: for each
     layout, the solver compile picked and its time (graph_time_us)."""
     import fusionplan as fp
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.tools.verify import layer_plan, random_args
 
     times = {}
     for layout, xin in (("NCHW", x), ("NHWC", x.to(memory_format=torch.channels_last))):
@@ -332,8 +332,8 @@ def fusionplan_times(shape, x: torch.Tensor) -> dict[str, tuple[str, float]]:
 
 def measure(layer: str, images_7x7: int) -> None:
     import fusionplan as fp
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan, random_args
 
     s = resnet50_layer(layer)
     geo = GEOMETRIES.get(s.h * s.w)

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups_gemm import compile_probe, fusionplan_times, graph_time_us, layer_tensors, summary_line  # noqa: E402
 
-from fusionplan.codegen import load_module  # noqa: E402
+from fusionplan.runtime.codegen import load_module  # noqa: E402
 
 PLANE = 196  # pixels of a 14x14 plane
 TILE = 112  # pixels of a program's tile: half an image, padded
@@ -250,7 +250,7 @@ def launch(kernel, x: torch.Tensor, w_packed: torch.Tensor, bias: torch.Tensor, 
 
 
 def measure(layer: str) -> None:
-    from fusionplan.shapes import resnet50_layer
+    from fusionplan.tools.shapes import resnet50_layer
 
     s = resnet50_layer(layer)
     assert (s.h, s.w, s.r, s.stride) == (14, 14, 1, 1), f"{layer}: a stride-1 1x1 layer on 14x14 planes"

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def graph_us(fn) -> float:
-    from fusionplan.benchmark.timing import median_ms
+    from fusionplan.tools.bench.timing import median_ms
 
     return median_ms(lambda i: fn(), torch.device("cuda"), 20, warmup=2, graph=True) * 1e3
 
@@ -83,8 +83,8 @@ def gluon_runner(x, w, scale, shift, pad, window, warps, stages, block_n=128, bl
 
 def probe_layer(layer, batch: int, only_heuristic: bool = False) -> None:
     import fusionplan as fp
-    from fusionplan import tuning
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.runtime import tuning
+    from fusionplan.tools.verify import layer_plan, random_args
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -161,7 +161,7 @@ def main() -> int:
     import triton
 
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-    from fusionplan.shapes import load_shapes
+    from fusionplan.tools.shapes import load_shapes
 
     shapes = {s.name: s for s in load_shapes(None)}
     for name in opts.layers.split(","):

@@ -26,10 +26,10 @@ os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret
 import torch  # noqa: E402
 
 import fusionplan as fp  # noqa: E402
-from fusionplan.sass import compile_for_hopper  # noqa: E402
-from fusionplan.shapes import resnet50_layer  # noqa: E402
+from fusionplan.runtime.sass import compile_for_hopper  # noqa: E402
 from fusionplan.solvers import solver_named  # noqa: E402
-from fusionplan.verify import layer_plan  # noqa: E402
+from fusionplan.tools.shapes import resnet50_layer  # noqa: E402
+from fusionplan.tools.verify import layer_plan  # noqa: E402
 
 HEADER = re.compile(r"\.(text|section|global|type|size|file|headerflags|elftype)|Function :|^\s*$|//--")
 KERNEL_NAME = re.compile(r"\b\w+_kernel\b")

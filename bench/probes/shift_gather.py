@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from plane_groups import compile_summary  # noqa: E402
 
-from fusionplan.codegen import load_module  # noqa: E402
+from fusionplan.runtime.codegen import load_module  # noqa: E402
 
 #: Widths of a tile's parts (a 104-pixel tile: 64 + 32 + 8) and the move.
 WIDTHS = (64, 32, 8)

@@ -26,7 +26,7 @@ def _copy_only(self, out, y, *rest) -> None:
 def probe_layer(s, batch: int) -> str:
     import fusionplan as fp
     from fusionplan.solvers import cudnn_vendor
-    from fusionplan.verify import layer_plan, random_args
+    from fusionplan.tools.verify import layer_plan, random_args
 
     x = torch.randn(batch, s.c, s.h, s.w, device="cuda").half().to(memory_format=torch.channels_last)
     plan = layer_plan(s, x, "CBNA")
@@ -57,7 +57,7 @@ def probe_layer(s, batch: int) -> str:
 
 
 def main() -> int:
-    from fusionplan.shapes import load_shapes
+    from fusionplan.tools.shapes import load_shapes
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", default="zoo_001,zoo_010,zoo_024,zoo_036,zoo_106,zoo_200")

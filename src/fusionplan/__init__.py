@@ -4,9 +4,18 @@ import logging
 
 from fusionplan.api import Plan, conv_bias_activation, default_handle
 from fusionplan.compiling import compile_all
-from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
-from fusionplan.enums import ActivationMode, BatchNormMode, ConvFwdAlgo, ConvMode, DataType, Direction, Layout, Status
-from fusionplan.errors import (
+from fusionplan.core.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
+from fusionplan.core.enums import (
+    ActivationMode,
+    BatchNormMode,
+    ConvFwdAlgo,
+    ConvMode,
+    DataType,
+    Direction,
+    Layout,
+    Status,
+)
+from fusionplan.core.errors import (
     BadParmError,
     FusionPlanError,
     InternalError,
@@ -15,8 +24,8 @@ from fusionplan.errors import (
     TensorMismatchError,
     UnsupportedOpError,
 )
-from fusionplan.handle import Handle
-from fusionplan.ops import (
+from fusionplan.core.handle import Handle
+from fusionplan.core.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
     BatchNormBackwardArgs,
@@ -25,9 +34,9 @@ from fusionplan.ops import (
     BiasArgs,
     ConvArgs,
 )
+from fusionplan.core.settings import Settings
+from fusionplan.core.version import __version__ as __version__
 from fusionplan.plan import FusionPlan, OperatorArgs
-from fusionplan.settings import Settings
-from fusionplan.version import __version__ as __version__
 
 # A library's logger: its records reach the application's handlers, and with none configured
 # nothing is printed (Python's last-resort handler would write warnings to stderr).

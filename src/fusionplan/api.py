@@ -18,11 +18,16 @@ from typing import Any
 
 import torch
 
-from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, batchnorm_param_dims
-from fusionplan.enums import ActivationMode, BatchNormMode, Layout
-from fusionplan.errors import BadParmError, coerce_enum
-from fusionplan.handle import Handle, resolve_device
-from fusionplan.ops import (
+from fusionplan.core.descriptors import (
+    ActivationDescriptor,
+    ConvolutionDescriptor,
+    TensorDescriptor,
+    batchnorm_param_dims,
+)
+from fusionplan.core.enums import ActivationMode, BatchNormMode, Layout
+from fusionplan.core.errors import BadParmError, coerce_enum
+from fusionplan.core.handle import Handle, resolve_device
+from fusionplan.core.ops import (
     ActivationArgs,
     BatchNormInferenceArgs,
     BiasArgs,
@@ -30,8 +35,8 @@ from fusionplan.ops import (
     FusionOp,
     as_tensor,
 )
+from fusionplan.core.settings import Settings
 from fusionplan.plan import FusionPlan, OperatorArgs
-from fusionplan.settings import Settings
 from fusionplan.solvers.base import Verdict
 
 _default_handles: dict[tuple[torch.device, Settings], Handle] = {}

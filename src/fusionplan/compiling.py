@@ -2,7 +2,7 @@
 
 Each plan compiles as ``FusionPlan.compile`` would compile it, but the plans' kernels are built
 on several threads, and on a GPU each thread hands Triton's compile to a worker process
-(fusionplan.compile_pool), so a model's plans compile on every core instead of one after
+(fusionplan.runtime.compile_pool), so a model's plans compile on every core instead of one after
 another (docs/decisions/cold-start.md).
 Plans that would build the same kernel (equal signatures) are compiled once, first, and the
 others after, from the handle's kernel cache.
@@ -18,12 +18,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import TextIO
 
-from fusionplan.codegen import interpreter_active
-from fusionplan.compile_pool import worker_processes
-from fusionplan.errors import BadParmError, FusionPlanError, InternalError
-from fusionplan.handle import Handle
+from fusionplan.core.errors import BadParmError, FusionPlanError, InternalError
+from fusionplan.core.handle import Handle
+from fusionplan.core.settings import Settings
 from fusionplan.plan import FusionPlan
-from fusionplan.settings import Settings
+from fusionplan.runtime.codegen import interpreter_active
+from fusionplan.runtime.compile_pool import worker_processes
 
 #: Compiling shorter than this shows no progress line.
 PROGRESS_AFTER_S = 1.0

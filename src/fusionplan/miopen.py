@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fusionplan import api
-from fusionplan.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, finite_float
-from fusionplan.enums import (
+from fusionplan.core.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor, finite_float
+from fusionplan.core.enums import (
     MIOPEN_ACTIVATIONS,
     ActivationMode,
     BatchNormMode,
@@ -29,9 +29,9 @@ from fusionplan.enums import (
     Layout,
     Status,
 )
-from fusionplan.errors import BadParmError, FusionPlanError
-from fusionplan.handle import Handle
-from fusionplan.ops import (
+from fusionplan.core.errors import BadParmError, FusionPlanError
+from fusionplan.core.handle import Handle
+from fusionplan.core.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
     BatchNormBackwardArgs,

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from fusionplan import solvers
-from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
-from fusionplan.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction
-from fusionplan.errors import (
+from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
+from fusionplan.core.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction
+from fusionplan.core.errors import (
     BadParmError,
     FusionPlanError,
     InternalError,
@@ -30,8 +30,8 @@ from fusionplan.errors import (
     UnsupportedOpError,
     coerce_enum,
 )
-from fusionplan.handle import Handle
-from fusionplan.ops import (
+from fusionplan.core.handle import Handle
+from fusionplan.core.ops import (
     ActivationBackwardOp,
     ActivationForwardOp,
     BatchNormBackwardOp,

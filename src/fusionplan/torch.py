@@ -27,11 +27,11 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from fusionplan.activations import activation_forward
 from fusionplan.compiling import compile_all, on_gpu, resolve_workers, run_on_threads
-from fusionplan.enums import ActivationMode
-from fusionplan.errors import BadParmError
-from fusionplan.settings import Settings
+from fusionplan.core.activations import activation_forward
+from fusionplan.core.enums import ActivationMode
+from fusionplan.core.errors import BadParmError
+from fusionplan.core.settings import Settings
 from fusionplan.torch_op import (
     _PLANS,
     _PLANS_LOCK,

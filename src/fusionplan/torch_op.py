@@ -18,10 +18,10 @@ import torch.fx
 from torch import library as torch_library
 
 from fusionplan.api import default_handle
-from fusionplan.descriptors import ConvolutionDescriptor, TensorDescriptor
-from fusionplan.enums import ActivationMode, BatchNormMode, DataType
-from fusionplan.handle import Handle
-from fusionplan.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
+from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor
+from fusionplan.core.enums import ActivationMode, BatchNormMode, DataType
+from fusionplan.core.handle import Handle
+from fusionplan.core.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
 from fusionplan.plan import FusionPlan, OperatorArgs, Repeater
 
 _PLANS: dict[tuple, tuple[FusionPlan, tuple, Handle, torch.memory_format]] = {}
@@ -150,7 +150,7 @@ _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.curre
 
 
 def _direct(repeat: tuple, x: torch.Tensor):
-    """For a call whose plan's solver keeps a direct launch (fusionplan.launch.Repeat), ``repeat``
+    """For a call whose plan's solver keeps a direct launch (fusionplan.runtime.launch.Repeat), ``repeat``
     being (output shape, strides, the plan's repeater): a function ``(x, residual) -> output or
     None`` that allocates the output and launches the kernel, for calls the repeat path has checked
     (layouts, parameter objects and versions, eager). It checks what is left: the plan's arguments

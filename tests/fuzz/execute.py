@@ -723,7 +723,7 @@ def _sm90_builds(plan, t: Tensors, handle: fp.Handle, progress, only: str | None
     """A run per Gluon solver that takes the plan but for the device: its kernel built and its
     launch made (the tensor descriptors, the layouts, the constants), as compiling ahead would on
     sm_90; with FUSIONPLAN_FUZZ_SM90_COMPILE=1 also compiled for sm_90 by Triton's own ptxas."""
-    from fusionplan.sass import captured_launch, compile_for_hopper
+    from fusionplan.runtime.sass import captured_launch, compile_for_hopper
     from fusionplan.solvers import solver_named
 
     core = plan.plan.core if isinstance(plan, MiopenPlan) else plan.plan

@@ -6,11 +6,11 @@ from __future__ import annotations
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.reference import run_reference
-from fusionplan.shapes import load_shapes
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.oracle.reference import run_reference
 from fusionplan.solvers import REGISTRY
-from fusionplan.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
+from fusionplan.tools.shapes import load_shapes
+from fusionplan.tools.verify import EPS, TF32_EPS, add_chain, compare, random_args, random_record, reference_output
 
 from ..util import (
     plan_for,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.verify import compare, random_record, reference_output
+from fusionplan.tools.verify import compare, random_record, reference_output
 
 from ..util import CONV_SHAPES, poisoned, shape_plan
 from .common import PRECISIONS

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode
-from fusionplan.verify import add_chain, random_record
+from fusionplan.core.enums import ActivationMode
+from fusionplan.tools.verify import add_chain, random_record
 
 from ..util import (
     plan_for,
@@ -83,7 +83,7 @@ def test_gluon_gemm_tiles(case, precision, chain, monkeypatch):
     buffer per warpgroup), and by pointer to an NCHW output. Plane cases: NCHW input read as channel
     planes, stored along the planes (NCHW output) or the channels; planes that start inside 16-byte
     units by asynchronous copies."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
     from fusionplan.solvers import gluon_gemm
 
     monkeypatch.setattr(tuning, "GLUON_GEMM_PLANE_COPIES", 2 if "copies-all" in case else 1)
@@ -138,9 +138,9 @@ def test_kernels_prefer_the_carveout_they_fit(layer_name, solver):
     attribute read back). The output checked too."""
     import ctypes
 
-    from fusionplan.launch import carveout_percent, programs_per_multiprocessor
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan
+    from fusionplan.runtime.launch import carveout_percent, programs_per_multiprocessor
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan
 
     s = resnet50_layer(layer_name)
     x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")

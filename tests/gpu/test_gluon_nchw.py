@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode
-from fusionplan.verify import add_chain
+from fusionplan.core.enums import ActivationMode
+from fusionplan.tools.verify import add_chain
 
 from ..util import (
     plan_for,
@@ -60,7 +60,7 @@ def test_gluon_nchw_tiles(case, precision, monkeypatch):
     in 2 or 3 parts, one to three gathering partitions of 4 or 8 warps, loads 1 to 3 steps ahead,
     the product either way round), output in planes and channels-last, with and without a prior (three launches
     of a split tile: its arrival counters reset by each)."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
     from fusionplan.solvers import gather_toolkit, gluon_nchw
 
     pixel_rows = gluon_nchw.pixel_rows
@@ -106,7 +106,7 @@ def test_gluon_nchw_regs_tiles(case, precision, monkeypatch):
     """gluon-nchw-regs on gluon-nchw's cases over each of its tiles, random weight rings (2 to 6
     stages), loads 1 to 3 steps ahead, output in planes and channels-last, with
     and without a prior."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
     from fusionplan.solvers import gluon_nchw_regs
 
     plan, x = gluon_nchw_case(case, PRECISIONS[precision][0])

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode
-from fusionplan.verify import add_chain
+from fusionplan.core.enums import ActivationMode
+from fusionplan.tools.verify import add_chain
 
 from ..util import (
     plan_for,
@@ -49,7 +49,7 @@ def compiled_1x1(dims, precision, stride, solver):
 
 def set_random_switches(monkeypatch, rng, switches: dict) -> None:
     """Each tuning constant of ``switches`` set to one of its values, by ``rng``."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     for name, values in switches.items():
         monkeypatch.setattr(tuning, name, rng.choice(values))
@@ -158,11 +158,11 @@ def test_gluon_halo_tiles(case, precision, monkeypatch):
     for pixels in (64, 128):
         for block_n in (64, 128, 256):
             stages = rng.choice((2, 3, 4, 6))
-            monkeypatch.setattr(fp.tuning, "GLUON_HALO_BUFFERS", rng.choice((2, 3)))
+            monkeypatch.setattr(fp.runtime.tuning, "GLUON_HALO_BUFFERS", rng.choice((2, 3)))
             geo = gluon_halo.halo_geometry(oh, ow, stride, pixels, block_n, stages)
             if geo.tile_h == 0 or gluon_halo.shared_bytes(geo, stages) > gluon_halo.SHARED_BYTES:
                 continue
-            kernel.config = fp.tuning.ConvConfig(pixels, block_n, 64, 8, geo.computing_warps, stages, 1)
+            kernel.config = fp.runtime.tuning.ConvConfig(pixels, block_n, 64, 8, geo.computing_warps, stages, 1)
             check_kernel_config(plan, handle, kernel, x, precision, rng)
 
 
@@ -170,8 +170,8 @@ def test_gluon_halo_tiles(case, precision, monkeypatch):
 def test_gluon_halo_layers(layer):
     """gluon-halo on the ResNet-50 3x3 layers it takes by default (7x7, 14x14 and 28x28 output planes
     at stride 1, 7x7 at stride 2), fp16 NCHW input and output, batch 3."""
-    from fusionplan.shapes import resnet50_layer
-    from fusionplan.verify import layer_plan
+    from fusionplan.tools.shapes import resnet50_layer
+    from fusionplan.tools.verify import layer_plan
 
     s = resnet50_layer(layer)
     x = input_tensor((3, s.c, s.h, s.w), torch.float16, "NCHW")
@@ -205,7 +205,9 @@ def test_gluon_plane_chunks_tiles(case, precision, monkeypatch):
     channels-last, with and without a prior; persistent programs over several tiles each."""
     from fusionplan.solvers import gluon_plane_chunks
 
-    monkeypatch.setattr(fp.tuning, "GLUON_PLANE_CHUNKS_IMAGE_TILES", 1)  # the 64-slot tiles among the candidates
+    monkeypatch.setattr(
+        fp.runtime.tuning, "GLUON_PLANE_CHUNKS_IMAGE_TILES", 1
+    )  # the 64-slot tiles among the candidates
     c = GLUON_PLANE_CHUNKS_CASES[case][1]
     plan, handle, kernel, x = compiled_1x1(GLUON_PLANE_CHUNKS_CASES[case], precision, 1, "gluon-plane-chunks")
     rng = random.Random(case + precision + "chunks")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.verify import random_args
+from fusionplan.tools.verify import random_args
 
 from ..util import (
     poisoned,
@@ -43,7 +43,7 @@ def test_repeats_agree_bit_for_bit_while_other_processes_share_the_gpu(gigabytes
     4 processes running matrix products: each output bit for bit the first's, taken alone. An
     epilogue buffer over initialized barriers came back corrupted there (channel 0, NaN and
     garbage) in every repeat (bench/NOTES.md section 45)."""
-    from fusionplan.benchmark.contention import other_processes_on_the_gpu
+    from fusionplan.tools.bench.contention import other_processes_on_the_gpu
 
     x = input_tensor((33, 64, 1024, 1024), torch.float16, "NCHW")
     plan = same_size_cbna(x, 1)

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.verify import EPS, add_chain, compare, random_args, reference_output
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.tools.verify import EPS, add_chain, compare, random_args, reference_output
 
 from ..util import (
     plan_for,
@@ -88,7 +88,7 @@ def test_gluon_repeats_rebind_the_input_descriptor(monkeypatch, solver):
     """The Gluon kernels pass their input as host tensor descriptors (gluon-gemm: three): repeated
     executes on new inputs and outputs launch the bound kernel with descriptors over each new
     input, and compute it."""
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     repeats = []
     original = launch.BoundLaunch.launch
@@ -115,7 +115,7 @@ def test_launch_records_keep_kernels_of_one_source_apart(monkeypatch, tmp_path):
     same tile differ in constexpr arguments (ROW_SLOTS) and descriptor blocks. Each compile in a
     new process finds the other's launch record on disk: it must load its own kernel (a key
     without those values once loaded the stride-1 kernel for the strided plan: "Rank mismatch")."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
     from fusionplan.solvers import gluon_gemm
 
     monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))  # records of this test only
@@ -177,7 +177,7 @@ def test_repeats_follow_what_changes(chain):
 def test_kernels_load_from_their_launch_records(tmp_path, monkeypatch):
     """A new launcher (as in a new process) finds the compiled kernel through its launch record,
     without Triton's compile path, and it computes the same results."""
-    from fusionplan.launch import Launcher
+    from fusionplan.runtime.launch import Launcher
 
     monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
@@ -241,7 +241,7 @@ def test_descriptor_scratch_is_reused_per_stream_and_private_to_graphs():
     """Kernels that build tensor descriptors on the device (windows reading a view per stride
     class: 15x15 images, stride 2) share one scratch buffer per stream (no allocation per launch);
     a captured launch gets its own, as a graph may replay anywhere."""
-    from fusionplan import launch
+    from fusionplan.runtime import launch
 
     x = input_tensor((4, 128, 15, 15), torch.float16, "NHWC")
     conv = fp.ConvolutionDescriptor((1, 1), (2, 2))
@@ -361,7 +361,7 @@ def test_fused_model_direct_launches_follow_what_changes(monkeypatch):
     and still see every change: parameters replaced, changed in place or given new storage, a
     scalar argument, an input of another layout or alignment, another stream."""
     import fusionplan.torch as fpt
-    from fusionplan.launch import Repeat
+    from fusionplan.runtime.launch import Repeat
 
     from ..test_torch_fuse import ResidualAdd, randomize_bn
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.verify import EPS, add_chain, compare, random_args, reference_output
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.tools.verify import EPS, add_chain, compare, random_args, reference_output
 
 from ..util import (
     CONV_SHAPES,
@@ -186,7 +186,7 @@ def _check_rows(plan, x, y, args, rows):
 def test_tensors_past_2_to_the_31_elements(chain, tap_bits, monkeypatch):
     """64-bit offsets: 2.3e9-element fp16 tensors (4.6 GB each); first and last rows verified; the
     convolution also on triton-conv with tuning.CONV_TAP_BITS (its per-pixel pointers past 2^31)."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "CONV_TAP_BITS", tap_bits)
     if torch.cuda.get_device_properties(0).total_memory < 24 * 2**30:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.verify import add_chain, random_args
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.tools.verify import add_chain, random_args
 
 from ..util import (
     DT_NAME,

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan import tuning
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.reference import run_reference
-from fusionplan.verify import TOLERANCE, compare
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.oracle.reference import run_reference
+from fusionplan.runtime import tuning
+from fusionplan.tools.verify import TOLERANCE, compare
 
 from ..util import bn_backward_args, bn_forward_args
 

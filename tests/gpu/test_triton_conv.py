@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode, BatchNormMode
-from fusionplan.verify import add_chain, random_record
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.tools.verify import add_chain, random_record
 
 from ..util import (
     DT_NAME,
@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_conv_tap_bits_on_resnet50_layers(name, precision, layout, batch, monkeypatch):
     """triton-conv with tuning.CONV_TAP_BITS on ResNet-50's layers (1x1, 3x3, strided 3x3, 14x14 and
     7x7 outputs; batch 1 splits the reduction), whole channel blocks as the layers have them."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "CONV_TAP_BITS", True)
     layer = next(s for s in LAYERS if s.name == name)
@@ -47,7 +47,7 @@ def test_conv_tap_bits_on_resnet50_layers(name, precision, layout, batch, monkey
 def test_conv_tap_bits_on_odd_shapes(shape_key, layout, precision, monkeypatch):
     """triton-conv with tuning.CONV_TAP_BITS (a bit per filter tap, set once per pixel): padding,
     stride, dilation, groups, channels no block divides; 7x7 keeps the old reduction."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "CONV_TAP_BITS", True)
     plan, x = shape_plan(

@@ -12,7 +12,7 @@ import torch
 
 import fusionplan as fp
 from fusionplan.solvers import find
-from fusionplan.verify import add_chain, compare, random_record, reference_output
+from fusionplan.tools.verify import add_chain, compare, random_record, reference_output
 
 from ..util import CONV_SHAPES, plan_for, poisoned, shape_plan
 from .common import PRECISIONS

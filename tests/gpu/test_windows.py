@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import fusionplan as fp
-from fusionplan.enums import ActivationMode
-from fusionplan.verify import EPS, add_chain, compare, random_args, reference_output
+from fusionplan.core.enums import ActivationMode
+from fusionplan.tools.verify import EPS, add_chain, compare, random_args, reference_output
 
 from ..util import (
     plan_for,
@@ -45,7 +45,7 @@ def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
     (host descriptors for the input, 64-bit offsets for the output): many images, and one image
     whose own offsets pass 2^31, its output stored by TMA and by pointer; compared block by block
     of rows with the fp32 reference, every element written."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "TMA_STORE_MIN_PIXELS", 128 if tma_store else 1 << 20)
     x = input_tensor(shape, torch.float16, "NHWC")
@@ -68,7 +68,7 @@ def test_windows_past_int32_offsets(shape, tma_store, monkeypatch, gigabytes):
 def test_window_shapes(pixels, hw, solver):
     """Every window the tile chooser picks computes every output pixel right, whatever the image
     (windows of several images on small ones; 5 images, so the last group is partial)."""
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     if tuning.window_shape(5, *hw, pixels) is None:
         pytest.skip(f"no {pixels}-pixel window fits 5 images of {hw}")
@@ -122,7 +122,7 @@ GLUON_WINDOW_RUNS = [
 
 @pytest.mark.parametrize("case, precision, chain, tma_store", GLUON_WINDOW_RUNS)
 def test_gluon_window_cases(case, precision, chain, tma_store, monkeypatch):
-    from fusionplan import tuning
+    from fusionplan.runtime import tuning
 
     monkeypatch.setattr(tuning, "TMA_STORE_MIN_PIXELS", 128 if tma_store else 1 << 20)
     n, c, h, w, k, r, s, pad, stride, dil = GLUON_CASES[case]

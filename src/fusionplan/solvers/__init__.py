@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusionplan.errors import BadParmError, UnsupportedOpError
-from fusionplan.settings import VARIABLES, Settings
+from fusionplan.core.errors import BadParmError, UnsupportedOpError
+from fusionplan.core.settings import VARIABLES, Settings
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 from fusionplan.solvers.cpu_folded import CpuFoldedSolver
 from fusionplan.solvers.cpu_training import CpuTrainingSolver
@@ -35,7 +35,7 @@ from fusionplan.solvers.triton_stem import TritonStemSolver
 from fusionplan.solvers.triton_window import TritonWindowSolver
 
 if TYPE_CHECKING:
-    from fusionplan.handle import Handle
+    from fusionplan.core.handle import Handle
 
 BACKEND_ENV = VARIABLES["backend"]
 

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from fusionplan.descriptors import TensorDescriptor
-from fusionplan.ops import ConvForwardOp, FusionOp, OpArgs, Phase
+from fusionplan.core.descriptors import TensorDescriptor
+from fusionplan.core.ops import ConvForwardOp, FusionOp, OpArgs, Phase
 
 if TYPE_CHECKING:
-    from fusionplan.handle import Handle
+    from fusionplan.core.handle import Handle
 
 
 @dataclass(frozen=True)

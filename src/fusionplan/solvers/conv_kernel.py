@@ -8,7 +8,7 @@ each step loads a [BLOCK_M, BLOCK_K] tile of the input straight from its strides
 any other; padding by masks, no copies) and a [BLOCK_K, BLOCK_N] tile of the weights, repacked
 once per argument set to [groups, R*S*C/g, K/g]. Accumulation is fp32 (tensor cores for fp16,
 bf16 and TF32). The operator chain after the convolution is generated code applied to the
-accumulator (``fusionplan.codegen``), followed by one store in the output's own strides.
+accumulator (``fusionplan.runtime.codegen``), followed by one store in the output's own strides.
 Groups run as a second grid axis; depthwise convolution is the groups = C case.
 """
 
@@ -20,17 +20,18 @@ from dataclasses import replace
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import generated_kernel, indent, interpreter_active, write_source
-from fusionplan.enums import DataType
-from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments, stand_in_stage_arguments
-from fusionplan.folding import (
+from fusionplan.core.enums import DataType
+from fusionplan.core.ops import ConvArgs, OpArgs
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
+from fusionplan.runtime.epilogue import emit_stages, reads_prior, stage_arguments, stand_in_stage_arguments
+from fusionplan.runtime.folding import (
     PerArgsCache,
     Stage,
     pointwise_stages,
     split_at_conv,
 )
-from fusionplan.launch import (
+from fusionplan.runtime.launch import (
     Launcher,
     RepeatCache,
     Repeating,
@@ -40,7 +41,6 @@ from fusionplan.launch import (
     repeat_for,
     split_workspace,
 )
-from fusionplan.ops import ConvArgs, OpArgs
 from fusionplan.solvers import find as solver_find
 from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.conv_toolkit import (

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan.codegen import interpreter_active, triton_available
-from fusionplan.descriptors import Layout, layout_strides
-from fusionplan.enums import DataType
-from fusionplan.folding import split_at_conv
-from fusionplan.ops import Phase
+from fusionplan.core.descriptors import Layout, layout_strides
+from fusionplan.core.enums import DataType
+from fusionplan.core.ops import Phase
+from fusionplan.runtime.codegen import interpreter_active, triton_available
+from fusionplan.runtime.folding import split_at_conv
 from fusionplan.solvers.base import PlanSpec
 
 Tensor = torch.Tensor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fusionplan.ops import Phase
+from fusionplan.core.ops import Phase
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.folded_toolkit import FoldedKernel
 

@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import torch
 
-from fusionplan.activations import activation_backward, activation_forward
-from fusionplan.enums import BatchNormMode
-from fusionplan.ops import (
+from fusionplan.core.activations import activation_backward, activation_forward
+from fusionplan.core.enums import BatchNormMode
+from fusionplan.core.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
     BatchNormBackwardArgs,
@@ -21,7 +21,7 @@ from fusionplan.ops import (
     OpArgs,
     Phase,
 )
-from fusionplan.reference import compute_dtype_for
+from fusionplan.oracle.reference import compute_dtype_for
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
 Tensor = torch.Tensor

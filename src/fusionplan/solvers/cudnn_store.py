@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fusionplan.launch import Launcher
+from fusionplan.runtime.launch import Launcher
 
 
 @triton.jit

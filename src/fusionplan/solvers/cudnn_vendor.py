@@ -28,15 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionplan.codegen import triton_available
-from fusionplan.enums import ActivationMode, DataType
-from fusionplan.folding import PerArgsCache, is_one, is_zero
-from fusionplan.launch import BoundLaunches, current_raw_stream, needs_int64
-from fusionplan.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
+from fusionplan.core.enums import ActivationMode, DataType
+from fusionplan.core.ops import AFFINE_OPS, ActivationForwardOp, ConvForwardOp, OpArgs, Phase
+from fusionplan.oracle.torch_conv import is_channels_last
+from fusionplan.runtime.codegen import triton_available
+from fusionplan.runtime.folding import PerArgsCache, is_one, is_zero
+from fusionplan.runtime.launch import BoundLaunches, current_raw_stream, needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import shares_memory, triton_cdiv
 from fusionplan.solvers.folded_toolkit import ActStage, ConvStage, FoldedConv, FoldedKernel
-from fusionplan.torch_conv import is_channels_last
 
 Tensor = torch.Tensor
 

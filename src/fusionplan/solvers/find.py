@@ -26,8 +26,8 @@ import torch
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 
 if TYPE_CHECKING:
-    from fusionplan.handle import Handle
-    from fusionplan.perfdb import PerfDB
+    from fusionplan.core.handle import Handle
+    from fusionplan.runtime.perfdb import PerfDB
 
 logger = logging.getLogger("fusionplan")
 
@@ -52,7 +52,7 @@ def _key(spec: PlanSpec, handle: Handle) -> tuple:
 
 
 def _db(db: PerfDB | None) -> PerfDB:
-    from fusionplan.perfdb import default_db
+    from fusionplan.runtime.perfdb import default_db
 
     return db or default_db()
 
@@ -149,7 +149,7 @@ def measure(
 
 def random_data(spec: PlanSpec, device: torch.device) -> tuple:
     """(x, y, records): a random input, an output and random records of the plan's shapes."""
-    from fusionplan.samples import random_record
+    from fusionplan.core.samples import random_record
 
     in_desc, out_desc = spec.input_desc, spec.output_desc
     x = torch.empty_strided(in_desc.dims, in_desc.strides, dtype=in_desc.dtype.torch_dtype, device=device)

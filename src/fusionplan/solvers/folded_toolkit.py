@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionplan.activations import activation_forward
-from fusionplan.enums import ActivationMode, Layout
-from fusionplan.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
-from fusionplan.ops import (
+from fusionplan.core.activations import activation_forward
+from fusionplan.core.enums import ActivationMode, Layout
+from fusionplan.core.ops import (
     AFFINE_OPS,
     ActivationArgs,
     ActivationForwardOp,
@@ -30,9 +29,10 @@ from fusionplan.ops import (
     FusionOp,
     OpArgs,
 )
-from fusionplan.reference import compute_dtype_for
+from fusionplan.oracle.reference import compute_dtype_for
+from fusionplan.oracle.torch_conv import canonical, conv2d
+from fusionplan.runtime.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
 from fusionplan.solvers.base import Kernel, PlanSpec
-from fusionplan.torch_conv import canonical, conv2d
 
 Tensor = torch.Tensor
 

@@ -16,10 +16,10 @@ from functools import cached_property
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.folding import Stage, split_at_conv
+from fusionplan.runtime.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, gemm_input_why_not, pack_rows_rsc, triton_cdiv

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.folding import Stage, split_at_conv
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv

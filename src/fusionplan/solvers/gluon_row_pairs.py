@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.folding import Stage
+from fusionplan.runtime import tuning
+from fusionplan.runtime.folding import Stage
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc

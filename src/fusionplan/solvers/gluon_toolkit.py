@@ -8,12 +8,12 @@ import re
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import indent, triton_available
-from fusionplan.descriptors import Layout, layout_strides
-from fusionplan.enums import DataType
-from fusionplan.epilogue import Epilogue, emit_stages
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.core.descriptors import Layout, layout_strides
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent, triton_available
+from fusionplan.runtime.epilogue import Epilogue, emit_stages
+from fusionplan.runtime.folding import Stage, split_at_conv
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.conv_kernel import GRID_DEPENDENCY, epilogue_tail, header_fields
 from fusionplan.solvers.conv_toolkit import triton_cdiv

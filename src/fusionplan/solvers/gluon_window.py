@@ -27,11 +27,11 @@ from dataclasses import replace
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import indent
-from fusionplan.enums import DataType
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent
+from fusionplan.runtime.folding import Stage, split_at_conv
+from fusionplan.runtime.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, pack_rows_rsc, triton_cdiv

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from fusionplan.ops import OpArgs
-from fusionplan.reference import compute_dtype_for, run_reference, write_side_outputs
+from fusionplan.core.ops import OpArgs
+from fusionplan.oracle.reference import compute_dtype_for, run_reference, write_side_outputs
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import indent
-from fusionplan.enums import DataType
-from fusionplan.epilogue import TileIndex, emit_stages
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent
+from fusionplan.runtime.epilogue import TileIndex, emit_stages
+from fusionplan.runtime.folding import Stage, split_at_conv
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import triton_cdiv

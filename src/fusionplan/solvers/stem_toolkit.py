@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fusionplan.folding import split_at_conv
+from fusionplan.runtime.folding import split_at_conv
 from fusionplan.solvers.base import PlanSpec
 
 Tensor = torch.Tensor

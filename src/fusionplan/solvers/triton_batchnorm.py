@@ -33,19 +33,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import generated_kernel, interpreter_active, write_source
-from fusionplan.enums import BatchNormMode, DataType
-from fusionplan.launch import (
-    BoundLaunch,
-    Launcher,
-    _needs_scratch,
-    current_raw_stream,
-    extent_bytes,
-    launch_compiled,
-    needs_int64,
-)
-from fusionplan.ops import (
+from fusionplan.core.enums import BatchNormMode, DataType
+from fusionplan.core.ops import (
     ActivationArgs,
     ActivationBackwardArgs,
     BatchNormBackwardArgs,
@@ -54,6 +43,17 @@ from fusionplan.ops import (
     BatchNormForwardOp,
     OpArgs,
     Phase,
+)
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import generated_kernel, interpreter_active, write_source
+from fusionplan.runtime.launch import (
+    BoundLaunch,
+    Launcher,
+    _needs_scratch,
+    current_raw_stream,
+    extent_bytes,
+    launch_compiled,
+    needs_int64,
 )
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import (

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import interpreter_active
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import interpreter_active
+from fusionplan.runtime.folding import Stage, split_at_conv
+from fusionplan.runtime.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, triton_cdiv

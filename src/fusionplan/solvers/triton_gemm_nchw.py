@@ -34,11 +34,12 @@ from dataclasses import replace
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import interpreter_active
-from fusionplan.descriptors import Layout, layout_strides
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.core.descriptors import Layout, layout_strides
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import interpreter_active
+from fusionplan.runtime.folding import Stage, split_at_conv
+from fusionplan.runtime.launch import needs_int64
+from fusionplan.runtime.tma import host_descriptor
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source, store_where
 from fusionplan.solvers.conv_toolkit import (
@@ -48,7 +49,6 @@ from fusionplan.solvers.conv_toolkit import (
     persistent_programs,
     triton_cdiv,
 )
-from fusionplan.tma import host_descriptor
 
 Tensor = torch.Tensor
 

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import generated_kernel, indent, interpreter_active, write_source
-from fusionplan.epilogue import emit_stages, reads_prior, stage_arguments
-from fusionplan.folding import PerArgsCache, pointwise_stages, split_at_conv
-from fusionplan.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
-from fusionplan.ops import OpArgs, Phase
+from fusionplan.core.ops import OpArgs, Phase
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
+from fusionplan.runtime.epilogue import emit_stages, reads_prior, stage_arguments
+from fusionplan.runtime.folding import PerArgsCache, pointwise_stages, split_at_conv
+from fusionplan.runtime.launch import Launcher, RepeatCache, Repeating, needs_int64, repeat_for
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_toolkit import device_why_not, shares_memory, triton_cdiv
 

@@ -28,11 +28,11 @@ from dataclasses import replace
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import indent, interpreter_active
-from fusionplan.epilogue import emit_stages
-from fusionplan.folding import Stage, split_at_conv
-from fusionplan.launch import needs_int64
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent, interpreter_active
+from fusionplan.runtime.epilogue import emit_stages
+from fusionplan.runtime.folding import Stage, split_at_conv
+from fusionplan.runtime.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel, epilogue_tail, header_fields
 from fusionplan.solvers.conv_toolkit import conv_plan_why_not, device_why_not, shared_bytes_per_program, triton_cdiv

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.codegen import indent, interpreter_active
-from fusionplan.enums import DataType
-from fusionplan.folding import Stage
-from fusionplan.launch import needs_int64
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent, interpreter_active
+from fusionplan.runtime.folding import Stage
+from fusionplan.runtime.launch import needs_int64
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver
 from fusionplan.solvers.conv_kernel import TritonConvKernel, render_conv_source
 from fusionplan.solvers.conv_toolkit import (

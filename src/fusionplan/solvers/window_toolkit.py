@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import torch
 
-from fusionplan import tuning
-from fusionplan.enums import DataType
-from fusionplan.folding import split_at_conv
+from fusionplan.core.enums import DataType
+from fusionplan.runtime import tuning
+from fusionplan.runtime.folding import split_at_conv
+from fusionplan.runtime.tma import host_descriptor
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.conv_kernel import TritonConvKernel
 from fusionplan.solvers.conv_toolkit import (
     descriptor_input_why_not,
     triton_cdiv,
 )
-from fusionplan.tma import host_descriptor
 
 Tensor = torch.Tensor
 

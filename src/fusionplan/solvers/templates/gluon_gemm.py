@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from fusionplan import tuning
-from fusionplan.codegen import indent
-from fusionplan.epilogue import emit_stages
-from fusionplan.folding import Stage
+from fusionplan.runtime import tuning
+from fusionplan.runtime.codegen import indent
+from fusionplan.runtime.epilogue import emit_stages
+from fusionplan.runtime.folding import Stage
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.gluon_toolkit import (
     gluon_epilogue_tail,

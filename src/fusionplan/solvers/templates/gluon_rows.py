@@ -4,9 +4,9 @@ products, and the store of channels-last rows or channel planes."""
 
 from __future__ import annotations
 
-from fusionplan.codegen import indent
-from fusionplan.epilogue import TileIndex, emit_stages
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.runtime.codegen import indent
+from fusionplan.runtime.epilogue import TileIndex, emit_stages
+from fusionplan.runtime.folding import Stage, split_at_conv
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.gluon_toolkit import (
     ROW_CHANNELS,

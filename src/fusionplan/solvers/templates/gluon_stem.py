@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fusionplan.codegen import indent
-from fusionplan.epilogue import TileIndex, emit_stages
-from fusionplan.folding import Stage, split_at_conv
+from fusionplan.runtime.codegen import indent
+from fusionplan.runtime.epilogue import TileIndex, emit_stages
+from fusionplan.runtime.folding import Stage, split_at_conv
 from fusionplan.solvers.base import PlanSpec
 from fusionplan.solvers.gluon_toolkit import (
     ROW_CHANNELS,

@@ -1,0 +1,1 @@
+"""What the solvers share to render, compile, tune and launch kernels."""

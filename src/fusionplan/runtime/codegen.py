@@ -1,0 +1,164 @@
+"""Generated Triton source as modules: the module cache (the epilogue's code is epilogue.py's).
+
+Triton reads a kernel's source with ``inspect``, so generated code is written to a file under
+the cache directory (``$FUSIONPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fusionplan``, else
+``~/.cache/fusionplan``) and imported from there. Files are named by the hash of their text and
+written atomically; the same text is never written twice.
+
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import os
+import tempfile
+import threading
+from pathlib import Path
+from types import ModuleType
+
+from fusionplan.runtime.compile_worker import import_file
+
+
+def indent(lines: list[str], spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line for line in lines)
+
+
+# ---- the module cache -----------------------------------------------------------------------------
+def cache_dir() -> Path:
+    base = os.environ.get("FUSIONPLAN_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fusionplan"
+
+
+def use_triton_cache_inside_ours() -> None:
+    """Triton's compiled-kernel cache goes under ours (unless the user chose a place for it), so that
+    ``fusionplan-cache`` can show and clear everything a plan compiled."""
+    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))
+
+
+_modules: dict[str, ModuleType] = {}
+_modules_lock = threading.Lock()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename: readers see the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _base_name(source: str, stem: str) -> str:
+    """A generated module's file stem: the stem and the hash of the text."""
+    return f"fusionplan_gen_{stem}_{hashlib.sha256(source.encode()).hexdigest()[:20]}"
+
+
+def module_name(source: str, stem: str) -> str:
+    """The name a generated module is imported as (and Triton names its kernels' module by): its
+    file stem, with the interpreter flag (Triton decides at decoration time whether a kernel runs
+    compiled or interpreted)."""
+    return _base_name(source, stem) + ("_interpret" if _interpreting() else "")
+
+
+def write_source(source: str, stem: str) -> Path:
+    """The file of a generated module, written once (atomically) under the cache directory."""
+    use_triton_cache_inside_ours()
+    directory = cache_dir() / "kernels"
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{_base_name(source, stem)}.py"
+    if not path.exists() or path.read_text() != source:
+        write_atomic(path, source)
+    return path
+
+
+def import_source(path: Path, name: str) -> ModuleType:
+    """Import the generated module at ``path`` as ``name``, once per name."""
+    with _modules_lock:
+        module = _modules.get(name)
+        if module is None:
+            module = _modules[name] = import_file(path, name)
+        return module
+
+
+def load_module(source: str, stem: str) -> tuple[ModuleType, Path]:
+    """Write ``source`` (once, atomically) and import it; modules are kept per text and mode."""
+    path = write_source(source, stem)
+    return import_source(path, module_name(source, stem)), path
+
+
+class KernelParam:
+    """A kernel parameter as Triton's JIT function lists it: its name and whether it is a constexpr."""
+
+    def __init__(self, name: str, is_constexpr: bool) -> None:
+        self.name = name
+        self.is_constexpr = is_constexpr
+
+
+class GeneratedKernel:
+    """A ``@triton.jit`` or ``@gluon.jit`` kernel of a generated module, imported only when it is
+    compiled: its parameters are read from the source, so a kernel that a launch record names is
+    loaded without importing its module (whose jit decorators read and tokenize the source, about
+    20 ms a module). It stands in for the JIT function where Triton's compiled kernel takes one
+    (``__name__``, ``arg_names``, ``launch_metadata``)."""
+
+    launch_metadata = None
+
+    def __init__(self, source: str, stem: str, fn_name: str) -> None:
+        self.path = write_source(source, stem)
+        self.module_name = module_name(source, stem)
+        self.__name__ = fn_name
+        self.gluon, self.params = kernel_signature(source, fn_name)
+        self.arg_names = [p.name for p in self.params]
+
+    @property
+    def jit(self):
+        """Triton's JIT function of the kernel (its module imported now, once)."""
+        return getattr(import_source(self.path, self.module_name), self.__name__)
+
+
+def generated_kernel(source: str, stem: str, fn_name: str):
+    """The kernel ``fn_name`` of a generated module as a GeneratedKernel, or (a source whose
+    signature is not read that way) Triton's JIT function from the module imported now."""
+    try:
+        return GeneratedKernel(source, stem, fn_name)
+    except (ValueError, SyntaxError):
+        return getattr(load_module(source, stem)[0], fn_name)
+
+
+def kernel_signature(source: str, fn_name: str) -> tuple[bool, list[KernelParam]]:
+    """Whether ``fn_name`` in ``source`` is a Gluon kernel, and its parameters, read from its
+    ``def`` alone (the generated sources put the decorator on the line before it)."""
+    start = source.index(f"def {fn_name}(")
+    decorator = source[:start].rstrip().rsplit("\n", 1)[-1].strip()
+    if decorator not in ("@triton.jit", "@gluon.jit"):
+        raise ValueError(f"{fn_name}: a kernel with decorator {decorator!r} is imported, not read")
+    end = source.index("):\n", start) + 3
+    tree = ast.parse(source[start:end] + "    pass\n")
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    params = [
+        KernelParam(a.arg, a.annotation is not None and "constexpr" in ast.unparse(a.annotation)) for a in fn.args.args
+    ]
+    return decorator == "@gluon.jit", params
+
+
+def triton_available() -> str | None:
+    """None when Triton can be imported, else why not."""
+    try:
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        return f"triton is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def interpreter_active() -> bool:
+    return _interpreting()
