@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The H100 benchmark run behind bench/results/: compile every case in parallel shards first (kernel
+# The H100 benchmark run behind lab/results/: compile every case in parallel shards first (kernel
 # and torch.compile caches are on disk, shared by the processes), then time them in one process.
 #   scripts/gpu_bench.sh OUTDIR PRECISION [LAYOUTS] [MODES] [fusionplan-bench options of the timed run...]
 # e.g. scripts/gpu_bench.sh /tmp/bench fp16 NHWC,NCHW CBNA,CBA,NA --graph

@@ -45,7 +45,7 @@ if [ "${RACECHECK_CASES:-60}" -gt 0 ]; then
     --summary "$out/racecheck-fuzz.json" > "$out/racecheck.log" 2>&1
   echo "racecheck exit: $?" | tee -a "$out/env.txt"
   grep -E "RACECHECK SUMMARY|hazard" "$out/racecheck.log" | sort | uniq -c | head -20 | tee -a "$out/env.txt"
-  python bench/probes/sass_at.py "$out/racecheck.log" "$FUSIONPLAN_CACHE_DIR/triton" > "$out/racecheck-sass.txt" 2>&1
+  python lab/probes/sass_at.py "$out/racecheck.log" "$FUSIONPLAN_CACHE_DIR/triton" > "$out/racecheck-sass.txt" 2>&1
 fi
 python - "$out" <<'PY'
 import json, sys, pathlib

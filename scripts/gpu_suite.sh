@@ -6,7 +6,7 @@
 #   SUITE_TIMEOUT=500 scripts/gpu_suite.sh OUTDIR; scripts/gpu_suite.sh OUTDIR   (two runs, one suite)
 # OUTDIR keeps per part its record (ended-K-of-N.txt) and each run's output (run-R-part-K-of-N.txt:
 # a run that ends lists its 20 slowest tests); the last lines say how many tests of each part are
-# left. The host's cores set the pace of compiling (bench/NOTES.md section 59); the tests marked slow
+# left. The host's cores set the pace of compiling (lab/NOTES.md section 59); the tests marked slow
 # (tile tests, minutes each) run first and go to the workers a test at a time (--maxschedchunk 1), so
 # that none is left to run alone at a part's end (section 60).
 set -uo pipefail

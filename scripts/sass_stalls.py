@@ -1,7 +1,7 @@
 """Stall samples of each SASS instruction from an Nsight Compute report's source page.
 
     ncu --clock-control none --profile-from-start off --kernel-name regex:gluon_rows --set full \\
-        --import-source no -o rows python bench/ncu_layer.py --layer r50_02 --solver gluon-rows
+        --import-source no -o rows python lab/ncu_layer.py --layer r50_02 --solver gluon-rows
     ncu --import rows.ncu-rep --page source --csv --print-source sass > rows-sass.csv
     python scripts/sass_stalls.py rows-sass.csv
 

@@ -14,7 +14,7 @@ checked against the float64 reference (output filled with NaN first) and timed a
 replays of 20 launches (as fusionplan-bench --graph: median of 5 replays, GPU time alone), each
 launch on the next of several input and output sets that together exceed twice the L2 cache, as
 the bench rotates them. ``--warm`` times one set over and over instead, its input warm in L2, as
-the sweeps recorded before bench/NOTES.md section 52 ran: a kernel whose input comes from DRAM can
+the sweeps recorded before lab/NOTES.md section 52 ran: a kernel whose input comes from DRAM can
 rank differently (gluon-plane-chunks on r50_21: 16.6 us warm against 20.0 rotated).
 """
 

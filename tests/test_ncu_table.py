@@ -1,5 +1,5 @@
 """fusionplan.tools.bench.ncu_table: Nsight Compute's raw CSV (a units row, numbers with thousands separators)
-and bench/ncu_layer.py's case labels, interleaved on one stdout, become one table row a kernel named
+and lab/ncu_layer.py's case labels, interleaved on one stdout, become one table row a kernel named
 by its case."""
 
 import sys

@@ -1,6 +1,6 @@
 """The compiled kernels' structure on Hopper, checked without a GPU: Triton's own ptxas builds the
 sm_90 binary (scripts/inspect_sass.py) and the SASS shows what the H100 measurements depend on
-(bench/NOTES.md, section 10)."""
+(lab/NOTES.md, section 10)."""
 
 import json
 import re
@@ -115,7 +115,7 @@ def test_nchw_planes_are_read_by_boxes_or_async_copies(name, dtype, reads):
     wgmma products within sm_90's shared memory. With pointer stores, its tiles of 128 channels
     keep 128 accumulator registers per thread, and the epilogue's pointers beside them spill a
     little (32-176 bytes of stack): measured faster than tiles that do not (64 channels,
-    bench/NOTES.md section 18), so the test bounds the stack rather than forbidding it."""
+    lab/NOTES.md section 18), so the test bounds the stack rather than forbidding it."""
     info = compile_sm90(layer_build(name, dtype, layout="NCHW"), "triton-gemm-nchw")
     weights_only = 32  # the weight tile's copies alone at r50_21's 64 x 128 tiles and 4 stages
     boxes, copies = info["tensor loads (UTMALDG)"], info["async copies (LDGSTS)"]
@@ -137,7 +137,7 @@ def test_strided_nchw_row_pairs_are_read_as_boxes(name):
     local memory. r50_14's 256 x 256 tiles keep 128 accumulator registers a thread and a stack
     frame beside them with Triton 3.9 (measured faster than 128 channels: tuning). Triton 3.6 waits
     for each product whose operand passed through registers (the even columns), so there the
-    products run one at a time (what the H100 measurements of bench/NOTES.md ran)."""
+    products run one at a time (what the H100 measurements of lab/NOTES.md ran)."""
     info = compile_sm90(layer_build(name, "float16", layout="NCHW"), "triton-gemm-nchw")
     assert info["tensor loads (UTMALDG)"] > 0 and info["async copies (LDGSTS)"] == 0, info
     pipelined = set(info["wgmma waits (outstanding groups allowed)"]) - {"0x0"}
@@ -292,7 +292,7 @@ def test_gluon_kernels_wait_for_the_kernel_before_them(name, solver, layout):
 
 #: A plan of 1x1 channel planes (NCHW) beyond one wave: gluon-gemm's persistent tiles of one
 #: computing warpgroup, whose epilogue's buffers took the memory of the second warpgroup's unused
-#: turn barriers (bench/NOTES.md section 45).
+#: turn barriers (lab/NOTES.md section 45).
 PERSISTENT_PLANES = (
     "x = torch.empty(33, 64, 1024, 1024, dtype=torch.float16, device='meta')\n"
     "plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))\n"

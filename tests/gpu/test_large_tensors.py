@@ -42,7 +42,7 @@ def test_repeats_agree_bit_for_bit_while_other_processes_share_the_gpu(gigabytes
     switches to the other processes' contexts inside it), repeated with the same arguments beside
     4 processes running matrix products: each output bit for bit the first's, taken alone. An
     epilogue buffer over initialized barriers came back corrupted there (channel 0, NaN and
-    garbage) in every repeat (bench/NOTES.md section 45)."""
+    garbage) in every repeat (lab/NOTES.md section 45)."""
     from fusionplan.tools.bench.contention import other_processes_on_the_gpu
 
     x = input_tensor((33, 64, 1024, 1024), torch.float16, "NCHW")

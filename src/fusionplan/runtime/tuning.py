@@ -71,7 +71,7 @@ def conv_heuristic(
 ) -> ConvConfig:
     """A configuration for an implicit GEMM of M output pixels, K/groups columns, C/groups depth.
 
-    From H100 measurements of the ResNet-50 layers (bench/NOTES.md): 128x64 tiles when there are
+    From H100 measurements of the ResNet-50 layers (lab/NOTES.md): 128x64 tiles when there are
     many output pixels, 64-row tiles when there are few; 3 pipeline stages (``CONV_STAGES``). Grids
     that would leave most multiprocessors idle (batch 1) take ``SMALL_GRID_TILE`` tiles
     (``SMALL_GRID_TILE_1X1`` for filters of one tap) with 4 stages, and split their reduction.
@@ -160,7 +160,7 @@ TAP_BITS_MAX_ANY_PLANE = 28 * 28
 
 def conv_tap_bits_pay(taps: int, itemsize: int, channels_last: bool, out_plane: int) -> bool:
     """Whether triton-conv's reduction should test a bit per tap (CONV_TAP_BITS), from the H100's
-    A/B columns (`fusionplan-bench --graph --tuning CONV_TAP_BITS=0,1`, bench/NOTES.md section 20):
+    A/B columns (`fusionplan-bench --graph --tuning CONV_TAP_BITS=0,1`, lab/NOTES.md section 20):
     filters of several taps gain where the loop's address arithmetic bounds it, 16-bit
     channels-last (r50_02 fp16 30.3 -> 28.2 us at batch 32) and the 28x28 and smaller planes in
     either layout (batch 1: r50_12 29.7 -> 27.3, r50_22 27.5 -> 25.4; NCHW r50_12 58.4 -> 52.8,
@@ -409,7 +409,7 @@ def window_shape(images: int, oh: int, ow: int, pixels: int) -> tuple[int, int, 
     pixels that computes the fewest pixels past ``images`` OH x OW images (28x28 takes 16x16
     windows, not 8x8 ones that compute 31 % more), or None when no such window fits inside them:
     tensor-descriptor boxes larger than the image gave wrong or unwritten outputs on the H100
-    with Triton 3.6 (some shapes, not reproducibly; bench/NOTES.md, section 10). Windows span
+    with Triton 3.6 (some shapes, not reproducibly; lab/NOTES.md, section 10). Windows span
     several images only where no window of one image fits (7x7 images: 4x4 windows of 4 images
     for 64 pixels). Ties go to the squarest."""
     shapes = []

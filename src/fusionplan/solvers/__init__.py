@@ -55,7 +55,7 @@ REGISTRY: list[Solver] = [
     TritonGemmNchwSolver(),  # 1x1 convolutions on NCHW planes (deferring until measured on a GPU)
     GluonRowsSolver(),  # Hopper: few input channels, the filter in registers, persistent over output rows
     GluonStemSolver(),  # Hopper: few input channels (the stem), warp-specialized over output rows
-    GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (bench/NOTES.md, section 15)
+    GluonWindowSolver(),  # Hopper: triton-window's kernel, warp-specialized (lab/NOTES.md, section 15)
     TritonWindowSolver(),
     TritonStemSolver(),  # few input channels (the stem)
     TritonDepthwiseSolver(),  # before triton-conv: 23-59x faster on MobileNetV2's depthwise layers (H100)

@@ -178,7 +178,7 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
     multiprocessors split in powers of two (fp32 partial sums, summed by a tile's last program)
     while the grid stays within the multiprocessors and each part keeps at least
     tuning.GLUON_NCHW_SPLIT_MIN_DEPTH products. H100, fp16,
-    batch 32, warm L2 (bench/NOTES.md section 26): 64 x 256 in two parts on r50_22 32.0 us against
+    batch 32, warm L2 (lab/NOTES.md section 26): 64 x 256 in two parts on r50_22 32.0 us against
     36.0 for 64 x 128 whole, r50_18 46.9 / 50.3; not r50_21's 2048 channels: 23.2 / 19.9."""
     split = 1
     if programs >= multiprocessors // 2:
@@ -192,7 +192,7 @@ def gather_split(programs: int, depth: int, multiprocessors: int) -> int:
 #: pixel tile reads its channel tile's weights from L2, each channel tile its gathered input, and
 #: a tile twice as wide reads the input half as often (H100, fp16 CBNA, batch 32, warm L2: r50_16
 #: 25.1 us against 31.6 for 128 x 128, r50_12 31.9 / 42.2, r50_19 20.2 / 21.6; r50_22, r50_18 and
-#: r50_21 keep 64 x 128: their 50 programs of 64 x 256 leave most of the GPU idle; bench/NOTES.md
+#: r50_21 keep 64 x 128: their 50 programs of 64 x 256 leave most of the GPU idle; lab/NOTES.md
 #: section 25).
 GATHER_TILES = ((64, 256), (128, 128), (64, 128), (128, 64), (64, 64))
 

@@ -276,7 +276,7 @@ def planes_why_not(spec: PlanSpec) -> str | None:
         return "grouped convolutions are not one GEMM"
     if conv.conv.strides != (1, 1):
         # boxes of the input rows hold the odd columns too; splitting them out in shared memory measured
-        # 1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39: two stages of raw boxes
+        # 1.4-1.8x slower than triton-gemm-nchw (lab/NOTES.md section 39: two stages of raw boxes
         # in the ring, each waited for through TMA, then the split, then the products)
         return "strided 1x1 convolutions on NCHW planes: the boxes would hold the odd columns too (triton-gemm-nchw)"
     n, c, h, w = spec.input_desc.dims
@@ -382,11 +382,11 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
     batch 32: r50_13 12.1 us against 12.5, r50_07 14.8 against 17.4, r50_03 21.7 against 27.1) and
     triton-conv on fp32 data; unless its tiles' stores run by TMA under the next tile's products
     (gemm_store_mode 2; H100, fp16 / bf16, batch 32, the suites' solver columns,
-    bench/results/2026-11-23-h100-tma-stores-31/: r50_07 14.26 / 14.23 us against 15.24 / 15.16 for
+    lab/results/2026-11-23-h100-tma-stores-31/: r50_07 14.26 / 14.23 us against 15.24 / 15.16 for
     triton-gemm, r50_05 29.71 / 29.52 against 31.12 / 30.81, r50_03 25.02 / 24.49 against 26.33 /
     25.95, r50_01 10.95 / 10.70 against 11.06 / 11.02; r50_04 24.92 / 25.01 against 24.68 / 24.71).
     Strided, where triton-gemm does not apply: strided_defer_why. Channel planes, against
-    triton-gemm-nchw, by the same rule (H100, fp16, batch 32, bench/results/2026-11-25-h100-nchw-planes-34/:
+    triton-gemm-nchw, by the same rule (H100, fp16, batch 32, lab/results/2026-11-25-h100-nchw-planes-34/:
     stored by pointer beyond one wave, r50_01 14.4 us against 12.7, r50_05 35.4 / 33.6, r50_07 19.5 /
     18.8; by TMA, r50_03 24.5 / 29.6, r50_07 16.2 / 18.4 in tiles stored by TMA;
     ping-pong, r50_11 20.6 / 21.1)."""
@@ -443,7 +443,7 @@ def gluon_gemm_defer_why(spec: PlanSpec, sms: int) -> str | None:
 
 def copies_defer_why(spec: PlanSpec, cfg: tuning.ConvConfig) -> str | None:
     """Copied planes (plane_copies) run wherever they apply (H100, fp16 / bf16, batch 32, CBNA,
-    bench/results/2026-11-25-h100-plane-copies-36/ab-plane-copies.csv: against triton-gemm-nchw,
+    lab/results/2026-11-25-h100-plane-copies-36/ab-plane-copies.csv: against triton-gemm-nchw,
     r50_13 16.8 / 16.6 us against 19.0 / 18.7, r50_15 13.4 / 13.2 against 15.3 / 15.4; against the
     boxes, r50_01 11.6 / 11.6 against 12.3 / 12.6, r50_04 25.8 / 25.6 against 27.0 / 27.0, r50_05
     30.9 / 30.7 against 32.7 / 32.4, r50_11 19.3 / 19.1 against 20.6 / 20.3), except 8-byte copies

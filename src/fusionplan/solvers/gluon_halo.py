@@ -4,7 +4,7 @@ activations, as ONE warp-specialized kernel (Hopper only).
 
 The gather kernels (gluon-nchw, gluon-nchw-regs) gather each tap's operand from global memory, an
 element at a time: every input element is loaded nine times, 2 bytes a lane, and their steps wait
-for those loads (bench/NOTES.md section 55). Here a program owns one image's band of TILE_H output
+for those loads (lab/NOTES.md section 55). Here a program owns one image's band of TILE_H output
 rows and BLOCK_N output channels, and for each block of BLOCK_K input channels a gathering
 partition loads the band's halo ONCE into a 128-byte-swizzled shared buffer, [rows, channels]:
 halo row ``u * P + v`` holds input row ``oh0 - 1 + u`` and column ``v - 1`` (zero outside the
@@ -19,7 +19,7 @@ Gluon 3.6 refuses a shared view whose offset is not a multiple of its size ("the
 not touch the tile"), so a view is taken as ``[HALO, 1, BLOCK_K]`` indexed at its first row and
 seen again as ``[PIXELS, BLOCK_K]``: wgmma's descriptor then starts that many 128-byte rows into
 the buffer. Hopper applies the 128-byte swizzle by address bits, so such a view reads the rows as
-they were stored (``bench/probes/halo_probe.py --shift-check``: any row offset is read right with
+they were stored (``lab/probes/halo_probe.py --shift-check``: any row offset is read right with
 the 128-byte swizzle; the 64- and 32-byte swizzles are not).
 
 Partitions: the computing warps (the default partition: one warpgroup for tiles of up to 64 slots by
@@ -28,7 +28,7 @@ Partitions: the computing warps (the default partition: one warpgroup for tiles 
 gathering warps load each block's halo (a thread one halo row's BLOCK_K channels, 8 at a time:
 16-byte shared stores; a warp's load is 32 neighbouring halo rows of one channel) into one of
 tuning.GLUON_HALO_BUFFERS halo buffers (two) while the blocks before are computed. Their loads stay
-in their own warps: in the computing warps (bench/probes/halo_probe.py's one-partition kernels) the
+in their own warps: in the computing warps (lab/probes/halo_probe.py's one-partition kernels) the
 barrier waits shared the loads' scoreboard and each block's first product waited for the whole
 gather.
 

@@ -5,7 +5,7 @@ and activations, as ONE warp-specialized kernel (Hopper only).
 NCHW planes of 14x14 and 7x7 pixels are 392 and 98 bytes: no tensor box (16-byte strides) and no
 16-byte copy reads them, and a filter tap shifts a plane by one element, so every input element
 is a 2-byte load. triton-conv issues those loads from its computing warps, stores the operand to
-shared memory and waits for each product before the next store (bench/NOTES.md, section 18: 2-4x
+shared memory and waits for each product before the next store (lab/NOTES.md, section 18: 2-4x
 its NHWC time on those layers). Here a gathering partition of its own warps does the loads: a
 warp's load is 32 neighbouring pixels of one channel (contiguous along a plane's row), each
 thread holds 8 channels of its pixel and stores them as one 16-byte row piece of the stage's
@@ -15,7 +15,7 @@ wgmma with one product in flight and frees the stage before it, so the gathers o
 run under the products. A stage's stores need a proxy fence before wgmma reads them. One to
 three gathering partitions take the reduction's steps in turn (gather_partitions), each with its
 own loads and fences, its loop unrolled by the steps it has in flight so that no loaded value is
-copied before it is stored (a copy waits for the load; bench/NOTES.md sections 21, 48 and 49).
+copied before it is stored (a copy waits for the load; lab/NOTES.md sections 21, 48 and 49).
 
 A program computes one tile of flat output pixels (any images, rows and columns) x output
 channels; programs that share pixels run side by side (channel tiles first) and find the
@@ -121,7 +121,7 @@ def _gather_partition(
     # rotated at each: renamings, so the values of each step keep their registers. A loop of one
     # step hands its values on (v0 = v1), and the copies wait for the loads in flight (the compiler
     # packs the loaded halves in pairs to move them): the steps ahead had arrived before the next
-    # step's loads were issued, one step in flight whatever PREFETCH said (bench/NOTES.md section 49).
+    # step's loads were issued, one step in flight whatever PREFETCH said (lab/NOTES.md section 49).
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32, 1], [WARPS_M, gl.num_warps() // WARPS_M], [1, 0])
     base, ih0, iw0, m_mask, offs_c = _gather_pixels(
         m0, M, OH, OW, sxn, pad_h, pad_w, layout, STR_H, STR_W, PIXELS, BLOCK_K, IDX64
@@ -300,7 +300,7 @@ MMA_MIN_REGS = 120
 MAX_GATHER_WARPS = 12
 
 #: The gathering side by the tile's pixels: (warps of a partition, partitions, prefetch steps).
-#: H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay, bench/NOTES.md section 21): 64-pixel tiles
+#: H100 A/B (fp16, batch 32, CBNA, CUDA-graph replay, lab/NOTES.md section 21): 64-pixel tiles
 #: with three partitions of 4 warps: r50_22 44.9 -> 35.7 us, r50_18 62.9 -> 56.7, r50_21 27.0 ->
 #: 22.0; two steps ahead rather than one (section 48, fp16 and bf16, CBNA and CBA, 5 rounds):
 #: r50_21 3-5 % faster, r50_22 1-5 %, r50_12 1-2 %, r50_18 0.5-1.3 %, r50_16 within 1 %; three

@@ -3,7 +3,7 @@ NCHW above all; any filter, stride, padding, dilation; ungrouped; 16-bit data) a
 whose input operand never touches shared memory (Hopper only).
 
 gluon-nchw stores each gathered step to shared memory for wgmma, with a proxy fence after the
-stores, and its gathers stay latency-bound (bench/NOTES.md, sections 21, 48 and 49: the fence
+stores, and its gathers stay latency-bound (lab/NOTES.md, sections 21, 48 and 49: the fence
 costs a few %, the loads in flight do not set the step either). Here the product is untransposed,
 [pixels, output channels] = input x weights^T, and wgmma takes the input operand from registers.
 The computing warps load each step's input themselves, AHEAD steps before its product, coalesced
@@ -13,7 +13,7 @@ two shared-memory buffers, a barrier of the warps and matrix loads: generic-prox
 proxy fence. One product runs at a time (the next step's matrix loads may take the registers the
 product in flight reads), overlapping the next step's loads, stores and barrier. The weights go
 through shared memory by TMA, in a ring of their own; a 64-pixel tile's two warpgroups sit side
-by side along the output channels (bench/NOTES.md, section 22). 1x1 filters take tiles of 128
+by side along the output channels (lab/NOTES.md, section 22). 1x1 filters take tiles of 128
 pixels x 256 channels (two warpgroups along the pixels) where that grid fills half the GPU: each
 pixel tile reads its channel tile's weights from L2 and each channel tile the gathered input, so
 the larger tile reads both less often (section 25).
@@ -254,7 +254,7 @@ REGS_TILES = ((64, 128, 8), (64, 128, 4), (64, 64, 4), (128, 128, 8))
 #: and a channel tile its gathered input, and a 1x1 filter's step is one tap: both reads quarter
 #: against 64 x 128 (H100, fp16 CBNA, batch 32, warm L2: r50_20 31.1 us against 50.6; the 3x3
 #: layers r50_06 and r50_10 measured slower at 128 pixels, 49.0 / 46.1 and 34.6 / 27.0 at 128 x 128;
-#: bench/NOTES.md section 25).
+#: lab/NOTES.md section 25).
 WIDE_1X1_TILE = (128, 256, 8)
 
 
@@ -289,7 +289,7 @@ def regs_config(
     than the output channels need (64 of them: a 64-channel tile; r50_02 40.3 us against 79.1 for
     64 x 128) whose grid still fills half the multiprocessors, the last otherwise; strided filters
     of several taps in gluon-nchw's shorter steps (H100, fp16, batch 32, warm L2: r50_06 45.3 ->
-    35.7 us; not the 1x1 r50_20, 31.7 against 32.4; bench/NOTES.md section 26)."""
+    35.7 us; not the 1x1 r50_20, 31.7 against 32.4; lab/NOTES.md section 26)."""
     size = torch.empty((), dtype=dtype).element_size()
     wide = (WIDE_1X1_TILE,) if taps == 1 else ()
     tiles = [t for t in wide + REGS_TILES if t[1] <= max(64, k)]  # the 64-channel tiles always fit

@@ -7,7 +7,7 @@ A 7x7 plane is 98 bytes: no tensor box (16-byte strides) and no 16-byte copy rea
 and channel c's plane starts c elements into a 16-byte unit, so the gather kernels load every
 input element on its own (2 bytes a lane), and a load's value holds a register until its store:
 their bytes in flight are bound by the registers, and the loads of one partition share one
-scoreboard, so each step waits for every load issued (bench/NOTES.md sections 48 and 50). But
+scoreboard, so each step waits for every load issued (lab/NOTES.md sections 48 and 50). But
 BLOCK_K consecutive channel planes of one image are one contiguous chunk (32 x 49 elements: 3136
 bytes, 16-byte aligned wherever C and the step are multiples of 8 channels). Here the gathering
 partition loads each step's chunks in aligned 16-byte units, into registers PREFETCH steps ahead,
@@ -77,7 +77,7 @@ CHUNK_IMAGE_PIXELS = 64
 #: Elements a copy moves (16 bytes of 16-bit data).
 CHUNK_VEC = 8
 #: Input channels of a reduction step where C is a multiple of it (else PAIRS_BLOCK_K): 128-byte
-#: rows of the weights' boxes, half the steps. H100, fp16, batch 32, CBNA (bench/NOTES.md section
+#: rows of the weights' boxes, half the steps. H100, fp16, batch 32, CBNA (lab/NOTES.md section
 #: 51): r50_19 13.0 us against 14.2 with 32-channel steps.
 CHUNK_BLOCK_K = 64
 
@@ -268,7 +268,7 @@ def tiles_of(cfg: tuning.ConvConfig, slots: int, k: int) -> int:
 def chunks_defer_why(spec: PlanSpec, sms: int) -> str | None:
     """Where other kernels measured faster : grids of fewer
     tiles than tuning.GLUON_PLANE_CHUNKS_MIN_FILL of the multiprocessors (the kernel does not split
-    its reduction). H100, fp16, batch 32, CBNA (bench/NOTES.md section 51): r50_19's 128 tiles 13.0 us
+    its reduction). H100, fp16, batch 32, CBNA (lab/NOTES.md section 51): r50_19's 128 tiles 13.0 us
     against 16.8 for gluon-nchw-regs; r50_21's 32 (64 of 128 channels) 34.2 (25.9) against 18.0 for
     gluon-nchw."""
     tiles = chunks_tiles(spec, sms)
@@ -403,7 +403,7 @@ class GluonPlaneChunksKernel(TritonConvKernel):
 
     def resident(self, cfg: tuning.ConvConfig) -> bool:
         """Never: r50_19's weights resident (128-channel tiles) measured no faster (18.7 us against
-        18.3 a box a stage; bench/NOTES.md section 51)."""
+        18.3 a box a stage; lab/NOTES.md section 51)."""
         return False
 
     def staged(self, x) -> bool:
@@ -414,17 +414,17 @@ class GluonPlaneChunksKernel(TritonConvKernel):
     def store_switch(self) -> int:
         """0, no storing partition: a program has one tile (r50_19), so no product runs under its
         stores, and r50_19 measured slower with one (16.8 us with 2 or 4 storing warps against 14.8;
-        bench/NOTES.md section 53)."""
+        lab/NOTES.md section 53)."""
         return 0
 
     def hoist_channels(self, store_warps: int) -> bool:
         """Never: r50_19 (one tile a program) measured no faster with them loaded before its tiles
-        (14.50 us against 14.43, bench/NOTES.md section 53)."""
+        (14.50 us against 14.43, lab/NOTES.md section 53)."""
         return False
 
     def weights_by_mma(self, cfg: tuning.ConvConfig) -> bool:
         """Never: the gathering partition requests the weights (r50_19 15.07 us with the computing one
-        requesting them against 14.18; bench/NOTES.md section 54)."""
+        requesting them against 14.18; lab/NOTES.md section 54)."""
         return False
 
     def load_vec(self, x: Tensor | None = None) -> int:

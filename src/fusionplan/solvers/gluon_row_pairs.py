@@ -6,7 +6,7 @@ At stride 2 a 1x1 filter reads every other column of every other input row. On N
 columns share their 32-byte sectors with the odd ones, so half of every sector read is dropped
 whatever the kernel does; what differs is how the rest gets to the tensor cores. No tensor box
 holds the even columns alone, and a box of whole rows puts a third party in the ring (the box, its
-split in shared memory, the product: bench/NOTES.md section 39, 1.4-1.8x slower than
+split in shared memory, the product: lab/NOTES.md section 39, 1.4-1.8x slower than
 triton-gemm-nchw). Here a gathering partition (4 warps) reads each output row's even input row from
 its start, VEC elements (16 or 8 bytes) a thread along the row, keeps the even half in registers (a
 reshape to pairs and a split: VEC / 2 output pixels of one channel) and stores it into the stage's
@@ -15,7 +15,7 @@ reshape to pairs and a split: VEC / 2 output pixels of one channel) and stores i
 stage (weights_by_mma: no expect in the gathering loop). The reads are asynchronous copies into a
 ring of PREFETCH + 1 raw buffers, a commit group a step, each thread reading back what it copied
 (tuning.GLUON_ROW_PAIRS_STAGED): loads into registers share one scoreboard in the compiled code, so
-waiting for one step's values waited for every step loaded after it (bench/NOTES.md section 50);
+waiting for one step's values waited for every step loaded after it (lab/NOTES.md section 50);
 the register loads remain as the switch's other side (an unrolled loop, gluon-nchw's). The
 computing warps (two warpgroups for 256 output channels) wait for each stage, issue wgmma with one
 product in flight and free the stage before it; then the chain and the stores, runs of 4 or 2
@@ -161,7 +161,7 @@ def pairs_why_not(spec: PlanSpec) -> str | None:
 
 def pairs_defer_why(spec: PlanSpec) -> str | None:
     """Where other kernels measured faster : output planes below
-    tuning.GLUON_ROW_PAIRS_MIN_PLANE pixels (H100, fp16, batch 32, CBNA, bench/NOTES.md section 50:
+    tuning.GLUON_ROW_PAIRS_MIN_PLANE pixels (H100, fp16, batch 32, CBNA, lab/NOTES.md section 50:
     r50_08's 28x28 planes 33.4 us against 38.6 for triton-gemm-nchw; r50_14's 14x14 33.2 against
     31.7, r50_20's 7x7 29.6 against 28.8 for gluon-nchw-regs)."""
     oh, ow = spec.output_desc.dims[2:]
@@ -228,7 +228,7 @@ def pairs_hoist_channels() -> bool:
     """Whether gluon-row-pairs loads the chain's per-channel parameters once a program
     (tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS, under HOIST_CHANNELS_VERSIONS): with the storing
     partition the computing warps keep them beside the accumulator without spills. H100, Triton 3.6
-    (bench/NOTES.md section 53): r50_08 32.05 us against 33.15 (fp16), 32.46 against 33.27 (bf16)."""
+    (lab/NOTES.md section 53): r50_08 32.05 us against 33.15 (fp16), 32.46 against 33.27 (bf16)."""
     import triton
 
     return bool(tuning.GLUON_ROW_PAIRS_HOIST_CHANNELS) and triton.__version__.startswith(HOIST_CHANNELS_VERSIONS)
@@ -266,7 +266,7 @@ class GluonRowPairsKernel(TritonConvKernel):
         return False
 
     #: warps of the gathering partition (8 measured no faster on r50_08, 33.9 us against 33.3 without a
-    #: storing partition, and spill beside one: bench/NOTES.md section 53)
+    #: storing partition, and spill beside one: lab/NOTES.md section 53)
     gather_warps = PAIRS_GATHER_WARPS
 
     def raw_step(self, cfg: tuning.ConvConfig, x: Tensor | None = None) -> tuple[int, int]:
@@ -302,13 +302,13 @@ class GluonRowPairsKernel(TritonConvKernel):
     def hoist_channels(self, store_warps: int) -> bool:
         """Whether the computing partition loads the chain's per-channel parameters once, before its
         tiles (pairs_hoist_channels): only beside a storing partition (``store_warps``), without which
-        the computing warps spill them (r50_08 37.5 us against 34.1, bench/NOTES.md section 53)."""
+        the computing warps spill them (r50_08 37.5 us against 34.1, lab/NOTES.md section 53)."""
         return bool(store_warps) and pairs_hoist_channels()
 
     def weights_by_mma(self, cfg: tuning.ConvConfig) -> bool:
         """Whether the computing partition requests each stage's weights as it frees the stage
         (tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA; streamed weights only), rather than the gathering
-        partition as it fills it: the gathering loop's sm_90 barriers 4 -> 3 a step. H100 (bench/NOTES.md
+        partition as it fills it: the gathering loop's sm_90 barriers 4 -> 3 a step. H100 (lab/NOTES.md
         section 54): r50_08 31.05 us against 31.33 (fp16), 31.66 against 32.05 (bf16)."""
         return bool(tuning.GLUON_ROW_PAIRS_WEIGHTS_BY_MMA) and not self.resident(cfg)
 

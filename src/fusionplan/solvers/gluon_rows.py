@@ -5,7 +5,7 @@ persistent programs that hold the whole filter of their 64 output channels in re
 
 Why: on such layers the window kernels read every input pixel once per tap (nine times for a 3x3
 filter) and the filter once per window, all from L2; that traffic, not the products, bounds them
-(r50_02, C = K = 64 on 56x56, fp16, batch 32: about 2.7x its floor on triton-conv, bench/NOTES.md
+(r50_02, C = K = 64 on 56x56, fp16, batch 32: about 2.7x its floor on triton-conv, lab/NOTES.md
 section 30). Here each program takes a run of output rows (the grid's share of N x OH, image by
 image) and
 
@@ -20,7 +20,7 @@ image) and
 
 The filter comes first, by TMA into the ring's first slots, and each computing warpgroup copies it
 into registers by ldmatrix before those slots take input rows (loaded by every warpgroup with
-4-byte global loads, it took about half the kernel's time: bench/NOTES.md section 30).
+4-byte global loads, it took about half the kernel's time: lab/NOTES.md section 30).
 
 Channel planes (NCHW input): a row's shifted boxes would start inside
 a 16-byte unit, which TMA cannot read, so each input row comes once, as a box of its channel

@@ -5,7 +5,7 @@ warp-specialized persistent kernel over output rows (Hopper only).
 Why: triton-stem issues about 45 warp instructions per output pixel (each tile gathers its own
 stretches, eight 8-byte copies and their addresses and masks a step, then two per-pixel
 epilogues); it is bound by instruction issue and latency, not by memory or the tensor pipe
-(bench/NOTES.md section 32: the ResNet stem at 48-49 us against a floor of 20.6). Here each
+(lab/NOTES.md section 32: the ResNet stem at 48-49 us against a floor of 20.6). Here each
 program takes a run of output rows (its share of N x OH, image by image) and
 
 - a loading warpgroup gathers each input row the run reads ONCE, as a [RUNS, BLOCK_E] tile of
@@ -235,7 +235,7 @@ def stem_registers(planes: bool) -> tuple[int, int]:
     bytes: their addresses held in more registers) take tuning.GLUON_STEM_PLANE_LOAD_REGS for the
     loading warps and the second computing warpgroup as many fewer (the ResNet stem on NCHW input,
     H100, fp16: 40.2 us at 40, 38.5 at 64, 39.0 at 88; channels-last input unchanged at 33.2-33.6:
-    bench/NOTES.md section 58); channels-last input LOAD_REGS and CONSUMER_REGS."""
+    lab/NOTES.md section 58); channels-last input LOAD_REGS and CONSUMER_REGS."""
     load = tuning.GLUON_STEM_PLANE_LOAD_REGS if planes else LOAD_REGS
     return load, CONSUMER_REGS - (load - LOAD_REGS)
 

@@ -6,7 +6,7 @@ as cuDNN's Hopper kernels are: one loading warp runs ahead through a ring of pip
 bytes land, and an "empty" one, set when its product has finished), while one or two computing
 warpgroups wait for each stage, issue its wgmma with one product in flight and free the stage
 before it. Triton 3.6 does not generate this for sm_90: its pipeliner issues the loads from the
-computing warps, between the products (bench/NOTES.md, section 15: on ResNet-50 at batch 32,
+computing warps, between the products (lab/NOTES.md, section 15: on ResNet-50 at batch 32,
 8-29 % faster than triton-window on the layers with the longest reductions, as fast on the others).
 Where it measured faster (window_weights_first), the first ring of weights tiles is requested
 before the wait for the kernel before this one.

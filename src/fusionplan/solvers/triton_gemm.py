@@ -5,7 +5,7 @@ Such a convolution is the matrix product [N*H*W, C] x [C, K] of the input as it 
 and the repacked weights. Both operands are read through tensor descriptors (TMA on Hopper):
 a whole tile per request, bounds and zero fill done by the hardware. The implicit GEMM of
 triton-conv computes an address and a mask per element instead, which on the H100 keeps its
-integer pipeline busiest (Nsight Compute, bench/NOTES.md). The epilogue is triton-conv's.
+integer pipeline busiest (Nsight Compute, lab/NOTES.md). The epilogue is triton-conv's.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ _STORE = store_where(
 #: Few output pixels: the GEMM's tiles measured slower than the convolution kernels on the H100
 #: (fp16, batch 32): with C >= 2K below 16384 pixels (r50_15 16.7 us against 13.0 for
 #: triton-window, r50_17 21.5 against 18.5), and below 4096 pixels whatever the channels (7x7
-#: outputs: r50_19 16.7 against 12.3, r50_21 19.9 against 14.4; bench/NOTES.md, section 10).
+#: outputs: r50_19 16.7 against 12.3, r50_21 19.9 against 14.4; lab/NOTES.md, section 10).
 #: At batch 1 (windows defer too) triton-conv's small-grid tiles (tuning.SMALL_GRID_TILE) measured
 #: as fast or faster on 1x1 layers (fp16, GPU time: r50_11 4.9 us against 7.7, r50_15 6.1 against
 #: 7.7, r50_21 8.0 against 9.8, r50_09 and r50_19 within 2 %, r50_17 8.0 against 7.8; section 13).

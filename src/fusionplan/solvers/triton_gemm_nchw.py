@@ -21,7 +21,7 @@ an even number of rows and its row pairs are whole 16-byte units (56x56 and 28x2
 come through tensor boxes of the row pairs ([N, OH, C, 2 x IW]: an even input row's columns, then
 the odd row's), pass through registers to the product, and the even columns are kept before it
 (half the products); tiles of 256 output channels from K=512, since each channel tile reads its
-input rows whole from L2 (H100: r50_08 51.5 -> 38.0 us, r50_14 45.9 -> 31.6, bench/NOTES.md
+input rows whole from L2 (H100: r50_08 51.5 -> 38.0 us, r50_14 45.9 -> 31.6, lab/NOTES.md
 section 24). Elsewhere (14x14 input: 28-byte row pairs) the rows come by pointer, vectors as wide
 as their alignment allows, the product runs over the odd columns too and their rows are dropped
 after the reduction; it defers to the gather kernels there (the odd columns double the reads from
@@ -199,9 +199,9 @@ def nchw_gemm_why_not(spec: PlanSpec) -> str | None:
 #: Planes smaller than this many pixels (7x7: runs of 49 pixels, 2-byte aligned, loaded and stored
 #: element by element) defer, as do products of at most this many output channels (tiles of 64
 #: channels): triton-conv was as fast or faster there (H100, fp16 CBNA, batch 32, CUDA-graph replay
-#: in one process, bench/results/2026-11-21-h100-nchw-3/rule: r50_19 43.5 us against 25.3, r50_21
+#: in one process, lab/results/2026-11-21-h100-nchw-3/rule: r50_19 43.5 us against 25.3, r50_21
 #: 41.2 / 38.0, r50_01 18.5 / 15.9, r50_04 32.1 / 32.2). Narrow products read through tensor boxes
-#: (tile_reads) measured faster (bench/results/2026-11-22-h100-nchw-tiles-18: r50_01 13.4 us
+#: (tile_reads) measured faster (lab/results/2026-11-22-h100-nchw-tiles-18: r50_01 13.4 us
 #: against 16.0, r50_04 27.3 / 32.4) and stay.
 _SMALL_PLANE = 64
 _NARROW_OUTPUT = 64
@@ -215,7 +215,7 @@ STRIDED_MIN_ROW = 56
 
 def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     """Why triton-conv keeps the plan although this solver could run it, or None. Measured on the
-    H100 at batch 32 (bench/NOTES.md section 18): faster than triton-conv's NCHW path on the 16-bit
+    H100 at batch 32 (lab/NOTES.md section 18): faster than triton-conv's NCHW path on the 16-bit
     1x1 layers of 14x14 planes or more and over 64 output channels (r50_15 26.1 -> 15.5 us, r50_11
     34.9 -> 25.4, r50_05 50.5 -> 40.9); 2-4x slower in TF32 (wgmma reads 32-bit operands only
     along the reduction, and this input tile runs along the pixels); not measured on small grids
@@ -223,7 +223,7 @@ def nchw_gemm_defer_why(spec: PlanSpec) -> str | None:
     if spec.dtype.torch_dtype.itemsize != 2:
         return "32-bit data: wgmma reads 32-bit operands only along the reduction, the planes run along the pixels"
     if row_slots(spec) and spec.input_desc.dims[3] < STRIDED_MIN_ROW and not tile_reads(spec):
-        # H100, fp16 CBNA, batch 32 (bench/results/2026-11-21-h100-nchw-strided-4/after): r50_08 51.4
+        # H100, fp16 CBNA, batch 32 (lab/results/2026-11-21-h100-nchw-strided-4/after): r50_08 51.4
         # us against 54.0, r50_14 66.5 / 45.4, r50_20 78.2 / 56.2. The product's rows hold the odd
         # columns too, so every channel tile reads twice the input from L2 (r50_14: about 180 MB)
         return (
@@ -280,7 +280,7 @@ def tile_rows(spec: PlanSpec) -> int:
 def nchw_config(spec: PlanSpec, interpret: bool) -> tuning.ConvConfig:
     """The heuristic's tile; a strided plan's holds at least one input row of columns, and takes
     two warpgroups from 128 x 128 (one spills dropping the odd columns' rows: sm_90, r50_20, 168
-    bytes of stack; 74.2 us against 77.6 on the H100, bench/results/2026-11-21-h100-nchw-strided-4)."""
+    bytes of stack; 74.2 us against 77.6 on the H100, lab/results/2026-11-21-h100-nchw-strided-4)."""
     (n, c, _, _), k = spec.input_desc.dims, spec.output_desc.dims[1]
     cfg = tuning.nchw_gemm_heuristic(tile_rows(spec), n, k, c, spec.dtype.torch_dtype, interpret)
     slots = row_slots(spec)

@@ -5,7 +5,7 @@ stretches of input rows.
 
 With few channels, the implicit GEMM's reduction index (r, s, c) gathers its input tile element
 by element, with an address and four bounds checks per element: that arithmetic, not memory or
-tensor cores, bounds triton-conv on the stem (bench/NOTES.md, sections 5 and 11). Here the
+tensor cores, bounds triton-conv on the stem (lab/NOTES.md, sections 5 and 11). Here the
 output row is cut into *runs* of PX neighbouring pixels. What a run meets through filter row r
 is ONE contiguous stretch of an input row: (PX - 1) * stride + (S - 1) * dilation + 1 pixels, of
 all C channels in channels-last input, of one channel in a channel plane. The kernel loads that

@@ -8,7 +8,7 @@ stride 1, the input pixels that filter tap (r, s) meets for that window are agai
 a TILE_H x TILE_W window of the input, shifted by (r * dil_h - pad_h, s * dil_w - pad_w): one box
 [TILE_N, TILE_H, TILE_W, BLOCK_K] of the NHWC input, which TMA loads whole, zero-filling what falls in
 the padding. That replaces the per-element address and mask arithmetic of triton-conv's gather,
-which bounds it on the H100 (bench/NOTES.md, section 5). With stride s, the input is read through
+which bounds it on the H100 (lab/NOTES.md, section 5). With stride s, the input is read through
 s x s views, each holding the pixels of one row and column class mod s (a base offset and the
 strides times s): in such a view the taps of that class meet windows again. Where the image's
 sides are multiples of the stride (and C of the step's channels), all classes are one 5-D view,
@@ -73,7 +73,7 @@ def window_kernel(
 ):
     # w_desc: the packed weights, [K, R*S*C]; x_desc (ONE_VIEW): the input as one view of every
     # stride class. Host descriptors (kernel parameters): built here, in global memory behind a
-    # proxy fence, they cost about 2 us per launch (bench/NOTES.md, section 15).
+    # proxy fence, they cost about 2 us per launch (lab/NOTES.md, section 15).
     pid = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)  # which part of a split reduction
@@ -88,7 +88,7 @@ def window_kernel(
     # The product runs transposed, [channels, pixels] = weights @ input^T: the input box is then
     # the B operand, which wgmma reads from shared memory as TMA left it. As the A operand, its
     # reshape from the box's 4-D shape made Triton stage it through registers, and wgmma with
-    # a register operand ran serialized (bench/NOTES.md, section 10).
+    # a register operand ran serialized (lab/NOTES.md, section 10).
     acc = tl.zeros((BLOCK_N, TILE_N * TILE_H * TILE_W), dtype=tl.float32)
     num_cb = tl.cdiv(C, BLOCK_K)
     if ONE_VIEW:
@@ -164,7 +164,7 @@ def offsets_32_bit_why_not(spec: PlanSpec) -> str | None:
 
 
 def window_defer_why(spec: PlanSpec) -> str | None:
-    """Where triton-conv measured faster than triton-window on the H100 (bench/NOTES.md, sections 8,
+    """Where triton-conv measured faster than triton-window on the H100 (lab/NOTES.md, sections 8,
     10, 12, 15)."""
     if spec.dtype == DataType.FLOAT:
         if one_view_why_not(spec, window_config(spec, interpreter_active()).block_k):

@@ -105,7 +105,7 @@ def window_host_descriptors(
 ):  # fmt: skip
     """Host descriptors of the input's one view (a stand-in over the weights, unused, where the
     kernel builds a view per stride class) and of the packed weights. Built in the kernel (in
-    global memory, behind a proxy fence) they cost about 2 us per launch (bench/NOTES.md, 15)."""
+    global memory, behind a proxy fence) they cost about 2 us per launch (lab/NOTES.md, 15)."""
     view, strides, box = one_view_geometry(kernel, cfg, window)
     if one_view:
         x_desc = host_descriptor(x, view, strides, box)
@@ -225,7 +225,7 @@ def strided_taps_defer_why(spec: PlanSpec) -> str | None:
 
 def strided_1x1_defer_why(spec: PlanSpec) -> str | None:
     """Strided 1x1 filters of 16-bit data with many output pixels: triton-conv's 3-stage tiles
-    measured faster than triton-window (H100) and as fast as gluon-window (H200, bench/NOTES.md,
+    measured faster than triton-window (H100) and as fast as gluon-window (H200, lab/NOTES.md,
     section 15)."""
     _, conv, _ = split_at_conv(spec.ops)
     assert conv is not None

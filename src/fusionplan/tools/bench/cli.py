@@ -1,7 +1,7 @@
 """fusionplan-bench: fusionplan against cuDNN, PyTorch eager and torch.compile, on any shapes.
 
     fusionplan-bench                                   # 23 ResNet-50 layers, batch 32, fp16 NHWC, CBNA and CBA
-    fusionplan-bench --precisions fp16,fp32 --layouts NHWC,NCHW --modes CBNA,CBA,NA --out bench/results/run
+    fusionplan-bench --precisions fp16,fp32 --layouts NHWC,NCHW --modes CBNA,CBA,NA --out lab/results/run
     fusionplan-bench --shapes my_shapes.csv --batch 1,32 --graph
     fusionplan-bench --device cpu --layers r50_01,r50_10   # CPU: cpu solver vs reference vs eager
     fusionplan-bench --layers r50_07 --graph --tuning TMA_STORE_MIN_PIXELS=64,128   # an A/B column

@@ -1,6 +1,6 @@
 """Other processes on the GPU: a context manager that keeps ``n`` processes running matrix
 products for its duration, so that the GPU switches between their contexts and this one's
-(time slicing) while a kernel runs. What bench/time_slice_repro.py and the GPU tests use to check
+(time slicing) while a kernel runs. What lab/time_slice_repro.py and the GPU tests use to check
 that a kernel's output does not depend on being interrupted."""
 
 from __future__ import annotations

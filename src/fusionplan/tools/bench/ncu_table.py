@@ -1,8 +1,8 @@
-"""A markdown table of Nsight Compute counters, one row a kernel, named by bench/ncu_layer.py's cases.
+"""A markdown table of Nsight Compute counters, one row a kernel, named by lab/ncu_layer.py's cases.
 
     ncu --clock-control none --profile-from-start off --csv --page raw --print-units base \\
         --metrics "$(python -m fusionplan.tools.bench.ncu_table --metrics)" \\
-        python bench/ncu_layer.py --layer r50_21,r50_14 --layout NHWC,NCHW --no-cudnn > ncu.csv
+        python lab/ncu_layer.py --layer r50_21,r50_14 --layout NHWC,NCHW --no-cudnn > ncu.csv
     python -m fusionplan.tools.bench.ncu_table ncu.csv > ncu.md
 
 ncu writes its CSV rows and ncu_layer.py its cases' labels (one a profiled case, in order) to the
@@ -32,7 +32,7 @@ METRICS = (
 )
 
 
-#: A case's label as bench/ncu_layer.py prints it: ``r50_21 NCHW: gluon-nchw, config ...``.
+#: A case's label as lab/ncu_layer.py prints it: ``r50_21 NCHW: gluon-nchw, config ...``.
 LABEL = re.compile(r"^\S+ (NHWC|NCHW): ")
 
 

@@ -2,7 +2,7 @@
 
     fusionplan-bench --suite training                                    # ResNet-50's 53 BN layers, batch 32
     fusionplan-bench --suite training --models resnet50,mobilenet_v2,densenet121 --batch 32,256 \\
-        --precisions fp16,bf16 --layouts NHWC,NCHW --out bench/results/training
+        --precisions fp16,bf16 --layouts NHWC,NCHW --out lab/results/training
 
 Per batch-norm layer (each distinct shape of a model once, weighted by how often the model has it):
 - forward: the plan [BatchNormForward (running statistics), ActivationForward], against

@@ -1,6 +1,6 @@
 """GPU: the fused conv kernel's tuning candidates against cuDNN, per layer (GPU time only).
 
-    python bench/conv_variants.py [--layers r50_02,r50_10] [--batch 32] [--dtype fp16] [--layout NHWC]
+    python lab/conv_variants.py [--layers r50_02,r50_10] [--batch 32] [--dtype fp16] [--layout NHWC]
         [--solver triton-window] [--candidates 1] [--normal 1]
 
 For each layer: cuDNN's convolution alone, cuDNN's fused conv+bias+ReLU, PyTorch eager

@@ -1,7 +1,7 @@
 """The SASS instructions at the offsets that a compute-sanitizer report names ("at KERNEL+0xOFFSET
 in FILE:LINE"), read from the compiled kernels in Triton's cache.
 
-    python bench/probes/sass_at.py REPORT TRITON_CACHE_DIR
+    python lab/probes/sass_at.py REPORT TRITON_CACHE_DIR
 
 A generated source file compiles to several cubins (one per specialization). The cubin a report
 means is taken to be the one whose instructions at all the named offsets access shared memory;

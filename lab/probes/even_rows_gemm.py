@@ -3,12 +3,12 @@ input rows whole, the product over every column and the odd columns dropped in t
 against cuDNN and fusionplan's own kernels for the layer (CUDA only; `--sass` compiles for sm_90
 without a GPU).
 
-    python bench/probes/even_rows_gemm.py --layers r50_08,r50_14 [--row-boxes] [--pixels 256 --stages 4]
-    python bench/probes/even_rows_gemm.py --sass
-    python bench/probes/even_rows_gemm.py --check-layouts   # the box is the operand (Triton's linear layouts)
+    python lab/probes/even_rows_gemm.py --layers r50_08,r50_14 [--row-boxes] [--pixels 256 --stages 4]
+    python lab/probes/even_rows_gemm.py --sass
+    python lab/probes/even_rows_gemm.py --check-layouts   # the box is the operand (Triton's linear layouts)
 
 No tensor box takes every other column, and splitting boxes of row pairs in shared memory measured
-1.4-1.8x slower than triton-gemm-nchw (bench/NOTES.md section 39). Here nothing is split: the
+1.4-1.8x slower than triton-gemm-nchw (lab/NOTES.md section 39). Here nothing is split: the
 input seen as [OH, N * C, W] with strides [2W, H * W, 1] (the even rows only; the row pairs' stride
 2W * 2 bytes must be a multiple of 16: r50_08's 224, r50_14's 112, not r50_20's 56) is read in
 boxes [R rows, 64 channels, WB columns], WB the row's width rounded up to a power of two (TMA

@@ -1,11 +1,11 @@
 """Probe: where gluon-plane-chunks' time goes, by taking parts of its gathering side away (CUDA only).
 
-    python bench/probes/chunks_stubs.py --layers r50_19           # times each variant (wrong results but the full one)
-    python bench/probes/chunks_stubs.py --depths 256,512,1024,2048  # r50_19 with C of each: a step's cost and the rest
+    python lab/probes/chunks_stubs.py --layers r50_19           # times each variant (wrong results but the full one)
+    python lab/probes/chunks_stubs.py --depths 256,512,1024,2048  # r50_19 with C of each: a step's cost and the rest
 
 Variants of the generated kernel, each timed as tile_sweep times a configuration (CUDA-graph
 replays, input sets rotated out of L2; ``--warm``: one set warm in L2, as the stubs recorded in
-bench/NOTES.md section 51 ran):
+lab/NOTES.md section 51 ran):
   full:      the kernel as built;
   no-gather: each step's loaded elements stored as the operand unchanged (a reshape), the gather's
              pass through shared memory left out;

@@ -1,7 +1,7 @@
 // Which shared-memory hand-overs compute-sanitizer's racecheck takes as ordered. Each kernel hands
 // 64 words from warps 0-1 to warps 2-3 (a, b: warps 0 and 1 to each other) in a way the PTX
 // memory model orders; a hazard racecheck reports on one of them is the tool's, not the code's.
-//   nvcc -arch=sm_90 -o /tmp/rb bench/probes/racecheck_barriers.cu
+//   nvcc -arch=sm_90 -o /tmp/rb lab/probes/racecheck_barriers.cu
 //   for k in 0 1 2 3 4; do compute-sanitizer --tool racecheck /tmp/rb $k; done
 #include <cstdio>
 #include <cstdlib>

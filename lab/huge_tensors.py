@@ -1,7 +1,7 @@
 """Convolution chains on tensors past 2^31 elements: each solver that takes the plan, timed side by
 side with cuDNN's convolution (torch's, channels-last), on the GPU.
 
-    python bench/huge_tensors.py
+    python lab/huge_tensors.py
 
 CBNA-ReLU, 3x3, 128 -> 128 channels, fp16 channels-last, 4.4 GB input and output: many images
 (17 x 1024 x 1024) and one image (4096 x 4160). Times are CUDA-event medians of 10 runs after 2;

@@ -1,4 +1,4 @@
-"""Prototype for the NCHW 14x14 and 7x7 planes (bench/NOTES.md section 37, Next): a channel plane
+"""Prototype for the NCHW 14x14 and 7x7 planes (lab/NOTES.md section 37, Next): a channel plane
 whose start is not a 16-byte unit, read by TMA all the same and moved into place in registers.
 
 An image's planes of 14x14 fp16 pixels are 392 bytes, so planes 2i and 2i+1 together are 784: the
@@ -11,8 +11,8 @@ a half, then interleaved back: register moves, no shuffles; odd moves would add 
 stores them as wgmma's MN-major B operand and multiplies by a [64, BC] filter tile:
 y[k, p] = sum_c W[k, c] * plane(2c + 1)[p] for the 256 columns p (196 of them pixels).
 
-    python bench/probes/plane_groups.py            # on a Hopper GPU: run and compare with torch
-    python bench/probes/plane_groups.py --sass     # anywhere: compile for sm_90, print the SASS summary
+    python lab/probes/plane_groups.py            # on a Hopper GPU: run and compare with torch
+    python lab/probes/plane_groups.py --sass     # anywhere: compile for sm_90, print the SASS summary
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Compile times (cold, warm process, same process; FAST and NORMAL find) and execute host overhead.
 
-    python bench/compile_and_launch.py --out bench/results/compile-and-launch
+    python lab/compile_and_launch.py --out lab/results/compile-and-launch
 
 Each compile measurement runs in a fresh Python process with its own cache directory, so "cold"
 means nothing on disk (Triton's cache points inside ours), "warm" the same directory a second
@@ -197,7 +197,7 @@ def markdown(r: dict) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", choices=["FAST", "NORMAL"], help=argparse.SUPPRESS)
-    p.add_argument("--out", type=Path, default=Path("bench/results/compile-and-launch"))
+    p.add_argument("--out", type=Path, default=Path("lab/results/compile-and-launch"))
     p.add_argument("--calls", type=int, default=10_000)
     a = p.parse_args()
     if a.child:
@@ -223,7 +223,7 @@ def main() -> None:
         "triton": triton.__version__,
         "cudnn": torch.backends.cudnn.version(),
         "python": sys.version.split()[0],
-        "command": "python bench/compile_and_launch.py " + " ".join(sys.argv[1:]),
+        "command": "python lab/compile_and_launch.py " + " ".join(sys.argv[1:]),
     }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(results, indent=2))

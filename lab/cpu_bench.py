@@ -1,7 +1,7 @@
 """CPU benchmark: the cpu-folded solver against the reference solver and plain torch eager.
 
-    python bench/cpu_bench.py                      # 6 ResNet-50 layers, batch 1, CBNA-ReLU, fp32, NCHW and NHWC
-    python bench/cpu_bench.py --layers all --batch 4 --markdown bench/results/cpu.md
+    python lab/cpu_bench.py                      # 6 ResNet-50 layers, batch 1, CBNA-ReLU, fp32, NCHW and NHWC
+    python lab/cpu_bench.py --layers all --batch 4 --markdown lab/results/cpu.md
 
 Each case is verified against the float64 reference before it is timed (a wrong result is a
 failure, never a time). Times are medians of --iters runs after warm-up, wall clock.
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
             f"({torch.get_num_threads()} threads), torch {torch.__version__}, fusionplan {fp.__version__}, "
             f"batch {opts.batch}, CBNA-ReLU fp32 (spatial BN)"
         )
-        cmd = "python bench/cpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        cmd = "python lab/cpu_bench.py " + " ".join(argv if argv is not None else sys.argv[1:])
         with open(opts.markdown, "w") as f:
             f.write(f"# CPU solver benchmark\n\n{env}\n\nCommand: `{cmd}`\n\n{header}\n" + "|---" * 10 + "|\n")
             f.write("\n".join(rows) + f"\n\n{summary}\n")

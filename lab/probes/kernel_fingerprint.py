@@ -5,9 +5,9 @@ checked by fingerprinting before and after and comparing: each plan's verdicts (
 not, the reason) and, for every solver that takes it (or would, but for the GPU), a hash of the
 kernel's rendered source and of its configuration.
 
-    python bench/probes/kernel_fingerprint.py before.json          # at the old commit
-    python bench/probes/kernel_fingerprint.py after.json           # at the new one
-    python bench/probes/kernel_fingerprint.py --compare before.json after.json
+    python lab/probes/kernel_fingerprint.py before.json          # at the old commit
+    python lab/probes/kernel_fingerprint.py after.json           # at the new one
+    python lab/probes/kernel_fingerprint.py --compare before.json after.json
 
 The plans: every ResNet-50 and zoo layer in fp16 (CBNA, CA, CBA, NA, BA), bf16, fp32 and TF32,
 both layouts, and the sm90 fuzz mode's random draws (``--fuzz``). On a CPU, Gluon kernels build

@@ -1,4 +1,4 @@
-"""Probe for a lead on the NCHW 14x14 planes (bench/NOTES.md, Next): an accumulator part moved left
+"""Probe for a lead on the NCHW 14x14 planes (lab/NOTES.md, Next): an accumulator part moved left
 by 4 columns in registers, its last 4 columns taken from a narrow neighbour.
 
 Odd 14x14 planes start 8 bytes into a 16-byte unit, so their boxes start 4 pixels early; their
@@ -8,8 +8,8 @@ the tile": a view's offset must be a multiple of its size), so the move is ``gl.
 columns of wgmma's accumulator layout: the part's own columns shifted, and the 4 that lie past its
 end from an 8-column neighbour (a source narrower than the index along the gathered axis).
 
-    python bench/probes/shift_gather.py           # on a GPU: the moved parts against torch
-    python bench/probes/shift_gather.py --sass    # anywhere: compile for sm_90, the instruction counts
+    python lab/probes/shift_gather.py           # on a GPU: the moved parts against torch
+    python lab/probes/shift_gather.py --sass    # anywhere: compile for sm_90, the instruction counts
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Host (CPU) time per execute, broken down, for a convolution plan and a pointwise plan on the GPU.
 
-    python bench/host_overhead.py
+    python lab/host_overhead.py
 
 execute = fusionplan's checks + the kernel's run; run = argument cache + launch; launch = the
 kernel launch alone. Times are CPU microseconds per call (the GPU queue absorbs the kernels).
@@ -9,7 +9,7 @@ kernel launch alone. Times are CPU microseconds per call (the GPU queue absorbs 
 from __future__ import annotations
 
 import torch
-from compile_and_launch import per_call_us  # bench/ is the script's directory
+from compile_and_launch import per_call_us  # lab/ is the script's directory
 
 import fusionplan as fp
 from fusionplan.tools.verify import random_args

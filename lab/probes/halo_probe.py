@@ -13,8 +13,8 @@ descriptor then starts ``shift`` 128-byte rows in. The H100 applies the 128-byte
 address bits, so any row offset reads the rows as stored (checked by ``--shift-check``: 64- and
 32-byte swizzles do not work this way). The weights come by TMA through a ring.
 
-    python bench/probes/halo_probe.py --shift-check
-    python bench/probes/halo_probe.py --layers r50_22,r50_16 [--dtype fp16]
+    python lab/probes/halo_probe.py --shift-check
+    python lab/probes/halo_probe.py --layers r50_22,r50_16 [--dtype fp16]
 """
 
 from __future__ import annotations

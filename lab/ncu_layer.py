@@ -2,7 +2,7 @@
 
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \\
         --section LaunchStats --section WarpStateStats --section ComputeWorkloadAnalysis \\
-        python bench/ncu_layer.py --layer r50_02
+        python lab/ncu_layer.py --layer r50_02
 
 Every case is compiled and warmed up first; the profiler ranges then hold, case after case, exactly
 one fusionplan execute (CBNA-ReLU) and, unless ``--no-cudnn``, one cuDNN fused conv+bias+ReLU

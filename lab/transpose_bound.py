@@ -1,6 +1,6 @@
 """What an NCHW layer would cost as NHWC work plus transposes, beside the NCHW kernel itself.
 
-    python bench/transpose_bound.py --layers r50_10,r50_22 [--precision fp16]
+    python lab/transpose_bound.py --layers r50_10,r50_22 [--precision fp16]
 
 For each ResNet-50 layer (CBNA-ReLU, batch 32, CUDA-graph replay, input and output sets rotated past
 the L2 cache as fusionplan-bench does) it times, in one process:

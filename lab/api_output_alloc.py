@@ -1,7 +1,7 @@
 """Time of fusionplan.conv_bias_activation that allocates its channels-last output, by the two ways
 of making an empty channels-last tensor.
 
-    python bench/api_output_alloc.py [--layer r50_22] [--batch 1,32]
+    python lab/api_output_alloc.py [--layer r50_22] [--batch 1,32]
 
 ``memory_format``: ``torch.empty(..., memory_format=torch.channels_last)`` (the API's way);
 ``.to(memory_format)``: ``torch.empty(...).to(memory_format=torch.channels_last)``, which copies the

@@ -3,9 +3,9 @@ code as it was (a dead branch removed changes the source, so kernel_fingerprint.
 
 Compiled on the CPU, without a GPU, for each layer with and without a prior output:
 
-    python bench/probes/sass_fingerprint.py before.json gluon-nchw r50_22:float16:NCHW r50_18:bfloat16:NCHW:8
-    python bench/probes/sass_fingerprint.py after.json gluon-nchw r50_22:float16:NCHW r50_18:bfloat16:NCHW:8
-    python bench/probes/sass_fingerprint.py --compare before.json after.json
+    python lab/probes/sass_fingerprint.py before.json gluon-nchw r50_22:float16:NCHW r50_18:bfloat16:NCHW:8
+    python lab/probes/sass_fingerprint.py after.json gluon-nchw r50_22:float16:NCHW r50_18:bfloat16:NCHW:8
+    python lab/probes/sass_fingerprint.py --compare before.json after.json
 
 A case is LAYER:DTYPE:LAYOUT[:BATCH] (ResNet-50's layer names, CBNA; batch 32 by default). The
 kernel's name and the file's header lines are left out of the hash.

@@ -1,7 +1,7 @@
 """Probe: stride-1 window convolutions (+ per-channel scale and shift, ReLU) with a loading warp
 and computing warpgroups (Gluon, Triton 3.6), against triton-window and cuDNN (CUDA only).
 
-    python bench/probes/probe.py --layers r50_22,r50_16,r50_19,r50_21,r50_15,r50_17,r50_10
+    python lab/probes/probe.py --layers r50_22,r50_16,r50_19,r50_21,r50_15,r50_17,r50_10
 
 For each layer and each configuration (warps of the computing partition, pipeline stages, window
 pixels) the kernel's output is checked against torch in fp32 (TF32 off), then timed as CUDA-graph

@@ -2,7 +2,7 @@
 store (the scan, then the copy or the direct outputs) and with a plain ``y.copy_`` in its place, next
 to cuDNN's own call; then a NaN input checked to come out NaN (CUDA only).
 
-python bench/probes/vendor_guard.py --layers zoo_001,zoo_010,zoo_024,zoo_036,zoo_106,zoo_200
+python lab/probes/vendor_guard.py --layers zoo_001,zoo_010,zoo_024,zoo_036,zoo_106,zoo_200
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Host time of one eager execute (no synchronization inside the loop), per solver (CUDA only).
 
-python bench/probes/host_time.py --layers r50_22,r50_16 --solvers gluon-window,triton-window
+python lab/probes/host_time.py --layers r50_22,r50_16 --solvers gluon-window,triton-window
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Prototype for measurement (bench/probes/probe.py): the window kernel (stride 1, NHWC, 16-bit, output
+"""Prototype for measurement (lab/probes/probe.py): the window kernel (stride 1, NHWC, 16-bit, output
 padded "same") with a loading warp and computing warpgroups, in Gluon (Triton 3.6's explicit dialect).
 
 The loading partition (one warp) runs ahead through a ring of NUM_STAGES input boxes and weight tiles,

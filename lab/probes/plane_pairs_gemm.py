@@ -1,10 +1,10 @@
 """Probe: a 1x1 convolution (+ bias, ReLU) on NCHW input of 14x14 planes through TMA boxes of plane
-pairs, the odd planes' products moved into place once a tile (bench/probes/shift_gather.py's move),
+pairs, the odd planes' products moved into place once a tile (lab/probes/shift_gather.py's move),
 against cuDNN and fusionplan's own kernels for the layer (CUDA only; `--sass` compiles for sm_90
 without a GPU).
 
-    python bench/probes/plane_pairs_gemm.py --layers r50_13,r50_15,r50_17
-    python bench/probes/plane_pairs_gemm.py --sass
+    python lab/probes/plane_pairs_gemm.py --layers r50_13,r50_15,r50_17
+    python lab/probes/plane_pairs_gemm.py --sass
 
 Two 14x14 fp16 planes are 784 bytes, whole 16-byte units, so the input seen as [N * C / 2, 392] is
 a valid tensor descriptor. An even plane starts its row (a box at column p holds its pixels p..);

@@ -1,7 +1,7 @@
 """Repeat one long fused launch and compare each output bit for bit with the first, alone and
 while other processes share the GPU (time-sliced contexts), on the GPU.
 
-    python bench/time_slice_repro.py [--iters 30] [--load 8] [--solver gluon-gemm]
+    python lab/time_slice_repro.py [--iters 30] [--load 8] [--solver gluon-gemm]
 
 CBNA-ReLU, 1x1, 64 -> 64 channels, fp16 NCHW, 33 x 1024 x 1024 (4.4 GB in and out, about 5 ms a
 launch). Each solver's kernel is deterministic: alone every repeat must equal the first. ``--load``
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from huge_tensors import cbna_plan  # bench/ is the script's directory
+from huge_tensors import cbna_plan  # lab/ is the script's directory
 
 import fusionplan as fp
 from fusionplan.tools.bench.contention import other_processes_on_the_gpu

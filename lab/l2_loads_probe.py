@@ -1,11 +1,11 @@
 """How many bytes a second global loads bring from L2 into the multiprocessors, by the width of
 each lane's load, the alignment of a warp's run and the loads in flight, on the GPU.
 
-    python bench/l2_loads_probe.py [--megabytes 16] [--repeats 20]
+    python lab/l2_loads_probe.py [--megabytes 16] [--repeats 20]
 
 The gather kernels (gluon-nchw, gluon-nchw-regs) read NCHW planes of 49 or 196 pixels with 2-byte
 loads, a warp's 32 lanes on neighbouring pixels of one channel: runs of 64 bytes that start 2
-bytes past a 32-byte sector as often as not. r50_21's profile (bench/NOTES.md section 48) moved
+bytes past a 32-byte sector as often as not. r50_21's profile (lab/NOTES.md section 48) moved
 about 15 bytes a cycle per multiprocessor from L2 that way, as much as section 47's 4-byte copies
 did. This probe asks whether that is a limit of such loads: every program reads lines no other program of its
 multiprocessor reads (each load misses L1) from a buffer small enough to stay in L2, with lanes of

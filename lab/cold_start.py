@@ -1,6 +1,6 @@
 """Cold start of fused models: fuse + prepare + first call, in fresh processes.
 
-    python bench/cold_start.py --out bench/results/cold-start [--models resnet50,mobilenet_v2] [--serial resnet50]
+    python lab/cold_start.py --out lab/results/cold-start [--models resnet50,mobilenet_v2] [--serial resnet50]
         [--threads resnet50]
 
 For each model of the zoo suite (fp16, channels-last, batch 32 by default), each measurement is a

@@ -1,10 +1,10 @@
 """Probe: a 1x1 convolution (+ bias, ReLU) on NCHW input of 14x14 or 7x7 planes through TMA boxes
-of plane groups (bench/probes/plane_groups.py's move, in a pipelined warp-specialized kernel),
+of plane groups (lab/probes/plane_groups.py's move, in a pipelined warp-specialized kernel),
 against cuDNN and fusionplan's own NCHW kernel for the layer (CUDA only; `--sass` compiles for
 sm_90 without a GPU).
 
-    python bench/probes/plane_groups_gemm.py --layers r50_13,r50_15,r50_17,r50_19,r50_21
-    python bench/probes/plane_groups_gemm.py --sass
+    python lab/probes/plane_groups_gemm.py --layers r50_13,r50_15,r50_17,r50_19,r50_21
+    python lab/probes/plane_groups_gemm.py --sass
 
 G planes of an image together are whole 16-byte units (G = 2 for 14x14, 8 for 7x7 in fp16), so
 the input seen as [N * C / G, G * H * W] is a valid tensor descriptor. Plane j of a group (its

@@ -1,13 +1,13 @@
 """Probe: which synchronization after a stage's shared-memory stores drains the loads a gathering
 thread has in flight for later stages (Gluon, Triton 3.6; CUDA only).
 
-    python bench/probes/drain_probe.py [--programs-per-sm 1,2] [--rows 256,512]
+    python lab/probes/drain_probe.py [--programs-per-sm 1,2] [--rows 256,512]
 
 gluon-nchw's gathering warps load a step's input two or three steps ahead, store the step they
 hold to shared memory, then fence (fence_async_shared: wgmma reads the stage through the async
 proxy), join their partition's barrier and arrive on the stage's mbarrier. Section 21 of
-bench/NOTES.md took the fence's MEMBAR.ALL.CTA to wait for every load the thread has in flight
-(deeper prefetching measured no faster), and `bench/l2_loads_probe.py` shows that bytes in
+lab/NOTES.md took the fence's MEMBAR.ALL.CTA to wait for every load the thread has in flight
+(deeper prefetching measured no faster), and `lab/l2_loads_probe.py` shows that bytes in
 flight set the rate such loads reach. This probe measures whether the fence, or the other
 synchronizations a hand-over could use, drains the loads ahead (section 48: it does not).
 
