@@ -3,11 +3,14 @@ of Triton's cache that compiling it in this process makes (so the process finds 
 requests with an error instead of dying, and the pool is used only where it can serve."""
 
 import json
+import os
+import pathlib
 import textwrap
 
 import pytest
 
 from fusionplan.runtime import compile_pool
+from fusionplan.runtime.codegen import triton_cache_dir, use_triton_cache_inside_ours
 from fusionplan.runtime.compile_pool import Worker, worker_processes
 
 from .util import compiling_process
@@ -142,4 +145,38 @@ def test_the_pool_is_started_with_the_triton_cache_set(monkeypatch, tmp_path):
     with worker_processes(2, True):
         pool = compile_pool.active_pool()
         assert pool is not None and ("TRITON_CACHE_DIR", str(tmp_path / "triton")) in pool.environment
+    assert "TRITON_CACHE_DIR" not in os.environ  # the workers' environment has it, ours does not
     compile_pool.close_pool()
+
+
+@pytest.fixture
+def cache_knob():
+    """Triton's cache-manager knob as the environment gives it, before and after the test."""
+    from triton import knobs
+
+    del knobs.cache.manager_class
+    yield knobs.cache
+    del knobs.cache.manager_class
+
+
+def test_triton_compiles_into_our_cache_without_touching_the_environment(cache_knob, monkeypatch, tmp_path):
+    monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    before = dict(os.environ)
+    use_triton_cache_inside_ours()
+    assert dict(os.environ) == before
+    from triton.runtime.cache import get_cache_manager
+
+    stored = get_cache_manager("0123abcd" * 8).put(b"cubin", "kernel.cubin", binary=True)
+    assert pathlib.Path(stored).parent.parent == tmp_path / "triton" and pathlib.Path(stored).read_bytes() == b"cubin"
+    assert triton_cache_dir() == tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "elsewhere"))  # set later (torch.compile does)
+    assert triton_cache_dir() == tmp_path / "triton"  # where the kernels already are
+
+
+def test_a_triton_cache_the_user_chose_is_kept(cache_knob, monkeypatch, tmp_path):
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "theirs"))
+    use_triton_cache_inside_ours()
+    assert cache_knob.manager_class is None and os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "theirs")
+    assert triton_cache_dir() == tmp_path / "theirs"
+    assert ("TRITON_CACHE_DIR", str(tmp_path / "theirs")) in compile_pool._environment()

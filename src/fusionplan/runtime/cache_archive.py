@@ -26,7 +26,7 @@ import torch
 
 from fusionplan.core.errors import BadParmError
 from fusionplan.core.version import __version__, triton_version
-from fusionplan.runtime.codegen import cache_dir
+from fusionplan.runtime.codegen import cache_dir, triton_cache_dir
 from fusionplan.runtime.perfdb import default_db
 
 FORMAT = 1
@@ -51,9 +51,7 @@ def architecture() -> str:
 
 def _folder(name: str) -> Path:
     """Where the cache keeps a folder: Triton's cache where Triton has it (ours unless the user moved it)."""
-    if name == "triton" and os.environ.get("TRITON_CACHE_DIR"):
-        return Path(os.environ["TRITON_CACHE_DIR"])
-    return cache_dir() / name
+    return triton_cache_dir() if name == "triton" else cache_dir() / name
 
 
 def _in_progress(relative: Path) -> bool:

@@ -10,8 +10,10 @@ written atomically; the same text is never written twice.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -35,9 +37,47 @@ def cache_dir() -> Path:
 
 
 def use_triton_cache_inside_ours() -> None:
-    """Triton's compiled-kernel cache goes under ours (unless the user chose a place for it), so that
-    ``fusionplan-cache`` can show and clear everything a plan compiled."""
-    os.environ.setdefault("TRITON_CACHE_DIR", str(cache_dir() / "triton"))
+    """Triton's compiled-kernel cache goes under ours, so that ``fusionplan-cache`` can show and
+    clear everything a plan compiled; not where the user chose a place (TRITON_CACHE_DIR) or a
+    cache manager of their own. It goes through Triton's cache-manager knob: the user's environment
+    stays as it was (the compile workers get the variable in theirs)."""
+    try:
+        from triton import knobs
+        from triton.runtime.cache import FileCacheManager
+    except ImportError:  # no triton (a CPU install): nothing compiles
+        return
+    if os.environ.get("TRITON_CACHE_DIR") or knobs.cache.manager_class is not None:
+        return
+    knobs.cache.manager_class = _cache_manager_under_ours(FileCacheManager)
+
+
+def triton_cache_dir() -> Path:
+    """Where Triton keeps the kernels it compiles for fusionplan: under our cache once
+    ``use_triton_cache_inside_ours`` took it there, else the user's TRITON_CACHE_DIR, else ours."""
+    knobs = sys.modules.get("triton.knobs")
+    taken = knobs is not None and getattr(knobs.cache.manager_class, "under_fusionplan", False)
+    chosen = os.environ.get("TRITON_CACHE_DIR")
+    return Path(chosen) if chosen and not taken else cache_dir() / "triton"
+
+
+@functools.cache
+def _cache_manager_under_ours(file_cache: type) -> type:
+    class UnderFusionplanCache(file_cache):
+        """Triton's file cache, in the ``triton`` folder of fusionplan's cache directory (its dump
+        and override folders stay Triton's)."""
+
+        under_fusionplan = True
+
+        def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+            if override or dump:
+                super().__init__(key, override=override, dump=dump)
+                return
+            self.key = key
+            self.cache_dir = str(cache_dir() / "triton" / key)
+            self.lock_path = os.path.join(self.cache_dir, "lock")
+            os.makedirs(self.cache_dir, exist_ok=True)
+
+    return UnderFusionplanCache
 
 
 _modules: dict[str, ModuleType] = {}

@@ -28,7 +28,7 @@ import sys
 import threading
 from pathlib import Path
 
-from fusionplan.runtime.codegen import use_triton_cache_inside_ours
+from fusionplan.runtime.codegen import triton_cache_dir, use_triton_cache_inside_ours
 from fusionplan.runtime.compile_worker import read_frame, write_frame
 
 log = logging.getLogger("fusionplan")
@@ -36,10 +36,16 @@ log = logging.getLogger("fusionplan")
 WORKER_SCRIPT = Path(__file__).with_name("compile_worker.py")
 
 
+def _worker_environment() -> dict[str, str]:
+    """A worker's environment: ours, with Triton's cache where this process keeps it."""
+    return {**os.environ, "TRITON_CACHE_DIR": str(triton_cache_dir())}
+
+
 def _environment() -> tuple:
-    """What a worker inherits that selects what it compiles and where it puts it: a pool started
+    """What a worker is given that selects what it compiles and where it puts it: a pool started
     under other settings is not used."""
-    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(("TRITON_", "FUSIONPLAN_CACHE_DIR"))))
+    environment = _worker_environment().items()
+    return tuple(sorted((k, v) for k, v in environment if k.startswith(("TRITON_", "FUSIONPLAN_CACHE_DIR"))))
 
 
 class Worker:
@@ -48,6 +54,7 @@ class Worker:
     def __init__(self) -> None:
         self.process = subprocess.Popen(
             [sys.executable, str(WORKER_SCRIPT)],
+            env=_worker_environment(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
