@@ -77,12 +77,13 @@ def test_builder_errors_are_typed():
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_conv_bias_activation_one_call_and_cache(layout):
-    api._plan_cache.clear()
+    handle = fp.Handle("cpu")
+    plans = handle.cache("one-call plans", api.PLAN_CACHE_SIZE)
     x = torch.randn(2, 4, 9, 7)
     if layout == "NHWC":
         x = x.to(memory_format=torch.channels_last)
     w, b, z = torch.randn(6, 4, 3, 3), torch.randn(6), torch.randn(2, 6, 9, 7)
-    y = fp.conv_bias_activation(x, w, b, padding=1, activation="elu", alpha1=0.5, alpha2=2.0, z=z)
+    y = fp.conv_bias_activation(x, w, b, padding=1, activation="elu", alpha1=0.5, alpha2=2.0, z=z, handle=handle)
     pre = (
         0.5 * torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
         + 2.0 * z.double()
@@ -91,11 +92,22 @@ def test_conv_bias_activation_one_call_and_cache(layout):
     torch.testing.assert_close(y.double(), torch.where(pre > 0, pre, torch.expm1(pre)), rtol=1e-5, atol=1e-5)
     for _ in range(3):
         fp.conv_bias_activation(
-            torch.randn_like(x), torch.randn_like(w), torch.randn(6), padding=1, activation="elu", alpha2=1.0, z=z
+            torch.randn_like(x),
+            torch.randn_like(w),
+            torch.randn(6),
+            padding=1,
+            activation="elu",
+            alpha2=1.0,
+            z=z,
+            handle=handle,
         )
-    assert len(api._plan_cache) == 1  # same descriptors: one compiled plan
+    assert len(plans) == 1  # same descriptors: one compiled plan
+    fp.conv_bias_activation(x, w, None, padding=1, activation="relu", handle=handle)
+    assert len(plans) == 2
     fp.conv_bias_activation(x, w, None, padding=1, activation="relu")
-    assert len(api._plan_cache) == 2
+    assert len(plans) == 2  # the default handle's plans are its own
+    handle.clear_caches()
+    assert len(plans) == 0
     with pytest.raises(fp.BadParmError, match="z"):
         fp.conv_bias_activation(x, w, b, padding=1, alpha2=1.0)
 
@@ -109,14 +121,15 @@ def test_conv_bias_activation_reuses_its_records_and_sees_in_place_changes():
         return torch.relu(torch.nn.functional.conv2d(x.double(), w.double(), b.double(), padding=1))
 
     y0 = fp.conv_bias_activation(x, w, b, padding=1)
-    records = len(api._args_cache)
+    arguments = api.default_handle("cpu").cache("one-call arguments", api.ARGS_CACHE_SIZE)
+    records = len(arguments)
     y1 = fp.conv_bias_activation(x, w, b, padding=1)
-    assert len(api._args_cache) == records  # the same tensors: the same records
+    assert len(arguments) == records  # the same tensors: the same records
     torch.testing.assert_close(y1, y0)
     w.mul_(-1.0)
     torch.testing.assert_close(fp.conv_bias_activation(x, w, b, padding=1).double(), reference(), rtol=1e-5, atol=1e-5)
     fp.conv_bias_activation(x, w.clone(), b, padding=1)
-    assert len(api._args_cache) == records + 1  # another weight tensor: records of its own
+    assert len(arguments) == records + 1  # another weight tensor: records of its own
     # descriptors are reused by what makes them; an unhashable argument still works (made each time)
     torch.testing.assert_close(
         fp.conv_bias_activation(x, w, b, padding=[1, 1]), fp.conv_bias_activation(x, w, b, padding=1)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan.core.caches import LruCache
 from fusionplan.runtime import cache_archive, codegen
 from fusionplan.runtime.codegen import interpreter_active
 from fusionplan.runtime.perfdb import PerfDB
@@ -40,7 +41,7 @@ def filled(tmp_path, monkeypatch):
     Triton files, a launch record and perf database entries; returns its directory."""
     root = _use_cache(monkeypatch, tmp_path / "source")
     # modules another test loaded are not written again: this cache gets its own files
-    monkeypatch.setattr(codegen, "_modules", {})
+    monkeypatch.setattr(codegen, "_modules", LruCache("kernel modules", None, process=False))
     if interpreter_active():
         monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
         plan, _ = shape_plan("1x1", "CBA", torch.float32, "NHWC")

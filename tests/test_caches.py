@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan.core.caches import LruCache
 from fusionplan.runtime import tuning
 from fusionplan.runtime.codegen import interpreter_active
 from fusionplan.runtime.perfdb import PerfDB, signature_digest
@@ -167,7 +168,7 @@ def test_truncated_kernel_file_is_rewritten(cache, monkeypatch):
     (path,) = (cache / "kernels").glob("*.py")
     text = path.read_text()
     path.write_text(text[: len(text) // 2])  # a crash mid-write (by an older writer)
-    monkeypatch.setattr(codegen, "_modules", {})  # a new process
+    monkeypatch.setattr(codegen, "_modules", LruCache("kernel modules", None, process=False))  # a new process
     run()
     assert path.read_text() == text
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fusionplan as fp
+from fusionplan.core.caches import LruCache
 from fusionplan.runtime import codegen
 from fusionplan.runtime.codegen import GeneratedKernel, generated_kernel, kernel_signature
 from fusionplan.runtime.launch import Launcher, module_of, source_class
@@ -21,7 +22,7 @@ LAYERS = ("r50_00", "r50_01", "r50_02", "r50_18", "r50_22")
 def built_launchers(monkeypatch) -> list[Launcher]:
     """The launchers of every Triton and Gluon kernel that a CPU handle builds for a few ResNet-50
     layers in both layouts and two dtypes."""
-    monkeypatch.setattr(codegen, "_modules", {})
+    monkeypatch.setattr(codegen, "_modules", LruCache("kernel modules", None, process=False))
     found = []
     for name in LAYERS:
         for layout in ("NHWC", "NCHW"):
@@ -43,7 +44,7 @@ def test_generated_kernels_read_as_triton_does(monkeypatch):
     launchers = built_launchers(monkeypatch)
     generated = [launcher.fn for launcher in launchers if isinstance(launcher.fn, GeneratedKernel)]
     assert len(generated) >= 10 and any(fn.gluon for fn in generated) and not all(fn.gluon for fn in generated)
-    assert codegen._modules == {}  # building imported none of them
+    assert len(codegen._modules) == 0  # building imported none of them
     for fn in generated:
         jit = compiled_function(fn.jit)
         assert [(p.name, p.is_constexpr) for p in fn.params] == [(p.name, bool(p.is_constexpr)) for p in jit.params]
@@ -64,7 +65,7 @@ def compiled_function(jit):
 
 def test_a_launcher_imports_its_module_only_to_compile(monkeypatch):
     launcher = next(x for x in built_launchers(monkeypatch) if isinstance(x.fn, GeneratedKernel))
-    assert codegen._modules == {}
+    assert len(codegen._modules) == 0
     assert launcher.constexprs and launcher.names == launcher.fn.arg_names
     assert launcher.jit is launcher.jit and module_of(launcher.fn) in codegen._modules
 
@@ -99,7 +100,7 @@ def test_signature_from_the_def_line():
 
 def test_a_decorator_with_arguments_is_imported_not_read(monkeypatch, tmp_path):
     monkeypatch.setenv("FUSIONPLAN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(codegen, "_modules", {})
+    monkeypatch.setattr(codegen, "_modules", LruCache("kernel modules", None, process=False))
     with pytest.raises(ValueError, match="do_not_specialize"):
         GeneratedKernel(SOURCE, "probe", "special_kernel")
     fn = generated_kernel(SOURCE, "probe", "special_kernel")

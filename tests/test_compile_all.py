@@ -165,7 +165,7 @@ def counted_compiles(monkeypatch):
 
     monkeypatch.setattr(FusionPlan, "compile", alone)
     monkeypatch.setattr(fpt, "compile_all", together)
-    fpt._PLANS.clear()
+    fpt.PLANS.clear()
     return seen
 
 

@@ -193,7 +193,7 @@ def test_dlpack_input_to_a_fused_chain():
 @pytest.mark.skipif(not interpreter_active(), reason="needs Triton's interpreter")
 def test_fused_model_through_the_triton_kernels(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
-    fpt._PLANS.clear()
+    fpt.PLANS.clear()
     m = nn.Sequential(
         ConvBNAct(3, 8, stride=2), ConvBNAct(8, 8, groups=8), nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8), nn.ReLU()
     ).eval()
@@ -203,9 +203,9 @@ def test_fused_model_through_the_triton_kernels(monkeypatch):
     x = torch.randn(1, 3, 12, 10)
     fused = fpt.fuse(m)
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
-    solvers = {plan.compiled_solver(handle) for plan, _, handle, _ in fpt._PLANS.values()}
+    solvers = {plan.compiled_solver(handle) for plan, _, handle, _ in fpt.PLANS.values()}
     assert solvers == {"triton-stem", "triton-depthwise"}  # C=3 and C=8 read as row stretches; depthwise its own
-    fpt._PLANS.clear()
+    fpt.PLANS.clear()
 
 
 def test_inference_mode():
@@ -282,15 +282,15 @@ def test_residual_adds_join_the_chain(how):
 @pytest.mark.skipif(not interpreter_active(), reason="needs Triton's interpreter")
 def test_residual_chain_through_the_triton_kernels(monkeypatch):
     monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
-    fpt._PLANS.clear()
+    fpt.PLANS.clear()
     m = ResidualAdd("plus").eval()
     m.bn.running_var.uniform_(0.5, 2.0)
     fused = fpt.fuse(m)
     x = torch.randn(1, 8, 10, 6)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
-    assert {plan.compiled_solver(handle) for plan, _, handle, _ in fpt._PLANS.values()} == {"triton-stem"}  # C=8
-    fpt._PLANS.clear()
+    assert {plan.compiled_solver(handle) for plan, _, handle, _ in fpt.PLANS.values()} == {"triton-stem"}  # C=8
+    fpt.PLANS.clear()
 
 
 def test_fused_module_follows_replaced_and_changed_parameters():

@@ -4,6 +4,7 @@ import logging
 
 from fusionplan.api import Plan, conv_bias_activation, default_handle
 from fusionplan.compiling import compile_all
+from fusionplan.core.caches import cache_sizes, clear_caches
 from fusionplan.core.descriptors import ActivationDescriptor, ConvolutionDescriptor, TensorDescriptor
 from fusionplan.core.enums import (
     ActivationMode,
@@ -70,6 +71,8 @@ __all__ = [
     "Plan",
     "Settings",
     "Status",
+    "cache_sizes",
+    "clear_caches",
     "compile_all",
     "conv_bias_activation",
     "default_handle",

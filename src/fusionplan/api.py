@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
+from fusionplan.core.caches import LruCache
 from fusionplan.core.descriptors import (
     ActivationDescriptor,
     ConvolutionDescriptor,
@@ -239,27 +239,7 @@ class Plan:
 
 
 # ---- one call: y = act(alpha1 * conv(x) + alpha2 * z + bias) ---------------------------------------
-_plan_cache: OrderedDict[tuple, tuple[FusionPlan, tuple[FusionOp, ...]]] = OrderedDict()
-_caches_lock = threading.Lock()  # the one-call caches' (each least recently used first out)
 PLAN_CACHE_SIZE = 256
-
-
-def _recent(cache: OrderedDict, key: tuple) -> Any:
-    """``cache``'s entry under ``key``, now its most recent, or None."""
-    with _caches_lock:
-        hit = cache.get(key)
-        if hit is not None:
-            cache.move_to_end(key)
-        return hit
-
-
-def _remember(cache: OrderedDict, key: tuple, value: Any, size: int) -> Any:
-    """``value`` into ``cache`` under ``key``, the least recent entries past ``size`` dropped."""
-    with _caches_lock:
-        cache[key] = value
-        while len(cache) > size:
-            cache.popitem(last=False)
-    return value
 
 
 def _cached_cba_plan(
@@ -270,8 +250,9 @@ def _cached_cba_plan(
     bias_desc: TensorDescriptor | None,
     mode: ActivationMode,
 ) -> tuple[FusionPlan, tuple[FusionOp, ...]]:
-    key = (handle.uid, x_desc, w_desc, conv, bias_desc, mode)
-    hit = _recent(_plan_cache, key)
+    cache = handle.cache("one-call plans", PLAN_CACHE_SIZE)
+    key = (x_desc, w_desc, conv, bias_desc, mode)
+    hit = cache.get(key)
     if hit is not None:
         return hit
     plan = FusionPlan(x_desc)
@@ -280,22 +261,20 @@ def _cached_cba_plan(
         ops.append(plan.add_bias_forward(bias_desc))
     ops.append(plan.add_activation_forward(mode))
     plan.compile(handle)
-    return _remember(_plan_cache, key, (plan, tuple(ops)), PLAN_CACHE_SIZE)
+    return cache.put(key, (plan, tuple(ops)))
 
 
 #: Descriptors made by recent one-call convolutions, by what makes them (a tensor's dtype, shape and
 #: strides; a convolution's geometry; an activation's mode): descriptors are immutable, and making
 #: and checking them was about 40 % of a call's host time.
-_descriptors: OrderedDict[tuple, Any] = OrderedDict()
-DESCRIPTORS_SIZE = 512
+_descriptors: LruCache[tuple, Any] = LruCache("one-call descriptors", 512)
 
 
 def _cached_descriptor(key: tuple, make) -> Any:
     try:
-        hit = _recent(_descriptors, key)
+        return _descriptors.get_or_make(key, make)
     except TypeError:  # an unhashable argument (a list of pads, say): made each time
         return make()
-    return hit if hit is not None else _remember(_descriptors, key, make(), DESCRIPTORS_SIZE)
 
 
 def _descriptor_of(t: torch.Tensor) -> TensorDescriptor:
@@ -319,11 +298,11 @@ def _activation_descriptor(activation: ActivationMode | str) -> ActivationDescri
 #: the weight and bias of an earlier one reuses its records, so the kernel finds its derived data
 #: (repacked weights, folded parameters) and its bound launch again instead of rebuilding them (the
 #: records hold the tensors, whose version counters tell the kernel of in-place changes).
-_args_cache: OrderedDict[tuple, tuple[FusionPlan, OperatorArgs]] = OrderedDict()
 ARGS_CACHE_SIZE = 64
 
 
 def _cached_cba_args(
+    handle: Handle,
     plan: FusionPlan,
     ops: tuple[FusionOp, ...],
     weight: torch.Tensor,
@@ -333,7 +312,8 @@ def _cached_cba_args(
     act: ActivationDescriptor,
 ) -> OperatorArgs:
     key = (id(plan), id(weight), id(bias), alpha1, alpha2, act.alpha, act.beta, act.gamma)
-    hit = _recent(_args_cache, key)
+    cache = handle.cache("one-call arguments", ARGS_CACHE_SIZE)
+    hit = cache.get(key)
     if hit is not None and hit[0] is plan:  # the entry holds its plan and tensors: their ids name them
         return hit[1]
     args = OperatorArgs()
@@ -341,7 +321,7 @@ def _cached_cba_args(
     if bias is not None:
         args.set(ops[1], BiasArgs(bias=bias))
     args.set(ops[-1], ActivationArgs(activ_alpha=act.alpha, activ_beta=act.beta, activ_gamma=act.gamma))
-    return _remember(_args_cache, key, (plan, args), ARGS_CACHE_SIZE)[1]
+    return cache.put(key, (plan, args))[1]
 
 
 def conv_bias_activation(
@@ -388,7 +368,7 @@ def conv_bias_activation(
         why = z_desc.mismatch(prior, "z") if z_desc is not None else None
         if why:
             raise BadParmError(why)
-    args = _cached_cba_args(plan, ops, weight, bias, alpha1, alpha2, act)
+    args = _cached_cba_args(handle, plan, ops, weight, bias, alpha1, alpha2, act)
     if out is None:
         out = empty_like_layout(plan.output_desc, handle.device, x_desc.layout)
     plan.execute(handle, x, out, args, x_desc=x_desc, y_desc=y_desc, prior=prior)

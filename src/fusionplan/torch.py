@@ -33,8 +33,7 @@ from fusionplan.core.enums import ActivationMode
 from fusionplan.core.errors import BadParmError
 from fusionplan.core.settings import Settings
 from fusionplan.torch_op import (
-    _PLANS,
-    _PLANS_LOCK,
+    PLANS,
     _conv_out_shape,
     _direct,
     _eager_call,
@@ -130,9 +129,7 @@ def _record_call(chain: FusedChain, x: torch.Tensor, residual: torch.Tensor | No
     recording = _RECORDING.get()
     plan_args = (x, *chain._params()[:3], *chain._hyperparameters()[1:6])
     key = _plan_key(*plan_args)
-    with _PLANS_LOCK:
-        cached = key in _PLANS
-    if not cached and key not in recording.plans:
+    if key not in PLANS and key not in recording.plans:
         recording.plans[key] = _new_plan(*plan_args)
     recording.calls.append((chain, _stand_in_layout(x), None if residual is None else _stand_in_layout(residual)))
 
@@ -159,10 +156,9 @@ def _compile_recorded(recording: _Recording, workers: int | None, progress: bool
         try:
             compile_all([entry[0] for _, entry in items], handle, workers=workers, progress=progress)
         finally:
-            with _PLANS_LOCK:
-                for key, entry in items:
-                    if entry[0].is_compiled(handle):
-                        _PLANS.setdefault(key, entry)
+            for key, entry in items:
+                if entry[0].is_compiled(handle):
+                    PLANS.setdefault(key, entry)
 
     def first_execute(index: int) -> None:
         chain, x_layout, residual_layout = recording.calls[index]

@@ -2,7 +2,7 @@
 
 One call runs a conv -> [batch-norm] -> [+ residual] -> [activation] chain (or a batch-norm chain
 without the convolution) as a fusion plan: a plan per input signature (shape, dtype, layout,
-device), compiled once and cached in ``_PLANS``; repeated calls with the same tensors take the
+device), compiled once and cached in ``PLANS``; repeated calls with the same tensors take the
 plan's direct launch. The fake (meta) implementation lets fused models trace under torch.compile
 and torch.export.
 """
@@ -10,22 +10,21 @@ and torch.export.
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections import OrderedDict
 
 import torch
 import torch.fx
 from torch import library as torch_library
 
 from fusionplan.api import default_handle
+from fusionplan.core.caches import LruCache
 from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.core.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.core.handle import Handle
 from fusionplan.core.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
 from fusionplan.plan import FusionPlan, OperatorArgs, Repeater
 
-_PLANS: dict[tuple, tuple[FusionPlan, tuple, Handle, torch.memory_format]] = {}
-_PLANS_LOCK = threading.Lock()
+#: A chain's (plan, operators, handle, output memory format), by what selects it (_plan_key).
+PLANS: LruCache[tuple, tuple[FusionPlan, tuple, Handle, torch.memory_format]] = LruCache("fused-chain plans", 1024)
 
 
 def _conv_out_shape(x: torch.Tensor, w: torch.Tensor, stride, padding, dilation) -> list[int]:
@@ -87,9 +86,7 @@ def _fused_chain_impl(
         return out
     out, repeat, _ = _run_new(x, params, hyper, residual)
     if repeat is not None:
-        if len(_OP_CALLS) >= 256:
-            _OP_CALLS.clear()
-        _OP_CALLS[key] = repeat
+        _OP_CALLS.put(key, repeat)
     return out
 
 
@@ -100,7 +97,7 @@ fused_chain = torch.ops.fusionplan.fused_chain.default
 #: The custom op's calls that can be repeated: (input and residual layout, parameter identities
 #: and versions, scalar arguments) -> (output shape, strides, the plan's repeater). The
 #: repeater holds the parameters through its arguments, so their addresses are not reused meanwhile.
-_OP_CALLS: dict[tuple, tuple] = {}
+_OP_CALLS: LruCache[tuple, tuple] = LruCache("fused-chain calls", 256)
 
 
 def _op_call_key(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
@@ -180,7 +177,8 @@ def _eager_call(x: torch.Tensor) -> bool:
     return stack_depth is not None and stack_depth() == 0
 
 
-_ARGS: OrderedDict[tuple, OperatorArgs] = OrderedDict()
+#: A chain's arguments, by plan, parameter identities and scalars (_args_for).
+_ARGS: LruCache[tuple, OperatorArgs] = LruCache("fused-chain arguments", 1024)
 
 
 def _tensor_identity(t: torch.Tensor | None) -> tuple | None:
@@ -219,11 +217,9 @@ def _args_for(
         act_gamma,
         residual,
     )
-    with _PLANS_LOCK:
-        args = _ARGS.get(key)
-        if args is not None:
-            _ARGS.move_to_end(key)
-            return args
+    args = _ARGS.get(key)
+    if args is not None:
+        return args
     records = []
     if weight is not None:
         records.append(ConvArgs(weight=weight))
@@ -240,11 +236,7 @@ def _args_for(
     args = OperatorArgs()
     for op, record in zip(ops, records):
         args.set(op, record)
-    with _PLANS_LOCK:
-        _ARGS[key] = args
-        while len(_ARGS) > 1024:
-            _ARGS.popitem(last=False)
-    return args
+    return _ARGS.put(key, args)
 
 
 @torch_library.register_fake("fusionplan::fused_chain")
@@ -293,15 +285,12 @@ def _plan_key(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups
 def _plan_for(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode):
     """(plan, operators, handle, output memory format) of a chain, compiled on first use."""
     key = _plan_key(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
-    with _PLANS_LOCK:
-        hit = _PLANS.get(key)
+    hit = PLANS.get(key)
     if hit is not None:
         return hit
     entry = _new_plan(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode)
     entry[0].compile(entry[2])
-    with _PLANS_LOCK:
-        _PLANS[key] = entry
-    return entry
+    return PLANS.put(key, entry)
 
 
 def _new_plan(x, weight, conv_bias, bn_weight, stride, padding, dilation, groups, act_mode) -> tuple:

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from fusionplan.core.caches import LruCache
 from fusionplan.core.errors import BadParmError
 from fusionplan.core.settings import Settings
 
@@ -73,6 +74,22 @@ class Handle:
         self.set_stream(stream)
         self.kernels: dict[tuple, Any] = {}  # plan signature -> compiled kernel
         self.lock = threading.Lock()
+        self._caches: dict[str, LruCache] = {}
+        self._caches_lock = threading.Lock()
+
+    def cache(self, name: str, size: int) -> LruCache:
+        """The handle's cache called ``name`` (made on first use, with at most ``size`` entries):
+        what a frontend keeps of this handle's work, gone with the handle."""
+        found = self._caches.get(name)
+        if found is None:
+            with self._caches_lock:
+                found = self._caches.setdefault(name, LruCache(name, size, process=False))
+        return found
+
+    def clear_caches(self) -> None:
+        """Empty the handle's caches (its compiled kernels stay)."""
+        for cache in list(self._caches.values()):
+            cache.clear()
 
     @property
     def find_mode(self) -> str:

@@ -4,8 +4,10 @@ A ``Handle`` made without ``settings`` reads them from the environment when it i
 default handle of a device is made again when they change); one made with ``settings`` keeps
 those. ``Settings.from_environment()`` names the variable behind a bad value.
 
-The location of the on-disk cache (``FUSIONPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fusionplan``)
-belongs to the process, not to a handle: ``codegen.cache_dir``.
+The location of the on-disk cache (``FUSIONPLAN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fusionplan``,
+else ``~/.cache/fusionplan``) belongs to the process, not to a handle (a kernel compiled for one
+handle serves every handle): ``cache_directory``, read at each use, so that a process (a test
+session, say) may move it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 from fusionplan.core.errors import BadParmError
 
@@ -28,6 +31,8 @@ VARIABLES = {
     "compile_workers": "FUSIONPLAN_COMPILE_WORKERS",
     "compile_processes": "FUSIONPLAN_COMPILE_PROCESSES",
 }
+#: The on-disk cache's variable (the process's: ``cache_directory``).
+CACHE_VARIABLE = "FUSIONPLAN_CACHE_DIR"
 _FALSE = ("0", "false", "off", "no")
 _TRUE = ("1", "true", "on", "yes")
 
@@ -99,3 +104,14 @@ def _parsed(name: str, variable: str, text: str):
         except ValueError:
             raise BadParmError(f"{variable} must be a whole number, got {text!r}") from None
     return text
+
+
+def cache_directory(environ: Mapping[str, str] | None = None) -> Path:
+    """The on-disk cache's folder: ``FUSIONPLAN_CACHE_DIR``, else ``fusionplan`` under
+    ``XDG_CACHE_HOME``, else under ``~/.cache``."""
+    environ = os.environ if environ is None else environ
+    chosen = environ.get(CACHE_VARIABLE, "").strip()
+    if chosen:
+        return Path(chosen).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fusionplan"

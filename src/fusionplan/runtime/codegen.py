@@ -19,6 +19,8 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
+from fusionplan.core.caches import LruCache
+from fusionplan.core.settings import cache_directory
 from fusionplan.runtime.compile_worker import import_file
 
 
@@ -29,11 +31,8 @@ def indent(lines: list[str], spaces: int) -> str:
 
 # ---- the module cache -----------------------------------------------------------------------------
 def cache_dir() -> Path:
-    base = os.environ.get("FUSIONPLAN_CACHE_DIR")
-    if base:
-        return Path(base)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "fusionplan"
+    """The on-disk cache's folder (the settings' ``cache_directory``)."""
+    return cache_directory()
 
 
 def use_triton_cache_inside_ours() -> None:
@@ -80,7 +79,9 @@ def _cache_manager_under_ours(file_cache: type) -> type:
     return UnderFusionplanCache
 
 
-_modules: dict[str, ModuleType] = {}
+#: The generated modules imported so far, by name (one import per name: a second would make new
+#: kernel objects, compiled again).
+_modules: LruCache[str, ModuleType] = LruCache("kernel modules", None)
 _modules_lock = threading.Lock()
 
 
@@ -124,7 +125,7 @@ def import_source(path: Path, name: str) -> ModuleType:
     with _modules_lock:
         module = _modules.get(name)
         if module is None:
-            module = _modules[name] = import_file(path, name)
+            module = _modules.put(name, import_file(path, name))
         return module
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 
+from fusionplan.core.caches import LruCache
 from fusionplan.core.ops import OpArgs
 from fusionplan.core.settings import Settings
 from fusionplan.runtime.codegen import cache_dir, interpreter_active, write_atomic
@@ -62,24 +63,18 @@ def current_raw_stream(device: torch.device | None = None) -> int:
 _runtime_knobs = None
 
 
-_SCRATCH: dict[tuple, Tensor] = {}
-_SPLIT_WORKSPACES: dict[tuple, tuple[Tensor, Tensor]] = {}
-_PER_STREAM_ENTRIES = 64
+_SCRATCH: LruCache[tuple, Tensor] = LruCache("launch scratch", 64)
+_SPLIT_WORKSPACES: LruCache[tuple, tuple[Tensor, Tensor]] = LruCache("split-reduction workspaces", 64)
 
 
-def _per_stream(cache: dict, key: tuple, make):
+def _per_stream(cache: LruCache, key: tuple, make):
     """``make()``'s memory for launches on one stream, kept in ``cache`` under ``key`` (device,
     stream, sizes): launches on a stream run one after another, so one buffer serves them all,
     without an allocation per launch. A launch captured into a CUDA graph gets memory of its own,
     since the graph may be replayed on any stream."""
     if torch.cuda.is_current_stream_capturing():
         return make()
-    found = cache.get(key)
-    if found is None:
-        if len(cache) >= _PER_STREAM_ENTRIES:
-            cache.clear()  # freed stream-ordered: launches in flight keep their memory
-        found = cache[key] = make()
-    return found
+    return cache.get_or_make(key, make)  # one dropped is freed stream-ordered: launches in flight keep it
 
 
 def _torch_scratch(size: int, alignment: int, stream) -> Tensor:

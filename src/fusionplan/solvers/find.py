@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from fusionplan.core.caches import LruCache
 from fusionplan.solvers.base import Kernel, PlanSpec, Solver, Verdict
 
 if TYPE_CHECKING:
@@ -35,8 +35,7 @@ logger = logging.getLogger("fusionplan")
 FIND_ENTRY = "find"
 
 #: (database path and generation, key, device) -> times: one read per plan and process
-_memo: dict[tuple, dict[str, float]] = {}
-_memo_lock = threading.Lock()
+_memo: LruCache[tuple, dict[str, float]] = LruCache("stored find times", 4096)
 
 
 def device_name(device: torch.device) -> str:
@@ -66,17 +65,16 @@ def stored_times(spec: PlanSpec, handle: Handle, db: PerfDB | None = None) -> di
     """The solvers' measured times (ms) for this plan on the handle's device, where find ran."""
     db = _db(db)
     memo_key = _memo_key(db, spec, handle)
-    with _memo_lock:
-        if memo_key in _memo:
-            return dict(_memo[memo_key])
+    remembered = _memo.get(memo_key)
+    if remembered is not None:
+        return dict(remembered)
     times: dict[str, float] = {}
     if db.path.exists():  # FAST mode without a database creates none
         entry = db.get(FIND_ENTRY, memo_key[1], memo_key[2]) or {}
         raw = entry.get("times")
         if isinstance(raw, dict):
             times = {str(k): float(v) for k, v in raw.items() if isinstance(v, (int, float)) and math.isfinite(v)}
-    with _memo_lock:
-        _memo[memo_key] = times
+    _memo.put(memo_key, times)
     return dict(times)
 
 
@@ -85,8 +83,7 @@ def _store(spec: PlanSpec, handle: Handle, times: dict[str, float], db: PerfDB |
     memo_key = _memo_key(db, spec, handle)
     best = min(times, key=times.get)
     db.put(FIND_ENTRY, memo_key[1], memo_key[2], {"solver": best, "times": times}, times[best])
-    with _memo_lock:
-        _memo[memo_key] = dict(times)
+    _memo.put(memo_key, dict(times))
 
 
 def rank(
