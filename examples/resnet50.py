@@ -7,6 +7,8 @@ torchvision's ResNet-50 with random weights (nothing is downloaded); without tor
 same architecture defined below. Batch-norm statistics are randomized so that batch-norm is not
 the identity. Times are medians of CUDA-event timings (GPU) or wall clock (CPU), eager vs fused vs
 torch.compile (default mode; on the CPU only with --compile, it takes minutes there).
+``--latency`` adds, on a GPU, each call's wall time (host and GPU, the result ready) of eager,
+fused, fused with ``cuda_graph=True`` and torch.compile's mode="reduce-overhead" (its CUDA graphs).
 """
 
 from __future__ import annotations
@@ -103,6 +105,43 @@ def median_ms(module, x: torch.Tensor, iters: int) -> float:
     return statistics.median(samples)
 
 
+def wall_ms(module, x: torch.Tensor, iters: int) -> float:
+    """Median milliseconds from a call of ``module(x)`` to its result on the host's side of a
+    synchronize: what a caller serving one request at a time waits."""
+    for _ in range(3):
+        module(x)
+    torch.cuda.synchronize(x.device)
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        module(x)
+        torch.cuda.synchronize(x.device)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def latency_rows(model: nn.Module, fused: nn.Module, batches: list[int], dtype, device, iters: int) -> list[str]:
+    """Wall time per call: eager, fused, fused with CUDA graphs, torch.compile reduce-overhead."""
+    graphed = fpt.fuse(model, cuda_graph=True)
+    reduced = torch.compile(model, mode="reduce-overhead")
+    header = (
+        f"{'batch':>5} | {'eager ms':>9} | {'fused ms':>9} | {'fused+graph ms':>14} | {'reduce-overhead ms':>18} | "
+        "fused+graph/reduce-overhead"
+    )
+    rows = [header, "|".join("---" for _ in header.split("|"))]
+    for batch in batches:
+        x = torch.randn(batch, 3, 224, 224, device=device).to(dtype).to(memory_format=torch.channels_last)
+        with torch.inference_mode():
+            times = [wall_ms(m, x, iters) for m in (model, fused, graphed, reduced)]
+        rows.append(
+            f"{batch:>5} | {times[0]:>9.3f} | {times[1]:>9.3f} | {times[2]:>14.3f} | {times[3]:>18.3f} | "
+            f"{times[2] / times[3]:>27.2f}"
+        )
+        print("  wall time per call: " + rows[-1])
+    print(f"  graphs of the fused model: {graphed.graph_report()}")
+    return rows
+
+
 def graph_ms(module, x: torch.Tensor, iters: int) -> float:
     """Median milliseconds of one replay of ``module(x)`` captured in a CUDA graph: GPU time alone,
     no host overhead (NaN when the module cannot be captured)."""
@@ -148,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default=None, help="comma-separated (default 1,32,128 on a GPU, 1 on the CPU)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--compile", action="store_true", help="also time torch.compile on the CPU (slow to compile)")
+    p.add_argument("--latency", action="store_true", help="GPU: also the wall time per call with CUDA graphs")
     p.add_argument("--out", default=None, help="also write the table, with the environment, to this Markdown file")
     opts = p.parse_args(argv)
     device = torch.device(opts.device)
@@ -204,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     print("PASSED" if ok else "FAILED: outputs differ from eager")
     if graph_rows[2:]:
         rows += ["", "GPU time alone: one replay of a CUDA graph of the forward (ms)", "", *graph_rows]
+    if gpu and opts.latency:
+        latency = latency_rows(model, fused, batches, dtype, device, opts.iters)
+        rows += ["", "Wall time per call, the result ready (ms); ratios below 1 mean fused+graph is faster", ""]
+        rows += latency
     if opts.out:
         write_markdown(opts.out, rows, device, argv)
     return 0 if ok else 1

@@ -32,6 +32,7 @@ from fusionplan.core.activations import activation_forward
 from fusionplan.core.enums import ActivationMode
 from fusionplan.core.errors import BadParmError
 from fusionplan.core.settings import Settings
+from fusionplan.torch_graph import GraphedCalls, graphable, hold
 from fusionplan.torch_op import (
     PLANS,
     _conv_out_shape,
@@ -287,6 +288,7 @@ class FusedChain(nn.Module):
         if direct is not None:
             out = direct(x, residual)
             if out is not None:
+                hold(repeat)  # while a graph is captured: what its launch reads
                 return out
         return _repeat_new(repeat, x, residual)
 
@@ -492,11 +494,50 @@ class FusedModel(torch.fx.GraphModule):
         return self
 
     def __call__(self, *args, **kwargs):
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None and graphable(self, args, kwargs):
+            return graphs(self, args, kwargs)
+        return self.eager(*args, **kwargs)
+
+    def eager(self, *args, **kwargs):
+        """A call without the CUDA graphs of ``fuse(model, cuda_graph=True)``: each chain's kernel
+        and each unfused operation launched in turn."""
         if not self.training and not torch.compiler.is_compiling():
             layouts = _input_layouts(args, kwargs)
             if layouts is not None and layouts not in self._prepared():
                 self._prepare_first_call(args, kwargs, layouts)
         return super().__call__(*args, **kwargs)
+
+    def use_cuda_graphs(self, enabled: bool = True, size: int = 8) -> FusedModel:
+        """Replay calls on CUDA tensors, under ``torch.no_grad()`` or ``torch.inference_mode()``,
+        from a CUDA graph of the whole forward, one per call signature (at most ``size``): one
+        launch per call. Each call's outputs are new tensors. Returns self."""
+        if size < 1:
+            raise BadParmError(f"use_cuda_graphs(): size must be at least 1, got {size}")
+        if enabled:
+            self.__dict__["_graphs"] = GraphedCalls("eager", size)
+        else:
+            self.__dict__.pop("_graphs", None)
+        return self
+
+    def __deepcopy__(self, memo: dict) -> FusedModel:
+        """torch.fx's copy, with the fusion report (its chains those of the copy) and the CUDA-graph
+        option (no graph yet), which it leaves behind."""
+        twin = super().__deepcopy__(memo)
+        for name in ("fusion_report", "_graphs"):
+            if name in self.__dict__:
+                twin.__dict__[name] = copy.deepcopy(self.__dict__[name], memo)
+        return twin
+
+    def __reduce__(self) -> tuple:
+        """torch.fx's pickle, unpickled as a FusedModel (torch.fx's gives a GraphModule)."""
+        return (_unpickled_fused_model, (super().__reduce__(),))
+
+    def graph_report(self) -> dict | None:
+        """The CUDA graphs' captures and replays so far, and the reasons of signatures that could
+        not be captured (they run eagerly); None without ``use_cuda_graphs``."""
+        graphs = self.__dict__.get("_graphs")
+        return None if graphs is None else graphs.report()
 
     def _prepare_first_call(self, args: tuple, kwargs: dict, layouts: tuple) -> None:
         """A call with inputs of a new layout: its plans compiled together first. A model that
@@ -525,6 +566,16 @@ class FusedModel(torch.fx.GraphModule):
         return self.__dict__.setdefault("_prepared_layouts", set())
 
 
+def _unpickled_fused_model(reduced: tuple) -> FusedModel:
+    rebuild, args = reduced
+    plain = rebuild(*args)
+    fused = FusedModel(plain, plain.graph, type(plain).__name__)
+    for name in ("fusion_report", "_graphs"):
+        if name in plain.__dict__:
+            fused.__dict__[name] = plain.__dict__[name]
+    return fused
+
+
 def _input_layouts(args: tuple, kwargs: dict) -> tuple | None:
     """The layouts of a call's tensor arguments; None where one is not a plain eager tensor
     (traced, under a dispatch mode), or there is none."""
@@ -540,12 +591,15 @@ def fuse(
     *,
     verbose: bool = False,
     workers: int | None = None,
+    cuda_graph: bool = False,
 ) -> FusedModel:
     """A copy of ``model`` (eval mode) with its conv/batch-norm/activation chains fused.
 
     ``example_inputs`` is optional: when given, the fused model's plans are compiled for them on
     ``workers`` threads (FusedModel.prepare), and the fused model is run on them once and compared
-    with the original (a mismatch raises). The returned module has a ``fusion_report``.
+    with the original (a mismatch raises). ``cuda_graph``: replay grad-free CUDA calls from a
+    graph of the whole forward (FusedModel.use_cuda_graphs). The returned module has a
+    ``fusion_report``.
     """
     if model.training:
         raise BadParmError(
@@ -617,6 +671,8 @@ def fuse(
     if example_inputs is not None:
         gm.prepare(*example_inputs, workers=workers)
         _check_same_outputs(model, gm, example_inputs)
+    if cuda_graph:
+        gm.use_cuda_graphs()
     return gm
 
 

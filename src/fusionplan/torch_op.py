@@ -22,6 +22,7 @@ from fusionplan.core.enums import ActivationMode, BatchNormMode, DataType
 from fusionplan.core.handle import Handle
 from fusionplan.core.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
 from fusionplan.plan import FusionPlan, OperatorArgs, Repeater
+from fusionplan.torch_graph import hold
 
 #: A chain's (plan, operators, handle, output memory format), by what selects it (_plan_key).
 PLANS: LruCache[tuple, tuple[FusionPlan, tuple, Handle, torch.memory_format]] = LruCache("fused-chain plans", 1024)
@@ -122,6 +123,7 @@ def _run_new(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tenso
     """Run a chain into a new output tensor in the input's memory format: (the output, for calls
     like this one (output shape, strides, the plan's repeater) or None, the solver that ran it)."""
     plan, args, handle, fmt = _prepare(x, params, hyper, residual)
+    hold((plan, args))
     out = torch.empty(plan.output_desc.dims, dtype=x.dtype, device=x.device, memory_format=fmt)
     plan.execute(handle, x, out, args, prior=residual)
     run = plan.repeater(handle, x, out, args, residual)
@@ -132,6 +134,7 @@ def _repeat_new(repeat: tuple, x: torch.Tensor, residual: torch.Tensor | None) -
     """A call like the one ``repeat`` came from, into a new output; None when its arguments were
     set again since (the caller runs the call anew)."""
     shape, strides, run = repeat
+    hold(run)
     out = torch.empty_strided(shape, strides, dtype=x.dtype, device=x.device)  # faster than by memory format
     return out if run(x, out, residual) else None
 
