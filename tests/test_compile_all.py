@@ -207,8 +207,7 @@ def test_fuse_with_example_inputs_prepares(counted_compiles):
 
 def test_prepare_refuses_training_mode_and_a_wrong_input_fails_in_its_call():
     fused = fpt.fuse(model())
-    with pytest.raises(RuntimeError, match="call .eval"):
-        fused.train()(torch.randn(1, 3, 8, 8))
+    assert fused.train()(torch.randn(2, 3, 8, 8)).shape[0] == 2  # training calls run (test_torch_train.py)
     with pytest.raises(fp.BadParmError, match="for inference"):
         fused.prepare(torch.randn(1, 3, 8, 8))
     fused.eval()

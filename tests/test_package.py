@@ -78,7 +78,7 @@ LAYER_IMPORTS = {
     "oracle": {"oracle", "core"},
     "core": {"core"},
 }
-FRONTENDS = {"api", "miopen", "torch", "torch_op", "torch_graph", "compiling"}
+FRONTENDS = {"api", "miopen", "torch", "torch_op", "torch_graph", "torch_train", "compiling"}
 
 
 def _layer(module: str) -> str:

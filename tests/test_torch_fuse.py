@@ -1,5 +1,7 @@
 """fusionplan.torch.fuse on a ResNet-like model: same outputs, report, state_dict, torch.compile."""
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -166,14 +168,19 @@ def test_torch_compile_traces_many_chains_in_one_graph_after_eager_calls():
         torch.testing.assert_close(torch.compile(fused)(x), m(x), rtol=1e-4, atol=1e-5)
 
 
-def test_training_mode_is_refused():
+def test_a_model_fuses_in_training_mode_and_shares_its_parameters():
+    """(tests/test_torch_train.py checks training itself.)"""
     m = model().train()
-    with pytest.raises(fp.BadParmError, match="eval"):
-        fpt.fuse(m)
-    fused = fpt.fuse(m.eval())
-    fused.train()
-    with pytest.raises(RuntimeError, match="inference"):
-        fused(torch.randn(1, 3, 16, 16))
+    with pytest.raises(fp.BadParmError, match="eval mode"):
+        fpt.fuse(m, (torch.randn(1, 3, 16, 16),))
+    fused = fpt.fuse(m)
+    assert fused.training and all(chain.training for chain in fused.fusion_report.chains.values())
+    assert {id(t) for t in fused.state_dict(keep_vars=True).values()} == {
+        id(t) for t in m.state_dict(keep_vars=True).values()
+    }
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), copy.deepcopy(m)(x), rtol=1e-4, atol=1e-4)
 
 
 def test_example_inputs_check_outputs():
@@ -339,9 +346,9 @@ def test_repeated_eager_calls_rerun_without_preparing_again(monkeypatch):
         torch.testing.assert_close(fused(strided.clone()), m(strided.clone()), rtol=1e-4, atol=1e-5)
         assert len(prepared) == 3
     m.train()
-    fused.train()
-    with pytest.raises(RuntimeError, match="inference"):
-        fused(x)
+    fused.train()  # batch statistics: the same outputs as the model's in training mode
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x.clone()), copy.deepcopy(m)(x.clone()), rtol=1e-4, atol=1e-5)
 
 
 def test_custom_op_repeats_calls_and_follows_parameter_changes():

@@ -11,8 +11,9 @@ the ``fusionplan::fused_chain`` custom operator, which compiles a plan per input
 (shape, dtype, layout, device) and caches it. The original submodules stay where they were: the
 parameters are the model's own, ``state_dict`` keys are unchanged, ``.to(device, dtype,
 memory_format)`` moves them. The custom operator has a fake (meta) implementation, so the fused
-model traces under torch.compile and torch.export. Fusion is for inference: ``fuse`` refuses a
-model in training mode, and a fused module put back into training mode raises.
+model traces under torch.compile and torch.export. In training mode (``fused.train()``, or a
+model fused in training mode) the chains use batch statistics and train through autograd
+(fusionplan.torch_train).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from fusionplan.torch_op import (
     _run_new,
     fused_chain,
 )
+from fusionplan.torch_train import batchnorm_activation_training, training_refusal
 
 # ---- which activations map to MIOpen modes ------------------------------------------------------------
 
@@ -202,7 +204,7 @@ class FusedChain(nn.Module):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if self.training:
-            raise RuntimeError(f"{self.chain_name}: fused chains are for inference; call .eval() on the model")
+            return self._training_call(x, residual)
         if torch.compiler.is_compiling():
             # traced: straight to the custom op. The repeat path compares data pointers, which
             # breaks the graph; each break's resume frame then recompiles per chain (their
@@ -323,12 +325,38 @@ class FusedChain(nn.Module):
         model is prepared)."""
         conv, bn = self._refs
         h = x if conv is None else conv(x)
-        h = h if bn is None else bn(h)
+        return self._residual_activation(h if bn is None else bn(h), residual)
+
+    def _residual_activation(self, h: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         h = h if residual is None else h + residual
         if self.activation is None:
             return h
         mode, a, b, g = self.activation
         return activation_forward(ActivationMode(mode), h, a, b, g)
+
+    def _training_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+        """In training mode: the convolution as the model's module, then batch-norm (batch
+        statistics) and the activation as training plans under autograd (a residual add and its
+        activation after the plans' batch-norm, in torch); eagerly where the plans cannot, the
+        reason among the chain's solvers (the fusion report's)."""
+        conv, bn = self._refs
+        h = x if conv is None else conv(x)
+        if bn is None:
+            self.solvers.add("training, eagerly: no batch-norm (the convolution and activation are torch's)")
+            return self._residual_activation(h, residual)
+        if torch.compiler.is_compiling():
+            return self._residual_activation(bn(h), residual)
+        why = training_refusal(bn, h)
+        y = None
+        if why is None:
+            y, why = batchnorm_activation_training(bn, h, self.activation if residual is None else None)
+        if y is None:
+            self.solvers.add(f"training, eagerly: {why}")
+            return self._residual_activation(bn(h), residual)
+        self.solvers.add(f"training: {why}")
+        if residual is None:
+            return y
+        return self._residual_activation(y, residual)
 
     def _hyperparameters(self) -> tuple:
         """The chain's scalar arguments, in the op's order after the parameters."""
@@ -593,19 +621,23 @@ def fuse(
     workers: int | None = None,
     cuda_graph: bool = False,
 ) -> FusedModel:
-    """A copy of ``model`` (eval mode) with its conv/batch-norm/activation chains fused.
+    """A copy of ``model``'s modules, in its mode, with its conv/batch-norm/activation chains fused;
+    the parameters and buffers are the model's own objects (an optimizer made before ``fuse``
+    trains the fused model, and the running statistics it updates are the model's).
 
-    ``example_inputs`` is optional: when given, the fused model's plans are compiled for them on
-    ``workers`` threads (FusedModel.prepare), and the fused model is run on them once and compared
-    with the original (a mismatch raises). ``cuda_graph``: replay grad-free CUDA calls from a
-    graph of the whole forward (FusedModel.use_cuda_graphs). The returned module has a
-    ``fusion_report``.
+    ``example_inputs`` is optional (eval mode only): when given, the fused model's plans are
+    compiled for them on ``workers`` threads (FusedModel.prepare), and the fused model is run on
+    them once and compared with the original (a mismatch raises). ``cuda_graph``: replay
+    grad-free CUDA calls from a graph of the whole forward (FusedModel.use_cuda_graphs). The
+    returned module has a ``fusion_report``.
     """
-    if model.training:
+    if example_inputs is not None and model.training:
         raise BadParmError(
-            "fuse() works on models in eval mode (batch-norm uses running statistics): call model.eval() first"
+            "fuse(): example_inputs are for eval mode (a training call would update the running statistics); "
+            "call model.eval() first, or fuse without them"
         )
-    gm = _traced(copy.deepcopy(model))
+    shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    gm = _traced(copy.deepcopy(model, memo=shared))
     report = FusionReport()
     counter = 0
     erased: set[torch.fx.Node] = set()
@@ -665,6 +697,7 @@ def fuse(
         report.fused.append(f"{name}: {described}")
     gm.graph.lint()
     gm.recompile()
+    gm.train(model.training)
     gm.fusion_report = report
     if verbose:
         print(report)

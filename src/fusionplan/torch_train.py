@@ -1,0 +1,163 @@
+"""Fused chains in training mode: batch-norm (batch statistics) + activation as fusion plans,
+forward and backward, under autograd (fusionplan.torch's ``FusedChain`` in ``train()`` mode).
+
+The convolution runs as the model's own module (cuDNN through torch, its gradients by autograd);
+what follows it, the batch-norm with its running statistics and the activation, is one training
+plan forward ([BatchNormForward, ActivationForward]) and one backward
+([BatchNormBackward, ActivationBackward]): the backward recomputes the activation's input from
+the batch-norm's input and the saved statistics, so the forward keeps only the batch-norm's input
+and two per-channel vectors for it (eager keeps the batch-norm's output too). A residual add
+before the activation is left to torch after the plan's batch-norm.
+
+Running statistics are updated as ``nn.BatchNorm2d`` does: ``num_batches_tracked`` counted,
+``momentum`` as the plan's exp_avg_factor, or the cumulative average (1 / batches) where it is
+None; the running variance is the unbiased one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fusionplan.api import default_handle
+from fusionplan.core.caches import LruCache
+from fusionplan.core.descriptors import TensorDescriptor
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.core.errors import FusionPlanError
+from fusionplan.core.handle import Handle
+from fusionplan.core.ops import ActivationArgs, ActivationBackwardArgs, BatchNormBackwardArgs, BatchNormForwardArgs
+from fusionplan.plan import FusionPlan, OperatorArgs
+
+#: (direction, the batch-norm input's layout, activation mode, handle) -> (plan, operators,
+#: handle), compiled on first use; or the reason the plans cannot run it.
+_TRAINING_PLANS: LruCache[tuple, tuple | str] = LruCache("training-chain plans", 512)
+
+
+def training_refusal(bn: nn.BatchNorm2d, h: torch.Tensor) -> str | None:
+    """Why a chain's batch-norm runs eagerly in training mode (None: it can run as plans)."""
+    if not bn.track_running_stats or bn.running_mean is None:
+        return "batch-norm without running statistics"
+    if not bn.affine:
+        return "batch-norm without affine parameters"
+    if bn.weight.dtype != torch.float32 or bn.running_mean.dtype != torch.float32:
+        return f"{bn.weight.dtype} batch-norm parameters (the training plans take fp32 parameters)"
+    if h.dim() != 4 or h.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"a {h.dim()}-d {h.dtype} batch-norm input"
+    if type(h) is not torch.Tensor or h.device != bn.weight.device:
+        return "an input that is not a plain tensor on the parameters' device"
+    return None
+
+
+def batchnorm_activation_training(
+    bn: nn.BatchNorm2d, h: torch.Tensor, activation: tuple | None
+) -> tuple[torch.Tensor | None, str]:
+    """``activation(bn(h))`` in training mode as fusion plans, with autograd, the running
+    statistics updated: (the result, the solver that ran it); or (None, why the plans cannot run
+    it), nothing updated (the caller runs it eagerly)."""
+    mode, alpha, beta, gamma = activation if activation is not None else (-1, 1.0, 0.0, 1.0)
+    handle = default_handle(h.device)
+    forward = _plans("forward", h, int(mode), handle)
+    backward = _plans("backward", h, int(mode), handle)
+    for found in (forward, backward):
+        if isinstance(found, str):
+            return None, found
+    factor = _exp_avg_factor(bn)
+    y = _BatchNormActivation.apply(
+        h, bn.weight, bn.bias, bn.running_mean, bn.running_var, factor, float(bn.eps), (alpha, beta, gamma),
+        forward, backward,
+    )  # fmt: skip
+    return y, forward[0].compiled_solver(handle)
+
+
+def _exp_avg_factor(bn: nn.BatchNorm2d) -> float:
+    """The running statistics' update factor of this call, ``num_batches_tracked`` counted first."""
+    if bn.num_batches_tracked is not None:
+        bn.num_batches_tracked.add_(1)
+    if bn.momentum is None:
+        return 1.0 / float(bn.num_batches_tracked)
+    return float(bn.momentum)
+
+
+def _plans(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple | str:
+    key = (direction, h.shape, h.stride(), h.dtype, mode, handle.uid)
+    found = _TRAINING_PLANS.get(key)
+    if found is None:
+        found = _TRAINING_PLANS.put(key, _compiled(direction, h, mode, handle))
+    return found
+
+
+def _compiled(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple | str:
+    """A training plan for inputs like ``h`` and its handle, compiled; or why not."""
+    plan = FusionPlan(TensorDescriptor.from_tensor(h))
+    try:
+        if direction == "forward":
+            ops = [plan.add_batchnorm_forward(BatchNormMode.SPATIAL, True)]
+            if mode >= 0:
+                ops.append(plan.add_activation_forward(ActivationMode(mode)))
+        else:
+            ops = [plan.add_batchnorm_backward(BatchNormMode.SPATIAL)]
+            if mode >= 0:
+                ops.append(plan.add_activation_backward(ActivationMode(mode)))
+        plan.compile(handle)
+    except FusionPlanError as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return plan, tuple(ops), handle
+
+
+def _channels(t: torch.Tensor) -> torch.Tensor:
+    """A per-channel vector as the plans' (1, C, 1, 1) parameter shape (a view: writes reach it)."""
+    return t.view(1, -1, 1, 1)
+
+
+class _BatchNormActivation(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h, weight, bias, running_mean, running_var, factor, eps, act, forward, backward):
+        plan, ops, handle = forward
+        channels = h.shape[1]
+        stats = torch.empty(2, channels, dtype=torch.float32, device=h.device)
+        y = torch.empty_like(h)  # h's layout: the plan's output descriptor
+        args = OperatorArgs()
+        record = BatchNormForwardArgs(
+            scale=_channels(weight.detach()), bias=_channels(bias.detach()),
+            saved_mean=_channels(stats[0]), saved_inv_variance=_channels(stats[1]),
+            running_mean=_channels(running_mean), running_variance=_channels(running_var),
+            exp_avg_factor=factor, epsilon=eps,
+        )  # fmt: skip
+        args.set(ops[0], record)
+        if len(ops) > 1:
+            args.set(ops[1], ActivationArgs(activ_alpha=act[0], activ_beta=act[1], activ_gamma=act[2]))
+        plan.execute(handle, h, y, args)
+        ctx.save_for_backward(h, weight, bias, stats)
+        ctx.act, ctx.backward = act, backward
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        h, weight, bias, stats = ctx.saved_tensors
+        plan, ops, handle = ctx.backward
+        dy = _like(dy, h)
+        dx = torch.empty_like(h)
+        grads = torch.empty(2, h.shape[1], dtype=torch.float32, device=h.device)
+        args = OperatorArgs()
+        record = BatchNormBackwardArgs(
+            x=h, scale=_channels(weight.detach()), bias=_channels(bias.detach()),
+            result_scale_diff=_channels(grads[0]), result_bias_diff=_channels(grads[1]),
+            saved_mean=_channels(stats[0]), saved_inv_variance=_channels(stats[1]),
+        )  # fmt: skip
+        args.set(ops[0], record)
+        if len(ops) > 1:
+            a, b, g = ctx.act
+            args.set(ops[1], ActivationBackwardArgs(activ_alpha=a, activ_beta=b, activ_gamma=g))
+        plan.execute(handle, dy, dx, args)
+        dweight = grads[0].to(weight.dtype) if ctx.needs_input_grad[1] else None
+        dbias = grads[1].to(bias.dtype) if ctx.needs_input_grad[2] else None
+        return dx, dweight, dbias, None, None, None, None, None, None, None
+
+
+def _like(t: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
+    """``t`` with ``model``'s strides and dtype (the backward plan's input descriptor is the
+    forward's): itself where it has them, else a copy."""
+    if t.stride() == model.stride() and t.dtype == model.dtype:
+        return t
+    out = torch.empty_like(model)
+    return out.copy_(t)

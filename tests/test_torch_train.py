@@ -1,0 +1,166 @@
+"""fuse(model) in training mode: the fused chains' outputs, gradients (input and every parameter),
+running statistics and SGD steps track the eager model's; train/eval switching; the parameters
+stay the model's own objects."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import fusionplan.torch as fpt
+
+ACTIVATIONS = {
+    "relu": nn.ReLU(),
+    "relu6": nn.ReLU6(),
+    "leaky": nn.LeakyReLU(0.2),
+    "elu": nn.ELU(0.7),
+    "sigmoid": nn.Sigmoid(),
+    "tanh": nn.Tanh(),
+    "silu": nn.SiLU(),
+    "hardswish": nn.Hardswish(),
+    "gelu": nn.GELU(),
+    "mish": nn.Mish(),
+}
+
+
+class Chains(nn.Module):
+    """A strided conv chain, a grouped conv chain with a residual add, a batch-norm + activation
+    chain without a convolution (momentum None), and a head."""
+
+    def __init__(self, act: nn.Module) -> None:
+        super().__init__()
+        self.conv1, self.bn1, self.act1 = nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8), copy.deepcopy(act)
+        self.conv2, self.bn2 = nn.Conv2d(8, 8, 3, padding=1, groups=4), nn.BatchNorm2d(8)
+        self.bn3, self.act3 = nn.BatchNorm2d(8, momentum=None), copy.deepcopy(act)
+        self.head = nn.Linear(8, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.act1(self.bn1(self.conv1(x)))
+        y = F.relu(y + self.bn2(self.conv2(y)))
+        y = self.act3(self.bn3(y))
+        return self.head(y.mean((2, 3)))
+
+
+def _randomized(m: nn.Module) -> nn.Module:
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.running_mean.normal_()
+                mod.running_var.uniform_(0.5, 2.0)
+                mod.weight.normal_()
+                mod.bias.normal_()
+    return m
+
+
+def _pair(act: str = "relu") -> tuple[nn.Module, nn.Module]:
+    """(an eager twin, the fused model); the fused one shares its parameters with ``model``."""
+    model = _randomized(Chains(ACTIVATIONS[act])).train()
+    twin = copy.deepcopy(model)
+    return twin, model, fpt.fuse(model)
+
+
+def _step(module: nn.Module, x: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.detach().clone().requires_grad_(True)
+    out = module(x)
+    (out * weights).sum().backward()
+    return out, x.grad
+
+
+def _assert_tracks(twin: nn.Module, fused: nn.Module, rtol: float = 1e-4) -> None:
+    grads = dict(fused.named_parameters())
+    for name, p in twin.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad, rtol=rtol, atol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+    buffers = dict(fused.named_buffers())
+    for name, b in twin.named_buffers():
+        torch.testing.assert_close(buffers[name], b, rtol=rtol, atol=rtol, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_a_training_step_matches_eager(act, layout):
+    twin, model, fused = _pair(act)
+    assert len(fused.fusion_report.fused) == 3, fused.fusion_report
+    x = torch.randn(4, 3, 13, 11)
+    if layout == "NHWC":
+        x = x.to(memory_format=torch.channels_last)
+    weights = torch.randn(4, 5)
+    out, dx = _step(fused, x, weights)
+    ref_out, ref_dx = _step(twin, x, weights)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
+    _assert_tracks(twin, fused)
+    ran = fused.fusion_report.solvers()
+    assert all(any(s.startswith("training: ") for s in solvers) for solvers in ran.values()), ran
+
+
+def test_sgd_steps_track_eager_with_an_optimizer_made_before_fuse():
+    model = _randomized(Chains(nn.ReLU())).train()
+    twin = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)  # before fuse
+    twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    fused = fpt.fuse(model)
+    assert {id(p) for p in fused.parameters()} == {id(p) for p in model.parameters()}
+    torch.manual_seed(2)
+    data = [(torch.randn(6, 3, 12, 12), torch.randint(0, 5, (6,))) for _ in range(4)]
+    for step in range(20):
+        x, label = data[step % len(data)]
+        losses = []
+        for module, opt in ((fused, optimizer), (twin, twin_optimizer)):
+            opt.zero_grad()
+            loss = F.cross_entropy(module(x), label)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-4), (step, losses)
+    _assert_tracks(twin, fused, rtol=1e-3)
+    assert model.bn3.num_batches_tracked.item() == 20
+
+
+def test_train_eval_switching_and_the_state_dict():
+    twin, model, fused = _pair()
+    x = torch.randn(4, 3, 13, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-4, atol=1e-4)  # training: batch statistics
+        fused.eval(), twin.eval()
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-4, atol=1e-4)  # eval: the running ones
+        fused.train(), twin.train()
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-4, atol=1e-4)
+    assert fused.state_dict().keys() == twin.state_dict().keys()
+    fresh = Chains(nn.ReLU())
+    fresh.load_state_dict(fused.state_dict())
+    fresh.eval(), fused.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), fused(x), rtol=1e-4, atol=1e-4)
+
+
+def test_chains_the_plans_cannot_train_run_eagerly_and_say_why():
+    model = _randomized(Chains(nn.ReLU())).train().double()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    x, weights = torch.randn(2, 3, 9, 9, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    out, dx = _step(fused, x, weights)
+    ref_out, ref_dx = _step(twin, x, weights)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(dx, ref_dx)
+    _assert_tracks(twin, fused, rtol=1e-7)
+    reasons = {s for solvers in fused.fusion_report.solvers().values() for s in solvers}
+    assert "training, eagerly: torch.float64 batch-norm parameters (the training plans take fp32 parameters)" in reasons
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_the_triton_training_kernels_through_the_interpreter(layout, monkeypatch):
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    twin, model, fused = _pair("elu")
+    x = torch.randn(2, 3, 6, 5)
+    if layout == "NHWC":
+        x = x.to(memory_format=torch.channels_last)
+    weights = torch.randn(2, 5)
+    out, dx = _step(fused, x, weights)
+    ref_out, ref_dx = _step(twin, x, weights)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
+    _assert_tracks(twin, fused)
+    assert "training: triton-batchnorm" in {s for v in fused.fusion_report.solvers().values() for s in v}
