@@ -55,8 +55,8 @@ def _randomized(m: nn.Module) -> nn.Module:
     return m
 
 
-def _pair(act: str = "relu") -> tuple[nn.Module, nn.Module]:
-    """(an eager twin, the fused model); the fused one shares its parameters with ``model``."""
+def _pair(act: str = "relu") -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(an eager twin, the model, the fused model sharing its parameters and buffers)."""
     model = _randomized(Chains(ACTIVATIONS[act])).train()
     twin = copy.deepcopy(model)
     return twin, model, fpt.fuse(model)
@@ -164,3 +164,22 @@ def test_the_triton_training_kernels_through_the_interpreter(layout, monkeypatch
     torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
     _assert_tracks(twin, fused)
     assert "training: triton-batchnorm" in {s for v in fused.fusion_report.solvers().values() for s in v}
+
+
+def test_a_fused_model_trains_under_distributed_data_parallel(tmp_path):
+    """One process of the gloo backend: DDP's gradient hooks see the fused chains' gradients."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        twin, model, fused = _pair()
+        wrapped = DistributedDataParallel(fused)
+        x, weights = torch.randn(4, 3, 13, 11), torch.randn(4, 5)
+        out, dx = _step(wrapped, x, weights)
+        ref_out, ref_dx = _step(twin, x, weights)
+        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
+        _assert_tracks(twin, fused)
+    finally:
+        dist.destroy_process_group()

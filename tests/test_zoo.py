@@ -108,6 +108,22 @@ def test_the_model_suite_fuses_a_model_end_to_end(tmp_path, monkeypatch):
     assert main(["--suite", "models", "--models", "alexnet", "--device", "cpu"]) == 2
 
 
+def test_the_train_models_suite_trains_a_fused_model_beside_eager(tmp_path, monkeypatch):
+    """--suite train-models: the zoo's UNet trained fused and eager from the same weights; the
+    losses of a few SGD steps agree; a conv -> ReLU chain without batch-norm trains eagerly, said
+    so in the table."""
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    argv = ["--suite", "train-models", "--models", "unet", "--size", "32", "--batch", "2", "--device", "cpu"]
+    argv += ["--baselines", "eager", "--iters", "1", "--warmup", "0", "--steps", "3", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    (row,) = json.loads((tmp_path / "train-models.json").read_text())["rows"]
+    assert set(row["step_ms"]) == {"fused", "eager"} and not row["errors"] and row["chains"] == 19
+    assert row["loss_gap"] < 1e-4
+    assert "trained eagerly" in (tmp_path / "train-models.md").read_text()
+    assert main(["--suite", "train-models", "--models", "alexnet", "--device", "cpu"]) == 2
+    assert main(["--suite", "train-models", "--models", "unet", "--precisions", "fp8", "--device", "cpu"]) == 2
+
+
 def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch):
     """--model (bench and fusionplan-tune): the zoo layers of the named models, each with its chain."""
     from fusionplan.tools.bench.cli import build_parser, cases_from

@@ -78,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_case_options(p)
     p.add_argument(
         "--suite",
-        choices=("conv", "training", "models"),
+        choices=("conv", "training", "models", "train-models"),
         default="conv",
         help="conv: the inference chains on convolution layers (default); training: the training plans on "
         "models' batch-norm layers (fusionplan.tools.bench.training); models: whole models fused end to end "
-        "(fusionplan.tools.bench.models)",
+        "(fusionplan.tools.bench.models); train-models: whole models' training steps, fused, eager and compiled "
+        "(fusionplan.tools.bench.train_models)",
+    )
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="train-models suite: also train eager and fused this many steps and report their losses' largest gap",
     )
     p.add_argument(
         "--models",
@@ -232,11 +239,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(opts, name) < 1:
             print(f"fusionplan-bench: --{name} must be at least 1, got {getattr(opts, name)}", file=sys.stderr)
             return 2
-    if opts.suite in ("training", "models"):
+    if opts.suite in ("training", "models", "train-models"):
         if opts.suite == "training":
             from fusionplan.tools.bench.training import run_training_suite as run
-        else:
+        elif opts.suite == "models":
             from fusionplan.tools.bench.models import run_model_suite as run
+        else:
+            from fusionplan.tools.bench.train_models import run_train_model_suite as run
         try:
             return run(opts, device, environment(device))
         except (ValueError, FusionPlanError) as exc:

@@ -1,0 +1,76 @@
+"""fuse(model) in training mode on the GPU: fp16 and bf16 autocast, channels_last, against the
+eager model (gradients, running statistics), the Triton training kernels running, and the
+activations kept (peak memory) at most eager's.
+
+    python -m pytest -m gpu tests/gpu/test_fused_training.py
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import fusionplan.torch as fpt
+
+from ..test_torch_train import ACTIVATIONS, Chains, _randomized
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _step(module, x, label, dtype):
+    with torch.autocast("cuda", dtype=dtype):
+        loss = F.cross_entropy(module(x), label)
+    loss.backward()
+    return loss.item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("act", ["relu", "silu", "elu"])
+def test_training_steps_track_eager(dtype, act):
+    model = _randomized(Chains(ACTIVATIONS[act])).cuda().to(memory_format=torch.channels_last).train()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.02, momentum=0.9)
+    torch.manual_seed(3)
+    for _ in range(5):
+        x = torch.randn(16, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
+        label = torch.randint(0, 5, (16,), device="cuda")
+        opt.zero_grad(), twin_opt.zero_grad()
+        losses = _step(fused, x, label, dtype), _step(twin, x, label, dtype)
+        assert losses[0] == pytest.approx(losses[1], rel=2e-2), losses
+        grads = dict(fused.named_parameters())
+        for name, p in twin.named_parameters():
+            assert _rel(grads[name].grad, p.grad) < 3e-2, name
+        opt.step(), twin_opt.step()
+    buffers = dict(fused.named_buffers())
+    for name, b in twin.named_buffers():
+        assert _rel(buffers[name].float(), b.float()) < 1e-2, name
+    ran = {s for solvers in fused.fusion_report.solvers().values() for s in solvers}
+    assert "training: triton-batchnorm" in ran, ran
+
+
+def test_the_fused_step_keeps_no_more_activations_than_eager():
+    def peak(module) -> int:
+        x = torch.randn(32, 3, 128, 128, device="cuda").to(memory_format=torch.channels_last)
+        label = torch.randint(0, 5, (32,), device="cuda")
+        _step(module, x, label, torch.float16)  # warm: plans compiled, workspaces made
+        module.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        _step(module, x, label, torch.float16)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+
+    model = _randomized(Chains(ACTIVATIONS["relu"])).cuda().to(memory_format=torch.channels_last).train()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    assert peak(fused) <= peak(twin)
