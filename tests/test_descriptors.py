@@ -107,3 +107,14 @@ def test_batchnorm_param_dims():
 
 def test_layout_strides_nd():
     assert layout_strides((2, 3, 4), fp.Layout.NHWC) == (12, 1, 3)
+
+
+def test_element_extent_spans_first_to_one_past_last():
+    from fusionplan.core.descriptors import element_extent
+
+    t = torch.empty(2, 3, 5, 4).to(memory_format=torch.channels_last)
+    assert element_extent(tuple(t.shape), t.stride()) == t.numel()
+    view = torch.empty(4, 6, 8, 8)[:, ::2, 1:7, ::3]
+    expected = view.storage_offset() + 1 + sum((d - 1) * s for d, s in zip(view.shape, view.stride()))
+    assert element_extent(tuple(view.shape), view.stride()) + view.storage_offset() == expected
+    assert element_extent((2, 0, 3, 3), (0, 9, 3, 1)) == 0

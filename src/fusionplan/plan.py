@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fusionplan import solvers
-from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap
+from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor, _strides_overlap, element_extent
 from fusionplan.core.enums import PLAN_DTYPES, ActivationMode, BatchNormMode, ConvFwdAlgo, Direction
 from fusionplan.core.errors import (
     BadParmError,
@@ -493,16 +493,11 @@ def _check_devices(
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
     """(first byte, one past the last byte) of the memory ``t`` spans. Addresses alone, not storages:
     two storages over one memory (from_blob, DLPack) overlap as surely as one."""
-    n = t.numel()
-    if not n:
-        return 0, 0
     start = t.data_ptr()
     if t.is_contiguous():
-        return start, start + n * t.element_size()
-    extent = 1
-    for d, st in zip(t.shape, t.stride()):
-        extent += (d - 1) * st
-    return start, start + extent * t.element_size()
+        return (start, start + t.nbytes) if t.nbytes else (0, 0)
+    extent = element_extent(tuple(t.shape), t.stride())
+    return (start, start + extent * t.element_size()) if extent else (0, 0)
 
 
 def _check_side_outputs(

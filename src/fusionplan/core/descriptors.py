@@ -7,6 +7,7 @@ BadParmError naming the offending field; a descriptor that exists is valid.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,15 @@ def _finite_float(value: object, what: str) -> float:
     return f
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of the layout, asked at every first execute
+def element_extent(dims: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """How many elements a tensor of ``dims`` and (non-negative) ``strides`` spans, from its first
+    element to one past its last (0 when it has none)."""
+    if any(d == 0 for d in dims):
+        return 0
+    return 1 + sum((d - 1) * s for d, s in zip(dims, strides))
+
+
 def layout_strides(dims: Sequence[int], layout: Layout) -> tuple[int, ...]:
     """Packed strides of ``dims`` (NCHW order) stored in ``layout`` (NHWC = channels last)."""
     if layout == Layout.NCHW or len(dims) < 3:
@@ -63,6 +73,11 @@ def layout_strides(dims: Sequence[int], layout: Layout) -> tuple[int, ...]:
 
 def _strides_overlap(dims: Sequence[int], strides: Sequence[int]) -> bool:
     """True when two different indices could address the same element."""
+    return _overlapping(tuple(dims), tuple(strides))
+
+
+@functools.lru_cache(maxsize=1024)  # a pure function of the layout, asked at every first execute
+def _overlapping(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     axes = sorted((s, d) for d, s in zip(dims, strides) if d > 1)
     reach = 1  # every index so far lies in [0, reach)
     for stride, dim in axes:
