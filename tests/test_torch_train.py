@@ -78,6 +78,15 @@ def _assert_tracks(twin: nn.Module, fused: nn.Module, rtol: float = 1e-4) -> Non
         torch.testing.assert_close(buffers[name], b, rtol=rtol, atol=rtol, msg=lambda m, n=name: f"{n}: {m}")
 
 
+def _assert_step_matches(fused: nn.Module, twin: nn.Module, x: torch.Tensor, weights: torch.Tensor) -> None:
+    """One training step of each: the outputs, input gradients, parameter gradients and buffers agree."""
+    out, dx = _step(fused, x, weights)
+    ref_out, ref_dx = _step(twin, x, weights)
+    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
+    _assert_tracks(twin, fused.module if isinstance(fused, nn.parallel.DistributedDataParallel) else fused)
+
+
 @pytest.mark.parametrize("act", list(ACTIVATIONS))
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 def test_a_training_step_matches_eager(act, layout):
@@ -87,11 +96,7 @@ def test_a_training_step_matches_eager(act, layout):
     if layout == "NHWC":
         x = x.to(memory_format=torch.channels_last)
     weights = torch.randn(4, 5)
-    out, dx = _step(fused, x, weights)
-    ref_out, ref_dx = _step(twin, x, weights)
-    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
-    _assert_tracks(twin, fused)
+    _assert_step_matches(fused, twin, x, weights)
     ran = fused.fusion_report.solvers()
     assert all(any(s.startswith("training: ") for s in solvers) for solvers in ran.values()), ran
 
@@ -158,11 +163,7 @@ def test_the_triton_training_kernels_through_the_interpreter(layout, monkeypatch
     if layout == "NHWC":
         x = x.to(memory_format=torch.channels_last)
     weights = torch.randn(2, 5)
-    out, dx = _step(fused, x, weights)
-    ref_out, ref_dx = _step(twin, x, weights)
-    torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
-    _assert_tracks(twin, fused)
+    _assert_step_matches(fused, twin, x, weights)
     assert "training: triton-batchnorm" in {s for v in fused.fusion_report.solvers().values() for s in v}
 
 
@@ -176,10 +177,6 @@ def test_a_fused_model_trains_under_distributed_data_parallel(tmp_path):
         twin, model, fused = _pair()
         wrapped = DistributedDataParallel(fused)
         x, weights = torch.randn(4, 3, 13, 11), torch.randn(4, 5)
-        out, dx = _step(wrapped, x, weights)
-        ref_out, ref_dx = _step(twin, x, weights)
-        torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(dx, ref_dx, rtol=1e-4, atol=1e-4)
-        _assert_tracks(twin, fused)
+        _assert_step_matches(wrapped, twin, x, weights)
     finally:
         dist.destroy_process_group()

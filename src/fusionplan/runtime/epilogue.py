@@ -160,58 +160,71 @@ class Epilogue:
 
 
 def emit_stages(
-    stages: list[Stage], ops: tuple[FusionOp, ...], idx: TileIndex = TileIndex(), hoist_channels: bool = False
+    stages: list[Stage],
+    ops: tuple[FusionOp, ...],
+    idx: TileIndex = TileIndex(),
+    hoist_channels: bool = False,
+    prefix: str = "",
+    blends_prior: bool = True,
 ) -> Epilogue:
     """Code that transforms the fp32 tile ``h`` through ``stages``; ``p`` is the prior tile.
     ``hoist_channels``: per-channel parameters are read from ``{p}_v`` vectors that
-    Epilogue.channel_loads loads (a persistent kernel's tiles of one channel block share them)."""
+    Epilogue.channel_loads loads (a persistent kernel's tiles of one channel block share them).
+    ``prefix`` starts every parameter's and flag's name (a prologue's beside an epilogue's);
+    ``blends_prior=False``: no stage reads ``p`` (their HAS_Q flags stay, always off)."""
     params: list[str] = []
     flags: list[str] = []
     body: list[str] = []
     channel_loads: list[str] = []
     for i, stage in enumerate(stages):
-        flags.append(f"HAS_Q{i}")
+        flags.append(f"{prefix}HAS_Q{i}")
         if isinstance(stage, AffineStage):
-            params += [f"sc{i}_ptr", f"sh{i}_ptr", f"q{i}_ptr"]
+            params += [f"{prefix}sc{i}_ptr", f"{prefix}sh{i}_ptr", f"{prefix}q{i}_ptr"]
             channel_load = "tl.load({p} + " + idx.ch + ", mask=" + idx.ch_mask + ", other=0.0)"
             if stage.per_element:
                 load = "tl.load({p} + " + idx.elem + ", mask=" + idx.mask + ", other=0.0)"
             elif hoist_channels:
                 load = "{p}_v[None, :]"
                 channel_loads += [
-                    f"sc{i}_ptr_v = {channel_load.format(p=f'sc{i}_ptr')}",
-                    f"sh{i}_ptr_v = {channel_load.format(p=f'sh{i}_ptr')}",
-                    f"if HAS_Q{i}:",
-                    f"    q{i}_ptr_v = {channel_load.format(p=f'q{i}_ptr')}",
+                    f"{prefix}sc{i}_ptr_v = {channel_load.format(p=f'{prefix}sc{i}_ptr')}",
+                    f"{prefix}sh{i}_ptr_v = {channel_load.format(p=f'{prefix}sh{i}_ptr')}",
+                    f"if {prefix}HAS_Q{i}:",
+                    f"    {prefix}q{i}_ptr_v = {channel_load.format(p=f'{prefix}q{i}_ptr')}",
                 ]
             else:
                 load = channel_load + "[None, :]"
             body += [
                 f"# stage {i}: operators {list(stage.ops)} folded into scale and shift",
-                f"h = h * {load.format(p=f'sc{i}_ptr')} + {load.format(p=f'sh{i}_ptr')}",
-                f"if HAS_Q{i}:",
-                f"    h = h + {load.format(p=f'q{i}_ptr')} * p",
+                f"h = h * {load.format(p=f'{prefix}sc{i}_ptr')} + {load.format(p=f'{prefix}sh{i}_ptr')}",
             ]
+            if blends_prior:
+                body += [f"if {prefix}HAS_Q{i}:", f"    h = h + {load.format(p=f'{prefix}q{i}_ptr')} * p"]
         else:
             assert isinstance(stage, ActStage)
             op = ops[stage.op]
             assert isinstance(op, ActivationForwardOp)
-            params += [f"a{i}", f"b{i}", f"g{i}", f"al{i}", f"be{i}"]
-            flags.append(f"UNIT_AL{i}")
-            expr = ACTIVATION_CODE[op.mode].format(x="h", a=f"a{i}", b=f"b{i}", g=f"g{i}")
+            params += [f"{prefix}a{i}", f"{prefix}b{i}", f"{prefix}g{i}", f"{prefix}al{i}", f"{prefix}be{i}"]
+            flags.append(f"{prefix}UNIT_AL{i}")
+            expr = ACTIVATION_CODE[op.mode].format(x="h", a=f"{prefix}a{i}", b=f"{prefix}b{i}", g=f"{prefix}g{i}")
             body += [
                 f"# stage {i}: operator {stage.op}, activation {op.mode.name}",
                 f"h = {expr}",
-                f"if not UNIT_AL{i}:  # the output's scale alpha, 1 in most plans (a multiply per element less)",
-                f"    h = h * al{i}",
-                f"if HAS_Q{i}:",
-                f"    h = h + be{i} * p",
+                f"if not {prefix}UNIT_AL{i}:"
+                "  # the output's scale alpha, 1 in most plans (a multiply per element less)",
+                f"    h = h * {prefix}al{i}",
             ]
+            if blends_prior:
+                body += [f"if {prefix}HAS_Q{i}:", f"    h = h + {prefix}be{i} * p"]
     return Epilogue(params, flags, body, channel_loads)
 
 
 def stage_arguments(
-    stages: Sequence[Stage], records: Sequence[OpArgs], channels: int, spatial: tuple[int, int], device: torch.device
+    stages: Sequence[Stage],
+    records: Sequence[OpArgs],
+    channels: int,
+    spatial: tuple[int, int],
+    device: torch.device,
+    prefix: str = "",
 ) -> tuple[list, dict[str, bool]]:
     """Kernel arguments of the epilogue stages for one argument set (fp32 coefficient vectors), and
     the constexpr flags of emit_stages in its order: per stage whether it reads the prior output
@@ -225,27 +238,33 @@ def stage_arguments(
             scale, shift = _vector(a.scale, shape, device), _vector(a.shift, shape, device)
             has_q = not (isinstance(a.prior_coef, float) and a.prior_coef == 0.0)
             values += [scale, shift, _vector(a.prior_coef, shape, device) if has_q else scale]
-            flags[f"HAS_Q{i}"] = has_q
+            flags[f"{prefix}HAS_Q{i}"] = has_q
         else:
             assert isinstance(stage, ActStage)
             rec = records[stage.op]
             assert isinstance(rec, ActivationArgs)
             scalars = [float(v) for v in (rec.activ_alpha, rec.activ_beta, rec.activ_gamma, rec.alpha, rec.beta)]
             values += scalars  # one compiled kernel whatever numeric types were given
-            flags[f"HAS_Q{i}"] = scalars[4] != 0
+            flags[f"{prefix}HAS_Q{i}"] = scalars[4] != 0
             # alpha 1 skips the multiply: a kernel specialization per value of the test (the stem's
             # latency-bound epilogue gained 3 %)
-            flags[f"UNIT_AL{i}"] = scalars[3] == 1.0
+            flags[f"{prefix}UNIT_AL{i}"] = scalars[3] == 1.0
     return values, flags
 
 
-def reads_prior(flags: dict[str, bool]) -> bool:
-    """Whether a stage with these flags (stage_arguments') reads the prior output."""
-    return any(on for name, on in flags.items() if name.startswith("HAS_Q"))
+def reads_prior(flags: dict[str, bool], prefix: str = "") -> bool:
+    """Whether a stage with these flags (stage_arguments', their names starting with ``prefix``)
+    reads the prior output."""
+    return any(on for name, on in flags.items() if name.startswith(prefix + "HAS_Q"))
 
 
 def stand_in_stage_arguments(
-    stages: Sequence[Stage], channels: int, spatial: tuple[int, int], device: torch.device, with_prior: bool = False
+    stages: Sequence[Stage],
+    channels: int,
+    spatial: tuple[int, int],
+    device: torch.device,
+    with_prior: bool = False,
+    prefix: str = "",
 ) -> tuple[list, dict[str, bool]]:
     """Arguments shaped like ``stage_arguments``' for arguments with alpha 1 and, unless
     ``with_prior``, without beta, with no values computed: compiling ahead needs their types,
@@ -257,11 +276,11 @@ def stand_in_stage_arguments(
             n = channels * (spatial[0] * spatial[1] if stage.per_element else 1)
             vector = torch.empty(n, dtype=torch.float32, device=device)
             values += [vector, vector, vector]
-            flags[f"HAS_Q{i}"] = with_prior
+            flags[f"{prefix}HAS_Q{i}"] = with_prior
         else:
             values += [1.0, 0.0, 1.0, 1.0, 0.0]
-            flags[f"HAS_Q{i}"] = with_prior
-            flags[f"UNIT_AL{i}"] = True
+            flags[f"{prefix}HAS_Q{i}"] = with_prior
+            flags[f"{prefix}UNIT_AL{i}"] = True
     return values, flags
 
 

@@ -21,10 +21,17 @@ from dataclasses import replace
 import torch
 
 from fusionplan.core.enums import DataType
+from fusionplan.core.errors import UnsupportedOpError
 from fusionplan.core.ops import ConvArgs, OpArgs
 from fusionplan.runtime import tuning
 from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
-from fusionplan.runtime.epilogue import emit_stages, reads_prior, stage_arguments, stand_in_stage_arguments
+from fusionplan.runtime.epilogue import (
+    TileIndex,
+    emit_stages,
+    reads_prior,
+    stage_arguments,
+    stand_in_stage_arguments,
+)
 from fusionplan.runtime.folding import (
     PerArgsCache,
     Stage,
@@ -127,7 +134,7 @@ def conv_kernel(
             ok = (m_mask & (ih >= 0) & (ih < H))[:, None] & (iw >= 0) & (iw < W) & j_ok[None, :]
             a = tl.load(x_rows[:, None] + (ih * sxh)[:, None] + iw * sxw + cc[None, :] * sxc, mask=ok, other=0.0)
             b = tl.load(w_grp + (r * SC + jj)[:, None] * w_sk + offs_n[None, :] * w_sn,
-                        mask=j_ok[:, None] & n_mask[None, :], other=0.0)
+                        mask=j_ok[:, None] & n_mask[None, :], other=0.0){prologue_fold}
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
     else:
         num_cb = tl.cdiv(C_G, BLOCK_K)
@@ -180,7 +187,7 @@ def conv_kernel(
                 a = tl.load(x_pix[:, None] + step_offset + offs_k[None, :] * sxc, mask=a_mask, other=0.0)
             else:
                 a = tl.load(x_rows[:, None] + (ih * sxh + iw * sxw)[:, None] + cc[None, :] * sxc,
-                            mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+                            mask=row_ok[:, None] & c_ok[None, :], other=0.0){prologue}
             if WHOLE_BLOCKS:
                 b_mask = n_mask[None, :]
             else:
@@ -248,19 +255,57 @@ def render_conv_source(
     store: str = POINTER_STORE,
     depth: int = 0,
     split: dict[str, str] | None = None,
+    prologue: list[Stage] | None = None,
 ) -> str:
     """A convolution kernel's source: ``template`` (default the implicit GEMM) with the generated
     epilogue of ``stages`` and ``store``, indented ``depth`` more levels (inside a loop), and
     where the template has ``{split}``, the end of a split reduction over ``split``'s tile id,
-    rows and columns."""
+    rows and columns. ``prologue``: the stages of the operators before the convolution, applied
+    to each input tile as it is loaded (the implicit GEMM's template only)."""
     split = split or {"tile": "grp * tl.num_programs(0) + pid", "rows": "BLOCK_M", "cols": "BLOCK_N"}
     epi = emit_stages(stages, spec.ops)
+    pre = emit_stages(prologue or [], spec.ops, PROLOGUE_INDEX, prefix=PROLOGUE_PREFIX, blends_prior=False)
     tail = epilogue_tail(epi, store)
+    fields = header_fields(spec, stages, epi)
+    fields["stage_params"] += "".join(p + ", " for p in pre.params)
+    fields["stage_flags"] += "".join(f + ": tl.constexpr, " for f in pre.constexprs)
     return (template or _TEMPLATE).format(
         split=SPLIT_K_REDUCE.format(**split),
-        **header_fields(spec, stages, epi),
+        **fields,
         tail=indent(tail.rstrip("\n").split("\n"), 4 * depth) + "\n",
+        prologue=_prologue_code(pre, PROLOGUE_MAIN_MASK) if prologue else "",
+        prologue_fold=_prologue_code(pre, PROLOGUE_FOLD_MASK) if prologue else "",
     )
+
+
+#: The names a prologue's parameters and flags start with, and what its stages index with: the
+#: input tile's channels (``pre_ch``, under ``pre_ch_mask``) along its columns.
+PROLOGUE_PREFIX = "pre_"
+PROLOGUE_INDEX = TileIndex(ch="pre_ch", ch_mask="pre_ch_mask", elem="pre_elem", mask="pre_ok")
+#: Where the implicit GEMM's input tile holds image elements (elsewhere the padding's zeros), per
+#: loop: the taps-and-channel-blocks loop's, and the few-channel fold's.
+PROLOGUE_MAIN_MASK = (
+    "if TAP_BITS:",
+    "    pre_ok = a_mask",
+    "else:",
+    "    pre_ok = row_ok[:, None] & c_ok[None, :]",
+    "pre_ch_mask = c_ok",
+)
+PROLOGUE_FOLD_MASK = ("pre_ok = ok", "pre_ch_mask = j_ok")
+
+
+def _prologue_code(pre, mask_lines: tuple[str, ...]) -> str:
+    """The operators before the convolution on the loaded input tile ``a``, in fp32, the padding
+    kept zero (the convolution pads the operators' output, not their input)."""
+    lines = [
+        "# the operators before the convolution, on the input tile as it is loaded",
+        *mask_lines,
+        "pre_ch = grp * C_G + cc",
+        "h = a.to(tl.float32)",
+        *pre.body,
+        "a = tl.where(pre_ok, h, 0.0).to(a.dtype)",
+    ]
+    return "\n" + indent(lines, 12)
 
 
 def epilogue_tail(epi, store: str = POINTER_STORE) -> str:
@@ -333,10 +378,11 @@ class TritonConvKernel(Repeating, Kernel):
         self._conv_kernel: TritonConvKernel | None = None
         self._warned_too_large = False
         self.spec = spec
-        _, conv, post = split_at_conv(spec.ops)
+        pre, conv, post = split_at_conv(spec.ops)
         assert conv is not None
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
+        self.pre_stages = pointwise_stages(pre)  # only triton-conv's solver takes plans with them
         self.grid_dependency = grid_dependency_capable(handle)
         self._source = self.render(spec, self.stages)
         if self.grid_dependency and not holds_grid_dependency(self._source):
@@ -432,9 +478,8 @@ class TritonConvKernel(Repeating, Kernel):
         flat pixels."""
         return 0
 
-    @staticmethod
-    def render(spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_conv_source(spec, stages)
+    def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
+        return render_conv_source(spec, stages, prologue=self.pre_stages)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         r, s = self.conv.w_desc.dims[2:]
@@ -453,6 +498,15 @@ class TritonConvKernel(Repeating, Kernel):
         assert isinstance(rec, ConvArgs)
         packed = self.pack(rec.weight)
         values, flags = stage_arguments(self.stages, records, self.k, self.out_hw, device)
+        if self.pre_stages:
+            c, h, w = self.spec.input_desc.dims[1:]
+            pre_values, pre_flags = stage_arguments(self.pre_stages, records, c, (h, w), device, PROLOGUE_PREFIX)
+            if reads_prior(pre_flags, PROLOGUE_PREFIX):
+                raise UnsupportedOpError(
+                    f"{self.solver_name}: beta != 0 on an operator before the convolution (its prior would be "
+                    "the output's, which the input's operators cannot read)"
+                )
+            values, flags = [*values, *pre_values], {**flags, **pre_flags}
         return packed, values, flags
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
@@ -545,6 +599,10 @@ class TritonConvKernel(Repeating, Kernel):
         with beta in every operator, reading a prior output), on stand-in tensors, so that the
         first execute finds it compiled."""
         values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device, with_prior)
+        if self.pre_stages:
+            c, h, w = self.spec.input_desc.dims[1:]
+            pre_values, pre_flags = stand_in_stage_arguments(self.pre_stages, c, (h, w), device, False, PROLOGUE_PREFIX)
+            values, flags = [*values, *pre_values], {**flags, **pre_flags}
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc
         strides = (*in_desc.strides, *out_desc.strides, *out_desc.strides)

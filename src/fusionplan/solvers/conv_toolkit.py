@@ -10,7 +10,7 @@ from fusionplan.core.descriptors import Layout, layout_strides
 from fusionplan.core.enums import DataType
 from fusionplan.core.ops import Phase
 from fusionplan.runtime.codegen import interpreter_active, triton_available
-from fusionplan.runtime.folding import split_at_conv
+from fusionplan.runtime.folding import AffineStage, pointwise_stages, split_at_conv
 from fusionplan.solvers.base import PlanSpec
 
 Tensor = torch.Tensor
@@ -70,15 +70,19 @@ def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
     return None
 
 
-def conv_plan_why_not(spec: PlanSpec) -> str | None:
-    """What in the plan keeps every Triton convolution kernel from it, or None."""
+def conv_plan_why_not(spec: PlanSpec, prologue: bool = False) -> str | None:
+    """What in the plan keeps every Triton convolution kernel from it, or None. ``prologue``: the
+    kernel applies operators before the convolution to its input tiles (triton-conv), those of
+    per-channel parameters."""
     if spec.phase != Phase.INFERENCE:
         return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
     pre, conv, _ = split_at_conv(spec.ops)
     if conv is None:
         return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"
-    if pre:
-        return "operators before the convolution are not fused into the Triton kernel yet"
+    if pre and not prologue:
+        return "operators before the convolution: triton-conv applies them as it loads the input"
+    if any(isinstance(s, AffineStage) and s.per_element for s in pointwise_stages(pre)):
+        return "a per-activation batch-norm before the convolution (its parameters per element, not per channel)"
     return None
 
 

@@ -127,13 +127,7 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 def run_model_suite(opts, device: torch.device, env: dict) -> int:
     """``fusionplan-bench --suite models``: each model of ``--models`` (default: every zoo model) at
     each batch, precision and layout; a table, and files in --out."""
-    names = [m for m in (opts.models or ",".join(MODELS)).split(",") if m]
-    unknown = set(names) - set(MODELS)
-    if unknown:
-        raise ValueError(f"unknown models {sorted(unknown)}; known: {', '.join(MODELS)}")
-    baselines = [b for b in (opts.baselines or ",".join(BASELINES)).split(",") if b and b != "none"]
-    if set(baselines) - set(BASELINES):
-        raise ValueError(f"unknown baselines for the model suite: {sorted(set(baselines) - set(BASELINES))}")
+    names, baselines = models_and_baselines(opts, MODELS, BASELINES, "models")
     batches = [int(b) for b in (opts.batch or ("32" if device.type == "cuda" else "1")).split(",")]
     precisions = (opts.precisions or ("fp16" if device.type == "cuda" else "fp32")).split(",")
     layouts = opts.layouts.split(",")
@@ -150,9 +144,27 @@ def run_model_suite(opts, device: torch.device, env: dict) -> int:
     text = table(rows, baselines)
     print(text)
     if opts.out:
-        out = Path(opts.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "models.md").write_text(f"# Models fused end to end\n\n{json.dumps(env)}\n\n{text}\n")
-        (out / "models.json").write_text(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=1))
-        print(f"wrote {out / 'models.md'} and models.json")
+        write_results(Path(opts.out), "models", "Models fused end to end", env, text, rows)
     return 1 if any("model" in r.errors for r in rows) else 0
+
+
+def models_and_baselines(opts, default_models, known_baselines, suite: str) -> tuple[list[str], list[str]]:
+    """A model suite's ``--models`` (zoo models; default ``default_models``) and ``--baselines``
+    (of ``known_baselines``, default all; 'none' for fusionplan only), or ValueError naming the
+    unknown ones."""
+    names = [m for m in (opts.models or ",".join(default_models)).split(",") if m]
+    unknown = set(names) - set(MODELS)
+    if unknown:
+        raise ValueError(f"unknown models {sorted(unknown)}; known: {', '.join(MODELS)}")
+    baselines = [b for b in (opts.baselines or ",".join(known_baselines)).split(",") if b and b != "none"]
+    if set(baselines) - set(known_baselines):
+        raise ValueError(f"unknown baselines for the {suite} suite: {sorted(set(baselines) - set(known_baselines))}")
+    return names, baselines
+
+
+def write_results(out: Path, stem: str, title: str, env: dict, text: str, rows: Sequence) -> None:
+    """A suite's table as ``stem``.md (with its environment) and its rows as ``stem``.json in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(f"# {title}\n\n{json.dumps(env)}\n\n{text}\n")
+    (out / f"{stem}.json").write_text(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=1))
+    print(f"wrote {out / (stem + '.md')} and {stem}.json")

@@ -13,16 +13,15 @@ step (and the last).
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from fusionplan.tools.bench.models import _fmt, _geomean, wall_ms
+from fusionplan.tools.bench.models import _fmt, _geomean, models_and_baselines, wall_ms, write_results
 from fusionplan.tools.bench.timing import synchronize
 from fusionplan.tools.bench.zoo import MODELS, build_model
 
@@ -175,13 +174,7 @@ def table(rows: Sequence[TrainRow], baselines: Sequence[str]) -> str:
 def run_train_model_suite(opts, device: torch.device, env: dict) -> int:
     """Each model of ``--models`` (default: ResNet-50, ResNeXt-50 32x4d, RegNetY-1.6GF) at each
     batch, precision and layout; a table, and files in --out."""
-    names = [m for m in (opts.models or ",".join(DEFAULT_MODELS)).split(",") if m]
-    unknown = set(names) - set(MODELS)
-    if unknown:
-        raise ValueError(f"unknown models {sorted(unknown)}; known: {', '.join(MODELS)}")
-    baselines = [b for b in (opts.baselines or ",".join(BASELINES)).split(",") if b and b != "none"]
-    if set(baselines) - set(BASELINES):
-        raise ValueError(f"unknown baselines for the train-models suite: {sorted(set(baselines) - set(BASELINES))}")
+    names, baselines = models_and_baselines(opts, DEFAULT_MODELS, BASELINES, "train-models")
     precisions = (opts.precisions or ("bf16,fp16" if device.type == "cuda" else "fp32")).split(",")
     if set(precisions) - set(AUTOCAST):
         raise ValueError(f"unknown precisions {sorted(set(precisions) - set(AUTOCAST))}; known: {', '.join(AUTOCAST)}")
@@ -196,9 +189,5 @@ def run_train_model_suite(opts, device: torch.device, env: dict) -> int:
     text = table(rows, baselines)
     print(text)
     if opts.out:
-        out = Path(opts.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "train-models.md").write_text(f"# Models trained fused\n\n{json.dumps(env)}\n\n{text}\n")
-        (out / "train-models.json").write_text(json.dumps({"env": env, "rows": [asdict(r) for r in rows]}, indent=1))
-        print(f"wrote {out / 'train-models.md'} and train-models.json")
+        write_results(Path(opts.out), "train-models", "Models trained fused", env, text, rows)
     return 1 if any(r.errors for r in rows) else 0
