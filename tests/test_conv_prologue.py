@@ -63,18 +63,17 @@ def test_the_padding_stays_zero_where_the_operators_would_not_give_zero():
     check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, "NHWC"))
 
 
-def test_beta_before_the_convolution_is_refused_and_nothing_is_written():
+def test_beta_before_the_convolution_blends_the_prior_as_the_contract_says():
+    """An operator before the convolution whose result is shaped like the output (stride 1, K = C)
+    may blend in the prior output; the prologue reads none, so such a call runs unfused, right."""
     x = make_input((1, 8, 6, 6), torch.float32, "NCHW")
     plan = _plan(x, "NAC", 8, 3, 3, (1, 1), (1, 1), (1, 1), 1)
     handle = fp.Handle("cpu", allow_tf32=False)
-    plan.compile(handle)
+    assert plan.compile(handle) == "triton-conv"
     args = random_args(plan, param_dtype=torch.float32)
-    record = args.get(plan.ops[0])
-    args.set(plan.ops[0], dataclasses.replace(record, beta=1.0))
-    y = poisoned(plan.output_desc)
-    with pytest.raises(fp.UnsupportedOpError, match="before the convolution"):
-        plan.execute(handle, x, y, args)
-    assert torch.isnan(y).all()
+    args.set(plan.ops[0], dataclasses.replace(args.get(plan.ops[0]), beta=0.5))
+    prior = make_input((1, 8, 6, 6), torch.float32, "NCHW")
+    check_against_reference(plan, handle, x, args, poisoned(plan.output_desc), prior=prior)
 
 
 def test_a_per_activation_batch_norm_before_the_convolution_is_left_to_the_reference():

@@ -23,6 +23,7 @@ import torch
 from fusionplan.core.enums import DataType
 from fusionplan.core.errors import UnsupportedOpError
 from fusionplan.core.ops import ConvArgs, OpArgs
+from fusionplan.oracle.reference import compute_dtype_for, run_reference
 from fusionplan.runtime import tuning
 from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
 from fusionplan.runtime.epilogue import (
@@ -383,6 +384,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.conv = conv
         self.stages = pointwise_stages(post, conv=conv.index)
         self.pre_stages = pointwise_stages(pre)  # only triton-conv's solver takes plans with them
+        self.pre_ops = tuple(op.index for op in pre)
         self.grid_dependency = grid_dependency_capable(handle)
         self._source = self.render(spec, self.stages)
         if self.grid_dependency and not holds_grid_dependency(self._source):
@@ -510,7 +512,9 @@ class TritonConvKernel(Repeating, Kernel):
         return packed, values, flags
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
-        if self.reads_descriptors:
+        if any(records[i].beta != 0 for i in self.pre_ops):
+            self._run_blending_before_the_convolution(x, y, records, prior)
+        elif self.reads_descriptors:
             self._run_through_descriptors(x, y, records, prior)
         else:
             self._run_config(self.config, x, y, records, prior)
@@ -532,6 +536,14 @@ class TritonConvKernel(Repeating, Kernel):
             split = cfg.split_k > 1  # its workspace is the current stream's
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
             self._repeats.put(repeat)
+
+    def _run_blending_before_the_convolution(
+        self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None
+    ) -> None:
+        """A call whose operators before the convolution blend in the prior output (beta != 0,
+        where their result is shaped like the output): the prologue reads no prior, so the chain
+        runs as the reference's torch operations, in fp32 (fp64 for fp64 data)."""
+        y.copy_(run_reference(self.spec.ops, x, records, prior, compute_dtype_for(x.dtype)).output)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """Where a launch's arguments take the input, the output and the prior (an index each, or
