@@ -641,3 +641,30 @@ def test_template_slots_map_each_argument_to_its_tensor(template_env):
     assert tb._template_slots(copied, [y, x, scale], ws) is None  # a stand-in, not the tensor
     uncompiled = [(launcher, None, (1, 1, 1), [x, y])]
     assert tb._template_slots(uncompiled, [y, x], ws) is None
+
+
+@pytest.mark.parametrize("backend", ["triton", "cpu"])
+def test_a_repeated_infinity_keeps_the_mean_infinite(backend):
+    """The fuzzer's find (seed 61): a feature whose element slot met -inf twice had a NaN mean, the
+    slot's step being -inf - -inf; the exact mean is -inf (and NaN with both infinities)."""
+    x = data((64, 3, 8, 8))
+    x[:, 1, 0, 0] = float("-inf")  # rows 64 apart: the same element slot again and again
+    x[0, 2, 1, 1], x[1, 2, 3, 0] = float("inf"), float("-inf")  # opposite infinities: NaN
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    bn = plan.add_batchnorm_forward(SPATIAL, True)
+    handle = fp.Handle("cpu")
+    plan.compile(handle, backend=backend)
+    pshape = (1, 3, 1, 1)
+    saved = torch.full(pshape, float("nan")), torch.full(pshape, float("nan"))
+    running = torch.zeros(pshape), torch.ones(pshape)
+    args = fp.OperatorArgs()
+    args.set(bn, fp.BatchNormForwardArgs(scale=torch.ones(pshape), bias=torch.zeros(pshape), saved_mean=saved[0],
+                                         saved_inv_variance=saved[1], running_mean=running[0],
+                                         running_variance=running[1], exp_avg_factor=0.5))  # fmt: skip
+    plan.execute(handle, x, torch.empty_like(x), args)
+    want = x.double().mean(dim=(0, 2, 3))
+    assert want[1].item() == float("-inf") and torch.isnan(want[2])
+    got = saved[0].reshape(-1)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want)), got
+    torch.testing.assert_close(got[0].double(), want[0], rtol=1e-5, atol=1e-6)
+    assert running[0].reshape(-1)[1].item() == float("-inf")

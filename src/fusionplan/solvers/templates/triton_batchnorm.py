@@ -122,9 +122,10 @@ def _welford(x_ptr, row0, row_end, f, f_ok, sxn, sxc, sxh, sxw, HW: tl.constexpr
         n_slot += tl.where(r_ok, 1.0, 0.0)
         step = tl.where(r_ok, 1.0 / tl.maximum(n_slot, 1.0), 0.0)
         delta = x - mean_slot
-        # an infinite mean stays through finite values (and masked rows): its step would be inf - inf
-        finite_x = (x - x) == 0.0
-        mean_slot = tl.where(((mean_slot - mean_slot) != 0.0) & finite_x, mean_slot, mean_slot + delta * step[:, None])
+        # an infinite mean stays through finite values, masked rows and the same infinity again: its
+        # step would be inf - inf (the opposite infinity makes it NaN, as the exact mean is)
+        keeps = ((x - x) == 0.0) | (x == mean_slot)
+        mean_slot = tl.where(((mean_slot - mean_slot) != 0.0) & keeps, mean_slot, mean_slot + delta * step[:, None])
         m2_slot += tl.where(mask, delta * (x - mean_slot), 0.0)
     count = tl.sum(n_slot, axis=0)
     mean = tl.sum(mean_slot * n_slot[:, None], axis=0) / tl.maximum(count, 1.0)
