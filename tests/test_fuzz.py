@@ -160,3 +160,27 @@ def test_batchnorm_statistics_keep_an_infinite_mean():
     summary = run_pool("interp", 11, [150, 521], 1, OPTIONS, case_timeout=600, log=lambda line: None)
     assert summary.cases == 2 and summary.by_solver["triton-batchnorm"] == 2
     assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+
+
+def test_a_repro_names_the_draw_options_the_run_changed(monkeypatch):
+    """An index draws another case under other shares (training, misuse, layers), so a repro
+    line carries those the run changed from the command line's defaults."""
+    import argparse
+
+    from .fuzz import __main__ as cli
+    from .fuzz.pool import DRAW_DEFAULTS, _repro
+
+    seen = {}
+    parse = argparse.ArgumentParser.parse_args
+
+    def capture(self, argv=None, namespace=None):
+        seen.update(vars(parse(self, argv, namespace)))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+    with pytest.raises(SystemExit):
+        cli.main([])
+    assert {name: seen[name] for name in DRAW_DEFAULTS} == DRAW_DEFAULTS
+    line = _repro("interp", 61, 1227, {**DRAW_DEFAULTS, "training": 0.3, "misuse": 0.1})
+    assert line == "python -m tests.fuzz --mode interp --seed 61 --index 1227 --training 0.3 --misuse 0.1"
+    assert _repro("cpu", 1, 3, dict(DRAW_DEFAULTS)) == "python -m tests.fuzz --mode cpu --seed 1 --index 3"

@@ -217,10 +217,16 @@ def _death(code: int | None) -> str:
     return f"exited with {code}"
 
 
+#: The draw's options and their command-line defaults: a repro names those the run changed, since
+#: each changes which case an index draws.
+DRAW_DEFAULTS = {"training": 0.1, "misuse": 0.05, "layers": 0.0, "focus": None, "solvers": None}
+
+
 def _repro(mode: str, seed: int, index: int | None, options: dict) -> str:
-    layers = options.get("layers", 0.0)
-    focus = f" --focus {options['focus']}" if options.get("focus") else ""
-    return REPRO.format(mode=mode, seed=seed, index=index) + (f" --layers {layers}" if layers else "") + focus
+    flags = "".join(
+        f" --{name} {options[name]}" for name, default in DRAW_DEFAULTS.items() if options.get(name, default) != default
+    )
+    return REPRO.format(mode=mode, seed=seed, index=index) + flags
 
 
 def write_summary(summary: Summary, path: str | None) -> None:
