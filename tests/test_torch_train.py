@@ -180,3 +180,21 @@ def test_a_fused_model_trains_under_distributed_data_parallel(tmp_path):
         _assert_step_matches(wrapped, twin, x, weights)
     finally:
         dist.destroy_process_group()
+
+
+def test_eval_mode_with_gradients_wanted_gives_eager_gradients():
+    """Eval mode outside no_grad (a saliency map, fine-tuning through a frozen model): the forward
+    is fused, and the input's and the parameters' gradients are eager's."""
+    twin, model, fused = _pair("silu")
+    twin.eval(), fused.eval()
+    _assert_step_matches(fused, twin, torch.randn(4, 3, 13, 11), torch.randn(4, 5))
+    assert any(not s.startswith("training") for v in fused.fusion_report.solvers().values() for s in v)
+
+
+def test_a_frozen_batch_norm_in_a_training_model_uses_its_running_statistics():
+    twin, model, fused = _pair()
+    for m in (twin, fused):
+        m.get_submodule("bn1").eval()  # frozen, as in fine-tuning
+    x, weights = torch.randn(4, 3, 13, 11), torch.randn(4, 5)
+    _assert_step_matches(fused, twin, x, weights)
+    assert fused.get_submodule("bn1").num_batches_tracked.item() == 0

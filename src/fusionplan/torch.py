@@ -22,6 +22,7 @@ import copy
 import operator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
@@ -203,7 +204,8 @@ class FusedChain(nn.Module):
         return {**self.__dict__, "_repeat": None}
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        if self.training:
+        bn = self._refs[1]
+        if self.training if bn is None else bn.training:  # a frozen (eval) batch-norm in training: inference
             return self._training_call(x, residual)
         if torch.compiler.is_compiling():
             # traced: straight to the custom op. The repeat path compares data pointers, which
@@ -212,6 +214,28 @@ class FusedChain(nn.Module):
             return self._op_call(x, residual)
         if _RECORDING.get() is not None:  # after the tracing test: torch.compile cannot trace a ContextVar
             return self._recording_call(x, residual)
+        if torch.is_grad_enabled() and self._needs_grad(x, residual):
+            x = x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+            return _InferenceWithGradients.apply(self, x, residual, *self._grad_params())
+        return self._inference_call(x, residual)
+
+    def _needs_grad(self, x: Any, residual: torch.Tensor | None) -> bool:
+        if isinstance(x, torch.Tensor) and x.requires_grad:
+            return True
+        return (residual is not None and residual.requires_grad) or any(p.requires_grad for p in self._grad_params())
+
+    def _grad_params(self) -> tuple[torch.Tensor, ...]:
+        """The chain's parameters that autograd may differentiate (running statistics are not),
+        read from the modules' own dictionaries (as attribute access does, without its cost)."""
+        conv, bn = self._refs
+        found = [] if conv is None else [conv._parameters.get("weight"), conv._parameters.get("bias")]
+        if bn is not None:
+            found += [bn._parameters.get("weight"), bn._parameters.get("bias")]
+        return tuple(p for p in found if p is not None)
+
+    def _inference_call(self, x: Any, residual: torch.Tensor | None) -> torch.Tensor:
+        """An eval-mode call as a fusion plan: the repeat path, else the plan (a residual the plan
+        cannot take: plain torch operations), else, traced or watched, the custom op."""
         if self._repeat is not None:
             out = self._repeat_call(x, residual)
             if out is not None:
@@ -376,6 +400,36 @@ class FusedChain(nn.Module):
 
 
 # ---- finding chains in the graph -------------------------------------------------------------------------
+class _InferenceWithGradients(torch.autograd.Function):
+    """An eval-mode chain called with gradients wanted (an input that requires them, or
+    parameters, outside no_grad): the forward is the fused plan; the backward recomputes the chain
+    in torch operations (the model's own modules, batch-norm on its running statistics) and
+    differentiates that, so the input's and the parameters' gradients are eager's."""
+
+    @staticmethod
+    def forward(ctx, chain, x, residual, *params):
+        ctx.chain = chain
+        ctx.save_for_backward(x, residual, *params)
+        return chain._inference_call(x, residual)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, residual, *params = ctx.saved_tensors
+        with torch.enable_grad():
+            xs = x.detach().requires_grad_(ctx.needs_input_grad[1])
+            rs = None if residual is None else residual.detach().requires_grad_(ctx.needs_input_grad[2])
+            out = ctx.chain._unfused(xs, rs)
+            wanted = [t for t in (xs, rs, *params) if t is not None and t.requires_grad]
+            grads = iter(torch.autograd.grad(out, wanted, dy, allow_unused=True)) if wanted else iter(())
+        pick = {id(t): next(grads) for t in wanted}
+        return (
+            None,
+            pick.get(id(xs)),
+            None if rs is None else pick.get(id(rs)),
+            *(pick.get(id(p)) for p in params),
+        )
+
+
 @dataclass
 class FusionReport:
     fused: list[str] = field(default_factory=list)
