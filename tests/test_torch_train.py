@@ -198,3 +198,13 @@ def test_a_frozen_batch_norm_in_a_training_model_uses_its_running_statistics():
     x, weights = torch.randn(4, 3, 13, 11), torch.randn(4, 5)
     _assert_step_matches(fused, twin, x, weights)
     assert fused.get_submodule("bn1").num_batches_tracked.item() == 0
+
+
+def test_one_value_per_channel_is_refused_as_eager_refuses_it():
+    twin, model, fused = _pair()
+    x = torch.randn(1, 8, 1, 1)
+    chain = next(c for c in fused.fusion_report.chains.values() if c._refs[0] is None)  # bn3 -> act3
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        chain(x)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        twin.act3(twin.bn3(x))

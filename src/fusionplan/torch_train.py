@@ -45,6 +45,8 @@ def training_refusal(bn: nn.BatchNorm2d, h: torch.Tensor) -> str | None:
         return f"a {h.dim()}-d {h.dtype} batch-norm input"
     if type(h) is not torch.Tensor or h.device != bn.weight.device:
         return "an input that is not a plain tensor on the parameters' device"
+    if h.numel() <= h.shape[1]:  # nn.BatchNorm2d refuses it (its ValueError comes from the eager call)
+        return "one value per channel"
     return None
 
 
