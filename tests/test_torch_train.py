@@ -208,3 +208,53 @@ def test_one_value_per_channel_is_refused_as_eager_refuses_it():
         chain(x)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         twin.act3(twin.bn3(x))
+
+
+class _RandomNet(nn.Module):
+    """A random stack of the chain kinds fuse takes: conv (grouped, strided, with or without a
+    bias) -> batch-norm (momentum or None) -> [+ the block's input] -> activation."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        import random
+
+        r = random.Random(seed)
+        self.blocks = nn.ModuleList()
+        self.residual = []
+        c = 3
+        for _ in range(r.randint(2, 4)):
+            k = r.choice([4, 6, 8])
+            groups = r.choice([g for g in (1, 2) if c % g == 0 and k % g == 0])
+            stride = r.choice([1, 1, 2])
+            conv = nn.Conv2d(c, k, r.choice([1, 3]), stride, padding="same" if stride == 1 else 1, groups=groups,
+                             bias=r.random() < 0.5)  # fmt: skip
+            bn = nn.BatchNorm2d(k, momentum=r.choice([0.1, 0.3, None]))
+            act = copy.deepcopy(ACTIVATIONS[r.choice(list(ACTIVATIONS))])
+            self.blocks.append(nn.ModuleList([conv, bn, act]))
+            self.residual.append(stride == 1 and c == k and r.random() < 0.6)
+            c = k
+        self.head = nn.Linear(c, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for (conv, bn, act), residual in zip(self.blocks, self.residual):
+            y = bn(conv(x))
+            x = act(y + x) if residual else act(y)
+        return self.head(x.mean((2, 3)))
+
+
+@pytest.mark.parametrize(("seed", "backend"), [*((s, "any") for s in range(8)), (8, "triton"), (9, "triton")])
+def test_random_models_train_as_eager_does(seed, backend, monkeypatch):
+    if backend == "triton":  # the Triton training kernels, through the interpreter
+        monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    model = _randomized(_RandomNet(seed)).train()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    assert len(fused.fusion_report.fused) == len(model.blocks), fused.fusion_report
+    torch.manual_seed(seed)
+    for _ in range(2):
+        x = torch.randn(3, 3, 9, 10)
+        if seed % 2:
+            x = x.to(memory_format=torch.channels_last)
+        for m in (fused, twin):
+            m.zero_grad()
+        _assert_step_matches(fused, twin, x, torch.randn(3, 5))
