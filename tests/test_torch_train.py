@@ -258,3 +258,14 @@ def test_random_models_train_as_eager_does(seed, backend, monkeypatch):
         for m in (fused, twin):
             m.zero_grad()
         _assert_step_matches(fused, twin, x, torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("seed", range(10, 14))
+def test_random_models_in_eval_mode_give_eager_gradients(seed):
+    model = _randomized(_RandomNet(seed)).eval()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    x = torch.randn(2, 3, 9, 10)
+    _assert_step_matches(fused, twin, x, torch.randn(2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-4, atol=1e-4)
