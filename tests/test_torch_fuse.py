@@ -189,6 +189,20 @@ def test_example_inputs_check_outputs():
     assert fused.fusion_report.fused
 
 
+def test_an_untraceable_forward_is_a_typed_error_naming_the_model():
+    class HostRead(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.bn(self.conv(x))
+            return y * float(y.mean())
+
+    with pytest.raises(fp.UnsupportedOpError, match=r"cannot trace HostRead\.forward \(TypeError: float"):
+        fpt.fuse(HostRead().eval())
+
+
 def test_dlpack_input_to_a_fused_chain():
     m = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU()).eval()
     fused = fpt.fuse(m)

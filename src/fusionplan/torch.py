@@ -32,7 +32,7 @@ from torch import nn
 from fusionplan.compiling import compile_all, on_gpu, resolve_workers, run_on_threads
 from fusionplan.core.activations import activation_forward
 from fusionplan.core.enums import ActivationMode
-from fusionplan.core.errors import BadParmError
+from fusionplan.core.errors import BadParmError, UnsupportedOpError
 from fusionplan.core.settings import Settings
 from fusionplan.torch_graph import GraphedCalls, graphable, hold
 from fusionplan.torch_op import (
@@ -764,9 +764,16 @@ def fuse(
 
 
 def _traced(model: nn.Module) -> FusedModel:
-    """torch.fx.symbolic_trace, into a FusedModel."""
+    """torch.fx.symbolic_trace, into a FusedModel; UnsupportedOpError where the forward cannot be
+    traced (data-dependent control flow, host reads of traced values)."""
     tracer = torch.fx.Tracer()
-    graph = tracer.trace(model)
+    try:
+        graph = tracer.trace(model)
+    except Exception as exc:  # whatever the forward raised on proxies: reported, typed
+        raise UnsupportedOpError(
+            f"fuse(): torch.fx cannot trace {type(model).__name__}.forward ({type(exc).__name__}: {exc}); "
+            "mark the untraceable code with torch.fx.wrap, or fuse the submodules that trace"
+        ) from exc
     return FusedModel(tracer.root, graph, type(model).__name__)
 
 

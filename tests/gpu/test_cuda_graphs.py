@@ -22,6 +22,14 @@ from ..test_torch_fuse import ResidualAdd, TinyResNet, randomize_bn
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def scaled_by_host_read(y: torch.Tensor) -> torch.Tensor:
+    """A host read (not capturable), kept whole by fuse's tracer (fx.wrap: a leaf call)."""
+    return y * float(y.mean())
+
+
+torch.fx.wrap("scaled_by_host_read")
+
+
 def _half_cuda(m: nn.Module) -> nn.Module:
     return randomize_bn(m.eval()).cuda().half().to(memory_format=torch.channels_last)
 
@@ -89,8 +97,7 @@ def test_a_residual_model_and_an_uncapturable_forward():
             self.conv, self.bn = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)
 
         def forward(self, x):
-            y = torch.relu(self.bn(self.conv(x)))
-            return y * float(y.mean())  # a host read: not capturable
+            return scaled_by_host_read(torch.relu(self.bn(self.conv(x))))
 
     model = _half_cuda(Syncs())
     fused = fpt.fuse(model, cuda_graph=True)

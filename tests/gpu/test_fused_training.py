@@ -24,8 +24,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+def _distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.double() - b.double()).norm().item()
+
+
 def _step(module, x, label, dtype):
-    with torch.autocast("cuda", dtype=dtype):
+    with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
         loss = F.cross_entropy(module(x), label)
     loss.backward()
     return loss.item()
@@ -34,22 +38,28 @@ def _step(module, x, label, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("act", ["relu", "silu", "elu"])
 def test_training_steps_track_eager(dtype, act):
+    """Each gradient of the fused step is at most 3x as far from an fp32 step's as the eager
+    autocast step's is (plus 0.1 % of its norm). Compared with eager alone, a bias before a
+    training batch-norm (its true gradient zero: the batch-norm takes the mean out) would compare
+    one rounding noise with another."""
     model = _randomized(Chains(ACTIVATIONS[act])).cuda().to(memory_format=torch.channels_last).train()
-    twin = copy.deepcopy(model)
+    twin, reference = copy.deepcopy(model), copy.deepcopy(model)
     fused = fpt.fuse(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
-    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.02, momentum=0.9)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9) for m in (model, twin, reference)]
     torch.manual_seed(3)
     for _ in range(5):
         x = torch.randn(16, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last)
         label = torch.randint(0, 5, (16,), device="cuda")
-        opt.zero_grad(), twin_opt.zero_grad()
-        losses = _step(fused, x, label, dtype), _step(twin, x, label, dtype)
+        for opt in optimizers:
+            opt.zero_grad()
+        losses = _step(fused, x, label, dtype), _step(twin, x, label, dtype), _step(reference, x, label, None)
         assert losses[0] == pytest.approx(losses[1], rel=2e-2), losses
-        grads = dict(fused.named_parameters())
-        for name, p in twin.named_parameters():
-            assert _rel(grads[name].grad, p.grad) < 3e-2, name
-        opt.step(), twin_opt.step()
+        grads, eager = dict(fused.named_parameters()), dict(twin.named_parameters())
+        for name, p in reference.named_parameters():
+            fused_off, eager_off = _distance(grads[name].grad, p.grad), _distance(eager[name].grad, p.grad)
+            assert fused_off <= 3 * eager_off + 1e-3 * p.grad.double().norm().item(), (name, fused_off, eager_off)
+        for opt in optimizers:
+            opt.step()
     buffers = dict(fused.named_buffers())
     for name, b in twin.named_buffers():
         assert _rel(buffers[name].float(), b.float()) < 1e-2, name
