@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fusionplan.torch as fpt
+from fusionplan import torch_train
 
 ACTIVATIONS = {
     "relu": nn.ReLU(),
@@ -165,6 +166,22 @@ def test_the_triton_training_kernels_through_the_interpreter(layout, monkeypatch
     weights = torch.randn(2, 5)
     _assert_step_matches(fused, twin, x, weights)
     assert "training: triton-batchnorm" in {s for v in fused.fusion_report.solvers().values() for s in v}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "triton"])
+def test_a_gradient_in_another_layout_is_read_in_place_not_copied(backend, monkeypatch):
+    """The last chain's gradient comes from the head's mean in NCHW, its input is channels-last:
+    the backward plan reads the gradient in its own layout (a copy would cost an activation's
+    worth of memory at the step's peak)."""
+    if backend == "triton":
+        monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    twin, model, fused = _pair("relu")
+    x = torch.randn(2, 3, 6, 5).to(memory_format=torch.channels_last)
+    weights = torch.randn(2, 5)
+    copies, like = [], torch_train._like
+    monkeypatch.setattr(torch_train, "_like", lambda t, model: copies.append(t.stride()) or like(t, model))
+    _assert_step_matches(fused, twin, x, weights)
+    assert copies == []
 
 
 def test_a_fused_model_trains_under_distributed_data_parallel(tmp_path):

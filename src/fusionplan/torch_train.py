@@ -90,8 +90,8 @@ def _plans(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple 
 
 def _compiled(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple | str:
     """A training plan for inputs like ``h`` and its handle, compiled; or why not."""
-    plan = FusionPlan(TensorDescriptor.from_tensor(h))
     try:
+        plan = FusionPlan(TensorDescriptor.from_tensor(h))
         if direction == "forward":
             ops = [plan.add_batchnorm_forward(BatchNormMode.SPATIAL, True)]
             if mode >= 0:
@@ -136,8 +136,9 @@ class _BatchNormActivation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         h, weight, bias, stats = ctx.saved_tensors
-        plan, ops, handle = ctx.backward
-        dy = _like(dy, h)
+        plan, ops, handle = _backward_plans(ctx.backward, dy, h)
+        if dy.dtype != h.dtype or not plan.input_desc.same_strides(dy.stride()):
+            dy = _like(dy, h)
         dx = torch.empty_like(h)
         grads = torch.empty(2, h.shape[1], dtype=torch.float32, device=h.device)
         args = OperatorArgs()
@@ -154,6 +155,23 @@ class _BatchNormActivation(torch.autograd.Function):
         dweight = grads[0].to(weight.dtype) if ctx.needs_input_grad[1] else None
         dbias = grads[1].to(bias.dtype) if ctx.needs_input_grad[2] else None
         return dx, dweight, dbias, None, None, None, None, None, None, None
+
+
+def _backward_plans(compiled: tuple, dy: torch.Tensor, h: torch.Tensor) -> tuple:
+    """The backward plans for a gradient in its own layout where it differs from the forward
+    input's (the plan reads the forward input in its layout): no copy of the gradient (an
+    activation's worth of memory more at the step's peak); ``compiled`` (h's layout, the gradient
+    copied to it) where they cannot run it."""
+    if dy.dtype != h.dtype or compiled[0].input_desc.same_strides(dy.stride()):
+        return compiled
+    handle = compiled[2]
+    found = _plans("backward", dy, int(_ops_mode(compiled[1])), handle)
+    return compiled if isinstance(found, str) else found
+
+
+def _ops_mode(ops: tuple) -> int:
+    """The activation mode of a backward plan's operators (-1: none)."""
+    return int(ops[1].mode) if len(ops) > 1 else -1
 
 
 def _like(t: torch.Tensor, model: torch.Tensor) -> torch.Tensor:
