@@ -32,6 +32,7 @@ from fusionplan.core.ops import (
     BatchNormBackwardArgs,
     BatchNormForwardArgs,
     BatchNormInferenceArgs,
+    BatchNormStatisticsArgs,
     BiasArgs,
     ConvArgs,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "BatchNormBackwardArgs",
     "BatchNormForwardArgs",
     "BatchNormInferenceArgs",
+    "BatchNormStatisticsArgs",
     "BatchNormMode",
     "BiasArgs",
     "ConvArgs",

@@ -30,6 +30,7 @@ from fusionplan.core.handle import Handle, resolve_device
 from fusionplan.core.ops import (
     ActivationArgs,
     BatchNormInferenceArgs,
+    BatchNormStatisticsArgs,
     BiasArgs,
     ConvArgs,
     FusionOp,
@@ -184,6 +185,27 @@ class Plan:
 
     def relu(self) -> Plan:
         return self.activation(ActivationMode.RELU)
+
+    def statistics(
+        self,
+        saved_mean: Any = None,
+        saved_inv_variance: Any = None,
+        running_mean: Any = None,
+        running_variance: Any = None,
+        *,
+        exp_avg_factor: float = 0.1,
+        eps: float = 1e-5,
+        mode: BatchNormMode | str = "spatial",
+    ) -> Plan:
+        """The batch-norm statistics of the chain's output, written into the tensors given (the
+        saved mean and inverse deviation, the running statistics updated with ``exp_avg_factor``
+        and the unbiased variance); the output stays unnormalized. The plan's last operator."""
+        mode = coerce_enum(BatchNormMode, mode, "batch-norm mode")
+        running = {"running_mean": running_mean, "running_variance": running_variance}
+        op = self.core.add_batchnorm_statistics(mode, any(v is not None for v in running.values()))
+        given = {"saved_mean": saved_mean, "saved_inv_variance": saved_inv_variance, **running}
+        tensors = {k: v for k, v in given.items() if v is not None}
+        return self._bind(op, BatchNormStatisticsArgs, **tensors, exp_avg_factor=exp_avg_factor, epsilon=eps)
 
     def update(self, op: int | FusionOp, **fields: Any) -> Plan:
         """Replace some arguments of operator ``op`` (index or operator); no recompile."""

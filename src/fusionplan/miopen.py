@@ -37,6 +37,7 @@ from fusionplan.core.ops import (
     BatchNormBackwardArgs,
     BatchNormForwardArgs,
     BatchNormInferenceArgs,
+    BatchNormStatisticsArgs,
     BiasArgs,
     ConvArgs,
     ConvForwardOp,
@@ -485,6 +486,15 @@ def miopenCreateOpBatchNormForward(plan: Any, bn_mode: Any, runningMeanVariance:
 
 
 @_api(outputs=1)
+def miopenCreateOpBatchNormStatistics(plan: Any, bn_mode: Any, runningMeanVariance: bool) -> FusionOp:
+    """fusionplan addition: the batch-norm statistics of the chain's output, its last operator (the
+    output unnormalized): [Conv, BatchNormStatistics] is a convolution that emits them."""
+    return _plan(plan).add_batchnorm_statistics(
+        _enum(BatchNormMode, bn_mode, "batch-norm mode"), bool(runningMeanVariance)
+    )
+
+
+@_api(outputs=1)
 def miopenCreateOpBatchNormBackward(plan: Any, bn_mode: Any) -> FusionOp:
     return _plan(plan).add_batchnorm_backward(_enum(BatchNormMode, bn_mode, "batch-norm mode"))
 
@@ -629,6 +639,37 @@ def miopenSetOpArgsBatchNormForward(
         beta,
         scale=bnScale,
         bias=bnBias,
+        saved_mean=savedMean,
+        saved_inv_variance=savedInvVariance,
+        running_mean=runningMean,
+        running_variance=runningVariance,
+        exp_avg_factor=expAvgFactor,
+        epsilon=epsilon,
+    )
+
+
+@_api()
+def miopenSetOpArgsBatchNormStatistics(
+    args: Any,
+    bnOp: Any,
+    alpha: Any,
+    beta: Any,
+    savedMean: Any,
+    savedInvVariance: Any,
+    runningMean: Any,
+    runningVariance: Any,
+    expAvgFactor: float,
+    epsilon: float,
+) -> None:
+    """fusionplan addition: miopenSetOpArgsBatchNormForward's arguments without bnScale and bnBias
+    (alpha 1 and beta 0: the operator passes its input through)."""
+    _set(
+        args,
+        bnOp,
+        "bnOp",
+        BatchNormStatisticsArgs,
+        alpha,
+        beta,
         saved_mean=savedMean,
         saved_inv_variance=savedInvVariance,
         running_mean=runningMean,

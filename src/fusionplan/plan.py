@@ -37,6 +37,7 @@ from fusionplan.core.ops import (
     BatchNormBackwardOp,
     BatchNormForwardOp,
     BatchNormInferenceOp,
+    BatchNormStatisticsOp,
     BiasForwardOp,
     ConvForwardOp,
     FusionOp,
@@ -95,7 +96,13 @@ def _order_error(plan_ops: list[FusionOp], new: type[FusionOp]) -> str | None:
                 "(the backward of [batch-norm forward training, activation forward])"
             )
         return None
+    if plan_ops[-1].phase == Phase.STATISTICS:
+        return f"{plan_ops[-1].title} ends a plan; cannot add {new.title} after it"
     first = plan_ops[0]
+    if new.phase == Phase.STATISTICS:
+        if first.phase != Phase.INFERENCE:
+            return f"{new.title} follows inference operators only (or starts a plan); the plan is {first.phase.value}"
+        return None
     if first.phase == Phase.INFERENCE:
         if new.phase != Phase.INFERENCE:
             return f"cannot add {new.title} ({new.phase.value}) to an inference plan; plans do not mix phases"
@@ -153,7 +160,7 @@ class FusionPlan:
 
     @property
     def phase(self) -> Phase | None:
-        return self._ops[0].phase if self._ops else None
+        return self.spec().phase if self._ops else None
 
     @property
     def combination(self) -> str:
@@ -208,6 +215,15 @@ class FusionPlan:
         self, mode: BatchNormMode | int, running_mean_variance: bool = True
     ) -> BatchNormForwardOp:
         return self._add(BatchNormForwardOp, mode, running_mean_variance)
+
+    def add_batchnorm_statistics(
+        self, mode: BatchNormMode | int, running_mean_variance: bool = True
+    ) -> BatchNormStatisticsOp:
+        """The statistics of the chain's output that a training batch-norm after the plan would
+        compute (saved mean and inverse variance, running statistics), the output unnormalized;
+        the last operator of a plan (fusionplan's extension: [C, S], a convolution that emits its
+        batch-norm's statistics)."""
+        return self._add(BatchNormStatisticsOp, mode, running_mean_variance)
 
     def add_batchnorm_backward(self, mode: BatchNormMode | int) -> BatchNormBackwardOp:
         return self._add(BatchNormBackwardOp, mode)

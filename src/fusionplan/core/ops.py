@@ -33,6 +33,9 @@ class Phase(enum.Enum):
     INFERENCE = "inference"
     TRAINING_FORWARD = "training forward"
     BACKWARD = "backward"
+    #: an inference chain (or nothing) ending in batch-norm statistics: the chain's output, and the
+    #: statistics of it that a training batch-norm after the plan would compute
+    STATISTICS = "statistics"
 
 
 def as_tensor(value: Any, name: str, writable: bool = False) -> torch.Tensor:
@@ -255,6 +258,19 @@ class BatchNormForwardArgs(OpArgs):
 
 
 @dataclass(frozen=True)
+class BatchNormStatisticsArgs(OpArgs):
+    """The side outputs of batch-norm statistics, as BatchNormForwardArgs' (no scale or bias: the
+    data passes through unnormalized)."""
+
+    saved_mean: torch.Tensor | None = None
+    saved_inv_variance: torch.Tensor | None = None
+    running_mean: torch.Tensor | None = None
+    running_variance: torch.Tensor | None = None
+    exp_avg_factor: float = 0.1
+    epsilon: float = 1e-5
+
+
+@dataclass(frozen=True)
 class BatchNormBackwardArgs(OpArgs):
     x: torch.Tensor | None = None
     scale: torch.Tensor | None = None
@@ -456,10 +472,10 @@ def _activ_params(args: ActivationArgs | ActivationBackwardArgs) -> dict[str, fl
     return {n: finite_float(getattr(args, n), n) for n in ("activ_alpha", "activ_beta", "activ_gamma")}
 
 
-class BatchNormForwardOp(_BatchNormOp):
-    phase = Phase.TRAINING_FORWARD
-    title = "batch-norm forward training"
-    args_type = BatchNormForwardArgs
+class _StatisticsOp(_BatchNormOp):
+    """What batch-norm forward training and batch-norm statistics share: the batch statistics, the
+    saved and running ones written as side outputs."""
+
     side_outputs = ("saved_mean", "saved_inv_variance", "running_mean", "running_variance")
 
     def __init__(
@@ -469,12 +485,13 @@ class BatchNormForwardOp(_BatchNormOp):
         self.running = bool(running_mean_variance)
         count = input_desc.numel // _numel(self.param_dims)
         if count < 2 and self.running:
-            raise BadParmError("batch-norm training with running statistics needs at least 2 values per channel")
+            raise BadParmError(f"{self.title} with running statistics needs at least 2 values per channel")
 
     def signature(self) -> tuple:
         return (*super().signature(), self.running)
 
-    def _check(self, args: BatchNormForwardArgs) -> BatchNormForwardArgs:
+    def _statistics(self, args: BatchNormForwardArgs | BatchNormStatisticsArgs) -> dict[str, Any]:
+        """The statistics' arguments checked: epsilon, the factor, the saved and running tensors."""
         eps = finite_float(args.epsilon, "batch-norm epsilon")
         factor = finite_float(args.exp_avg_factor, "expAvgFactor")
         if eps < 0:
@@ -485,19 +502,43 @@ class BatchNormForwardOp(_BatchNormOp):
             n: self._param(args, n) if self.running else self._optional_param(args, n)
             for n in ("running_mean", "running_variance")
         }
-        return BatchNormForwardArgs(
-            scale=self._param(args, "scale"),
-            bias=self._param(args, "bias"),
-            saved_mean=self._optional_param(args, "saved_mean"),
-            saved_inv_variance=self._optional_param(args, "saved_inv_variance"),
-            **running,
-            exp_avg_factor=factor,
-            epsilon=eps,
-            **_blend(args),
-        )
+        saved = {n: self._optional_param(args, n) for n in ("saved_mean", "saved_inv_variance")}
+        return {**saved, **running, "exp_avg_factor": factor, "epsilon": eps}
 
     def describe(self) -> str:
         return super().describe() + (" with running statistics" if self.running else "")
+
+
+class BatchNormForwardOp(_StatisticsOp):
+    phase = Phase.TRAINING_FORWARD
+    title = "batch-norm forward training"
+    args_type = BatchNormForwardArgs
+
+    def _check(self, args: BatchNormForwardArgs) -> BatchNormForwardArgs:
+        return BatchNormForwardArgs(
+            scale=self._param(args, "scale"), bias=self._param(args, "bias"), **self._statistics(args), **_blend(args)
+        )
+
+
+class BatchNormStatisticsOp(_StatisticsOp):
+    """The statistics a training batch-norm would compute of this operator's input (the mean and
+    inverse deviation saved, the running statistics updated), the input passed through as the
+    operator's result: a convolution that also emits its batch-norm's statistics ([C, S]), the
+    normalization left to the next plan. It ends a plan."""
+
+    phase = Phase.STATISTICS
+    letter = "S"
+    title = "batch-norm statistics"
+    args_type = BatchNormStatisticsArgs
+
+    def _check(self, args: BatchNormStatisticsArgs) -> BatchNormStatisticsArgs:
+        blend = _blend(args)
+        if blend != {"alpha": 1.0, "beta": 0.0}:
+            raise BadParmError(
+                f"operator {self.index} ({self.title}) passes its input through: alpha must be 1 and beta 0, "
+                f"got alpha {blend['alpha']} and beta {blend['beta']}"
+            )
+        return BatchNormStatisticsArgs(**self._statistics(args), **blend)
 
 
 class BatchNormBackwardOp(_BatchNormOp):

@@ -17,6 +17,8 @@ from fusionplan.core.ops import (
     ActivationForwardOp,
     BatchNormInferenceArgs,
     BatchNormInferenceOp,
+    BatchNormStatisticsArgs,
+    BatchNormStatisticsOp,
     BiasArgs,
     BiasForwardOp,
     ConvArgs,
@@ -68,7 +70,8 @@ def random_record(
     epsilon: float = 1e-5,
     gen: torch.Generator | None = None,
 ) -> OpArgs:
-    """A fresh random argument record for an inference operator."""
+    """A fresh random argument record for an inference operator, or batch-norm statistics (its saved
+    statistics NaN, to show they were written)."""
     dt = op.input_desc.dtype.torch_dtype
     pdt = param_dtype or dt
     if isinstance(op, ConvForwardOp):
@@ -92,4 +95,19 @@ def random_record(
     if isinstance(op, ActivationForwardOp):
         a, b, g = activ_params or ACTIV_PARAMS[op.mode]
         return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta)
+    if isinstance(op, BatchNormStatisticsOp):  # passes its input through: no alpha or beta
+        dims = op.param_dims
+        unwritten = [torch.full(dims, float("nan"), dtype=pdt, device=device) for _ in range(2)]
+        running = [
+            random_tensor(dims, pdt, device, scale=0.5, gen=gen),
+            (torch.rand(dims, generator=gen) + 0.5).to(pdt),
+        ]
+        return BatchNormStatisticsArgs(
+            saved_mean=unwritten[0],
+            saved_inv_variance=unwritten[1],
+            running_mean=running[0],
+            running_variance=running[1].to(device),
+            exp_avg_factor=0.3,
+            epsilon=epsilon,
+        )
     raise TypeError(f"no random arguments for {op.title}")

@@ -28,6 +28,8 @@ from fusionplan.core.ops import (
     BatchNormForwardOp,
     BatchNormInferenceArgs,
     BatchNormInferenceOp,
+    BatchNormStatisticsArgs,
+    BatchNormStatisticsOp,
     BiasArgs,
     BiasForwardOp,
     ConvArgs,
@@ -82,12 +84,29 @@ def _apply_forward(op: FusionOp, h: Tensor, rec: OpArgs, dt: torch.dtype, side: 
     if isinstance(op, BatchNormForwardOp):
         assert isinstance(rec, BatchNormForwardArgs)
         return _batchnorm_forward_training(op, h, rec, dt, side)
+    if isinstance(op, BatchNormStatisticsOp):
+        assert isinstance(rec, BatchNormStatisticsArgs)
+        batch_statistics(op, h, rec, dt, side)
+        return h
     raise BadParmError(f"operator {op.index} ({op.title}) is not a forward operator")
 
 
 def _batchnorm_forward_training(
     op: BatchNormForwardOp, h: Tensor, rec: BatchNormForwardArgs, dt: torch.dtype, side: dict
 ) -> Tensor:
+    mean, inv_std = batch_statistics(op, h, rec, dt, side)
+    return _c(rec.scale, dt) * (h - mean) * inv_std + _c(rec.bias, dt)
+
+
+def batch_statistics(
+    op: BatchNormForwardOp | BatchNormStatisticsOp,
+    h: Tensor,
+    rec: BatchNormForwardArgs | BatchNormStatisticsArgs,
+    dt: torch.dtype,
+    side: dict,
+) -> tuple[Tensor, Tensor]:
+    """The batch mean and inverse deviation of ``h`` (returned, and as the saved side outputs),
+    and the running statistics updated (side outputs)."""
     dims = reduce_dims(op.mode, h.ndim)
     mean = h.mean(dim=dims, keepdim=True)
     var = h.var(dim=dims, unbiased=False, keepdim=True)
@@ -101,7 +120,7 @@ def _batchnorm_forward_training(
     if rec.running_variance is not None:
         unbiased = var * (count / (count - 1)) if count > 1 else var
         side[(op.index, "running_variance")] = (1 - f) * _c(rec.running_variance, dt) + f * unbiased
-    return _c(rec.scale, dt) * (h - mean) * inv_std + _c(rec.bias, dt)
+    return mean, inv_std
 
 
 def _blend(r: Tensor, rec: OpArgs, prior: Tensor | None) -> Tensor:

@@ -29,7 +29,9 @@ class PlanSpec:
 
     @property
     def phase(self) -> Phase:
-        return self.ops[0].phase
+        """The first operator's phase, or STATISTICS for a chain that ends in batch-norm statistics."""
+        last = self.ops[-1].phase
+        return last if last == Phase.STATISTICS else self.ops[0].phase
 
     @property
     def dtype(self):

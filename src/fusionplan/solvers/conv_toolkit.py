@@ -70,12 +70,20 @@ def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
     return None
 
 
+#: The Triton solvers of the plans that are not inference plans.
+_WHO_RUNS = {
+    Phase.TRAINING_FORWARD: "triton-batchnorm runs the training plans",
+    Phase.BACKWARD: "triton-batchnorm runs the training plans",
+    Phase.STATISTICS: "the reference runs statistics plans",
+}
+
+
 def conv_plan_why_not(spec: PlanSpec, prologue: bool = False) -> str | None:
     """What in the plan keeps every Triton convolution kernel from it, or None. ``prologue``: the
     kernel applies operators before the convolution to its input tiles (triton-conv), those of
     per-channel parameters."""
     if spec.phase != Phase.INFERENCE:
-        return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
+        return f"{spec.phase.value} plans: this solver runs inference plans ({_WHO_RUNS[spec.phase]})"
     pre, conv, _ = split_at_conv(spec.ops)
     if conv is None:
         return "the plan has no convolution (the triton-pointwise solver runs pointwise chains)"

@@ -18,7 +18,7 @@ class CpuFoldedSolver(Solver):
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         if handle.device.type != "cpu":
             return f"runs on the CPU only; the handle's device is {handle.device}"
-        if spec.phase != Phase.INFERENCE:
+        if spec.phase not in (Phase.INFERENCE, Phase.STATISTICS):
             return f"{spec.phase.value} plans are cpu-training's"
         return None
 

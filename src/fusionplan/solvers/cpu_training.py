@@ -116,8 +116,8 @@ class CpuTrainingSolver(Solver):
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         if handle.device.type != "cpu":
             return f"runs on the CPU only; the handle's device is {handle.device}"
-        if spec.phase == Phase.INFERENCE:
-            return "inference plans are cpu-folded's (this solver runs the training plans)"
+        if spec.phase in (Phase.INFERENCE, Phase.STATISTICS):
+            return f"{spec.phase.value} plans are cpu-folded's (this solver runs the training plans)"
         if spec.input_desc.ndim != 4:
             return f"{spec.input_desc.ndim}-d tensors; torch's CPU batch norm is run on 4-d (NCHW) tensors here"
         return None

@@ -24,12 +24,13 @@ from fusionplan.core.ops import (
     AFFINE_OPS,
     ActivationArgs,
     ActivationForwardOp,
+    BatchNormStatisticsOp,
     ConvArgs,
     ConvForwardOp,
     FusionOp,
     OpArgs,
 )
-from fusionplan.oracle.reference import compute_dtype_for
+from fusionplan.oracle.reference import ReferenceResult, batch_statistics, compute_dtype_for, write_side_outputs
 from fusionplan.oracle.torch_conv import canonical, conv2d
 from fusionplan.runtime.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
 from fusionplan.solvers.base import Kernel, PlanSpec
@@ -130,7 +131,10 @@ class FoldedKernel(Kernel):
     def __init__(self, spec: PlanSpec) -> None:
         self.spec = spec
         self.dt = compute_dtype_for(spec.dtype.torch_dtype)
-        self.stages = plan_stages(spec.ops)
+        last = spec.ops[-1]
+        # batch-norm statistics, the last operator: taken of the chain's result in the compute dtype
+        self.statistics = last if isinstance(last, BatchNormStatisticsOp) else None
+        self.stages = plan_stages(spec.ops[:-1] if self.statistics else spec.ops)
         self.pointwise_only = not any(isinstance(stage, ConvStage) for stage in self.stages)
         self._folded = PerArgsCache()
 
@@ -164,7 +168,12 @@ class FoldedKernel(Kernel):
         p = None if prior is None else prior.to(self.dt)
         h, owned = x.to(self.dt), x.dtype != self.dt
         stages = list(zip(self.stages, params))
-        if self.pointwise_only and isinstance(stages[0][0], AffineStage) and _can_write_into(y, x, self.dt, prior):
+        if (
+            self.pointwise_only
+            and stages
+            and isinstance(stages[0][0], AffineStage)
+            and _can_write_into(y, x, self.dt, prior)
+        ):
             # A pointwise chain writes its first stage straight into y and the rest in place:
             # two passes over memory for B/N + activation, as many as eager PyTorch makes.
             _affine_into(h, stages[0][1], y)
@@ -178,6 +187,10 @@ class FoldedKernel(Kernel):
                 h, owned = _apply_affine(h, owned, par, p), True
             else:
                 h, owned = self._activation(self.spec.ops[stage.op], h, owned, par, p), True
+        if self.statistics is not None:
+            side: dict = {}
+            batch_statistics(self.statistics, h, records[-1], self.dt, side)
+            write_side_outputs(ReferenceResult(h, side), records)
         y.copy_(h)
 
     @staticmethod

@@ -38,8 +38,9 @@ def add_chain(
     param_dtype: DataType | str | None = None,
 ) -> FusionPlan:
     """Add operators named by letters in data order (C convolution, B bias, N batch-norm inference,
-    A activation, either case) to ``plan``: a K x C/groups x R x S filter for C, parameters shaped
-    for the current channels (batch-norm parameters in ``param_dtype``, default the data's)."""
+    A activation, S batch-norm statistics, either case) to ``plan``: a K x C/groups x R x S filter
+    for C, parameters shaped for the current channels (batch-norm parameters in ``param_dtype``,
+    default the data's)."""
     dtype = plan.input_desc.dtype
     for letter in chain.upper():
         channels = plan.output_desc.dims[1]
@@ -54,8 +55,10 @@ def add_chain(
             plan.add_batchnorm_inference(bn_mode, TensorDescriptor.packed(param_dtype or dtype, dims))
         elif letter == "A":
             plan.add_activation_forward(activation)
+        elif letter == "S":
+            plan.add_batchnorm_statistics(bn_mode, True)
         else:
-            raise ValueError(f"chain {chain!r}: letters are C, B, N, A")
+            raise ValueError(f"chain {chain!r}: letters are C, B, N, A, S")
     return plan
 
 
