@@ -200,3 +200,44 @@ def _desc_of(t):
     _, desc = mi.miopenCreateTensorDescriptor()
     mi.miopenSetTensorDescriptor(desc, mi.miopenFloat, 4, list(t.shape), list(t.stride()))
     return desc
+
+
+TRITON_CASES = [c for c in CASES if c[0] != "S"]
+
+
+@pytest.mark.parametrize("case", TRITON_CASES, ids=[f"{c[0]}-{c[1][1]}ch-g{c[8]}" for c in TRITON_CASES])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_conv_takes_the_statistics_in_its_epilogue(case, layout, dtype, monkeypatch):
+    """Through Triton's interpreter: the tiles' statistics, then the finalize kernel's merge."""
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    chain, shape, *geometry = case
+    x = make_input(shape, dtype, layout)
+    plan = _plan(x, chain, *geometry)
+    handle = fp.Handle("cpu", allow_tf32=False)
+    assert plan.compile(handle) == "triton-conv"
+    assert "batch-norm statistics of the tile" in plan.kernel_source(handle)
+    _check(plan, handle, x, layout, {torch.float32: 1e-5, torch.float16: 1e-2}[dtype])
+
+
+def test_a_split_reduction_and_repeated_executes_take_each_calls_statistics(monkeypatch):
+    """A split reduction (the interpreter splits small grids) takes the statistics after the last
+    part arrives; a second execute with new data (the repeat path of other plans) takes that
+    data's statistics and updates the running ones again."""
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    x = make_input((1, 32, 4, 4), torch.float32, "NHWC")
+    plan = _plan(x, "CS", 8, 3, 3, (1, 1), (1, 1), (1, 1), 1)
+    handle = fp.Handle("cpu", allow_tf32=False)
+    plan.compile(handle)
+    assert plan._compiled[handle.uid].kernel.config.split_k > 1
+    args = random_args(plan, param_dtype=torch.float32)
+    rec = args.get(plan.ops[-1])
+    for _ in range(2):
+        x = make_input((1, 32, 4, 4), torch.float32, "NHWC")
+        before = rec.running_mean.clone().double()
+        y = poisoned(plan.output_desc, "NHWC")
+        plan.execute(handle, x, y, args)
+        h = F.conv2d(x.double(), args.get(plan.ops[0]).weight.double(), padding=1)
+        torch.testing.assert_close(rec.saved_mean.double().flatten(), h.mean((0, 2, 3)), rtol=1e-5, atol=1e-6)
+        expected = 0.7 * before + 0.3 * h.mean((0, 2, 3), keepdim=True)
+        torch.testing.assert_close(rec.running_mean.double(), expected, rtol=1e-5, atol=1e-6)

@@ -85,9 +85,12 @@ def _torch_scratch(size: int, alignment: int, stream) -> Tensor:
     return _per_stream(_SCRATCH, key, lambda: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Tensor, Tensor]:
+def split_workspace(
+    device: torch.device, partials: int, tiles: int, purpose: str = "split reduction"
+) -> tuple[Tensor, Tensor]:
     """The fp32 partial sums and int32 arrival counters (zero between launches: the last program
-    of a tile resets its counter) of a split reduction, per stream as the scratch above."""
+    of a tile resets its counter) of a split reduction, per stream as the scratch above; another
+    ``purpose`` (a kernel's other fp32 workspace) gets buffers of its own."""
 
     def make() -> tuple[Tensor, Tensor]:
         return (
@@ -97,7 +100,7 @@ def split_workspace(device: torch.device, partials: int, tiles: int) -> tuple[Te
 
     if device.type != "cuda":
         return make()
-    return _per_stream(_SPLIT_WORKSPACES, (device, current_raw_stream(device), partials, tiles), make)
+    return _per_stream(_SPLIT_WORKSPACES, (device, current_raw_stream(device), partials, tiles, purpose), make)
 
 
 _NO_ALLOCATOR_VARIABLE = object()

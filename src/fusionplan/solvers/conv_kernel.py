@@ -22,7 +22,7 @@ import torch
 
 from fusionplan.core.enums import DataType
 from fusionplan.core.errors import UnsupportedOpError
-from fusionplan.core.ops import ConvArgs, OpArgs
+from fusionplan.core.ops import BatchNormStatisticsOp, ConvArgs, OpArgs
 from fusionplan.oracle.reference import compute_dtype_for, run_reference
 from fusionplan.runtime import tuning
 from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
@@ -49,6 +49,8 @@ from fusionplan.runtime.launch import (
     repeat_for,
     split_workspace,
 )
+from fusionplan.runtime.statistics import TILE_STATISTICS, StatisticsFinalize
+from fusionplan.runtime.statistics import WORKSPACE_PARAM as STATISTICS_WORKSPACE
 from fusionplan.solvers import find as solver_find
 from fusionplan.solvers.base import Kernel, PlanSpec
 from fusionplan.solvers.conv_toolkit import (
@@ -235,7 +237,7 @@ EPILOGUE_TAIL = """    ch_mask = n_mask
         p = 0.0
     h = acc
 {epilogue}
-{store}"""
+{statistics}{store}"""
 
 #: The store of EPILOGUE_TAIL: element by element, in the output's own strides.
 POINTER_STORE = """    tl.store(y_ptr + (n_img * syn + oh * syh + ow * syw)[:, None] + ch[None, :] * syc,
@@ -257,18 +259,21 @@ def render_conv_source(
     depth: int = 0,
     split: dict[str, str] | None = None,
     prologue: list[Stage] | None = None,
+    statistics: bool = False,
 ) -> str:
     """A convolution kernel's source: ``template`` (default the implicit GEMM) with the generated
     epilogue of ``stages`` and ``store``, indented ``depth`` more levels (inside a loop), and
     where the template has ``{split}``, the end of a split reduction over ``split``'s tile id,
     rows and columns. ``prologue``: the stages of the operators before the convolution, applied
-    to each input tile as it is loaded (the implicit GEMM's template only)."""
+    to each input tile as it is loaded; ``statistics``: the tiles' batch-norm statistics written
+    (the implicit GEMM's template only, both)."""
     split = split or {"tile": "grp * tl.num_programs(0) + pid", "rows": "BLOCK_M", "cols": "BLOCK_N"}
     epi = emit_stages(stages, spec.ops)
     pre = emit_stages(prologue or [], spec.ops, PROLOGUE_INDEX, prefix=PROLOGUE_PREFIX, blends_prior=False)
-    tail = epilogue_tail(epi, store)
+    tail = epilogue_tail(epi, store, TILE_STATISTICS if statistics else "")
     fields = header_fields(spec, stages, epi)
     fields["stage_params"] += "".join(p + ", " for p in pre.params)
+    fields["stage_params"] += f"{STATISTICS_WORKSPACE}, " if statistics else ""
     fields["stage_flags"] += "".join(f + ": tl.constexpr, " for f in pre.constexprs)
     return (template or _TEMPLATE).format(
         split=SPLIT_K_REDUCE.format(**split),
@@ -309,9 +314,10 @@ def _prologue_code(pre, mask_lines: tuple[str, ...]) -> str:
     return "\n" + indent(lines, 12)
 
 
-def epilogue_tail(epi, store: str = POINTER_STORE) -> str:
-    """EPILOGUE_TAIL with the generated stages ``epi`` (emit_stages) and ``store``."""
-    return EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), store=store)
+def epilogue_tail(epi, store: str = POINTER_STORE, statistics: str = "") -> str:
+    """EPILOGUE_TAIL with the generated stages ``epi`` (emit_stages) and ``store``, and before the
+    store ``statistics`` (the tile's batch-norm statistics, where the plan ends in them)."""
+    return EPILOGUE_TAIL.format(epilogue=indent(epi.body, 4), statistics=statistics, store=store)
 
 
 def header_fields(spec: PlanSpec, stages: list[Stage], epi) -> dict[str, object]:
@@ -382,6 +388,9 @@ class TritonConvKernel(Repeating, Kernel):
         pre, conv, post = split_at_conv(spec.ops)
         assert conv is not None
         self.conv = conv
+        # batch-norm statistics ending the plan: taken in the epilogue (only triton-conv's solver takes them)
+        self.statistics = post.pop() if post and isinstance(post[-1], BatchNormStatisticsOp) else None
+        self._finalize = StatisticsFinalize(handle.settings.direct_launch) if self.statistics else None
         self.stages = pointwise_stages(post, conv=conv.index)
         self.pre_stages = pointwise_stages(pre)  # only triton-conv's solver takes plans with them
         self.pre_ops = tuple(op.index for op in pre)
@@ -481,7 +490,7 @@ class TritonConvKernel(Repeating, Kernel):
         return 0
 
     def render(self, spec: PlanSpec, stages: list[Stage]) -> str:
-        return render_conv_source(spec, stages, prologue=self.pre_stages)
+        return render_conv_source(spec, stages, prologue=self.pre_stages, statistics=self.statistics is not None)
 
     def heuristic(self, m: int, k_per_group: int, c_per_group: int, dtype: torch.dtype) -> tuning.ConvConfig:
         r, s = self.conv.w_desc.dims[2:]
@@ -527,11 +536,18 @@ class TritonConvKernel(Repeating, Kernel):
         out = torch.empty_like(y) if shares_memory(x, y) else y  # a convolution cannot run in place
         has_prior = prior is not None and reads_prior(flags)
         p = prior if has_prior else out
-        grid, key, args = self._launch_args(cfg, x, packed, out, p, values, flags, has_prior)
+        stats_ws = self._statistics_workspace(x.device, cfg)
+        extra = {} if stats_ws is None else {"stats_ws": stats_ws}  # the subclasses' launches take none
+        grid, key, args = self._launch_args(cfg, x, packed, out, p, values, flags, has_prior, **extra)
         kernel = self.launcher(grid, key, args, cfg.num_warps, cfg.num_stages)
+        if self.statistics is not None:  # a launch of its own after the convolution: never repeated alone
+            assert self._finalize is not None and stats_ws is not None
+            rows = self._m()
+            tiles = triton_cdiv(rows, cfg.block_m)
+            self._finalize.launch(stats_ws, records[self.statistics.index], tiles, rows, cfg.block_m)
         if out is not y:
             y.copy_(out)
-        else:
+        elif self.statistics is None:
             slots = self.pointer_slots(args)
             split = cfg.split_k > 1  # its workspace is the current stream's
             repeat = repeat_for(self.launcher, kernel, grid, args, slots, x, y, records, prior, False, has_prior, split)
@@ -562,9 +578,11 @@ class TritonConvKernel(Repeating, Kernel):
         has_prior: bool,
         strides: tuple[int, ...] | None = None,
         idx64: bool | None = None,
+        stats_ws: Tensor | None = None,
     ) -> tuple[tuple[int, int, int], tuple, list]:
         """Grid, specialization key and arguments of one launch. ``strides`` and ``idx64`` default
-        to the tensors' own (stand-in tensors for compiling ahead pass the plan's)."""
+        to the tensors' own (stand-in tensors for compiling ahead pass the plan's); ``stats_ws``,
+        the tiles' batch-norm statistics, to a workspace of the current stream."""
         tiles = self._tiles(cfg)
         grid = (tiles, self.groups, cfg.split_k)
         strides = strides or (*x.stride(), *out.stride(), *p.stride())
@@ -588,8 +606,16 @@ class TritonConvKernel(Repeating, Kernel):
         )
         ws = self._workspace(x.device, cfg, tiles * self.groups, cfg.block_m * cfg.block_n)
         geometry = (self._m(), *self.geometry[1:])
+        if self.statistics is not None:
+            values = [*values, stats_ws if stats_ws is not None else self._statistics_workspace(x.device, cfg)]
         args = [x, packed, out, p, *ws, *values, *geometry, *strides, *self.conv_args, *consts]
         return grid, cfg, args  # the launcher adds the arguments' specialization to the key
+
+    def _statistics_workspace(self, device: torch.device, cfg: tuning.ConvConfig) -> Tensor | None:
+        """The tiles' batch-norm statistics of a launch with ``cfg`` (None: the plan takes none)."""
+        if self._finalize is None:
+            return None
+        return self._finalize.workspace(device, triton_cdiv(self._m(), cfg.block_m), self.k)
 
     def _tap_bits(self) -> bool:
         """Whether the kernel's reduction tests a bit per filter tap, set once per pixel

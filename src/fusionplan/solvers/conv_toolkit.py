@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from fusionplan.core.descriptors import Layout, layout_strides
-from fusionplan.core.enums import DataType
+from fusionplan.core.enums import BatchNormMode, DataType
 from fusionplan.core.ops import Phase
 from fusionplan.runtime.codegen import interpreter_active, triton_available
 from fusionplan.runtime.folding import AffineStage, pointwise_stages, split_at_conv
@@ -74,15 +74,20 @@ def descriptor_input_why_not(spec: PlanSpec, reading: str) -> str | None:
 _WHO_RUNS = {
     Phase.TRAINING_FORWARD: "triton-batchnorm runs the training plans",
     Phase.BACKWARD: "triton-batchnorm runs the training plans",
-    Phase.STATISTICS: "the reference runs statistics plans",
+    Phase.STATISTICS: "triton-conv runs statistics plans",
 }
 
 
-def conv_plan_why_not(spec: PlanSpec, prologue: bool = False) -> str | None:
+def conv_plan_why_not(spec: PlanSpec, prologue: bool = False, statistics: bool = False) -> str | None:
     """What in the plan keeps every Triton convolution kernel from it, or None. ``prologue``: the
     kernel applies operators before the convolution to its input tiles (triton-conv), those of
-    per-channel parameters."""
-    if spec.phase != Phase.INFERENCE:
+    per-channel parameters; ``statistics``: it takes a spatial batch-norm's statistics of its
+    output in its epilogue (triton-conv)."""
+    if spec.phase == Phase.STATISTICS and statistics:
+        last = spec.ops[-1]
+        if getattr(last, "mode", None) != BatchNormMode.SPATIAL:
+            return "per-activation batch-norm statistics (the epilogue takes spatial ones; the reference runs these)"
+    elif spec.phase != Phase.INFERENCE:
         return f"{spec.phase.value} plans: this solver runs inference plans ({_WHO_RUNS[spec.phase]})"
     pre, conv, _ = split_at_conv(spec.ops)
     if conv is None:
