@@ -87,6 +87,8 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: SimpleNamespace(wait_stream=lambda s: None))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: SimpleNamespace(wait_stream=lambda s: None))
     monkeypatch.setattr(torch.cuda, "stream", lambda s: _Nothing())
+    failures.generator = _StandInGenerator()
+    monkeypatch.setattr(torch.cuda, "default_generators", (failures.generator,))
 
     real_forward = tg.GraphedCalls._capture
 
@@ -103,6 +105,20 @@ def stand_in(monkeypatch):
 
     monkeypatch.setattr(tg.GraphedCalls, "_capture", capture)
     return failures
+
+
+class _StandInGenerator:
+    """A CUDA generator's graph-safe state API: the state that a failed capture puts back."""
+
+    def __init__(self):
+        self.state, self.clones = "live", 0
+
+    def clone_state(self):
+        self.clones += 1
+        return f"copy {self.clones}"
+
+    def graphsafe_set_state(self, state):
+        self.state = state
 
 
 class _Nothing:
@@ -188,6 +204,8 @@ def test_a_forward_that_cannot_be_captured_runs_eagerly_and_says_why(stand_in):
     report = fused.graph_report()
     assert report["captures"] == 0 and report["replays"] == 0
     assert report["uncapturable"] == ["RuntimeError: operation not permitted when stream is capturing"]
+    # the random generator's state copied before the capture replaced the one it left capturing
+    assert stand_in.generator.state == "copy 1"
 
 
 def test_grad_mode_and_unhashable_arguments_run_eagerly(stand_in):

@@ -184,6 +184,29 @@ def test_a_gradient_in_another_layout_is_read_in_place_not_copied(backend, monke
     assert copies == []
 
 
+def _saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """The bytes of the distinct storages autograd keeps for the backward of one forward."""
+    storages: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x).sum().backward()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("act", ["relu", "silu"])
+def test_the_fused_step_keeps_fewer_activations_than_eager(act):
+    """The chains keep the batch-norm's input alone (its output is recomputed in the backward), a
+    ReLU after a residual add its output, shared with the next layer's input, as eager's does."""
+    twin, _, fused = _pair(act)
+    x = torch.randn(4, 3, 32, 32).to(memory_format=torch.channels_last)
+    eager, ours = _saved_bytes(twin, x), _saved_bytes(fused, x)
+    assert ours < eager, (ours, eager)
+
+
 def test_a_fused_model_trains_under_distributed_data_parallel(tmp_path):
     """One process of the gloo backend: DDP's gradient hooks see the fused chains' gradients."""
     import torch.distributed as dist

@@ -356,6 +356,8 @@ class FusedChain(nn.Module):
         if self.activation is None:
             return h
         mode, a, b, g = self.activation
+        if mode == ActivationMode.RELU:  # autograd keeps its output (shared with the next layer), as eager's
+            return torch.relu(h)
         return activation_forward(ActivationMode(mode), h, a, b, g)
 
     def _training_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

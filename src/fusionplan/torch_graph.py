@@ -111,6 +111,7 @@ class GraphedCalls:
         args, kwargs = pytree.tree_unflatten(call_leaves, spec)
         device = inputs[0].device
         held: list = []
+        random_state = _random_state(device)
         try:
             side = torch.cuda.Stream(device)
             side.wait_stream(torch.cuda.current_stream(device))
@@ -121,11 +122,31 @@ class GraphedCalls:
             with _holding(held), torch.cuda.graph(graph):
                 outputs = forward(*args, **kwargs)
         except Exception as exc:  # e.g. a forward that synchronizes or reads a tensor on the host
+            _restore_random_state(random_state)
             reason = f"{type(exc).__name__}: {exc}"
             logger.info("fuse(cuda_graph=True): this call signature runs eagerly: %s", reason)
             return _Uncapturable(reason)
         self.captures += 1
         return _Graph(graph, inputs, outputs, Snapshot.of(module), held)
+
+
+def _random_state(device: torch.device) -> tuple | None:
+    """The device's default random generator and a copy of its state, taken before a capture: a
+    capture that fails leaves the generator's state marked as capturing (every later random op on
+    the device then raises), so the copy replaces it (None: torch has no graph-safe states)."""
+    generators = torch.cuda.default_generators
+    index = device.index if device.index is not None else 0
+    if index >= len(generators):
+        return None
+    generator = generators[index]
+    clone = getattr(generator, "clone_state", None)
+    return None if clone is None or not hasattr(generator, "graphsafe_set_state") else (generator, clone())
+
+
+def _restore_random_state(saved: tuple | None) -> None:
+    if saved is not None:
+        generator, state = saved
+        generator.graphsafe_set_state(state)
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ session, say) may move it.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -71,7 +72,8 @@ class Settings:
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> Settings:
         """The settings the environment gives (``os.environ`` by default); unset or empty
         variables keep the defaults. BadParmError names the variable of a bad value."""
-        environ = os.environ if environ is None else environ
+        if environ is None:  # one parse per distinct set of values (a call per execute reads these)
+            return _settings_of(tuple(os.environ.get(v, "") for v in VARIABLES.values()))
         values: dict = {}
         for name, variable in VARIABLES.items():
             text = environ.get(variable, "").strip()
@@ -115,3 +117,9 @@ def cache_directory(environ: Mapping[str, str] | None = None) -> Path:
         return Path(chosen).expanduser()
     xdg = environ.get("XDG_CACHE_HOME", "").strip()
     return (Path(xdg) if xdg else Path.home() / ".cache") / "fusionplan"
+
+
+@functools.lru_cache(maxsize=32)
+def _settings_of(raw: tuple[str, ...]) -> Settings:
+    """Settings.from_environment of these raw values, in VARIABLES' order (bad ones raise each time)."""
+    return Settings.from_environment(dict(zip(VARIABLES.values(), raw)))
