@@ -115,11 +115,14 @@ def test_the_train_models_suite_trains_a_fused_model_beside_eager(tmp_path, monk
     monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
     argv = ["--suite", "train-models", "--models", "unet", "--size", "32", "--batch", "2", "--device", "cpu"]
     argv += ["--baselines", "eager", "--iters", "1", "--warmup", "0", "--steps", "3", "--out", str(tmp_path)]
-    assert main(argv) == 0
+    assert main([*argv, "--profile", str(tmp_path / "profiles")]) == 0
     (row,) = json.loads((tmp_path / "train-models.json").read_text())["rows"]
     assert set(row["step_ms"]) == {"fused", "eager"} and not row["errors"] and row["chains"] == 19
     assert row["loss_gap"] < 1e-4
     assert "trained eagerly" in (tmp_path / "train-models.md").read_text()
+    for variant in ("fused", "eager"):  # a profile of each: the step's share in kernels, then the operators
+        text = (tmp_path / "profiles" / f"unet-n2-fp32-NHWC-{variant}.txt").read_text()
+        assert text.startswith("step ") and "ms in device kernels" in text and "aten::" in text
     assert main(["--suite", "train-models", "--models", "alexnet", "--device", "cpu"]) == 2
     assert main(["--suite", "train-models", "--models", "unet", "--precisions", "fp8", "--device", "cpu"]) == 2
 

@@ -92,6 +92,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="train-models suite: also train eager and fused this many steps and report their losses' largest gap",
     )
     p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="train-models suite: also profile a few steps of each variant (torch.profiler) and write, per run, "
+        "the operators by device time and how much of a step the device computed, into DIR",
+    )
+    p.add_argument(
         "--models",
         default=None,
         help="training suite: comma-separated of resnet50 (default), mobilenet_v2, densenet121; ResNet-50 runs "

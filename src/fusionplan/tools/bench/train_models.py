@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,11 +141,37 @@ def run_train_model(name: str, batch: int, precision: str, layout: str, device, 
                     row.eager_chains = _eager_chains(trainer.module)
             except Exception as exc:  # a variant that fails is reported, the suite goes on
                 row.errors[label_name] = f"{type(exc).__name__}: {exc}"[:300]
+            if getattr(opts, "profile", None):
+                _profile(
+                    trainer, x, label, Path(opts.profile) / f"{name}-n{batch}-{precision}-{layout}-{label_name}.txt"
+                )
         if opts.steps:
             row.loss_gap = _loss_gap(model, precision, device, opts.steps, batch, size, fmt)
     except Exception as exc:
         row.errors["model"] = f"{type(exc).__name__}: {exc}"[:300]
     return row
+
+
+def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path, steps: int = 3) -> None:
+    """``steps`` steps of ``trainer`` under torch.profiler: the first line says how long a step took
+    and how much of it the device spent in kernels (a host-bound step computes for a small part of
+    its time), then the operators by their device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.device.type == "cuda" else [])
+    synchronize(x.device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            trainer.step(x, label)
+        synchronize(x.device)
+        wall_us = (time.perf_counter() - start) * 1e6 / steps
+    events = prof.key_averages()
+    device_us = sum(e.self_device_time_total for e in events) / steps
+    sort = "self_device_time_total" if x.device.type == "cuda" else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head = f"step {wall_us / 1e3:.2f} ms wall, {device_us / 1e3:.2f} ms in device kernels ({device_us / wall_us:.0%})\n"
+    path.write_text(head + events.table(sort_by=sort, row_limit=40) + "\n")
 
 
 def _eager_chains(fused) -> list[str]:
