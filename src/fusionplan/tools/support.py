@@ -61,6 +61,10 @@ ROWS: list[tuple] = [  # (title, builders[, input channels (default 64)])
     ("grouped / depthwise convolution chains", [_conv(groups=4), _bias, _act]),
     ("strided / dilated convolution chains", [_conv(stride=2, dilation=2), _bn, _act]),
     ("pointwise chains without a convolution (NA, BA, NAN, AA)", [LETTERS[c] for c in "NAN"]),
+    (
+        "convolution chains ending in batch-norm statistics (CS, CBAS)",
+        [LETTERS["C"], lambda p: p.add_batchnorm_statistics(BatchNormMode.SPATIAL)],
+    ),
     ("batch-norm forward training [+ activation]", [lambda p: p.add_batchnorm_forward(BatchNormMode.SPATIAL), _act]),
     (
         "batch-norm backward [+ activation backward]",
