@@ -241,7 +241,7 @@ def draw_case(
     case["ops"] = ops
     if misuse and r.random() < misuse:
         case["misuse"] = r.choice(MISUSES)
-    return _extension_modes(case, f"{seed}:{index}{suffix}")
+    return _statistics(_extension_modes(case, f"{seed}:{index}{suffix}"), f"{seed}:{index}{suffix}")
 
 
 #: fusionplan's activation modes beyond MIOpen's ten (SiLU ... Mish): the Python APIs take them
@@ -257,6 +257,33 @@ def _extension_modes(case: Case, key: str) -> Case:
     for op in case["ops"]:
         if op["kind"] in ("act", "act_back") and r.random() < 0.3:
             op.update(mode=r.choice(EXTENSION_MODES), a=1.0, b=0.0, g=1.0)
+    return case
+
+
+def _statistics(case: Case, key: str) -> Case:
+    """Batch-norm statistics after some inference chains, drawn from a stream of their own (every
+    other draw is that of a run without them): the chain's output passed through, its statistics
+    as side outputs."""
+    r = random.Random(f"fusionplan-fuzz-statistics:{key}")
+    if case["phase"] != "inference" or "misuse" in case or r.random() >= 0.2:
+        return case
+    conv = next((op for op in case["ops"] if op["kind"] == "conv"), None)
+    n, c, h, w = case["dims"]
+    pixels = n * (h * w if conv is None else conv["out"][0] * conv["out"][1])
+    case["phase"] = "statistics"
+    stats = {
+        "kind": "bn_stats",
+        "per_activation": r.random() < 0.2,
+        "running": r.random() < 0.7,
+        "factor": r.choice([0.1, 1.0, 0.0, r.random()]),
+        "eps": r.choice([1e-5, 1e-3]),
+        "param_dtype": _param_dtype(r, case["dtype"]),
+        "alpha": 1.0,
+        "beta": 0.0,
+    }
+    if stats["running"] and (n < 2 if stats["per_activation"] else pixels < 2):
+        stats["running"] = False  # an unbiased variance needs 2 values
+    case["ops"] = [*case["ops"], stats]
     return case
 
 

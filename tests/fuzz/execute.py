@@ -148,6 +148,14 @@ def make_tensors(case: dict, device, values: bool = True) -> Tensors:
         elif kind == "bias":
             pd = (1, cur[1], 1, 1)
             a["bias"] = random_tensor(rng, _param_shape(rng, pd), pdt, device)
+        elif kind == "bn_stats":
+            pd = (1, *cur[1:]) if op["per_activation"] else (1, cur[1], 1, 1)
+            shape = _param_shape(rng, pd)
+            for name in ("saved_mean", "saved_inv_variance"):
+                a[name] = torch.full(shape, math.nan, dtype=pdt, device=device)
+            if op["running"]:
+                a["running_mean"] = random_tensor(rng, shape, pdt, device, scale=0.5)
+                a["running_variance"] = random_tensor(rng, shape, pdt, device, positive=True)
         elif kind in ("bn", "bn_train", "bn_back"):
             pd = (1, *cur[1:]) if op["per_activation"] else (1, cur[1], 1, 1)
             shape = _param_shape(rng, pd)
@@ -262,10 +270,12 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None, tol: float = 0.0)
         elif kind == "act":
             r = oracle.activation(op["mode"], h, op["a"], op["b"], op["g"])
             slack = _activation_slack(op, h, tol * (np.abs(np.nan_to_num(h)) + magnitude), slack)
-        elif kind == "bn_train":
-            r, mean, inv, var, count = oracle.batchnorm_training(
-                h, p["scale"], p["bias"], op["eps"], op["per_activation"]
-            )
+        elif kind in ("bn_train", "bn_stats"):
+            ones = np.ones_like(p["saved_mean"])
+            scale, shift = (p["scale"], p["bias"]) if kind == "bn_train" else (ones, 0.0 * ones)
+            r, mean, inv, var, count = oracle.batchnorm_training(h, scale, shift, op["eps"], op["per_activation"])
+            if kind == "bn_stats":
+                r = h  # the statistics pass their input through
             side[(i, "saved_mean")] = (mean, magnitude)
             side[(i, "saved_inv_variance")] = (inv, 0.0)
             if op["running"]:
@@ -273,8 +283,9 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None, tol: float = 0.0)
                 side[(i, "running_mean")] = ((1 - f) * p["running_mean"] + f * mean, magnitude)
                 unbiased = var * count / (count - 1)
                 side[(i, "running_variance")] = ((1 - f) * p["running_variance"] + f * unbiased, magnitude**2)
-            magnitude = _finite_max(r)
-            slack = slack * np.nan_to_num(np.abs(p["scale"] * inv)) if np.any(slack) else 0.0
+            if kind == "bn_train":
+                magnitude = _finite_max(r)
+                slack = slack * np.nan_to_num(np.abs(p["scale"] * inv)) if np.any(slack) else 0.0
         else:
             raise ValueError(kind)
         magnitude = max(magnitude, _finite_max(r))
@@ -411,6 +422,8 @@ def _records(case: dict, t: Tensors) -> list:
             recs.append(fp.ActivationArgs(activ_alpha=op["a"], activ_beta=op["b"], activ_gamma=op["g"], **blend))
         elif kind == "bn_train":
             recs.append(fp.BatchNormForwardArgs(**a, exp_avg_factor=op["factor"], epsilon=op["eps"], **blend))
+        elif kind == "bn_stats":
+            recs.append(fp.BatchNormStatisticsArgs(**a, exp_avg_factor=op["factor"], epsilon=op["eps"], **blend))
         elif kind == "bn_back":
             recs.append(fp.BatchNormBackwardArgs(**a, **blend))
         else:
@@ -439,6 +452,8 @@ class CorePlan:
                 self.plan.add_activation_forward(op["mode"])
             elif kind == "bn_train":
                 self.plan.add_batchnorm_forward(mode, op["running"])
+            elif kind == "bn_stats":
+                self.plan.add_batchnorm_statistics(mode, op["running"])
             elif kind == "bn_back":
                 self.plan.add_batchnorm_backward(mode)
             else:
@@ -480,6 +495,10 @@ class ApiPlan(CorePlan):
             elif kind == "bn":
                 mode = "per_activation" if op["per_activation"] else "spatial"
                 p.batchnorm(a["scale"], a["bias"], a["mean"], a["variance"], eps=op["eps"], mode=mode, **blend)
+            elif kind == "bn_stats":
+                mode = "per_activation" if op["per_activation"] else "spatial"
+                stats = [a.get(n) for n in ("saved_mean", "saved_inv_variance", "running_mean", "running_variance")]
+                p.statistics(*stats, exp_avg_factor=op["factor"], eps=op["eps"], mode=mode)
             else:
                 p.activation(op["mode"], activ_alpha=op["a"], activ_beta=op["b"], activ_gamma=op["g"], **blend)
         self.api = p
@@ -550,6 +569,8 @@ class MiopenPlan:
                 ops.append(_ok(mi.miopenCreateOpActivationForward, self.plan, op["mode"]))
             elif kind == "bn_train":
                 ops.append(_ok(mi.miopenCreateOpBatchNormForward, self.plan, mode, op["running"]))
+            elif kind == "bn_stats":
+                ops.append(_ok(mi.miopenCreateOpBatchNormStatistics, self.plan, mode, op["running"]))
             elif kind == "bn_back":
                 ops.append(_ok(mi.miopenCreateOpBatchNormBackward, self.plan, mode))
             else:
@@ -575,6 +596,12 @@ class MiopenPlan:
             _ok(
                 mi.miopenSetOpArgsBatchNormForward,
                 *(self.args, mop, al, be, a["scale"], a["bias"], a["saved_mean"], a["saved_inv_variance"]),
+                *(a.get("running_mean"), a.get("running_variance"), op["factor"], op["eps"]),
+            )
+        elif kind == "bn_stats":
+            _ok(
+                mi.miopenSetOpArgsBatchNormStatistics,
+                *(self.args, mop, al, be, a["saved_mean"], a["saved_inv_variance"]),
                 *(a.get("running_mean"), a.get("running_variance"), op["factor"], op["eps"]),
             )
         elif kind == "bn_back":
@@ -651,7 +678,11 @@ def tolerance(dtype: torch.dtype, handle: fp.Handle) -> tuple[float, float]:
 
 
 #: The side outputs of each operator kind: NaN before every run, so that each must be written.
-SIDE_OUTPUTS = {"bn_train": ("saved_mean", "saved_inv_variance"), "bn_back": ("result_scale_diff", "result_bias_diff")}
+SIDE_OUTPUTS = {
+    "bn_train": ("saved_mean", "saved_inv_variance"),
+    "bn_stats": ("saved_mean", "saved_inv_variance"),
+    "bn_back": ("result_scale_diff", "result_bias_diff"),
+}
 
 
 def _reset_side_outputs(case: dict, t: Tensors) -> None:
