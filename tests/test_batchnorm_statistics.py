@@ -14,6 +14,7 @@ import fusionplan as fp
 import fusionplan.miopen as mi
 from fusionplan.core.enums import BatchNormMode
 from fusionplan.core.ops import ConvForwardOp, Phase
+from fusionplan.oracle.reference import run_reference
 from fusionplan.tools.verify import add_chain, random_args
 
 from .util import make_input, poisoned
@@ -241,3 +242,23 @@ def test_a_split_reduction_and_repeated_executes_take_each_calls_statistics(monk
         torch.testing.assert_close(rec.saved_mean.double().flatten(), h.mean((0, 2, 3)), rtol=1e-5, atol=1e-6)
         expected = 0.7 * before + 0.3 * h.mean((0, 2, 3), keepdim=True)
         torch.testing.assert_close(rec.running_mean.double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_blend_before_the_convolution_still_writes_the_statistics(monkeypatch):
+    """beta on an operator before the convolution runs the call unfused (the prologue reads no
+    prior): the statistics are written there too (found by the fuzzer: they were left NaN)."""
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    x = make_input((2, 8, 6, 6), torch.float32, "NHWC")
+    plan = _plan(x, "NACS", 8, 3, 3, (1, 1), (1, 1), (1, 1), 1)
+    handle = fp.Handle("cpu", allow_tf32=False)
+    assert plan.compile(handle) == "triton-conv"
+    args = random_args(plan, param_dtype=torch.float32)
+    args.set(plan.ops[0], dataclasses.replace(args.get(plan.ops[0]), beta=0.5))
+    prior = make_input((2, 8, 6, 6), torch.float32, "NHWC")
+    y = prior.clone()
+    expected = run_reference(plan.ops, x, [args.get(op) for op in plan.ops], prior, torch.float64)  # before: pure
+    plan.execute(handle, x, y, args, prior=prior)
+    rec = args.get(plan.ops[-1])
+    torch.testing.assert_close(y.double(), expected.output, rtol=1e-5, atol=1e-5)
+    for name in ("saved_mean", "saved_inv_variance", "running_mean", "running_variance"):
+        torch.testing.assert_close(getattr(rec, name).double(), expected.side[(3, name)], rtol=1e-5, atol=1e-5)

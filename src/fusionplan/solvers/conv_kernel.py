@@ -23,7 +23,7 @@ import torch
 from fusionplan.core.enums import DataType
 from fusionplan.core.errors import UnsupportedOpError
 from fusionplan.core.ops import BatchNormStatisticsOp, ConvArgs, OpArgs
-from fusionplan.oracle.reference import compute_dtype_for, run_reference
+from fusionplan.oracle.reference import compute_dtype_for, run_reference, write_side_outputs
 from fusionplan.runtime import tuning
 from fusionplan.runtime.codegen import generated_kernel, indent, interpreter_active, write_source
 from fusionplan.runtime.epilogue import (
@@ -558,8 +558,10 @@ class TritonConvKernel(Repeating, Kernel):
     ) -> None:
         """A call whose operators before the convolution blend in the prior output (beta != 0,
         where their result is shaped like the output): the prologue reads no prior, so the chain
-        runs as the reference's torch operations, in fp32 (fp64 for fp64 data)."""
-        y.copy_(run_reference(self.spec.ops, x, records, prior, compute_dtype_for(x.dtype)).output)
+        runs as the reference's torch operations, in fp32 (fp64 for fp64 data), side outputs too."""
+        result = run_reference(self.spec.ops, x, records, prior, compute_dtype_for(x.dtype))
+        y.copy_(result.output)
+        write_side_outputs(result, records)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """Where a launch's arguments take the input, the output and the prior (an index each, or
