@@ -137,6 +137,22 @@ def test_grouped_weight_with_odd_unit_strides(solver, chain):
     assert not compare(solver, p(x), want, 1e-5, 2.0**-23)
 
 
+@pytest.mark.parametrize("solver", CPU_SOLVERS)
+@pytest.mark.parametrize("groups", [1, 4])
+def test_one_channel_groups_into_one_output_column(solver, groups):
+    """Fuzz case --mode cpu --seed 94 --index 22965: a channels-last input whose groups read one
+    channel each, a 7x7 filter, stride 3 along W, one output column: torch's CPU convolution gave
+    wrong values (up to 1e37) in channels-last strides."""
+    torch.manual_seed(5)
+    base = torch.randn(3, 6, 3, groups).to(torch.bfloat16)  # NHWC storage
+    x = base.permute(0, 3, 1, 2)  # (3, C, 6, 3), channel stride 1
+    w = torch.randn(groups, 1, 7, 7).to(torch.bfloat16)
+    p = fp.Plan(x).conv(w, padding=(2, 3), stride=(1, 3), groups=groups)
+    p.compile(solver=solver)
+    want = _conv_ref(x, w, (2, 3), (1, 3), (1, 1), groups)
+    assert not compare(solver, p(x), want, 1e-2, 2.0**-7)
+
+
 # ---- 3. triton-pointwise on planes of width 1 whose H stride is not their W stride ------------------
 @interpreted
 def test_pointwise_width_one_stepped_output_interpreter():

@@ -1,6 +1,6 @@
 """torch's convolution, called only in ways known to compute correctly.
 
-torch 2.13's CPU convolution (oneDNN) has three bugs that plans can reach (docs/torch-cpu-conv-bugs.md
+torch 2.13's CPU convolution (oneDNN) has four bugs that plans can reach (docs/torch-cpu-conv-bugs.md
 has the repros):
 
 - A grouped convolution whose channels-last weight has an unusual stride on a size-1 axis gives
@@ -9,6 +9,8 @@ has the repros):
 - A channels-last input of width 1 (or 2), with padding, a stride or a dilation along it, and a
   bias, kills the process; without the bias it can read past the input (values up to 1e38). On
   small planes the call is made on NCHW copies, and the bias is added after it.
+- A channels-last convolution whose groups read one input channel each and whose output is one
+  column wide gives wrong values (or up to 1e37); such calls are made on NCHW copies.
 - On CPUs with AVX512-BF16, a bf16 convolution of a channels-last input gives wrong values (up
   to 1e13, or NaN), and with a width of 1 and padding, a stride or a dilation along it, kills the
   process, bias or not. 16-bit convolutions on the CPU are therefore computed in fp32 and rounded
@@ -50,6 +52,13 @@ def is_channels_last(t: Tensor) -> bool:
     return t.shape[1] > 1 and bool(inner) and t.stride(1) < min(inner)
 
 
+def _one_channel_one_column(x: Tensor, w: Tensor, conv: ConvolutionDescriptor) -> bool:
+    """Whether each group reads one input channel and the output is one column wide."""
+    span = conv.dilations[1] * (w.shape[3] - 1) + 1
+    out_w = (x.shape[3] + 2 * conv.pads[1] - span) // conv.strides[1] + 1
+    return w.shape[1] == 1 and out_w == 1
+
+
 def canonical(t: Tensor, channels_last: bool) -> Tensor:
     """``t`` itself when its strides are canonical for the layout, else a copy that has them."""
     strides = canonical_strides(tuple(t.shape), channels_last)
@@ -63,8 +72,10 @@ def conv2d(x: Tensor, w: Tensor, bias: Tensor | None, conv: ConvolutionDescripto
     cpu = x.device.type == "cpu"
     small = cpu and min(x.shape[2], x.shape[3]) <= SMALL_PLANE_SIDE
     # on 1x1 planes both layouts order the input alike: follow the weight's (a copy of x is small);
-    # small planes on the CPU go NCHW (channels-last ones read past the input there)
-    channels_last = not small and is_channels_last(w if x.shape[2] == x.shape[3] == 1 else x)
+    # small planes on the CPU go NCHW (channels-last ones read past the input there), and so do
+    # single-channel groups whose output is one column wide (channels-last ones come out wrong)
+    channels_last = not small and not (cpu and _one_channel_one_column(x, w, conv))
+    channels_last = channels_last and is_channels_last(w if x.shape[2] == x.shape[3] == 1 else x)
     x = canonical(x, channels_last)
     w = canonical(w, channels_last)
     dtype = x.dtype
