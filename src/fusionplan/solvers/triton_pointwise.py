@@ -235,6 +235,8 @@ class TritonPointwiseSolver(Solver):
     family = "triton"
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
+        if spec.phase == Phase.STATISTICS:
+            return "statistics plans: this solver runs inference plans (triton-conv takes statistics after convolutions)"
         if spec.phase != Phase.INFERENCE:
             return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
         if split_at_conv(spec.ops)[1] is not None:
