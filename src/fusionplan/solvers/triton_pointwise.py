@@ -236,7 +236,7 @@ class TritonPointwiseSolver(Solver):
 
     def why_not(self, spec: PlanSpec, handle) -> str | None:
         if spec.phase == Phase.STATISTICS:
-            return "statistics plans: this solver runs inference plans (triton-conv takes statistics after convolutions)"
+            return "statistics plans: this solver runs inference plans (triton-conv takes them after a convolution)"
         if spec.phase != Phase.INFERENCE:
             return f"{spec.phase.value} plans are triton-batchnorm's (this solver runs inference plans)"
         if split_at_conv(spec.ops)[1] is not None:
