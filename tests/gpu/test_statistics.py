@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import fusionplan as fp
 from fusionplan.tools.verify import add_chain, random_args
 
+from ..test_batchnorm_statistics import _expected
 from ..util import plan_for, poisoned
 from .common import LAYERS, PRECISIONS, input_tensor
 
@@ -26,25 +27,6 @@ STATS_TOL = {"fp32": 1e-5, "tf32": 1e-3, "fp16": 1e-3, "bf16": 1e-3}
 def _conv_plan(x, chain, k, r, stride, pad, groups=1):
     conv = fp.ConvolutionDescriptor((pad, pad), (stride, stride), (1, 1), groups)
     return add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=r, w_layout="NHWC", param_dtype="float")
-
-
-def _expected(plan, x, args):
-    """The convolution (and bias / ReLU where the chain has them) in float64, and its statistics."""
-    conv_op = next(op for op in plan.ops if op.letter == "C")
-    c = conv_op.conv
-    h = F.conv2d(x.double(), args.get(conv_op).weight.double(), None, c.strides, c.pads, c.dilations, c.groups)
-    for op in plan.ops[conv_op.index + 1 : -1]:
-        h = h + args.get(op).bias.double().reshape(1, -1, 1, 1) if op.letter == "B" else torch.relu(h)
-    rec = args.get(plan.ops[-1])
-    mean, var = h.mean((0, 2, 3), keepdim=True), h.var((0, 2, 3), unbiased=False, keepdim=True)
-    count, f = h.numel() // h.shape[1], rec.exp_avg_factor
-    stats = {
-        "saved_mean": mean,
-        "saved_inv_variance": torch.rsqrt(var + rec.epsilon),
-        "running_mean": (1 - f) * rec.running_mean.double() + f * mean,
-        "running_variance": (1 - f) * rec.running_variance.double() + f * var * count / (count - 1),
-    }
-    return h, stats
 
 
 def _run_and_check(plan, precision, x, layout):
