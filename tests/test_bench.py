@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+import fusionplan as fp
 from fusionplan.tools.bench import cases as bench_cases
 from fusionplan.tools.bench.cli import build_parser, main
 
@@ -122,6 +123,36 @@ def test_training_tuning_columns_compile_under_their_values(tmp_path, monkeypatc
     assert set(row["forward_us"]) == {"fused", "tuning:BATCHNORM_ONE_LAUNCH=0", "tuning:BATCHNORM_ONE_LAUNCH=1"}
     assert [v for v, _ in seen] == [-1, 0, 1, -1, 0, 1]
     assert len({uid for _, uid in seen[:3]}) == 3 and tuning.BATCHNORM_ONE_LAUNCH == -1
+
+
+def test_statistics_mode_times_against_eagers_statistics(tmp_path):
+    """--modes CS: the convolution emitting its batch-norm statistics, beside eager's conv and
+    torch.var_mean with the running update; checked and timed like any chain."""
+    out = tmp_path / "run"
+    assert main([*SMALL, "--modes", "C,CS", "--layouts", "NHWC", "--out", str(out), "--no-plots"]) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert {row["mode"] for row in rows} == {"C", "CS"}
+    assert all(row["errors"] == "" and row["fused_ms"] > 0 and row["eager_ms"] > 0 for row in rows), rows
+
+
+def test_eager_chain_takes_the_statistics_as_a_training_batch_norm():
+    from fusionplan.tools.bench.cases import EagerChain
+    from fusionplan.tools.verify import add_chain, random_args
+
+    x = torch.randn(2, 4, 6, 6)
+    plan = add_chain(fp.FusionPlan(fp.TensorDescriptor.from_tensor(x)), "CS", k=8, r=3, s=3)
+    args = random_args(plan)
+    rec = args.get(plan.ops[-1])
+    running = rec.running_mean.clone(), rec.running_variance.clone()
+    y = EagerChain(plan, args)(x)
+    h = torch.nn.functional.conv2d(x, args.get(plan.ops[0]).weight)
+    torch.testing.assert_close(y, h)
+    bn = torch.nn.BatchNorm2d(8, momentum=rec.exp_avg_factor, eps=rec.epsilon).train()
+    bn.running_mean.copy_(running[0].flatten()), bn.running_var.copy_(running[1].flatten())
+    bn(h)
+    torch.testing.assert_close(rec.running_mean.flatten(), bn.running_mean)
+    torch.testing.assert_close(rec.running_variance.flatten(), bn.running_var)
+    torch.testing.assert_close(rec.saved_mean.flatten(), h.mean((0, 2, 3)))
 
 
 def test_warm_only_and_shards(capsys):

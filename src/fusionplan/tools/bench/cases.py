@@ -152,6 +152,8 @@ class EagerChain(nn.Module):
                         ),
                     )
                 )
+            elif isinstance(op, fp.core.ops.BatchNormStatisticsOp):
+                self.steps.append(("stats", dict(record=rec)))
             else:
                 self.steps.append(("act", dict(mode=op.mode, alpha=rec.activ_alpha)))
             i += 1
@@ -164,9 +166,27 @@ class EagerChain(nn.Module):
                 x = x + p["bias"]
             elif kind == "bn":
                 x = F.batch_norm(x, p["mean"], p["var"], p["weight"], p["bias"], False, 0.0, p["eps"])
+            elif kind == "stats":  # what a training batch-norm computes besides its output (discarded)
+                _batch_statistics(x, p["record"])
             else:
                 x = _torch_activation(p["mode"], x, p["alpha"])
         return x
+
+
+def _batch_statistics(x: torch.Tensor, rec: fp.BatchNormStatisticsArgs) -> None:
+    """The statistics into the record's tensors as eager PyTorch takes them: a training batch-norm
+    (the running statistics updated in place), its mean and inverse deviation saved."""
+    var, mean = torch.var_mean(x.float(), dim=(0, 2, 3), unbiased=False)
+    if rec.saved_mean is not None:
+        rec.saved_mean.copy_(mean.view_as(rec.saved_mean))
+    if rec.saved_inv_variance is not None:
+        rec.saved_inv_variance.copy_(torch.rsqrt(var + rec.epsilon).view_as(rec.saved_inv_variance))
+    if rec.running_mean is not None and rec.running_variance is not None:
+        count = x.numel() // x.shape[1]
+        f = rec.exp_avg_factor
+        rec.running_mean.mul_(1 - f).add_(mean.view_as(rec.running_mean), alpha=f)
+        unbiased = var * (count / max(count - 1, 1))
+        rec.running_variance.mul_(1 - f).add_(unbiased.view_as(rec.running_variance), alpha=f)
 
 
 def _torch_activation(mode: ActivationMode, x: torch.Tensor, alpha: float) -> torch.Tensor:
