@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+import fusionplan as fp
 from fusionplan.runtime.codegen import interpreter_active
 
 from .fuzz import cases
@@ -160,6 +161,33 @@ def test_batchnorm_statistics_keep_an_infinite_mean():
     summary = run_pool("interp", 11, [150, 521], 1, OPTIONS, case_timeout=600, log=lambda line: None)
     assert summary.cases == 2 and summary.by_solver["triton-batchnorm"] == 2
     assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+
+
+def test_a_refused_call_that_writes_a_side_output_is_a_failure(monkeypatch):
+    """The misuse runs check every side output too (saved and running statistics): a plan that
+    wrote one before refusing the call would be caught."""
+    from tests.fuzz import execute
+
+    case = next(
+        c
+        for i in range(5000)
+        if "misuse" in (c := draw_case(7, i, "cpu", training=0.5, misuse=0.5))
+        and c["phase"] == "training forward"
+        and c["misuse"] == "input_shape"
+        and c["ops"][0].get("running")
+    )
+    real = fp.FusionPlan.execute
+
+    def writes_then_refuses(self, handle, x, y, args, *rest, **kw):
+        for op in self.ops:
+            record = args.get(op)
+            if getattr(record, "running_mean", None) is not None:
+                record.running_mean.add_(1.0)  # the argument's own memory (a view of it)
+        return real(self, handle, x, y, args, *rest, **kw)
+
+    monkeypatch.setattr(fp.FusionPlan, "execute", writes_then_refuses)
+    (run,) = execute.run_case(case, fp.Handle("cpu"))
+    assert any("running_mean was written" in f for f in run.failures), run.failures
 
 
 def test_a_repro_names_the_draw_options_the_run_changed(monkeypatch):

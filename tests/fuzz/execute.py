@@ -866,6 +866,7 @@ def _misuse(case: dict, plan, t: Tensors, handle: fp.Handle, progress) -> Run:
             plan.api.args = fp.OperatorArgs()
     elif kind == "weight_shape":
         return run  # caught when the arguments are set (a BadParm then), never reaching execute
+    side_before = _side_outputs(case, t)
     try:
         plan.execute(x, y)
         run.failures.append(f"misuse {kind}: the call succeeded")
@@ -881,4 +882,20 @@ def _misuse(case: dict, plan, t: Tensors, handle: fp.Handle, progress) -> Run:
             run.failures.append(f"misuse {kind}: the read-only output was written")
     elif out.changed_anywhere():
         run.failures.append(f"misuse {kind}: {out.changed_anywhere()} elements of the output buffer were written")
+    for (i, name), before in side_before.items():
+        now = t.args[i][name]
+        if not bool(((now == before) | (now.isnan() & before.isnan())).all()):
+            run.failures.append(f"misuse {kind}: operator {i}'s {name} was written")
     return run
+
+
+def _side_outputs(case: dict, t: Tensors) -> dict:
+    """Copies of every tensor a plan's operators write besides the output (saved and running
+    statistics, parameter gradients): a refused call must leave them as they were too."""
+    names = {kind: (*outputs, "running_mean", "running_variance") for kind, outputs in SIDE_OUTPUTS.items()}
+    return {
+        (i, n): a[n].clone()
+        for i, (op, a) in enumerate(zip(case["ops"], t.args))
+        for n in names.get(op["kind"], ())
+        if n in a
+    }
