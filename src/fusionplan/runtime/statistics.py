@@ -39,10 +39,13 @@ import triton.language as tl
 
 
 @triton.jit
-def _tile_counts(t, T, M, ROWS):
-    # the valid rows of tiles t (0 past the last tile)
+def _tile_means(ws, t0, T, M, ROWS, KT, c, c_ok, BLOCK_T: tl.constexpr):
+    # tiles t0.. of the block: their rows (0 past the last tile), the mask, and their means
+    t = t0 + tl.arange(0, BLOCK_T)
     t_ok = t < T
-    return t_ok, tl.where(t_ok, tl.minimum(ROWS, M - t * ROWS), 0).to(tl.float32)
+    cnt = tl.where(t_ok, tl.minimum(ROWS, M - t * ROWS), 0).to(tl.float32)
+    mask = t_ok[:, None] & c_ok[None, :]
+    return t, cnt, mask, tl.load(ws + t[:, None] * KT + c[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -56,18 +59,12 @@ def statistics_kernel(
     total = M.to(tl.float32)
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     for t0 in range(0, T, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        t_ok, cnt = _tile_counts(t, T, M, ROWS)
-        mask = t_ok[:, None] & c_ok[None, :]
-        m = tl.load(ws + t[:, None] * KT + c[None, :], mask=mask, other=0.0)
+        t, cnt, mask, m = _tile_means(ws, t0, T, M, ROWS, KT, c, c_ok, BLOCK_T)
         acc += tl.sum(m * cnt[:, None], axis=0)
     mean = acc / total
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
     for t0 in range(0, T, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        t_ok, cnt = _tile_counts(t, T, M, ROWS)
-        mask = t_ok[:, None] & c_ok[None, :]
-        m = tl.load(ws + t[:, None] * KT + c[None, :], mask=mask, other=0.0)
+        t, cnt, mask, m = _tile_means(ws, t0, T, M, ROWS, KT, c, c_ok, BLOCK_T)
         m2 = tl.load(ws + (T + t)[:, None] * KT + c[None, :], mask=mask, other=0.0)
         d = tl.where(mask, m - mean[None, :], 0.0)
         acc += tl.sum(m2 + cnt[:, None] * d * d, axis=0)
