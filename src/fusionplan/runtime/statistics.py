@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from fusionplan.core.caches import LruCache
 from fusionplan.core.ops import BatchNormStatisticsArgs
 from fusionplan.runtime.codegen import generated_kernel, write_source
 from fusionplan.runtime.launch import Launcher, split_workspace
@@ -85,8 +86,9 @@ _BLOCK_T, _BLOCK_C = 32, 32
 
 
 class StatisticsFinalize:
-    """The finalize launch of one plan: ``workspace`` for the tiles' statistics, then ``launch``
-    after the convolution kernel wrote them."""
+    """The finalize launch: ``workspace`` for the tiles' statistics, then ``launch`` after the
+    convolution kernel wrote them. One source serves every plan, so the plans share one
+    (``shared_finalize``): a specialization compiled for one is launched directly for the next."""
 
     def __init__(self, direct: bool | None) -> None:
         fn = generated_kernel(FINALIZE_SOURCE, "statistics", "statistics_kernel")
@@ -126,3 +128,12 @@ def _contiguous_buffer(t: Tensor | None, stand_in: Tensor, read: bool) -> Tensor
     if t.is_contiguous():
         return t
     return t.contiguous() if read else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+#: The finalize of every plan, by the handles' direct-launch setting.
+_FINALIZERS: LruCache[bool | None, StatisticsFinalize] = LruCache("statistics finalize kernels", 4)
+
+
+def shared_finalize(direct: bool | None) -> StatisticsFinalize:
+    """The process's finalize launcher for handles of this direct-launch setting."""
+    return _FINALIZERS.get_or_make(direct, lambda: StatisticsFinalize(direct))

@@ -49,7 +49,7 @@ from fusionplan.runtime.launch import (
     repeat_for,
     split_workspace,
 )
-from fusionplan.runtime.statistics import TILE_STATISTICS, StatisticsFinalize
+from fusionplan.runtime.statistics import TILE_STATISTICS, shared_finalize
 from fusionplan.runtime.statistics import WORKSPACE_PARAM as STATISTICS_WORKSPACE
 from fusionplan.solvers import find as solver_find
 from fusionplan.solvers.base import Kernel, PlanSpec
@@ -390,7 +390,7 @@ class TritonConvKernel(Repeating, Kernel):
         self.conv = conv
         # batch-norm statistics ending the plan: taken in the epilogue (only triton-conv's solver takes them)
         self.statistics = post.pop() if post and isinstance(post[-1], BatchNormStatisticsOp) else None
-        self._finalize = StatisticsFinalize(handle.settings.direct_launch) if self.statistics else None
+        self._finalize = shared_finalize(handle.settings.direct_launch) if self.statistics else None
         self.stages = pointwise_stages(post, conv=conv.index)
         self.pre_stages = pointwise_stages(pre)  # only triton-conv's solver takes plans with them
         self.pre_ops = tuple(op.index for op in pre)
