@@ -165,7 +165,7 @@ def _backward_plans(compiled: tuple, dy: torch.Tensor, h: torch.Tensor) -> tuple
     if dy.dtype != h.dtype or compiled[0].input_desc.same_strides(dy.stride()):
         return compiled
     handle = compiled[2]
-    found = _plans("backward", dy, int(_ops_mode(compiled[1])), handle)
+    found = _plans("backward", dy, _ops_mode(compiled[1]), handle)
     return compiled if isinstance(found, str) else found
 
 

@@ -97,16 +97,12 @@ def random_record(
         return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta)
     if isinstance(op, BatchNormStatisticsOp):  # passes its input through: no alpha or beta
         dims = op.param_dims
-        unwritten = [torch.full(dims, float("nan"), dtype=pdt, device=device) for _ in range(2)]
-        running = [
-            random_tensor(dims, pdt, device, scale=0.5, gen=gen),
-            (torch.rand(dims, generator=gen) + 0.5).to(pdt),
-        ]
+        running_mean = random_tensor(dims, pdt, device, scale=0.5, gen=gen)
         return BatchNormStatisticsArgs(
-            saved_mean=unwritten[0],
-            saved_inv_variance=unwritten[1],
-            running_mean=running[0],
-            running_variance=running[1].to(device),
+            saved_mean=torch.full(dims, float("nan"), dtype=pdt, device=device),
+            saved_inv_variance=torch.full(dims, float("nan"), dtype=pdt, device=device),
+            running_mean=running_mean,
+            running_variance=(torch.rand(dims, generator=gen) + 0.5).to(pdt).to(device),
             exp_avg_factor=0.3,
             epsilon=epsilon,
         )

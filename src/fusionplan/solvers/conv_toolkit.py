@@ -84,8 +84,7 @@ def conv_plan_why_not(spec: PlanSpec, prologue: bool = False, statistics: bool =
     per-channel parameters; ``statistics``: it takes a spatial batch-norm's statistics of its
     output in its epilogue (triton-conv)."""
     if spec.phase == Phase.STATISTICS and statistics:
-        last = spec.ops[-1]
-        if getattr(last, "mode", None) != BatchNormMode.SPATIAL:
+        if spec.ops[-1].mode != BatchNormMode.SPATIAL:
             return "per-activation batch-norm statistics (the epilogue takes spatial ones; the reference runs these)"
     elif spec.phase != Phase.INFERENCE:
         return f"{spec.phase.value} plans: this solver runs inference plans ({_WHO_RUNS[spec.phase]})"
