@@ -223,6 +223,32 @@ def test_a_kernel_that_fails_to_build_passes_the_plan_to_the_next_solver(handle,
     assert not other.is_compiled(fresh)
 
 
+def test_a_build_failed_by_cpythons_ast_race_is_tried_again(handle, monkeypatch, caplog):
+    """CPython 3.11's AST constructor counts its recursion per interpreter: another thread building an
+    AST at the same time fails a build with a SystemError about nothing in the plan. Such a build is
+    tried once more (the plan keeps its first solver); any other failure passes the plan on, logged."""
+    plan = cbna_plan()
+    first, second, *_ = solvers.candidates(plan.spec(), handle)
+    build, calls = type(first).build, []
+
+    def raced_once(self, spec, h):
+        calls.append(spec.combination)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=51, after=44)")
+        return build(self, spec, h)
+
+    monkeypatch.setattr(type(first), "build", raced_once)
+    assert plan.compile(handle) == first.name and len(calls) == 2
+
+    def other_system_error(self, spec, h):
+        raise SystemError("error return without exception set")
+
+    monkeypatch.setattr(type(first), "build", other_system_error)
+    with caplog.at_level("INFO", logger="fusionplan"):
+        assert cbna_plan().compile(fp.Handle("cpu")) == second.name
+    assert f"{first.name} could not build CBNA (SystemError: error return" in caplog.text
+
+
 @pytest.mark.parametrize(
     "breaks, error, match",
     [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,7 +48,9 @@ from fusionplan.core.ops import (
     field_names,
 )
 from fusionplan.solvers import find
-from fusionplan.solvers.base import Kernel, PlanSpec, Verdict
+from fusionplan.solvers.base import Kernel, PlanSpec, Verdict, build_kernel
+
+logger = logging.getLogger("fusionplan")
 
 _plan_uids = itertools.count(1)
 
@@ -260,6 +263,9 @@ class FusionPlan:
                 kernel = self._kernel(chosen, spec, handle)
             except Exception as exc:  # e.g. a tile this device cannot hold: the next solver may run it
                 failures.append((chosen.name, exc))
+                logger.info(
+                    "compile: %s could not build %s (%s: %s)", chosen.name, spec.combination, type(exc).__name__, exc
+                )
                 continue
             with self._lock:
                 if version == self._version:
@@ -279,7 +285,7 @@ class FusionPlan:
             kernel = handle.kernels.get(key)
         if kernel is None:
             with handle.activate():
-                kernel = chosen.build(spec, handle)
+                kernel = build_kernel(chosen, spec, handle)
             with handle.lock:
                 kernel = handle.kernels.setdefault(key, kernel)
         return kernel

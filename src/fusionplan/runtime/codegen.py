@@ -174,6 +174,18 @@ def generated_kernel(source: str, stem: str, fn_name: str):
         return getattr(load_module(source, stem)[0], fn_name)
 
 
+#: CPython 3.11 keeps the AST constructor's recursion count per interpreter, not per thread: two
+#: threads building ASTs at once (compile_all's) can raise SystemError "AST constructor recursion
+#: depth mismatch" (cpython issue 106905). The generated sources' ASTs are built one at a time.
+_AST_LOCK = threading.Lock()
+
+
+def parse_python(text: str) -> ast.Module:
+    """ast.parse, one thread at a time (see _AST_LOCK)."""
+    with _AST_LOCK:
+        return ast.parse(text)
+
+
 def kernel_signature(source: str, fn_name: str) -> tuple[bool, list[KernelParam]]:
     """Whether ``fn_name`` in ``source`` is a Gluon kernel, and its parameters, read from its
     ``def`` alone (the generated sources put the decorator on the line before it)."""
@@ -182,7 +194,7 @@ def kernel_signature(source: str, fn_name: str) -> tuple[bool, list[KernelParam]
     if decorator not in ("@triton.jit", "@gluon.jit"):
         raise ValueError(f"{fn_name}: a kernel with decorator {decorator!r} is imported, not read")
     end = source.index("):\n", start) + 3
-    tree = ast.parse(source[start:end] + "    pass\n")
+    tree = parse_python(source[start:end] + "    pass\n")
     fn = tree.body[0]
     assert isinstance(fn, ast.FunctionDef)
     params = [

@@ -110,6 +110,19 @@ class Solver(ABC):
         return None
 
 
+def build_kernel(solver: Solver, spec: PlanSpec, handle: Handle) -> Kernel:
+    """``solver.build``, tried once more where it failed on CPython 3.11's AST race: the AST
+    constructor's recursion count is kept per interpreter, so another thread building an AST at the
+    same time (Triton parses kernels too) can fail this one with a SystemError that says nothing
+    about the plan (cpython issue 106905)."""
+    try:
+        return solver.build(spec, handle)
+    except SystemError as exc:
+        if "AST constructor recursion depth mismatch" not in str(exc):
+            raise
+        return solver.build(spec, handle)
+
+
 @dataclass(frozen=True)
 class Verdict:
     solver: str
