@@ -262,3 +262,52 @@ def test_a_blend_before_the_convolution_still_writes_the_statistics(monkeypatch)
     torch.testing.assert_close(y.double(), expected.output, rtol=1e-5, atol=1e-5)
     for name in ("saved_mean", "saved_inv_variance", "running_mean", "running_variance"):
         torch.testing.assert_close(getattr(rec, name).double(), expected.side[(3, name)], rtol=1e-5, atol=1e-5)
+
+
+class _SpecializationRecorder:
+    """A launcher stand-in that records the specialization of each launch and compile-ahead, then
+    hands the call to the real launcher."""
+
+    def __init__(self, real):
+        self.real, self.launched, self.ahead = real, [], []
+
+    def _key(self, key, args):
+        from fusionplan.runtime.launch import specialization
+
+        return (key, specialization(args, self.real.constexprs))
+
+    def __call__(self, grid, key, args, num_warps, num_stages):
+        self.launched.append((grid, self._key(key, args), num_warps, num_stages))
+        return self.real(grid, key, args, num_warps, num_stages)
+
+    def compile_ahead(self, grid, key, args, num_warps, num_stages):
+        self.ahead.append((grid, self._key(key, args), num_warps, num_stages))
+        return self.real.compile_ahead(grid, key, args, num_warps, num_stages)
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_the_finalize_compiled_ahead_is_the_one_the_first_execute_launches(running, monkeypatch):
+    """A plan's kernel compiles ahead (on a GPU, when it is built) the finalize launch that follows
+    the convolution too, for the side outputs batch-norm layers pass (float32): the first execute
+    then finds it compiled rather than compiling it on the critical path."""
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    x = make_input((2, 8, 9, 7), torch.float16, "NHWC")
+    plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+    conv = fp.ConvolutionDescriptor((1, 1), (1, 1), (1, 1), 1)
+    plan = add_chain(plan, "CS", conv=conv, k=16, r=3, s=3, param_dtype="float")
+    if not running:
+        plan = fp.FusionPlan(fp.TensorDescriptor.from_tensor(x))
+        plan.add_conv_forward(conv, fp.TensorDescriptor.packed(fp.DataType.HALF, (16, 8, 3, 3)))
+        plan.add_batchnorm_statistics(BatchNormMode.SPATIAL, running_mean_variance=False)
+    handle = fp.Handle("cpu", allow_tf32=False)
+    assert plan.compile(handle) == "triton-conv"
+    kernel = plan._compiled[handle.uid].kernel
+    recorder = _SpecializationRecorder(kernel._finalize.launcher)
+    monkeypatch.setattr(kernel._finalize, "launcher", recorder)
+    kernel.compile_ahead(torch.device("cpu"))
+    args = random_args(plan, param_dtype=torch.float32)
+    if not running:
+        rec = args.get(plan.ops[-1])
+        args.set(plan.ops[-1], dataclasses.replace(rec, running_mean=None, running_variance=None))
+    plan.execute(handle, x, poisoned(plan.output_desc, "NHWC"), args)
+    assert len(recorder.ahead) == 1 and recorder.launched == recorder.ahead

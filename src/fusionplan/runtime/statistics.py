@@ -104,19 +104,37 @@ class StatisticsFinalize:
     def launch(self, ws: Tensor, rec: BatchNormStatisticsArgs, tiles: int, rows: int, block_m: int) -> None:
         """Merge the ``tiles`` tiles' statistics of ``rows`` pixels (``block_m`` a tile) into the
         record's side outputs."""
-        channels = ws.numel() // (2 * tiles)
         outputs = [rec.saved_mean, rec.saved_inv_variance, rec.running_mean, rec.running_variance]
         buffers = [_contiguous_buffer(t, ws, read=i >= 2) for i, t in enumerate(outputs)]
-        running = rec.running_mean is not None and rec.running_variance is not None
-        grid = (-(-channels // _BLOCK_C), 1, 1)
-        args = [
-            ws, *buffers, tiles, rows, block_m, channels, float(rec.epsilon), float(rec.exp_avg_factor),
-            _BLOCK_T, _BLOCK_C, rec.saved_mean is not None, rec.saved_inv_variance is not None, running,
-        ]  # fmt: skip
+        grid, args = self._arguments(ws, buffers, outputs, tiles, rows, block_m, rec.epsilon, rec.exp_avg_factor)
         self.launcher(grid, ("statistics",), args, 4, 1)
         for target, buffer in zip(outputs, buffers):
             if target is not None and buffer is not target:
                 target.copy_(buffer.view_as(target))
+
+    def compile_ahead(self, device: torch.device, tiles: int, rows: int, block_m: int, channels: int, running: bool):
+        """Compile now the finalize a plan's first execute launches: both saved statistics written,
+        the running ones where the plan updates them, all float32 (as batch-norm layers keep them;
+        a call with other side outputs compiles its own on first launch)."""
+        ws = self.workspace(device, tiles, channels)
+        stat = torch.empty(channels, dtype=torch.float32, device=device)
+        outputs = [stat, stat, stat if running else None, stat if running else None]
+        buffers = [ws if t is None else t for t in outputs]
+        grid, args = self._arguments(ws, buffers, outputs, tiles, rows, block_m, 1e-5, 0.1)
+        self.launcher.compile_ahead(grid, ("statistics",), args, 4, 1)
+
+    @staticmethod
+    def _arguments(ws: Tensor, buffers: list, outputs: list, tiles: int, rows: int, block_m: int, eps, factor):
+        """The finalize's grid and arguments: ``buffers`` the side outputs as written (``outputs``
+        the record's, None where it has none)."""
+        channels = ws.numel() // (2 * tiles)
+        running = outputs[2] is not None and outputs[3] is not None
+        grid = (-(-channels // _BLOCK_C), 1, 1)
+        args = [
+            ws, *buffers, tiles, rows, block_m, channels, float(eps), float(factor),
+            _BLOCK_T, _BLOCK_C, outputs[0] is not None, outputs[1] is not None, running,
+        ]  # fmt: skip
+        return grid, args
 
 
 def _contiguous_buffer(t: Tensor | None, stand_in: Tensor, read: bool) -> Tensor:

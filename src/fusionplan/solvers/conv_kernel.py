@@ -651,6 +651,10 @@ class TritonConvKernel(Repeating, Kernel):
         tensors = (stand_in,) * 4  # x, packed weights, output, prior
         grid, key, args = self._launch_args(cfg, *tensors, values, flags, with_prior, strides, idx64)
         self.launcher.compile_ahead(grid, key, args, cfg.num_warps, cfg.num_stages)
+        if self._finalize is not None and self.statistics is not None:  # the launch that follows it
+            rows = self._m()
+            tiles = triton_cdiv(rows, cfg.block_m)
+            self._finalize.compile_ahead(device, tiles, rows, cfg.block_m, self.k, self.statistics.running)
 
     def find(self, device: torch.device) -> tuning.ConvConfig:
         """NORMAL find mode: the perf database's winner for this kernel, or benchmark every
