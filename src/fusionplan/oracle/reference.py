@@ -185,9 +185,10 @@ def run_reference(
     return ReferenceResult(h, side)
 
 
-def write_side_outputs(result: ReferenceResult, records: Sequence[OpArgs]) -> None:
-    """Copy side outputs into the argument tensors that receive them (None targets are skipped)."""
-    for (index, name), value in result.side.items():
+def write_side_outputs(side: dict[tuple[int, str], Tensor], records: Sequence[OpArgs]) -> None:
+    """Copy side outputs ((op index, args field) -> value, as ReferenceResult.side holds them) into
+    the argument tensors that receive them (None targets are skipped)."""
+    for (index, name), value in side.items():
         target = getattr(records[index], name)
         if target is not None:
             target.copy_(value.reshape(target.shape))

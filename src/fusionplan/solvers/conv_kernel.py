@@ -561,7 +561,7 @@ class TritonConvKernel(Repeating, Kernel):
         runs as the reference's torch operations, in fp32 (fp64 for fp64 data), side outputs too."""
         result = run_reference(self.spec.ops, x, records, prior, compute_dtype_for(x.dtype))
         y.copy_(result.output)
-        write_side_outputs(result, records)
+        write_side_outputs(result.side, records)
 
     def pointer_slots(self, args: list) -> tuple[int | tuple[int, ...], ...]:
         """Where a launch's arguments take the input, the output and the prior (an index each, or

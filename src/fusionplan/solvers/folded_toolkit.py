@@ -30,7 +30,7 @@ from fusionplan.core.ops import (
     FusionOp,
     OpArgs,
 )
-from fusionplan.oracle.reference import ReferenceResult, batch_statistics, compute_dtype_for, write_side_outputs
+from fusionplan.oracle.reference import batch_statistics, compute_dtype_for, write_side_outputs
 from fusionplan.oracle.torch_conv import canonical, conv2d
 from fusionplan.runtime.folding import Affine, Coef, PerArgsCache, compose, is_one, is_zero
 from fusionplan.solvers.base import Kernel, PlanSpec
@@ -190,7 +190,7 @@ class FoldedKernel(Kernel):
         if self.statistics is not None:
             side: dict = {}
             batch_statistics(self.statistics, h, records[-1], self.dt, side)
-            write_side_outputs(ReferenceResult(h, side), records)
+            write_side_outputs(side, records)
         y.copy_(h)
 
     @staticmethod

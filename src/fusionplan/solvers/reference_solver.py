@@ -28,7 +28,7 @@ class ReferenceKernel(Kernel):
         with torch.backends.cudnn.flags(enabled=x.device.type != "cuda"):
             result = run_reference(self.spec.ops, x, records, prior, self.compute_dtype)
         y.copy_(result.output)
-        write_side_outputs(result, records)
+        write_side_outputs(result.side, records)
 
 
 class ReferenceSolver(Solver):
