@@ -449,10 +449,10 @@ class BatchNormInferenceOp(_BatchNormOp):
         return BatchNormInferenceArgs(epsilon=eps, **params, **_blend(args))
 
 
-class ActivationForwardOp(FusionOp):
+class _ActivationOp(FusionOp):
+    """What the activation's forward and backward operators share: the mode."""
+
     letter = "A"
-    title = "activation forward"
-    args_type = ActivationArgs
 
     def __init__(self, index: int, input_desc: TensorDescriptor, mode: ActivationMode | int):
         super().__init__(index, input_desc)
@@ -460,6 +460,11 @@ class ActivationForwardOp(FusionOp):
 
     def signature(self) -> tuple:
         return (type(self).__name__, self.mode)
+
+
+class ActivationForwardOp(_ActivationOp):
+    title = "activation forward"
+    args_type = ActivationArgs
 
     def _check(self, args: ActivationArgs) -> ActivationArgs:
         return type(args)(**{**args.field_values(), **_activ_params(args), **_blend(args)})
@@ -558,18 +563,10 @@ class BatchNormBackwardOp(_BatchNormOp):
         return BatchNormBackwardArgs(x=x, **params, **_blend(args))
 
 
-class ActivationBackwardOp(FusionOp):
+class ActivationBackwardOp(_ActivationOp):
     phase = Phase.BACKWARD
-    letter = "A"
     title = "activation backward"
     args_type = ActivationBackwardArgs
-
-    def __init__(self, index: int, input_desc: TensorDescriptor, mode: ActivationMode | int):
-        super().__init__(index, input_desc)
-        self.mode = coerce_enum(ActivationMode, mode, "activation mode")
-
-    def signature(self) -> tuple:
-        return (type(self).__name__, self.mode)
 
     def _check(self, args: ActivationBackwardArgs) -> ActivationBackwardArgs:
         y = None
