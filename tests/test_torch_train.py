@@ -309,3 +309,26 @@ def test_random_models_in_eval_mode_give_eager_gradients(seed):
     _assert_step_matches(fused, twin, x, torch.randn(2, 5))
     with torch.no_grad():
         torch.testing.assert_close(fused(x), twin(x), rtol=1e-4, atol=1e-4)
+
+
+def test_a_training_step_keeps_none_of_its_activations_after_it():
+    """The plans remember the calls they checked, to skip the checks of calls like them; that
+    memory lasts only as long as the call's arguments. A training step's records hold its
+    activations (the backward's record holds the batch-norm's input): once the step is over they
+    are freed, not kept by the plans for later steps."""
+    import gc
+    import weakref
+
+    from fusionplan.core.enums import ActivationMode
+
+    bn = nn.BatchNorm2d(8).train()
+    freed = []
+    for _ in range(3):
+        h = torch.randn(2, 8, 5, 5, requires_grad=True)
+        y, solver = torch_train.batchnorm_activation_training(bn, h, (ActivationMode.RELU, 1.0, 0.0, 1.0))
+        assert y is not None, solver
+        y.backward(torch.randn_like(y))
+        freed.append(weakref.ref(h))
+        del h, y
+    gc.collect()
+    assert [ref() is None for ref in freed] == [True, True, True]

@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -79,7 +80,7 @@ class OperatorArgs:
         return len(self._records)
 
 
-_CHECKED_KEYS = 64  # call keys a plan remembers as checked
+_CHECKED_KEYS = 64  # call keys a plan remembers as checked, per argument set
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,8 +148,12 @@ class FusionPlan:
         self._ops: list[FusionOp] = []
         self._version = 0
         self._compiled: dict[int, _Compiled] = {}
-        # call key -> (validated records, needs a prior) of recent executes; see execute()
-        self._checked: dict[tuple, tuple[list[OpArgs], bool]] = {}
+        # per argument set, call key -> (validated records, needs a prior) of recent executes (see
+        # execute); held weakly by the arguments: a call's records (its tensors, a training step's
+        # activations) live no longer than the OperatorArgs the caller keeps
+        self._checked: weakref.WeakKeyDictionary[OperatorArgs, dict[tuple, tuple[list[OpArgs], bool]]] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
 
     # -- inspection ---------------------------------------------------------------------------
@@ -335,8 +340,8 @@ class FusionPlan:
             and (prior is None or isinstance(prior, torch.Tensor))
         ):
             prior_key = None if prior is None else _tensor_key(prior)
-            key = (entry, handle.uid, args, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
-            checked = self._checked.get(key)
+            key = (entry, handle.uid, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
+            checked = self._checked_call(args, key)
             if checked is not None:
                 with _typed_errors(entry.solver):
                     _rerun_checked(handle, entry.kernel, checked, x, y, prior)
@@ -351,11 +356,16 @@ class FusionPlan:
         _check_devices(handle, x, y, p, records)
         _check_side_outputs(spec, records, x, y, p)
         if key is not None:
-            if len(self._checked) >= _CHECKED_KEYS:
-                self._checked.clear()
-            self._checked[key] = (records, p is not None)
+            calls = self._checked.setdefault(args, {})
+            if len(calls) >= _CHECKED_KEYS:
+                calls.clear()
+            calls[key] = (records, p is not None)
         with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
             entry.kernel.run(x, y, records, p)
+
+    def _checked_call(self, args: OperatorArgs, key: tuple) -> tuple[list[OpArgs], bool] | None:
+        calls = self._checked.get(args)
+        return None if calls is None else calls.get(key)
 
     def repeater(self, handle: Handle, x: torch.Tensor, y: torch.Tensor, args: OperatorArgs, prior=None):
         """After an ``execute`` with these tensors and arguments passed its checks: a ``Repeater``,
@@ -366,8 +376,8 @@ class FusionPlan:
         entry = self._entry(handle)
         prior_key = None if prior is None else _tensor_key(prior)
         generation = args.generation
-        key = (entry, handle.uid, args, generation, _tensor_key(x), _tensor_key(y), prior_key, None, None)
-        checked = self._checked.get(key)
+        key = (entry, handle.uid, generation, _tensor_key(x), _tensor_key(y), prior_key, None, None)
+        checked = self._checked_call(args, key)
         if checked is None:
             return None
         return Repeater(handle, entry.kernel, checked, args, generation)
