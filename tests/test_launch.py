@@ -577,3 +577,42 @@ def test_records_are_named_by_what_compiles_not_by_where_the_caches_are(monkeypa
     assert first is not None and first.name == moved.name and moved.parent == tmp_path / "b" / "launch"
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "0")
     assert launcher._record_path(("key",), 4, 2).name != first.name
+
+
+def test_a_first_launch_failed_by_cpythons_ast_race_is_tried_again(monkeypatch):
+    """A kernel compiled (in the interpreter, rewritten) at its first launch can meet CPython 3.11's
+    AST race with another thread: a SystemError raised before the kernel runs. The launch is tried
+    once more and the plan's result is right; any other SystemError is the plan's InternalError."""
+    import fusionplan as fp
+    from fusionplan.oracle.reference import run_reference
+    from fusionplan.runtime import launch as launch_module
+
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "triton")
+    real, calls = launch_module.with_own_scratch, []
+
+    def raced_once(fn, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=51, after=44)")
+        return real(fn, *args, **kwargs)
+
+    x = make_input((2, 5, 4, 3), torch.float32)
+    plan = add_chain(plan_for(x), "NA")
+    handle = fp.Handle("cpu")
+    assert plan.compile(handle) == "triton-pointwise"
+    args = random_args(plan)
+    monkeypatch.setattr(launch_module, "with_own_scratch", raced_once)
+    y = torch.full(plan.output_desc.dims, float("nan"))
+    plan.execute(handle, x, y, args)
+    assert len(calls) == 2
+    expected = run_reference(plan.ops, x, [args.get(op) for op in plan.ops], None, torch.float64).output
+    torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-6)
+
+    def other_error(fn, *args, **kwargs):
+        raise SystemError("error return without exception set")
+
+    monkeypatch.setattr(launch_module, "with_own_scratch", other_error)
+    other = add_chain(plan_for(make_input((2, 6, 4, 3), torch.float32)), "NA")
+    other.compile(handle)
+    with pytest.raises(fp.InternalError, match="SystemError: error return"):
+        other.execute(handle, make_input((2, 6, 4, 3), torch.float32), torch.empty(2, 6, 4, 3), random_args(other))

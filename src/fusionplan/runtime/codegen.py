@@ -180,6 +180,12 @@ def generated_kernel(source: str, stem: str, fn_name: str):
 _AST_LOCK = threading.Lock()
 
 
+def is_ast_race(exc: BaseException) -> bool:
+    """Whether ``exc`` is the SystemError of that race (raised while an AST was built, before
+    anything ran): the work that raised it may be tried again."""
+    return isinstance(exc, SystemError) and "AST constructor recursion depth mismatch" in str(exc)
+
+
 def parse_python(text: str) -> ast.Module:
     """ast.parse, one thread at a time (see _AST_LOCK)."""
     with _AST_LOCK:

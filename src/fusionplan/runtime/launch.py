@@ -40,7 +40,7 @@ import torch
 from fusionplan.core.caches import LruCache
 from fusionplan.core.ops import OpArgs
 from fusionplan.core.settings import Settings
-from fusionplan.runtime.codegen import cache_dir, interpreter_active, write_atomic
+from fusionplan.runtime.codegen import cache_dir, interpreter_active, is_ast_race, write_atomic
 from fusionplan.runtime.compile_pool import compile_in_worker
 from fusionplan.runtime.compile_worker import source_class
 from fusionplan.runtime.folding import args_fingerprint
@@ -247,8 +247,7 @@ class Launcher:
             compile_in_worker(self.fn, {**kwargs, "grid": grid})
         launch = self.jit[grid]
         try:
-            with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
-                kernel = with_own_scratch(launch, **kwargs)
+            kernel = self._first_launch(launch, kwargs)
         except Exception as exc:
             if is_out_of_resources(exc):
                 self._too_large[key] = exc
@@ -256,6 +255,19 @@ class Launcher:
         if self.direct and kernel is not None and hasattr(kernel, "run"):
             self._keep(key, kernel, record)
         return kernel
+
+    @staticmethod
+    def _first_launch(launch, kwargs: dict):
+        """Compile (or, in the interpreter, rewrite) and launch; once more where the compile failed
+        on CPython 3.11's AST race with another thread (codegen.is_ast_race): it fails before the
+        kernel runs, so nothing was written."""
+        with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
+            try:
+                return with_own_scratch(launch, **kwargs)
+            except SystemError as exc:
+                if not is_ast_race(exc):
+                    raise
+                return with_own_scratch(launch, **kwargs)
 
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not

@@ -11,6 +11,7 @@ import torch
 
 from fusionplan.core.descriptors import TensorDescriptor
 from fusionplan.core.ops import ConvForwardOp, FusionOp, OpArgs, Phase
+from fusionplan.runtime.codegen import is_ast_race
 
 if TYPE_CHECKING:
     from fusionplan.core.handle import Handle
@@ -118,7 +119,7 @@ def build_kernel(solver: Solver, spec: PlanSpec, handle: Handle) -> Kernel:
     try:
         return solver.build(spec, handle)
     except SystemError as exc:
-        if "AST constructor recursion depth mismatch" not in str(exc):
+        if not is_ast_race(exc):
             raise
         return solver.build(spec, handle)
 
