@@ -180,10 +180,16 @@ def generated_kernel(source: str, stem: str, fn_name: str):
 _AST_LOCK = threading.Lock()
 
 
-def is_ast_race(exc: BaseException) -> bool:
-    """Whether ``exc`` is the SystemError of that race (raised while an AST was built, before
-    anything ran): the work that raised it may be tried again."""
-    return isinstance(exc, SystemError) and "AST constructor recursion depth mismatch" in str(exc)
+def again_after_ast_race(work, *args, **kwargs):
+    """``work(*args, **kwargs)``, called once more where it failed on that race (a SystemError
+    raised while an AST was built, before the work ran anything): for compiles and first
+    launches, whose threads race with others' (Triton parses kernels too)."""
+    try:
+        return work(*args, **kwargs)
+    except SystemError as exc:
+        if "AST constructor recursion depth mismatch" not in str(exc):
+            raise
+        return work(*args, **kwargs)
 
 
 def parse_python(text: str) -> ast.Module:

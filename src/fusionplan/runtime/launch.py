@@ -40,7 +40,7 @@ import torch
 from fusionplan.core.caches import LruCache
 from fusionplan.core.ops import OpArgs
 from fusionplan.core.settings import Settings
-from fusionplan.runtime.codegen import cache_dir, interpreter_active, is_ast_race, write_atomic
+from fusionplan.runtime.codegen import again_after_ast_race, cache_dir, interpreter_active, write_atomic
 from fusionplan.runtime.compile_pool import compile_in_worker
 from fusionplan.runtime.compile_worker import source_class
 from fusionplan.runtime.folding import args_fingerprint
@@ -259,15 +259,10 @@ class Launcher:
     @staticmethod
     def _first_launch(launch, kwargs: dict):
         """Compile (or, in the interpreter, rewrite) and launch; once more where the compile failed
-        on CPython 3.11's AST race with another thread (codegen.is_ast_race): it fails before the
-        kernel runs, so nothing was written."""
+        on CPython 3.11's AST race with another thread (codegen.again_after_ast_race): it fails
+        before the kernel runs, so nothing was written."""
         with _INTERPRETER_LOCK if interpreter_active() else _NO_LOCK:
-            try:
-                return with_own_scratch(launch, **kwargs)
-            except SystemError as exc:
-                if not is_ast_race(exc):
-                    raise
-                return with_own_scratch(launch, **kwargs)
+            return again_after_ast_race(with_own_scratch, launch, **kwargs)
 
     def compile_ahead(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Compile (or load) and initialize without launching, so that the first execute does not

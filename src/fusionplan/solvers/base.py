@@ -11,7 +11,7 @@ import torch
 
 from fusionplan.core.descriptors import TensorDescriptor
 from fusionplan.core.ops import ConvForwardOp, FusionOp, OpArgs, Phase
-from fusionplan.runtime.codegen import is_ast_race
+from fusionplan.runtime.codegen import again_after_ast_race
 
 if TYPE_CHECKING:
     from fusionplan.core.handle import Handle
@@ -116,12 +116,7 @@ def build_kernel(solver: Solver, spec: PlanSpec, handle: Handle) -> Kernel:
     constructor's recursion count is kept per interpreter, so another thread building an AST at the
     same time (Triton parses kernels too) can fail this one with a SystemError that says nothing
     about the plan (cpython issue 106905)."""
-    try:
-        return solver.build(spec, handle)
-    except SystemError as exc:
-        if not is_ast_race(exc):
-            raise
-        return solver.build(spec, handle)
+    return again_after_ast_race(solver.build, spec, handle)
 
 
 @dataclass(frozen=True)
