@@ -119,7 +119,7 @@ class StatisticsFinalize:
         ws = self.workspace(device, tiles, channels)
         stat = torch.empty(channels, dtype=torch.float32, device=device)
         outputs = [stat, stat, stat if running else None, stat if running else None]
-        buffers = [ws if t is None else t for t in outputs]
+        buffers = [_contiguous_buffer(t, ws, read=False) for t in outputs]  # as launch makes them
         grid, args = self._arguments(ws, buffers, outputs, tiles, rows, block_m, 1e-5, 0.1)
         self.launcher.compile_ahead(grid, ("statistics",), args, 4, 1)
 
