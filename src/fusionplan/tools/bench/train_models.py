@@ -155,7 +155,7 @@ def run_train_model(name: str, batch: int, precision: str, layout: str, device, 
 def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path, steps: int = 3) -> None:
     """``steps`` steps of ``trainer`` under torch.profiler: the first line says how long a step took
     and how much of it the device spent in kernels (a host-bound step computes for a small part of
-    its time), then the operators by their device time."""
+    its time), then the operators by their device time (and, on a GPU, by their host time)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if x.device.type == "cuda" else [])
@@ -171,7 +171,10 @@ def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path
     sort = "self_device_time_total" if x.device.type == "cuda" else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     head = f"step {wall_us / 1e3:.2f} ms wall, {device_us / 1e3:.2f} ms in device kernels ({device_us / wall_us:.0%})\n"
-    path.write_text(head + events.table(sort_by=sort, row_limit=40) + "\n")
+    text = head + events.table(sort_by=sort, row_limit=40) + "\n"
+    if sort != "self_cpu_time_total":  # where the host's time goes, for a step the host bounds
+        text += "\nby host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
+    path.write_text(text)
 
 
 def _eager_chains(fused) -> list[str]:
