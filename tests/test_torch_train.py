@@ -332,3 +332,56 @@ def test_a_training_step_keeps_none_of_its_activations_after_it():
         del h, y
     gc.collect()
     assert [ref() is None for ref in freed] == [True, True, True]
+
+
+def _count_checked_executes(monkeypatch) -> list:
+    """Each training plan call that went through execute's checks, appended as it comes."""
+    from fusionplan.plan import FusionPlan
+
+    checked, execute = [], FusionPlan.execute
+
+    def counting(self, *args, **kwargs):
+        checked.append(self)
+        return execute(self, *args, **kwargs)
+
+    monkeypatch.setattr(FusionPlan, "execute", counting)
+    return checked
+
+
+def test_a_training_call_like_a_checked_one_skips_the_checks_and_stays_right(monkeypatch):
+    """The second step's plan calls read tensors laid out as the first step's and the same module
+    tensors: none is checked again but the forward of bn3 (momentum None: its update factor, an
+    argument the checks read, changes every step), and the step still matches eager."""
+    twin, model, fused = _pair()
+    x, weights = torch.randn(4, 3, 13, 11), torch.randn(4, 5)
+    checked = _count_checked_executes(monkeypatch)
+    _assert_step_matches(fused, twin, x, weights)
+    first = len(checked)
+    assert first >= 4  # three chains' forwards and backwards, some plans shared
+    fused.zero_grad(), twin.zero_grad()
+    _assert_step_matches(fused, twin, torch.randn(4, 3, 13, 11), weights)
+    assert len(checked) == first + 1
+
+
+def test_a_new_module_tensor_or_layout_is_checked_again(monkeypatch):
+    """What the skipped checks depended on changes: the call is checked again, and a parameter
+    that does not fit its batch-norm gets the typed error, nothing run."""
+    from fusionplan.core.enums import ActivationMode
+    from fusionplan.core.errors import FusionPlanError
+
+    relu = (ActivationMode.RELU, 1.0, 0.0, 1.0)
+    bn = nn.BatchNorm2d(8).train()
+    checked = _count_checked_executes(monkeypatch)
+    for _ in range(2):
+        y, _ = torch_train.batchnorm_activation_training(bn, torch.randn(2, 8, 5, 5), relu)
+    assert len(checked) == 1
+    torch_train.batchnorm_activation_training(bn, torch.randn(2, 8, 5, 5).to(memory_format=torch.channels_last), relu)
+    assert len(checked) == 2  # another layout: another plan, checked
+    bn.weight = nn.Parameter(torch.randn(8))
+    torch_train.batchnorm_activation_training(bn, torch.randn(2, 8, 5, 5), relu)
+    assert len(checked) == 3  # another weight tensor: checked again
+    running = bn.running_mean.clone()
+    bn.weight = nn.Parameter(torch.randn(9))
+    with pytest.raises(FusionPlanError, match="scale"):
+        torch_train.batchnorm_activation_training(bn, torch.randn(2, 8, 5, 5), relu)
+    torch.testing.assert_close(bn.running_mean, running)  # nothing written
