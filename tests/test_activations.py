@@ -29,7 +29,7 @@ def scalar_formula(mode, x, a, b, g):
         return base**g if base > POWER_EPS else 0.0
     if mode == M.CLIPPEDRELU:
         return min(a, max(0.0, x))
-    if mode == M.LEAKYRELU:
+    if mode in (M.LEAKYRELU, M.PRELU):  # PReLU's slope in alpha's place, one channel's
         return x if x > 0 else a * x
     if mode == M.ELU:
         return x if x > 0 else a * (math.exp(x) - 1)
@@ -104,7 +104,7 @@ def test_backward_matches_autograd(mode, params):
     x = torch.randn(400, dtype=torch.float64) * 2
     if mode == M.POWER:  # keep away from the kink at the threshold
         x = x[((a + b * x) - POWER_EPS).abs() > 1e-3]
-    if mode in (M.RELU, M.ABS, M.LEAKYRELU, M.ELU, M.CLIPPEDRELU):
+    if mode in (M.RELU, M.ABS, M.LEAKYRELU, M.ELU, M.CLIPPEDRELU, M.PRELU):
         x = x[(x.abs() > 1e-6) & ((x - a).abs() > 1e-6)]
     x.requires_grad_(True)
     dy = torch.randn_like(x)
@@ -113,6 +113,16 @@ def test_backward_matches_autograd(mode, params):
     if mode == M.HARDSIGMOID:  # torch's own backward takes float32's 1/6 in float64 too (3e-8 off)
         grad = dy * ((x > -3) & (x < 3)).detach() / 6
     torch.testing.assert_close(dx, grad, rtol=1e-10, atol=1e-12)
+
+
+def test_prelu_takes_a_slope_per_channel():
+    x = torch.randn(2, 3, 4, 5, dtype=torch.float64, requires_grad=True)
+    slope = torch.tensor([0.25, -0.5, 2.0], dtype=torch.float64).view(1, 3, 1, 1)
+    y = activation_forward(M.PRELU, x, slope, 0.0, 1.0)
+    torch.testing.assert_close(y, torch.nn.functional.prelu(x, slope.flatten()), rtol=0, atol=0)
+    dy = torch.randn_like(x)
+    (grad,) = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(activation_backward(M.PRELU, dy, x.detach(), slope, 0.0, 1.0), grad)
 
 
 @pytest.mark.parametrize("mode", [m for m in M if m.is_extension])

@@ -217,6 +217,14 @@ class FusionPlan:
         return self._add(BatchNormInferenceOp, mode, param_desc)
 
     def add_activation_forward(self, mode: ActivationMode | int) -> ActivationForwardOp:
+        if (
+            self._ops
+            and self._ops[0].phase == Phase.TRAINING_FORWARD
+            and coerce_enum(ActivationMode, mode, "activation mode").has_slope
+        ):
+            raise UnsupportedOpError(
+                "activation forward PRELU in a training plan: its backward plan has no output for the slope's gradient"
+            )
         return self._add(ActivationForwardOp, mode)
 
     def add_batchnorm_forward(

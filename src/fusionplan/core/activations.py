@@ -199,6 +199,26 @@ ACTIVATIONS.update(
 )
 
 
+def _slope_of(a: Tensor | float, x: Tensor) -> Tensor | float:
+    """PReLU's slope in x's dtype and device (a per-channel tensor broadcast over x, or a number)."""
+    return a.to(dtype=x.dtype, device=x.device) if isinstance(a, Tensor) else a
+
+
+def _prelu_forward(x: Tensor, a: Tensor | float, b: float, g: float) -> Tensor:
+    return torch.where(x > 0, x, x * _slope_of(a, x))
+
+
+def _prelu_backward(dy: Tensor, x: Tensor, a: Tensor | float, b: float, g: float) -> Tensor:
+    return dy * _where_positive(x, 1.0, _slope_of(a, dy))
+
+
+#: PReLU: the slope is a tensor, broadcast over the channels (ActivationArgs.slope, shaped (1, C, 1, 1)),
+#: passed where the other modes take activAlpha
+ACTIVATIONS[ActivationMode.PRELU] = ActivationFormula(
+    ActivationMode.PRELU, "y = x if x > 0 else slope[c] * x", ("slope",), _prelu_forward, _prelu_backward
+)
+
+
 def activation_forward(mode: ActivationMode, x: Tensor, alpha: float, beta: float, gamma: float) -> Tensor:
     return ACTIVATIONS[ActivationMode(mode)].forward(x, alpha, beta, gamma)
 

@@ -106,11 +106,17 @@ class ActivationMode(enum.IntEnum):
     GELU = 103  # x * Phi(x), the erf form
     GELU_TANH = 104  # GELU's tanh approximation
     MISH = 105  # x * tanh(softplus(x))
+    PRELU = 106  # x if x > 0 else slope[c] * x: a per-channel slope tensor (ActivationArgs.slope)
 
     @property
     def is_extension(self) -> bool:
         """Not one of MIOpen's ten modes."""
         return self.value >= 100
+
+    @property
+    def has_slope(self) -> bool:
+        """Reads a per-channel slope tensor (PReLU's) in place of the scalar activAlpha."""
+        return self is ActivationMode.PRELU
 
 
 #: MIOpen's activation modes (the MIOpen layer's enumeration, the driver's -m)

@@ -243,6 +243,12 @@ class ActivationArgs(OpArgs):
     activ_alpha: float = 1.0
     activ_beta: float = 0.0
     activ_gamma: float = 1.0
+    #: PReLU's per-channel slope (C values, or one for every channel); the other modes take none
+    slope: torch.Tensor | None = None
+
+    def alpha_argument(self) -> float | torch.Tensor:
+        """What the activation's formula takes as its alpha: PReLU's slope, else activAlpha."""
+        return self.activ_alpha if self.slope is None else self.slope
 
 
 @dataclass(frozen=True)
@@ -467,7 +473,26 @@ class ActivationForwardOp(_ActivationOp):
     args_type = ActivationArgs
 
     def _check(self, args: ActivationArgs) -> ActivationArgs:
-        return type(args)(**{**args.field_values(), **_activ_params(args), **_blend(args)})
+        fields = {**args.field_values(), **_activ_params(args), **_blend(args), "slope": self._slope(args)}
+        return type(args)(**fields)
+
+    def _slope(self, args: ActivationArgs) -> torch.Tensor | None:
+        """PReLU's slope as (1, C, 1, 1): C values, or one broadcast to every channel (nn.PReLU's
+        num_parameters 1); None for the other modes, which take none."""
+        if not self.mode.has_slope:
+            if args.slope is not None:
+                raise BadParmError(
+                    f"operator {self.index} ({self.title} {self.mode.name}): a slope is PReLU's argument; "
+                    "this mode takes activAlpha"
+                )
+            return None
+        if args.slope is None:
+            raise BadParmError(f"operator {self.index} ({self.title} PRELU): argument slope is required")
+        t = as_tensor(args.slope, f"{self.title} slope")
+        c = self.channels
+        if t.numel() == 1 and c != 1:
+            t = t.reshape(1, 1, 1, 1).expand(1, c, 1, 1)
+        return param_tensor(t, f"{self.title} slope", (1, c, 1, 1), self.input_desc.dtype)
 
     def describe(self) -> str:
         return f"{self.title} {self.mode.name} ({ACTIVATIONS[self.mode].formula})"
@@ -567,6 +592,13 @@ class ActivationBackwardOp(_ActivationOp):
     phase = Phase.BACKWARD
     title = "activation backward"
     args_type = ActivationBackwardArgs
+
+    def __init__(self, index: int, input_desc: TensorDescriptor, mode: ActivationMode | int):
+        super().__init__(index, input_desc, mode)
+        if self.mode.has_slope:
+            raise UnsupportedOpError(
+                f"{self.title} {self.mode.name}: the backward plans have no output for the slope's gradient"
+            )
 
     def _check(self, args: ActivationBackwardArgs) -> ActivationBackwardArgs:
         y = None

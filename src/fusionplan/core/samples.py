@@ -39,7 +39,7 @@ ACTIV_PARAMS = {
     ActivationMode.CLIPPEDRELU: (0.6, 0.0, 1.0),
     ActivationMode.LEAKYRELU: (0.1, 0.0, 1.0),
     ActivationMode.ELU: (0.9, 0.0, 1.0),
-    # the extension modes take no parameters
+    # the extension modes take no parameters (PReLU its slope tensor: random_record)
     **{m: (1.0, 0.0, 1.0) for m in ActivationMode if m.is_extension},
 }
 
@@ -94,7 +94,9 @@ def random_record(
         )
     if isinstance(op, ActivationForwardOp):
         a, b, g = activ_params or ACTIV_PARAMS[op.mode]
-        return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta)
+        # PReLU: a slope per channel, of either sign (a learned slope may be negative)
+        slope = random_tensor((op.channels,), pdt, device, scale=0.5, shift=0.25, gen=gen) if op.mode.has_slope else None
+        return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta, slope=slope)
     if isinstance(op, BatchNormStatisticsOp):  # passes its input through: no alpha or beta
         dims = op.param_dims
         running_mean = random_tensor(dims, pdt, device, scale=0.5, gen=gen)

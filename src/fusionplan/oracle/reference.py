@@ -80,7 +80,7 @@ def _apply_forward(op: FusionOp, h: Tensor, rec: OpArgs, dt: torch.dtype, side: 
         )
     if isinstance(op, ActivationForwardOp):
         assert isinstance(rec, ActivationArgs)
-        return activation_forward(op.mode, h, rec.activ_alpha, rec.activ_beta, rec.activ_gamma)
+        return activation_forward(op.mode, h, rec.alpha_argument(), rec.activ_beta, rec.activ_gamma)
     if isinstance(op, BatchNormForwardOp):
         assert isinstance(rec, BatchNormForwardArgs)
         return _batchnorm_forward_training(op, h, rec, dt, side)

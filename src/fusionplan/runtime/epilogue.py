@@ -81,6 +81,8 @@ ACTIVATION_CODE.update(
         ActivationMode.GELU: "{x} * " + _PHI,
         ActivationMode.GELU_TANH: "0.5 * {x} * (1.0 + " + _tanh(_GELU_U) + ")",
         ActivationMode.MISH: "{x} * " + _TANH_SOFTPLUS,
+        # {a}: the channel's slope, loaded (emit_stages)
+        ActivationMode.PRELU: "tl.where({x} > 0.0, {x}, {a} * {x})",
     }
 )
 
@@ -103,6 +105,7 @@ ACTIVATION_BACKWARD_CODE: dict[ActivationMode, str] = {
     ),
     ActivationMode.CLIPPEDRELU: "{dy} * tl.where(({x} > 0.0) & ({x} <= {a}), 1.0, 0.0)",
     ActivationMode.LEAKYRELU: "{dy} * tl.where({x} > 0.0, 1.0, {a})",
+    ActivationMode.PRELU: "{dy} * tl.where({x} > 0.0, 1.0, {a})",
     ActivationMode.ELU: "{dy} * tl.where({x} > 0.0, 1.0, {a} * tl.exp(tl.minimum({x}, 0.0)))",
     ActivationMode.SILU: "{dy} * " + _SIGMOID + " * (1.0 + {x} * (1.0 - " + _SIGMOID + "))",
     ActivationMode.HARDSWISH: "{dy} * tl.where({x} <= -3.0, 0.0, tl.where({x} < 3.0, {x} / 3.0 + 0.5, 1.0))",
@@ -203,9 +206,19 @@ def emit_stages(
             assert isinstance(stage, ActStage)
             op = ops[stage.op]
             assert isinstance(op, ActivationForwardOp)
-            params += [f"{prefix}a{i}", f"{prefix}b{i}", f"{prefix}g{i}", f"{prefix}al{i}", f"{prefix}be{i}"]
+            alpha = f"{prefix}a{i}"
+            if op.mode.has_slope:  # alpha is a pointer to the per-channel slopes
+                alpha = f"{prefix}a{i}_ptr"
+                channel_load = "tl.load(" + alpha + " + " + idx.ch + ", mask=" + idx.ch_mask + ", other=0.0)"
+                if hoist_channels:
+                    channel_loads.append(f"{alpha}_v = {channel_load}")
+                    slope = f"{alpha}_v[None, :]"
+                else:
+                    slope = channel_load + "[None, :]"
+            params += [alpha, f"{prefix}b{i}", f"{prefix}g{i}", f"{prefix}al{i}", f"{prefix}be{i}"]
             flags.append(f"{prefix}UNIT_AL{i}")
-            expr = ACTIVATION_CODE[op.mode].format(x="h", a=f"{prefix}a{i}", b=f"{prefix}b{i}", g=f"{prefix}g{i}")
+            a = slope if op.mode.has_slope else alpha
+            expr = ACTIVATION_CODE[op.mode].format(x="h", a=a, b=f"{prefix}b{i}", g=f"{prefix}g{i}")
             body += [
                 f"# stage {i}: operator {stage.op}, activation {op.mode.name}",
                 f"h = {expr}",
@@ -245,6 +258,8 @@ def stage_arguments(
             assert isinstance(rec, ActivationArgs)
             scalars = [float(v) for v in (rec.activ_alpha, rec.activ_beta, rec.activ_gamma, rec.alpha, rec.beta)]
             values += scalars  # one compiled kernel whatever numeric types were given
+            if rec.slope is not None:  # PReLU: the slopes in place of activAlpha, fp32
+                values[-5] = _vector(rec.slope, (1, channels, 1, 1), device)
             flags[f"{prefix}HAS_Q{i}"] = scalars[4] != 0
             # alpha 1 skips the multiply: a kernel specialization per value of the test (the stem's
             # latency-bound epilogue gained 3 %)
@@ -260,6 +275,7 @@ def reads_prior(flags: dict[str, bool], prefix: str = "") -> bool:
 
 def stand_in_stage_arguments(
     stages: Sequence[Stage],
+    ops: Sequence[FusionOp],
     channels: int,
     spatial: tuple[int, int],
     device: torch.device,
@@ -278,10 +294,16 @@ def stand_in_stage_arguments(
             values += [vector, vector, vector]
             flags[f"{prefix}HAS_Q{i}"] = with_prior
         else:
-            values += [1.0, 0.0, 1.0, 1.0, 0.0]
+            slope = torch.empty(channels, dtype=torch.float32, device=device) if _has_slope(stage, ops) else 1.0
+            values += [slope, 0.0, 1.0, 1.0, 0.0]
             flags[f"{prefix}HAS_Q{i}"] = with_prior
             flags[f"{prefix}UNIT_AL{i}"] = True
     return values, flags
+
+
+def _has_slope(stage: ActStage, ops: Sequence[FusionOp]) -> bool:
+    op = ops[stage.op]
+    return isinstance(op, ActivationForwardOp) and op.mode.has_slope
 
 
 def _vector(c: float | Tensor, shape: tuple[int, ...], device: torch.device) -> Tensor:

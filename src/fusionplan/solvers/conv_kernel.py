@@ -638,10 +638,12 @@ class TritonConvKernel(Repeating, Kernel):
         """Compile the kernel now for the plan's strides and arguments without beta (``with_prior``:
         with beta in every operator, reading a prior output), on stand-in tensors, so that the
         first execute finds it compiled."""
-        values, flags = stand_in_stage_arguments(self.stages, self.k, self.out_hw, device, with_prior)
+        values, flags = stand_in_stage_arguments(self.stages, self.spec.ops, self.k, self.out_hw, device, with_prior)
         if self.pre_stages:
             c, h, w = self.spec.input_desc.dims[1:]
-            pre_values, pre_flags = stand_in_stage_arguments(self.pre_stages, c, (h, w), device, False, PROLOGUE_PREFIX)
+            pre_values, pre_flags = stand_in_stage_arguments(
+                self.pre_stages, self.spec.ops, c, (h, w), device, False, PROLOGUE_PREFIX
+            )
             values, flags = [*values, *pre_values], {**flags, **pre_flags}
         stand_in = torch.empty(64, dtype=self.spec.dtype.torch_dtype, device=device)
         in_desc, out_desc = self.spec.input_desc, self.spec.output_desc

@@ -200,5 +200,5 @@ class FoldedKernel(Kernel):
         elif op.mode == ActivationMode.CLIPPEDRELU and owned:
             h = h.clamp_(0, rec.activ_alpha) if rec.activ_alpha >= 0 else h.clamp_min_(0).clamp_max_(rec.activ_alpha)
         else:
-            h = activation_forward(op.mode, h, rec.activ_alpha, rec.activ_beta, rec.activ_gamma)
+            h = activation_forward(op.mode, h, rec.alpha_argument(), rec.activ_beta, rec.activ_gamma)
         return _apply_affine(h, True, Affine(rec.alpha, 0.0, rec.beta), p)

@@ -1,0 +1,153 @@
+"""PReLU (ActivationMode.PRELU, an extension mode): a slope per channel, a tensor argument of the
+activation's record. Its checks, the training plans' refusal, and every solver that claims a plan
+with it (the Triton ones through Triton's interpreter) against the float64 oracle."""
+
+import pytest
+import torch
+
+import fusionplan as fp
+from fusionplan.core.enums import ActivationMode, BatchNormMode
+from fusionplan.core.ops import ActivationForwardOp
+from fusionplan.tools.verify import add_chain
+
+from .util import CONV_SHAPES, DT_NAME, check_against_reference, make_input, plan_for, poisoned, random_args
+
+PRELU = ActivationMode.PRELU
+
+
+def _prelu_plan(x: torch.Tensor, chain: str = "A", **conv) -> fp.FusionPlan:
+    return add_chain(plan_for(x), chain, activation=PRELU, param_dtype="float", **conv)
+
+
+def _slope_args(plan: fp.FusionPlan, slope) -> fp.OperatorArgs:
+    """Random arguments for the plan, the activation's slope replaced by ``slope``."""
+    args = random_args(plan)
+    act = plan.ops[-1]
+    args.set(act, fp.ActivationArgs(slope=slope))
+    return args
+
+
+def test_the_slope_is_required_and_checked():
+    x = torch.randn(2, 5, 4, 3)
+    plan = _prelu_plan(x)
+    act = plan.ops[0]
+    args = fp.OperatorArgs()
+    with pytest.raises(fp.BadParmError, match="slope is required"):
+        args.set(act, fp.ActivationArgs())
+    with pytest.raises(fp.BadParmError, match="slope has shape"):
+        args.set(act, fp.ActivationArgs(slope=torch.rand(6)))
+    with pytest.raises(fp.BadParmError, match="slope has dtype"):
+        args.set(act, fp.ActivationArgs(slope=torch.rand(5, dtype=torch.float16)))
+    relu = ActivationForwardOp(0, plan.input_desc, ActivationMode.LEAKYRELU)
+    with pytest.raises(fp.BadParmError, match="a slope is PReLU's argument"):
+        args.set(relu, fp.ActivationArgs(slope=torch.rand(5)))
+    assert len(args) == 0  # nothing set by a refused record
+
+
+def test_a_bad_slope_writes_nothing():
+    x = torch.randn(2, 5, 4, 3)
+    plan = _prelu_plan(x)
+    handle = fp.Handle("cpu")
+    plan.compile(handle)
+    y = poisoned(plan.output_desc)
+    args = fp.OperatorArgs()
+    with pytest.raises(fp.MissingArgumentError):
+        plan.execute(handle, x, y, args)
+    assert torch.isnan(y).all()
+
+
+def test_one_slope_serves_every_channel():
+    x = torch.randn(2, 5, 4, 3, dtype=torch.float64)
+    plan = _prelu_plan(x)
+    handle = fp.Handle("cpu")
+    plan.compile(handle)
+    y = torch.empty_like(x)
+    plan.execute(handle, x, y, _slope_args(plan, torch.tensor([0.3], dtype=torch.float64)))
+    torch.testing.assert_close(y, torch.nn.functional.prelu(x, torch.tensor([0.3], dtype=torch.float64)))
+
+
+def test_the_backward_and_the_training_plans_refuse_prelu():
+    x = torch.randn(2, 5, 4, 3)
+    backward = plan_for(x)
+    backward.add_batchnorm_backward(BatchNormMode.SPATIAL)
+    with pytest.raises(fp.UnsupportedOpError, match="slope's gradient"):
+        backward.add_activation_backward(PRELU)
+    forward = plan_for(x)
+    forward.add_batchnorm_forward(BatchNormMode.SPATIAL)
+    with pytest.raises(fp.UnsupportedOpError, match="training plan"):
+        forward.add_activation_forward(PRELU)
+    assert len(backward.ops) == 1 and len(forward.ops) == 1
+
+
+def test_the_miopen_layer_keeps_miopens_ten_modes():
+    from fusionplan import miopen
+
+    assert PRELU.value not in {m.value for m in miopen.miopenActivationMode_t}
+
+
+def _solvers_claiming(plan: fp.FusionPlan) -> list[str]:
+    return [v.solver for v in plan.explain(fp.Handle("cpu")) if v.applicable]
+
+
+#: Plans that reach each kind of solver: a convolution (3x3 of 3 channels to 17, which no block
+#: divides, strided, grouped, 1x1, depthwise, a 7x7 stem) or none (pointwise).
+CASES = {
+    "3x3-K17": ("CBNA", "stem-C3"),
+    "stride2": ("CBA", "stride2"),
+    "grouped": ("CNA", "grouped"),
+    "1x1": ("CBNA", "1x1"),
+    "depthwise": ("CBA", "depthwise"),
+    "stem-7x7": ("CBA", "7x7-stride2-pad3"),
+    "1x1-K24": ("CBNA", "1x1-K24"),
+    "3x3-C16K24": ("CBA", "3x3-C16K24"),
+    "pointwise": ("NA", None),
+    "pointwise-BA": ("BAB", None),
+}
+
+
+#: Shapes whose rows are 16-byte multiples in every dtype (the tensor-descriptor solvers').
+SHAPES = {
+    **CONV_SHAPES,
+    "1x1-K24": (2, 16, 7, 5, 24, 1, 1, (0, 0), (1, 1), (1, 1), 1),
+    "3x3-C16K24": (2, 16, 9, 7, 24, 3, 3, (1, 1), (1, 1), (1, 1), 1),
+}
+
+
+def _case_plan(case: str, dtype: torch.dtype, layout: str) -> tuple[fp.FusionPlan, torch.Tensor]:
+    chain, shape = CASES[case]
+    if shape is None:
+        x = make_input((2, 17, 7, 5), dtype, layout)
+        return add_chain(plan_for(x), chain, activation=PRELU, param_dtype=DT_NAME[dtype]), x
+    n, c, h, w, k, r, s, pad, stride, dil, groups = SHAPES[shape]
+    x = make_input((n, c, h, w), dtype, layout)
+    conv = fp.ConvolutionDescriptor(pad, stride, dil, groups)
+    plan = add_chain(plan_for(x), chain, conv=conv, k=k, r=r, s=s, activation=PRELU, param_dtype=DT_NAME[dtype])
+    return plan, x
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_every_solver_that_claims_a_prelu_plan_runs_it_right(case, layout, dtype):
+    plan, x = _case_plan(case, dtype, layout)
+    claimed = _solvers_claiming(plan)
+    assert claimed, plan.explain(fp.Handle("cpu"))
+    for solver in claimed:
+        if solver.startswith("triton-"):
+            pytest.importorskip("triton")
+        handle = fp.Handle("cpu")
+        assert plan.compile(handle, solver=solver) == solver
+        check_against_reference(plan, handle, x, random_args(plan), poisoned(plan.output_desc, layout))
+
+
+@pytest.mark.parametrize("case", ["3x3-K17", "pointwise"])
+def test_a_slope_edited_in_place_reaches_the_kernel(case):
+    """Kernels keep coefficients derived from the arguments; the slope's version tells them apart."""
+    plan, x = _case_plan(case, torch.float32, "NHWC")
+    for solver in _solvers_claiming(plan):
+        handle = fp.Handle("cpu")
+        plan.compile(handle, solver=solver)
+        args = random_args(plan)
+        check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, "NHWC"))
+        args.get(plan.ops[-1]).slope.mul_(-3.0).add_(0.5)
+        check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, "NHWC"))
