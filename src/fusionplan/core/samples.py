@@ -95,7 +95,9 @@ def random_record(
     if isinstance(op, ActivationForwardOp):
         a, b, g = activ_params or ACTIV_PARAMS[op.mode]
         # PReLU: a slope per channel, of either sign (a learned slope may be negative)
-        slope = random_tensor((op.channels,), pdt, device, scale=0.5, shift=0.25, gen=gen) if op.mode.has_slope else None
+        slope = None
+        if op.mode.has_slope:
+            slope = random_tensor((op.channels,), pdt, device, scale=0.5, shift=0.25, gen=gen)
         return ActivationArgs(activ_alpha=a, activ_beta=b, activ_gamma=g, alpha=alpha, beta=beta, slope=slope)
     if isinstance(op, BatchNormStatisticsOp):  # passes its input through: no alpha or beta
         dims = op.param_dims
