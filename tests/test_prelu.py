@@ -151,3 +151,70 @@ def test_a_slope_edited_in_place_reaches_the_kernel(case):
         check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, "NHWC"))
         args.get(plan.ops[-1]).slope.mul_(-3.0).add_(0.5)
         check_against_reference(plan, handle, x, args, poisoned(plan.output_desc, "NHWC"))
+
+
+# ---- fuse(model) -----------------------------------------------------------------------------------
+class _PReLUNet(torch.nn.Module):
+    """conv -> bn -> PReLU(C), conv -> PReLU(1) (no batch-norm), bn -> PReLU(C) with a residual."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        nn = torch.nn
+        self.conv1, self.bn1, self.act1 = nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.PReLU(6, 0.2)
+        self.conv2, self.act2 = nn.Conv2d(6, 6, 3, stride=2, padding=1), nn.PReLU()
+        self.bn3, self.act3 = nn.BatchNorm2d(6), nn.PReLU(6)
+        with torch.no_grad():
+            for act in (self.act1, self.act2, self.act3):
+                act.weight.uniform_(-0.5, 1.0)
+            for bn in (self.bn1, self.bn3):
+                bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0), bn.weight.normal_()
+
+    def forward(self, x):
+        y = self.act1(self.bn1(self.conv1(x)))
+        y = self.act2(self.conv2(y))
+        return self.act3(self.bn3(y) + y)
+
+
+def _fused_prelu_net(training: bool):
+    import copy
+
+    import fusionplan.torch as fpt
+
+    torch.manual_seed(3)
+    model = _PReLUNet().train(training)
+    return copy.deepcopy(model), fpt.fuse(model)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_fuse_runs_prelu_chains_in_their_plans(layout):
+    twin, fused = _fused_prelu_net(training=False)
+    assert len(fused.fusion_report.fused) == 3, fused.fusion_report
+    x = make_input((2, 3, 9, 7), torch.float32, layout)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-5, atol=1e-5)
+        for model in (fused, twin):  # an optimizer's step edits the slopes in place: the plans see it
+            model.act1.weight.mul_(-2.0)
+        torch.testing.assert_close(fused(x), twin(x), rtol=1e-5, atol=1e-5)
+    ran = fused.fusion_report.solvers()
+    assert all(solvers and not any("eagerly" in s for s in solvers) for solvers in ran.values()), ran
+
+
+def test_fused_prelu_chains_train_as_eager_does():
+    """In training mode the batch-norm runs as the training plans and PReLU in torch: the slopes'
+    gradients are eager's."""
+    twin, fused = _fused_prelu_net(training=True)
+    x, w = torch.randn(2, 3, 9, 7), torch.randn(2, 6, 5, 4)
+    for model in (fused, twin):
+        (model(x) * w).sum().backward()
+    grads = dict(fused.named_parameters())
+    for name, p in twin.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    torch.testing.assert_close(fused.bn1.running_mean, twin.bn1.running_mean)
+
+
+def test_eval_prelu_chains_with_gradients_wanted_give_eager_gradients():
+    twin, fused = _fused_prelu_net(training=False)
+    x = torch.randn(2, 3, 9, 7)
+    for model in (fused, twin):
+        model(x).square().sum().backward()
+    torch.testing.assert_close(fused.act2.weight.grad, twin.act2.weight.grad, rtol=1e-4, atol=1e-5)

@@ -171,20 +171,23 @@ class Plan:
         activ_gamma: float = 1.0,
         alpha: float = 1.0,
         beta: float = 0.0,
+        slope: Any = None,
     ) -> Plan:
-        op = self.core.add_activation_forward(coerce_enum(ActivationMode, mode, "activation mode"))
-        return self._bind(
-            op,
-            ActivationArgs,
-            activ_alpha=activ_alpha,
-            activ_beta=activ_beta,
-            activ_gamma=activ_gamma,
-            alpha=alpha,
-            beta=beta,
-        )
+        """The activation ``mode``; PReLU takes ``slope`` (C values, or one for every channel; a
+        tensor, bound now, or None, bound later by ``update``), the other modes none."""
+        mode = coerce_enum(ActivationMode, mode, "activation mode")
+        op = self.core.add_activation_forward(mode)
+        fields = {"activ_alpha": activ_alpha, "activ_beta": activ_beta, "activ_gamma": activ_gamma}
+        if mode.has_slope or slope is not None:  # a slope given to another mode: the record's check names it
+            fields["slope"] = slope
+        return self._bind(op, ActivationArgs, **fields, alpha=alpha, beta=beta)
 
     def relu(self) -> Plan:
         return self.activation(ActivationMode.RELU)
+
+    def prelu(self, slope: Any = None) -> Plan:
+        """PReLU: x where x > 0, else ``slope[c] * x`` (``slope``: C values, or one for every channel)."""
+        return self.activation(ActivationMode.PRELU, slope=slope)
 
     def statistics(
         self,

@@ -82,6 +82,8 @@ def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = 
         return (ActivationMode.SOFTRELU, 1.0, 0.0, 1.0)
     if isinstance(target, nn.Identity):
         return (ActivationMode.PASTHRU, 1.0, 0.0, 1.0)
+    if isinstance(target, nn.PReLU):  # its slopes are a parameter the chain reads (FusedChain._slope)
+        return (ActivationMode.PRELU, 1.0, 0.0, 1.0)
     mode = _extension_mode(target, node_args, kwargs)
     return None if mode is None else (mode, 1.0, 0.0, 1.0)
 
@@ -189,9 +191,11 @@ class FusedChain(nn.Module):
         activation: tuple | None,
         name: str,
         residual: bool = False,
+        prelu: nn.PReLU | None = None,
     ) -> None:
         super().__init__()
         self._refs = (conv, bn)  # a tuple, so nn.Module does not register them a second time
+        self._prelu = (prelu,)  # PReLU's module, whose slopes the activation reads; likewise referenced
         self.activation = activation
         self.chain_name = name
         self.residual = residual
@@ -231,7 +235,13 @@ class FusedChain(nn.Module):
         found = [] if conv is None else [conv._parameters.get("weight"), conv._parameters.get("bias")]
         if bn is not None:
             found += [bn._parameters.get("weight"), bn._parameters.get("bias")]
+        found.append(self._slope())
         return tuple(p for p in found if p is not None)
+
+    def _slope(self) -> torch.Tensor | None:
+        """PReLU's slopes (None for the other activations)."""
+        prelu = self._prelu[0]
+        return None if prelu is None else prelu._parameters.get("weight")
 
     def _inference_call(self, x: Any, residual: torch.Tensor | None) -> torch.Tensor:
         """An eval-mode call as a fusion plan: the repeat path, else the plan (a residual the plan
@@ -264,8 +274,8 @@ class FusedChain(nn.Module):
         """The chain through the custom op, as torch.compile, export and dispatch modes see it."""
         if residual is not None and not self._fits(x, residual):
             return self._unfused(x, residual)
-        detached = (None if t is None else t.detach() for t in self._params())  # the op has no autograd formula
-        return fused_chain(x, *detached, *self._hyperparameters(), residual)
+        detached = [None if t is None else t.detach() for t in self._params()]  # the op has no autograd formula
+        return fused_chain(x, *detached[:6], *self._hyperparameters(), residual, detached[6])
 
     def _params(self) -> tuple:
         conv, bn = self._refs
@@ -276,6 +286,7 @@ class FusedChain(nn.Module):
             None if bn is None else bn.bias,
             None if bn is None else bn.running_mean,
             None if bn is None else bn.running_var,
+            self._slope(),
         )
 
     def _run_prepared(
@@ -326,6 +337,8 @@ class FusedChain(nn.Module):
         if bn is not None:
             slots += [(bn._parameters, "weight"), (bn._parameters, "bias")]
             slots += [(bn._buffers, "running_mean"), (bn._buffers, "running_var")]
+        if self._prelu[0] is not None:
+            slots.append((self._prelu[0]._parameters, "weight"))
         return slots
 
     def _scalars(self) -> tuple:
@@ -358,6 +371,8 @@ class FusedChain(nn.Module):
         mode, a, b, g = self.activation
         if mode == ActivationMode.RELU:  # autograd keeps its output (shared with the next layer), as eager's
             return torch.relu(h)
+        if self._prelu[0] is not None:
+            return self._prelu[0](h)
         return activation_forward(ActivationMode(mode), h, a, b, g)
 
     def _training_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
@@ -374,13 +389,14 @@ class FusedChain(nn.Module):
             return self._residual_activation(bn(h), residual)
         why = training_refusal(bn, h)
         y = None
-        if why is None:
-            y, why = batchnorm_activation_training(bn, h, self.activation if residual is None else None)
+        if why is None:  # PReLU's slopes train in torch, after the plans' batch-norm
+            fused_activation = self.activation if residual is None and self._prelu[0] is None else None
+            y, why = batchnorm_activation_training(bn, h, fused_activation)
         if y is None:
             self.solvers.add(f"training, eagerly: {why}")
             return self._residual_activation(bn(h), residual)
         self.solvers.add(f"training: {why}")
-        if residual is None:
+        if residual is None and self._prelu[0] is None:
             return y
         return self._residual_activation(y, residual)
 
@@ -740,7 +756,8 @@ def fuse(
         name = f"fused_chain_{counter}"
         counter += 1
         title = " -> ".join(str(n.target) if n.op == "call_module" else n.name for n in chain)
-        report.chains[name] = FusedChain(conv, bn, activation, title, residual is not None).eval()
+        prelu = _module(gm, chain[-1]) if activation is not None and activation[0] == ActivationMode.PRELU else None
+        report.chains[name] = FusedChain(conv, bn, activation, title, residual is not None, prelu).eval()
         gm.add_submodule(name, report.chains[name])
         with gm.graph.inserting_after(chain[-1]):
             call_args = (node.args[0],) if residual is None else (node.args[0], residual)

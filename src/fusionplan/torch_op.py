@@ -50,7 +50,8 @@ def _memory_format(x: torch.Tensor) -> torch.memory_format:
 _SCHEMA = (
     "fused_chain(Tensor x, Tensor? weight, Tensor? conv_bias, Tensor? bn_weight, Tensor? bn_bias, "
     "Tensor? bn_mean, Tensor? bn_var, float bn_eps, int[] stride, int[] padding, int[] dilation, "
-    "int groups, int act_mode, float act_alpha, float act_beta, float act_gamma, Tensor? residual=None) -> Tensor"
+    "int groups, int act_mode, float act_alpha, float act_beta, float act_gamma, Tensor? residual=None, "
+    "Tensor? act_slope=None) -> Tensor"
 )
 _LIBRARY = torch_library.Library("fusionplan", "DEF")  # kept alive: the op lives as long as it
 _LIBRARY.define(_SCHEMA)
@@ -74,11 +75,13 @@ def _fused_chain_impl(
     act_beta: float,
     act_gamma: float,
     residual: torch.Tensor | None = None,
+    act_slope: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[conv2d (+bias)] -> [batch-norm inference] -> [+ residual] -> [activation, mode -1 = none], as
-    one fusion plan; the residual, shaped like the output, is the plan's prior (beta = 1). Eager
-    calls of fused modules skip the dispatcher (FusedChain._run_prepared)."""
-    params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)
+    one fusion plan; the residual, shaped like the output, is the plan's prior (beta = 1);
+    ``act_slope``: PReLU's slopes. Eager calls of fused modules skip the dispatcher
+    (FusedChain._run_prepared)."""
+    params = (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, act_slope)
     hyper = (bn_eps, stride, padding, dilation, groups, act_mode, act_alpha, act_beta, act_gamma)
     key = _op_call_key(x, params, hyper, residual)
     seen = _OP_CALLS.get(key)
@@ -112,10 +115,11 @@ def _layout(t: torch.Tensor | None) -> tuple | None:
 
 
 def _prepare(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
-    """(plan, arguments, handle, output memory format) of a chain: ``params`` are the six parameter
-    tensors in the op's order, ``hyper`` its scalar arguments (FusedChain._hyperparameters)."""
+    """(plan, arguments, handle, output memory format) of a chain: ``params`` are the seven
+    parameter tensors in the op's order (the activation's slope last), ``hyper`` its scalar
+    arguments (FusedChain._hyperparameters)."""
     plan, ops, handle, fmt = _plan_for(x, *params[:3], *hyper[1:6])
-    args = _args_for(plan, ops, *params, hyper[0], *hyper[5:], residual is not None)
+    args = _args_for(plan, ops, *params[:6], hyper[0], *hyper[5:], residual is not None, params[6])
     return plan, args, handle, fmt
 
 
@@ -207,13 +211,14 @@ def _args_for(
     act_beta,
     act_gamma,
     residual: bool = False,
+    act_slope: torch.Tensor | None = None,
 ) -> OperatorArgs:
     """The arguments of one chain, made once per parameter set (so folded batch-norm and repacked
     weights are reused by every later call). With a residual, the operator before the activation
     blends in the prior: its output is op(h) + 1 * residual."""
     key = (
         id(plan),
-        *(_tensor_identity(t) for t in (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var)),
+        *(_tensor_identity(t) for t in (weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, act_slope)),
         bn_eps,
         act_alpha,
         act_beta,
@@ -235,7 +240,9 @@ def _args_for(
     if residual:
         records[-1] = dataclasses.replace(records[-1], beta=1.0)
     if act_mode >= 0:
-        records.append(ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma))
+        records.append(
+            ActivationArgs(activ_alpha=act_alpha, activ_beta=act_beta, activ_gamma=act_gamma, slope=act_slope)
+        )
     args = OperatorArgs()
     for op, record in zip(ops, records):
         args.set(op, record)
@@ -261,6 +268,7 @@ def _(
     act_beta,
     act_gamma,
     residual=None,
+    act_slope=None,
 ):
     shape = list(x.shape) if weight is None else _conv_out_shape(x, weight, stride, padding, dilation)
     return x.new_empty(shape).to(memory_format=_memory_format(x))
