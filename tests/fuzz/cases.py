@@ -257,6 +257,22 @@ def _extension_modes(case: Case, key: str) -> Case:
     for op in case["ops"]:
         if op["kind"] in ("act", "act_back") and r.random() < 0.3:
             op.update(mode=r.choice(EXTENSION_MODES), a=1.0, b=0.0, g=1.0)
+    return _prelu(case, key)
+
+
+#: PReLU: an extension mode whose slope is a tensor, one per channel (or one for all); inference
+#: plans only (the training and backward plans refuse it)
+PRELU_MODE = 106
+
+
+def _prelu(case: Case, key: str) -> Case:
+    """Some activations of an inference case made PReLU, drawn from a stream of their own."""
+    if case["phase"] != "inference":
+        return case
+    r = random.Random(f"fusionplan-fuzz-prelu:{key}")
+    for op in case["ops"]:
+        if op["kind"] == "act" and r.random() < 0.1:
+            op.update(mode=PRELU_MODE, a=1.0, b=0.0, g=1.0, one_slope=r.random() < 0.25)
     return case
 
 

@@ -24,7 +24,7 @@ import fusionplan as fp
 import fusionplan.miopen as mi
 
 from . import oracle
-from .cases import draw_case
+from .cases import PRELU_MODE, draw_case
 from .pool import fatal_text
 
 TORCH_DTYPES = {"float": torch.float32, "half": torch.float16, "bfloat16": torch.bfloat16, "double": torch.float64}
@@ -181,6 +181,9 @@ def make_tensors(case: dict, device, values: bool = True) -> Tensors:
                 a["saved_inv_variance"] = torch.from_numpy(inv.reshape(shape).astype(np.float32)).to(pdt).to(device)
                 for name in ("result_scale_diff", "result_bias_diff"):
                     a[name] = torch.full(shape, math.nan, dtype=pdt, device=device)
+        elif kind == "act" and op["mode"] == PRELU_MODE:
+            pd = (1, 1 if op["one_slope"] else cur[1], 1, 1)
+            a["slope"] = random_tensor(rng, _param_shape(rng, pd), pdt, device, scale=0.5, shift=0.25)
         elif kind == "act_back" and op["give_y"]:
             a["y"] = random_tensor(rng, cur, dt, device, case["x_layout"])
         args.append(a)
@@ -218,11 +221,12 @@ class Expected:
     slack: np.ndarray | float = 0.0
 
 
-def _activation_slack(op: dict, h: np.ndarray, allowed: np.ndarray, slack) -> np.ndarray:
+def _activation_slack(op: dict, alpha, h: np.ndarray, allowed: np.ndarray, slack) -> np.ndarray:
     """What the activation adds to the slack at its output: how far its output moves when its
     input moves within the error ``allowed`` there (and the slack carried in), beyond that error
-    itself (which later tolerances already cover for activations of slope at most 1)."""
-    f = lambda v: oracle.activation(op["mode"], v, op["a"], op["b"], op["g"])  # noqa: E731
+    itself (which later tolerances already cover for activations of slope at most 1). ``alpha``:
+    activAlpha, or PReLU's slopes."""
+    f = lambda v: oracle.activation(op["mode"], v, alpha, op["b"], op["g"])  # noqa: E731
     e = allowed + slack
     at = f(h)
     with np.errstate(all="ignore"):
@@ -268,8 +272,9 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None, tol: float = 0.0)
             magnitude = magnitude * gain + _finite_max(p["bias"]) + _finite_max(p["mean"]) * gain
             slack = slack * np.nan_to_num(gains) if np.any(slack) else 0.0
         elif kind == "act":
-            r = oracle.activation(op["mode"], h, op["a"], op["b"], op["g"])
-            slack = _activation_slack(op, h, tol * (np.abs(np.nan_to_num(h)) + magnitude), slack)
+            alpha = p.get("slope", op["a"])  # PReLU's slopes, (1, C or 1, 1, 1)
+            r = oracle.activation(op["mode"], h, alpha, op["b"], op["g"])
+            slack = _activation_slack(op, alpha, h, tol * (np.abs(np.nan_to_num(h)) + magnitude), slack)
         elif kind in ("bn_train", "bn_stats"):
             ones = np.ones_like(p["saved_mean"])
             scale, shift = (p["scale"], p["bias"]) if kind == "bn_train" else (ones, 0.0 * ones)
@@ -448,7 +453,8 @@ def _records(case: dict, t: Tensors) -> list:
         elif kind == "bn":
             recs.append(fp.BatchNormInferenceArgs(**a, epsilon=op["eps"], **blend))
         elif kind == "act":
-            recs.append(fp.ActivationArgs(activ_alpha=op["a"], activ_beta=op["b"], activ_gamma=op["g"], **blend))
+            activation = {"activ_alpha": op["a"], "activ_beta": op["b"], "activ_gamma": op["g"]}
+            recs.append(fp.ActivationArgs(**activation, slope=a.get("slope"), **blend))
         elif kind == "bn_train":
             recs.append(fp.BatchNormForwardArgs(**a, exp_avg_factor=op["factor"], epsilon=op["eps"], **blend))
         elif kind == "bn_stats":
@@ -529,7 +535,8 @@ class ApiPlan(CorePlan):
                 stats = [a.get(n) for n in ("saved_mean", "saved_inv_variance", "running_mean", "running_variance")]
                 p.statistics(*stats, exp_avg_factor=op["factor"], eps=op["eps"], mode=mode)
             else:
-                p.activation(op["mode"], activ_alpha=op["a"], activ_beta=op["b"], activ_gamma=op["g"], **blend)
+                activation = {"activ_alpha": op["a"], "activ_beta": op["b"], "activ_gamma": op["g"]}
+                p.activation(op["mode"], **activation, slope=a.get("slope"), **blend)
         self.api = p
         self.plan = p.core
 

@@ -61,7 +61,7 @@ def activation(mode: int, x: np.ndarray, a: float, b: float, g: float) -> np.nda
             return np.where(live, np.power(np.where(live, base, 1.0), g), 0.0)
         if mode == 7:
             return np.minimum(np.maximum(x, 0.0), a)
-        if mode == 8:
+        if mode in (8, 106):  # LEAKYRELU; PReLU, ``a`` its slopes (1, C, 1, 1)
             return np.where(x > 0, x, a * x)
         if mode == 9:
             return np.where(x > 0, x, a * np.expm1(np.minimum(x, 0.0)))
