@@ -205,6 +205,8 @@ def _slope_of(a: Tensor | float, x: Tensor) -> Tensor | float:
 
 
 def _prelu_forward(x: Tensor, a: Tensor | float, b: float, g: float) -> Tensor:
+    if isinstance(a, Tensor) and x.dim() >= 2:  # torch's one-pass op (a slope per channel, dim 1)
+        return F.prelu(x, _slope_of(a, x).reshape(-1))
     return torch.where(x > 0, x, x * _slope_of(a, x))
 
 

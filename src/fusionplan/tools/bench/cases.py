@@ -155,7 +155,7 @@ class EagerChain(nn.Module):
             elif isinstance(op, fp.core.ops.BatchNormStatisticsOp):
                 self.steps.append(("stats", dict(record=rec)))
             else:
-                self.steps.append(("act", dict(mode=op.mode, alpha=rec.activ_alpha)))
+                self.steps.append(("act", dict(mode=op.mode, alpha=rec.alpha_argument())))
             i += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,7 +189,10 @@ def _batch_statistics(x: torch.Tensor, rec: fp.BatchNormStatisticsArgs) -> None:
         rec.running_variance.mul_(1 - f).add_(unbiased.view_as(rec.running_variance), alpha=f)
 
 
-def _torch_activation(mode: ActivationMode, x: torch.Tensor, alpha: float) -> torch.Tensor:
+def _torch_activation(mode: ActivationMode, x: torch.Tensor, alpha: float | torch.Tensor) -> torch.Tensor:
+    """``alpha``: activAlpha, or PReLU's slopes (1, C, 1, 1)."""
+    if mode == ActivationMode.PRELU:
+        return F.prelu(x, alpha.flatten().to(x.dtype))
     if mode == ActivationMode.RELU:
         return torch.relu(x)
     if mode == ActivationMode.LEAKYRELU:
