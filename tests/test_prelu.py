@@ -218,3 +218,16 @@ def test_eval_prelu_chains_with_gradients_wanted_give_eager_gradients():
     for model in (fused, twin):
         model(x).square().sum().backward()
     torch.testing.assert_close(fused.act2.weight.grad, twin.act2.weight.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_prelu_chains_trace_under_torch_export_and_compile():
+    """The slopes are an argument of the custom op: exported and compiled models read the module's."""
+    twin, fused = _fused_prelu_net(training=False)
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        fused(x)
+        exported = torch.export.export(fused, (x,))
+        chains = [n for n in exported.graph.nodes if n.op == "call_function" and "fused_chain" in str(n.target)]
+        assert len(chains) == 3
+        torch.testing.assert_close(exported.module()(x), twin(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.compile(fused)(x), twin(x), rtol=1e-5, atol=1e-5)
