@@ -231,3 +231,22 @@ def test_prelu_chains_trace_under_torch_export_and_compile():
         assert len(chains) == 3
         torch.testing.assert_close(exported.module()(x), twin(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.compile(fused)(x), twin(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_functional_prelu_ends_its_chain_with_the_reason():
+    import fusionplan.torch as fpt
+
+    class Functional(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv, self.slope = torch.nn.Conv2d(3, 4, 3), torch.nn.Parameter(torch.rand(4))
+
+        def forward(self, x):
+            return torch.nn.functional.prelu(self.conv(x), self.slope)
+
+    model = Functional().eval()
+    fused = fpt.fuse(model)
+    assert "prelu: functional prelu (fused as the module nn.PReLU" in str(fused.fusion_report)
+    x = torch.randn(1, 3, 6, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x), model(x))

@@ -538,6 +538,8 @@ def _chain_end(gm, chain: list[torch.fx.Node], nxt: torch.fx.Node | None) -> str
     activation fusionplan does not run, or a result with other users."""
     last = chain[-1]
     unfused = _unfused_activation(gm, nxt)
+    if unfused == "prelu":  # F.prelu(x, weight): its slopes are a value of the graph, not a module's
+        return f"{_node_name(nxt)}: functional prelu (fused as the module nn.PReLU, whose slopes the chain reads)"
     if unfused is not None:
         return f"{_node_name(nxt)}: {unfused} is not one of fusionplan's activations"
     users = list(last.users)
