@@ -250,3 +250,26 @@ def test_a_functional_prelu_ends_its_chain_with_the_reason():
     x = torch.randn(1, 3, 6, 5)
     with torch.no_grad():
         torch.testing.assert_close(fused(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "solver, layer, layout",
+    [
+        ("gluon-gemm", "r50_05", "NHWC"),
+        ("gluon-rows", "r50_02", "NHWC"),
+        ("gluon-stem", "r50_00", "NHWC"),
+        ("gluon-nchw", "r50_22", "NCHW"),
+    ],
+)
+def test_the_gluon_kernels_load_the_slopes_per_channel(solver, layer, layout):
+    """The Gluon kernels (sm_90, compiled without a GPU) take PReLU's slopes as a pointer and load
+    them per channel in the epilogue (hoisted where the kernel hoists its channel parameters)."""
+    from .util import compile_sm90, layer_build
+
+    build = layer_build(layer, "float16", "CBN", layout) + "\nplan.add_activation_forward(ActivationMode.PRELU)"
+    info = compile_sm90(build, solver)
+    source = info["source"]
+    assert "tl." not in source
+    loads = ("gl.load(a1_ptr + ch, mask=ch_mask", "a1_ptr_v = gl.load(a1_ptr + ch_v, mask=ch_v_mask")
+    assert any(load in source for load in loads), source[-3000:]
+    assert "h = gl.where(h > 0.0, h, a1_ptr_v[None, :] * h)" in source or "[None, :] * h)" in source
