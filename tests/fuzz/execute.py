@@ -221,11 +221,12 @@ class Expected:
     slack: np.ndarray | float = 0.0
 
 
-def _activation_slack(op: dict, alpha, h: np.ndarray, allowed: np.ndarray, slack) -> np.ndarray:
+def _activation_slack(op: dict, h: np.ndarray, allowed: np.ndarray, slack, alpha=None) -> np.ndarray:
     """What the activation adds to the slack at its output: how far its output moves when its
     input moves within the error ``allowed`` there (and the slack carried in), beyond that error
     itself (which later tolerances already cover for activations of slope at most 1). ``alpha``:
-    activAlpha, or PReLU's slopes."""
+    activAlpha (the default), or PReLU's slopes."""
+    alpha = op["a"] if alpha is None else alpha
     f = lambda v: oracle.activation(op["mode"], v, alpha, op["b"], op["g"])  # noqa: E731
     e = allowed + slack
     at = f(h)
@@ -274,7 +275,7 @@ def expected(case: dict, t: Tensors, prior: np.ndarray | None, tol: float = 0.0)
         elif kind == "act":
             alpha = p.get("slope", op["a"])  # PReLU's slopes, (1, C or 1, 1, 1)
             r = oracle.activation(op["mode"], h, alpha, op["b"], op["g"])
-            slack = _activation_slack(op, alpha, h, tol * (np.abs(np.nan_to_num(h)) + magnitude), slack)
+            slack = _activation_slack(op, h, tol * (np.abs(np.nan_to_num(h)) + magnitude), slack, alpha)
         elif kind in ("bn_train", "bn_stats"):
             ones = np.ones_like(p["saved_mean"])
             scale, shift = (p["scale"], p["bias"]) if kind == "bn_train" else (ones, 0.0 * ones)
