@@ -123,6 +123,7 @@ def test_the_train_models_suite_trains_a_fused_model_beside_eager(tmp_path, monk
     for variant in ("fused", "eager"):  # a profile of each: the step's share in kernels, then the operators
         text = (tmp_path / "profiles" / f"unet-n2-fp32-NHWC-{variant}.txt").read_text()
         assert text.startswith("step ") and "ms in device kernels" in text and "aten::" in text
+        assert "Python functions by own time (cProfile)" in text and "tottime" in text
     assert main(["--suite", "train-models", "--models", "alexnet", "--device", "cpu"]) == 2
     assert main(["--suite", "train-models", "--models", "unet", "--precisions", "fp8", "--device", "cpu"]) == 2
 

@@ -174,7 +174,25 @@ def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path
     text = head + events.table(sort_by=sort, row_limit=40) + "\n"
     if sort != "self_cpu_time_total":  # where the host's time goes, for a step the host bounds
         text += "\nby host time:\n" + events.table(sort_by="self_cpu_time_total", row_limit=40) + "\n"
-    path.write_text(text)
+    path.write_text(text + "\nPython functions by own time (cProfile):\n" + _python_profile(trainer, x, label, steps))
+
+
+def _python_profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, steps: int) -> str:
+    """The Python functions ``steps`` steps spend their host time in (cProfile, by own time): the
+    torch profiler sees operators, not the Python that issues them."""
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        trainer.step(x, label)
+    synchronize(x.device)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(30)
+    return out.getvalue()
 
 
 def _eager_chains(fused) -> list[str]:
