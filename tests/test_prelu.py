@@ -100,6 +100,7 @@ CASES = {
     "stem-7x7": ("CBA", "7x7-stride2-pad3"),
     "1x1-K24": ("CBNA", "1x1-K24"),
     "3x3-C16K24": ("CBA", "3x3-C16K24"),
+    "prologue": ("NACB", "3x3-C16K24"),  # PReLU applied as the convolution loads its input
     "pointwise": ("NA", None),
     "pointwise-BA": ("BAB", None),
 }
