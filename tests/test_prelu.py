@@ -44,7 +44,7 @@ def test_the_slope_is_required_and_checked():
     assert len(args) == 0  # nothing set by a refused record
 
 
-def test_a_bad_slope_writes_nothing():
+def test_a_plan_without_its_slope_writes_nothing():
     x = torch.randn(2, 5, 4, 3)
     plan = _prelu_plan(x)
     handle = fp.Handle("cpu")
@@ -274,3 +274,19 @@ def test_the_gluon_kernels_load_the_slopes_per_channel(solver, layer, layout):
     loads = ("gl.load(a1_ptr + ch, mask=ch_mask", "a1_ptr_v = gl.load(a1_ptr + ch_v, mask=ch_v_mask")
     assert any(load in source for load in loads), source[-3000:]
     assert "h = gl.where(h > 0.0, h, a1_ptr_v[None, :] * h)" in source or "[None, :] * h)" in source
+
+
+def test_the_python_api_binds_the_slope_and_updates_it_without_a_recompile():
+    x = torch.randn(2, 4, 7, 5, dtype=torch.float64)
+    w = torch.randn(6, 4, 3, 3, dtype=torch.float64) * 0.2
+    slope = torch.rand(6, dtype=torch.float64)
+    plan = fp.Plan(x).conv(w, padding=1).prelu(slope)
+    conv = torch.nn.functional.conv2d(x, w, padding=1)
+    torch.testing.assert_close(plan(x), torch.nn.functional.prelu(conv, slope))
+    solver = plan.solver
+    other = -torch.rand(6, dtype=torch.float64)
+    plan.update(1, slope=other)
+    torch.testing.assert_close(plan(x), torch.nn.functional.prelu(conv, other))
+    assert plan.solver == solver
+    with pytest.raises(fp.BadParmError, match="still lacks slope"):  # bound later, or never: named
+        fp.Plan(x).conv(w, padding=1).activation("prelu").update(1, activ_alpha=1.0)
