@@ -484,7 +484,7 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
     to the smallest percentage of the multiprocessor's shared memory that holds one program and
     the driver's reservation (through the driver's cuFuncSetAttribute); launchers without it, and
     kernels not loaded yet, are left alone; without a driver library nothing is called."""
-    from fusionplan.runtime import launch
+    from fusionplan.runtime import carveout
 
     calls = []
 
@@ -503,7 +503,7 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
         n_regs = 168
         metadata = type("Metadata", (), {"shared": 143644, "num_warps": 12})()
 
-    monkeypatch.setattr(launch, "_cuda_driver", lambda: FakeDriver())
+    monkeypatch.setattr(carveout, "_cuda_driver", lambda: FakeDriver())
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
     fitting = Launcher(lambda: None, fit_carveout=True)
@@ -514,13 +514,13 @@ def test_a_kept_kernel_prefers_the_smallest_carveout_it_fits(monkeypatch):
     unloaded.function = None  # a kernel whose binary is not on the device yet
     fitting._loaded(unloaded)
     assert len(calls) == 1
-    monkeypatch.setattr(launch, "_cuda_driver", lambda: None)
+    monkeypatch.setattr(carveout, "_cuda_driver", lambda: None)
     fitting._loaded(Kernel())
     assert len(calls) == 1
 
 
 def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
-    from fusionplan.runtime.launch import carveout_percent
+    from fusionplan.runtime.carveout import carveout_percent
 
     assert carveout_percent(143644, 233472) == 62  # r50_15: 144,668 of 233,472 bytes
     assert carveout_percent(232448, 233472) == 100
@@ -530,7 +530,7 @@ def test_carveout_percent_holds_the_program_and_the_drivers_reservation():
 
 
 def test_programs_per_multiprocessor_takes_the_tightest_limit():
-    from fusionplan.runtime.launch import programs_per_multiprocessor
+    from fusionplan.runtime.carveout import programs_per_multiprocessor
 
     class H100:
         shared_memory_per_multiprocessor = 233472

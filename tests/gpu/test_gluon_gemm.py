@@ -138,7 +138,7 @@ def test_kernels_prefer_the_carveout_they_fit(layer_name, solver):
     attribute read back). The output checked too."""
     import ctypes
 
-    from fusionplan.runtime.launch import carveout_percent, programs_per_multiprocessor
+    from fusionplan.runtime.carveout import carveout_percent, programs_per_multiprocessor
     from fusionplan.tools.shapes import resnet50_layer
     from fusionplan.tools.verify import layer_plan
 
