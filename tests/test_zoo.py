@@ -149,10 +149,10 @@ def test_the_suites_fusable_activations_are_fuses():
     """An activation ends a zoo chain with A exactly where fusionplan.torch.fuse takes it, as the mode
     the suite's table names."""
     from fusionplan.tools.bench import zoo
-    from fusionplan.torch import _activation_of
+    from fusionplan.torch_activations import activation_of
 
     for table in (zoo._ACTIVATION_MODULES, zoo._ACTIVATION_FUNCTIONS):
         for target, name in table.items():
-            fused = _activation_of(target() if isinstance(target, type) else target)
+            fused = activation_of(target() if isinstance(target, type) else target)
             want = zoo.FUSABLE_ACTIVATIONS.get(name)
             assert (fused[0].name if fused else None) == want, (target, name)

@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch import nn
 
 from fusionplan.compiling import compile_all, on_gpu, resolve_workers, run_on_threads
@@ -34,6 +33,7 @@ from fusionplan.core.activations import activation_forward
 from fusionplan.core.enums import ActivationMode
 from fusionplan.core.errors import BadParmError, UnsupportedOpError
 from fusionplan.core.settings import Settings
+from fusionplan.torch_activations import activation_node, unfused_activation
 from fusionplan.torch_graph import GraphedCalls, graphable, hold
 from fusionplan.torch_op import (
     PLANS,
@@ -50,69 +50,6 @@ from fusionplan.torch_op import (
     fused_chain,
 )
 from fusionplan.torch_train import batchnorm_activation_training, training_refusal
-
-# ---- which activations map to MIOpen modes ------------------------------------------------------------
-
-
-def _activation_of(target: object, node_args: tuple = (), kwargs: dict | None = None) -> tuple | None:
-    """(mode, alpha, beta, gamma) for an activation module or function, or None."""
-    kwargs = kwargs or {}
-    if isinstance(target, nn.ReLU) or target in (F.relu, torch.relu, torch.relu_):
-        return (ActivationMode.RELU, 1.0, 0.0, 1.0)
-    if isinstance(target, nn.ReLU6) or target is F.relu6:
-        return (ActivationMode.CLIPPEDRELU, 6.0, 0.0, 1.0)
-    if isinstance(target, nn.Hardtanh) and target.min_val == 0.0:
-        return (ActivationMode.CLIPPEDRELU, float(target.max_val), 0.0, 1.0)
-    if isinstance(target, nn.LeakyReLU):
-        return (ActivationMode.LEAKYRELU, float(target.negative_slope), 0.0, 1.0)
-    if target is F.leaky_relu:
-        slope = node_args[1] if len(node_args) > 1 else kwargs.get("negative_slope", 0.01)
-        return (ActivationMode.LEAKYRELU, float(slope), 0.0, 1.0) if isinstance(slope, (int, float)) else None
-    if isinstance(target, nn.ELU):
-        return (ActivationMode.ELU, float(target.alpha), 0.0, 1.0)
-    if target is F.elu:
-        alpha = node_args[1] if len(node_args) > 1 else kwargs.get("alpha", 1.0)
-        return (ActivationMode.ELU, float(alpha), 0.0, 1.0) if isinstance(alpha, (int, float)) else None
-    if isinstance(target, nn.Sigmoid) or target in (torch.sigmoid, F.sigmoid):
-        return (ActivationMode.LOGISTIC, 1.0, 0.0, 1.0)
-    if isinstance(target, nn.Tanh) or target in (torch.tanh, F.tanh):
-        return (ActivationMode.TANH, 1.0, 1.0, 1.0)
-    if isinstance(target, nn.Softplus) and target.beta == 1:
-        # PyTorch returns x above its threshold (20): log(1 + e^x) differs from x by e^-20 there.
-        return (ActivationMode.SOFTRELU, 1.0, 0.0, 1.0)
-    if isinstance(target, nn.Identity):
-        return (ActivationMode.PASTHRU, 1.0, 0.0, 1.0)
-    if isinstance(target, nn.PReLU):  # its slopes are a parameter the chain reads (FusedChain._slope)
-        return (ActivationMode.PRELU, 1.0, 0.0, 1.0)
-    mode = _extension_mode(target, node_args, kwargs)
-    return None if mode is None else (mode, 1.0, 0.0, 1.0)
-
-
-_EXTENSION_MODULES = {
-    nn.SiLU: ActivationMode.SILU,
-    nn.Hardswish: ActivationMode.HARDSWISH,
-    nn.Hardsigmoid: ActivationMode.HARDSIGMOID,
-    nn.Mish: ActivationMode.MISH,
-}
-_EXTENSION_FUNCTIONS = {
-    F.silu: ActivationMode.SILU,
-    F.hardswish: ActivationMode.HARDSWISH,
-    F.hardsigmoid: ActivationMode.HARDSIGMOID,
-    F.mish: ActivationMode.MISH,
-}
-
-
-_GELU_FORMS = {"none": ActivationMode.GELU, "tanh": ActivationMode.GELU_TANH}
-
-
-def _extension_mode(target: object, node_args: tuple, kwargs: dict) -> ActivationMode | None:
-    """fusionplan's extension activation of a module or function (GELU by its approximation); in
-    place or not (inplace=True), the same value."""
-    if isinstance(target, nn.GELU):
-        return _GELU_FORMS.get(target.approximate)
-    if target is F.gelu:
-        return _GELU_FORMS.get(node_args[1] if len(node_args) > 1 else kwargs.get("approximate", "none"))
-    return _EXTENSION_MODULES.get(type(target)) or _EXTENSION_FUNCTIONS.get(target)
 
 
 # ---- compiling a model's plans ahead of its calls (FusedModel.prepare) ------------------------------------
@@ -496,48 +433,14 @@ def _single_user(node: torch.fx.Node) -> torch.fx.Node | None:
     return users[0] if len(users) == 1 else None
 
 
-def _activation_node(gm, node) -> tuple | None:
-    if node is None:
-        return None
-    if node.op == "call_module":
-        return _activation_of(gm.get_submodule(node.target))
-    if node.op == "call_function" and node.args:
-        return _activation_of(node.target, node.args, node.kwargs)  # in place or not: the same value
-    if node.op == "call_method" and node.target in ("relu", "relu_", "sigmoid", "tanh"):
-        return _activation_of(
-            {"relu": torch.relu, "relu_": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh}[node.target]
-        )
-    return None
-
-
 _ADDS = (operator.add, operator.iadd, torch.add)
-
-#: torch's activation functions by name (those nn.functional and torch define): an activation node
-#: fuse() cannot run is reported, not passed over in silence
-_ACTIVATION_NAMES = frozenset(
-    "relu relu_ relu6 leaky_relu elu selu celu gelu silu mish hardswish hardsigmoid hardtanh prelu rrelu "
-    "softplus softsign logsigmoid tanhshrink threshold sigmoid tanh".split()
-)
-
-
-def _unfused_activation(gm, node: torch.fx.Node | None) -> str | None:
-    """The name of the activation ``node`` is, where fusionplan's kernels do not run it; else None."""
-    if node is None or _activation_node(gm, node) is not None:
-        return None
-    if node.op == "call_module":
-        module = gm.get_submodule(node.target)
-        return type(module).__name__ if type(module).__module__ == "torch.nn.modules.activation" else None
-    if node.op in ("call_function", "call_method"):
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-        return name if name in _ACTIVATION_NAMES else None
-    return None
 
 
 def _chain_end(gm, chain: list[torch.fx.Node], nxt: torch.fx.Node | None) -> str | None:
     """Why a chain stops before an operator it could have taken, for the fusion report: an
     activation fusionplan does not run, or a result with other users."""
     last = chain[-1]
-    unfused = _unfused_activation(gm, nxt)
+    unfused = unfused_activation(gm, nxt)
     if unfused == "prelu":  # F.prelu(x, weight): its slopes are a value of the graph, not a module's
         return f"{_node_name(nxt)}: functional prelu (fused as the module nn.PReLU, whose slopes the chain reads)"
     if unfused is not None:
@@ -557,8 +460,8 @@ def _continues(gm, node: torch.fx.Node) -> bool:
     return (
         isinstance(_module(gm, node), nn.BatchNorm2d)
         or _residual_operand(node, node.args[0] if node.args else None) is not None
-        or _activation_node(gm, node) is not None
-        or _unfused_activation(gm, node) is not None
+        or activation_node(gm, node) is not None
+        or unfused_activation(gm, node) is not None
     )
 
 
@@ -745,7 +648,7 @@ def fuse(
         if residual is not None:
             chain.append(nxt)
             nxt = _single_user(nxt)
-        activation = _activation_node(gm, nxt)
+        activation = activation_node(gm, nxt)
         if activation is not None:
             chain.append(nxt)
         else:
