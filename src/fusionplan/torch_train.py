@@ -27,6 +27,7 @@ from fusionplan.core.errors import FusionPlanError
 from fusionplan.core.handle import Handle
 from fusionplan.core.ops import ActivationArgs, ActivationBackwardArgs, BatchNormBackwardArgs, BatchNormForwardArgs
 from fusionplan.plan import FusionPlan, OperatorArgs
+from fusionplan.torch_op import _layout
 
 #: (direction, the batch-norm input's layout, activation mode, handle) -> (plan, operators,
 #: handle), compiled on first use; or the reason the plans cannot run it.
@@ -188,11 +189,7 @@ def _call_key(x: torch.Tensor, y: torch.Tensor, records: list, module_tensors: t
     at the same addresses share what they shared when checked)."""
     layouts = tuple(r.layout_key() for r in records)
     modules = tuple((id(t), t.data_ptr()) for t in module_tensors)
-    return (_layout(x), _layout(y), x.device, layouts, modules)
-
-
-def _layout(t: torch.Tensor) -> tuple:
-    return (t.shape, t.stride(), t.dtype)
+    return (_layout(x), _layout(y), layouts, modules)
 
 
 def _backward_plans(compiled: tuple, dy: torch.Tensor, h: torch.Tensor) -> tuple:
