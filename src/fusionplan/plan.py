@@ -380,8 +380,16 @@ class FusionPlan:
         new allocations, and the same tensors as then). For fusionplan.torch's training chains,
         which allocate each call's outputs and statistics themselves."""
         entry = self._entry(handle)
-        with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
+        if torch.is_grad_enabled() or not handle.is_active():
+            with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
+                entry.kernel.run(x, y, records, None)
+            return
+        try:  # as _typed_errors, without a context manager's cost on a path taken per layer per step
             entry.kernel.run(x, y, records, None)
+        except FusionPlanError:
+            raise
+        except Exception as exc:
+            raise _internal_error(entry.solver, exc) from exc
 
     def _checked_call(self, args: OperatorArgs, key: tuple) -> tuple[list[OpArgs], bool] | None:
         calls = self._checked.get(args)
@@ -445,7 +453,11 @@ def _typed_errors(solver: str):
     except FusionPlanError:
         raise
     except Exception as exc:
-        raise InternalError(f"solver {solver} failed: {type(exc).__name__}: {exc}") from exc
+        raise _internal_error(solver, exc) from exc
+
+
+def _internal_error(solver: str, exc: Exception) -> InternalError:
+    return InternalError(f"solver {solver} failed: {type(exc).__name__}: {exc}")
 
 
 def _rerun_checked(handle: Handle, kernel, checked: tuple, x: torch.Tensor, y: torch.Tensor, prior) -> None:

@@ -117,12 +117,13 @@ class _BatchNormActivation(torch.autograd.Function):
     def forward(ctx, h, weight, bias, running_mean, running_var, factor, eps, act, forward, backward):
         ops = forward[1]
         channels = h.shape[1]
-        stats = torch.empty(2, channels, dtype=torch.float32, device=h.device)
+        stats = torch.empty(2, 1, channels, 1, 1, dtype=torch.float32, device=h.device)
         y = torch.empty_like(h)  # h's layout: the plan's output descriptor
+        mean, inv = stats.unbind(0)
         records = [
             BatchNormForwardArgs(
                 scale=_channels(weight.detach()), bias=_channels(bias.detach()),
-                saved_mean=_channels(stats[0]), saved_inv_variance=_channels(stats[1]),
+                saved_mean=mean, saved_inv_variance=inv,
                 running_mean=_channels(running_mean), running_variance=_channels(running_var),
                 exp_avg_factor=factor, epsilon=eps,
             )
@@ -142,20 +143,21 @@ class _BatchNormActivation(torch.autograd.Function):
         if dy.dtype != h.dtype or not plan.input_desc.same_strides(dy.stride()):
             dy = _like(dy, h)
         dx = torch.empty_like(h)
-        grads = torch.empty(2, h.shape[1], dtype=torch.float32, device=h.device)
+        grads = torch.empty(2, 1, h.shape[1], 1, 1, dtype=torch.float32, device=h.device)
+        dscale, dshift = grads.unbind(0)
+        mean, inv = stats.unbind(0)
         records = [
             BatchNormBackwardArgs(
                 x=h, scale=_channels(weight.detach()), bias=_channels(bias.detach()),
-                result_scale_diff=_channels(grads[0]), result_bias_diff=_channels(grads[1]),
-                saved_mean=_channels(stats[0]), saved_inv_variance=_channels(stats[1]),
+                result_scale_diff=dscale, result_bias_diff=dshift, saved_mean=mean, saved_inv_variance=inv,
             )
         ]  # fmt: skip
         if len(ops) > 1:
             a, b, g = ctx.act
             records.append(ActivationBackwardArgs(activ_alpha=a, activ_beta=b, activ_gamma=g))
         _execute(plans, dy, dx, records, (weight, bias))
-        dweight = grads[0].to(weight.dtype) if ctx.needs_input_grad[1] else None
-        dbias = grads[1].to(bias.dtype) if ctx.needs_input_grad[2] else None
+        dweight = dscale.view(-1).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        dbias = dshift.view(-1).to(bias.dtype) if ctx.needs_input_grad[2] else None
         return dx, dweight, dbias, None, None, None, None, None, None, None
 
 

@@ -188,23 +188,26 @@ class OpArgs:
     def __post_init__(self) -> None:
         # Records are immutable: their tensors, and the one device they share, are found once here
         # rather than on every execute.
-        tensors = tuple(v for name in field_names(type(self)) if isinstance(v := getattr(self, name), torch.Tensor))
+        # (the instance's dict holds the fields alone here, in field order: read, and written, directly
+        # rather than through the frozen dataclass's attribute protocol, on every record of a call)
+        d = self.__dict__
+        tensors = tuple(v for v in d.values() if isinstance(v, torch.Tensor))
         devices = {t.device for t in tensors}
-        object.__setattr__(self, "_tensors", tensors)
-        object.__setattr__(self, "_device", devices.pop() if len(devices) == 1 else None)
-        object.__setattr__(self, "volatile", any(is_volatile(t) for t in tensors))
+        d["_tensors"] = tensors
+        d["_device"] = devices.pop() if len(devices) == 1 else None
+        d["volatile"] = any(is_volatile(t) for t in tensors)
 
     def layout_key(self) -> tuple:
         """What a kernel specialized to this record depends on: every field but the tensors verbatim,
         each tensor as its shape, strides and dtype (None where absent). Found once: records are
         immutable."""
-        key = self.__dict__.get("_layout_key")
+        d = self.__dict__
+        key = d.get("_layout_key")
         if key is None:
-            key = tuple(
-                (v.shape, v.stride(), v.dtype) if isinstance(v := getattr(self, name), torch.Tensor) else v
+            key = d["_layout_key"] = tuple(
+                (v.shape, v.stride(), v.dtype) if isinstance(v := d[name], torch.Tensor) else v
                 for name in field_names(type(self))
             )
-            object.__setattr__(self, "_layout_key", key)
         return key
 
     def field_values(self) -> dict[str, Any]:
