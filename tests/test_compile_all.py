@@ -106,6 +106,43 @@ def test_a_failing_plan_is_named_and_the_others_stay_compiled(monkeypatch):
     assert [p.is_compiled(handle) for p in plans] == [True, False, True]
 
 
+def test_then_runs_for_each_compiled_plan_on_the_compiling_threads(monkeypatch):
+    build = FusionPlan._kernel
+    bad = chain_plan(5, 9)
+
+    def failing(chosen, spec, handle):
+        if spec.signature() == bad.spec().signature():
+            raise RuntimeError("this tile does not fit")
+        return build(chosen, spec, handle)
+
+    monkeypatch.setattr(FusionPlan, "_kernel", staticmethod(failing))
+    plans = [chain_plan(3, 5), bad, chain_plan(3, 5), chain_plan(4, 4)]  # plans[2] follows plans[0]
+    handle = fp.Handle("cpu")
+    seen: list[tuple[int, bool, str]] = []
+
+    def then(i):
+        seen.append((i, plans[i].is_compiled(handle), threading.current_thread().name))
+
+    with pytest.raises(fp.InternalError, match=r"1 of 4 plans did not compile"):
+        fp.compile_all(plans, handle, workers=2, then=then)
+    assert sorted(i for i, _, _ in seen) == [0, 2, 3]  # not the failed plan
+    assert all(compiled for _, compiled, _ in seen)
+    assert all(name.startswith("fusionplan-compile") for i, _, name in seen if i != 2)
+
+
+def test_an_error_of_then_is_raised_after_every_plan_compiled():
+    plans = [chain_plan(3, 5), chain_plan(4, 4), chain_plan(3, 7)]
+    handle = fp.Handle("cpu")
+
+    def then(i):
+        if i == 0:
+            raise ValueError("its first call failed")
+
+    with pytest.raises(ValueError, match="its first call failed"):
+        fp.compile_all(plans, handle, workers=2, then=then)
+    assert all(p.is_compiled(handle) for p in plans)
+
+
 @pytest.mark.parametrize(
     "plans, handle, workers, match",
     [
@@ -181,6 +218,36 @@ def test_prepare_compiles_every_plan_before_the_first_call(counted_compiles):
     assert all(chain.solvers for chain in fused.fusion_report.chains.values())
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
     assert counted_compiles == {"alone": 0, "together": chains}  # the call found them all compiled
+
+
+def test_a_plans_first_calls_run_while_other_plans_compile(monkeypatch):
+    """The last chain's plan builds its kernel only once another chain's first call on stand-ins
+    has run: were the first calls left until every plan compiled, it would wait in vain."""
+    m = model()
+    x = torch.randn(2, 3, 20, 18)
+    fused = fpt.fuse(m)
+    first_call = threading.Event()
+    run_new, build = fpt._run_new, FusionPlan._kernel
+    recording: list = []
+    record = fused._record
+    monkeypatch.setattr(fused, "_record", lambda *a: recording.append(record(*a)) or recording[-1], raising=False)
+
+    def noted_run(*a, **kw):
+        first_call.set()
+        return run_new(*a, **kw)
+
+    def waiting_build(chosen, spec, handle):
+        last = list(recording[0].plans.values())[-1][0]
+        if spec.signature() == last.spec().signature():
+            assert first_call.wait(timeout=20), "no chain's first call ran before the last plan's build"
+        return build(chosen, spec, handle)
+
+    monkeypatch.setattr(fpt, "_run_new", noted_run)
+    monkeypatch.setattr(FusionPlan, "_kernel", staticmethod(waiting_build))
+    fpt.PLANS.clear()
+    fused.prepare(x, workers=2)
+    assert len(recording[0].plans) >= 2
+    torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
 
 
 def test_a_first_call_compiles_its_plans_together_and_a_new_layout_again(counted_compiles):

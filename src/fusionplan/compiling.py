@@ -37,13 +37,17 @@ def compile_all(
     solver: str | None = None,
     workers: int | None = None,
     progress: bool | None = None,
+    then: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Compile every plan of ``plans`` for ``handle`` on ``workers`` threads (default:
     ``$FUSIONPLAN_COMPILE_WORKERS``, else the cores this process may use); returns each plan's
     solver, in order. ``backend`` and ``solver`` mean what they mean to ``FusionPlan.compile``.
     ``progress``: a progress line on stderr once compiling has taken a second (None: when
     stderr is a terminal). Every plan is tried; when some fail, the first failure's error type
-    is raised, naming each failed plan (the others stay compiled)."""
+    is raised, naming each failed plan (the others stay compiled). ``then(i)``: run on the
+    compiling threads as soon as plan i has compiled (its first calls, say, which compile
+    what a first execute compiles while other plans still compile); the first error it raises
+    is raised after every plan was tried."""
     plans = _checked_plans(plans)
     if not isinstance(handle, Handle):
         raise BadParmError(f"compile_all: expected a Handle, got {type(handle).__name__}")
@@ -53,20 +57,34 @@ def compile_all(
     failures: dict[int, Exception] = {}
     shown = _Progress(len(plans), sys.stderr.isatty() if progress is None else bool(progress))
 
-    def compile_one(index: int) -> None:
+    after_errors: list[Exception] = []
+
+    def after(index: int) -> None:
+        try:
+            then(index)
+        except Exception as exc:  # raised once every plan was tried
+            after_errors.append(exc)
+
+    def compile_one(index: int, follow: bool = True) -> None:
         try:
             results[index] = plans[index].compile(handle, backend=backend, solver=solver)
         except Exception as exc:  # reported with the others' below
             failures[index] = exc
         shown.step()
+        if follow and then is not None and index in results:
+            after(index)
 
     with worker_processes(count, on_gpu(handle.device.type) and handle.settings.compile_processes):
         run_on_threads(compile_one, leaders, count)
         for index in followers:  # their kernels are in the handle's cache now
-            compile_one(index)
+            compile_one(index, follow=False)
+        if then is not None:  # the followers' first calls on the threads too
+            run_on_threads(after, [i for i in followers if i in results], count)
     shown.done()
     if failures:
         raise _combined(plans, failures)
+    if after_errors:
+        raise after_errors[0]
     return [results[i] for i in range(len(plans))]
 
 

@@ -58,7 +58,8 @@ class _Recording:
     """What a call of a preparing model needs: the plans not yet compiled (by plan key), and each
     chain's call (chain, input layout, residual layout), repeated on stand-in tensors once the
     plans are compiled, so that what a plan compiles at its first execute (a specialization that
-    reads a prior, the kernels that fold and pack parameters) is compiled then too."""
+    reads a prior, the kernels that fold and pack parameters) is compiled then too. A call is
+    (chain, input layout, residual layout, plan key)."""
 
     plans: dict[tuple, tuple] = field(default_factory=dict)
     calls: list[tuple] = field(default_factory=list)
@@ -74,7 +75,8 @@ def _record_call(chain: FusedChain, x: torch.Tensor, residual: torch.Tensor | No
     key = _plan_key(*plan_args)
     if key not in PLANS and key not in recording.plans:
         recording.plans[key] = _new_plan(*plan_args)
-    recording.calls.append((chain, _stand_in_layout(x), None if residual is None else _stand_in_layout(residual)))
+    residual_layout = None if residual is None else _stand_in_layout(residual)
+    recording.calls.append((chain, _stand_in_layout(x), residual_layout, key))
 
 
 def _stand_in_layout(t: torch.Tensor) -> tuple:
@@ -89,31 +91,43 @@ def _stand_in(layout: tuple) -> torch.Tensor:
 
 def _compile_recorded(recording: _Recording, workers: int | None, progress: bool | None) -> None:
     """Compile the recorded plans, every handle's on ``workers`` threads (the compiled ones are
-    cached for the chains' calls even where others failed, whose error is raised), then repeat
-    the recorded calls on stand-in tensors, on as many threads."""
+    cached for the chains' calls even where others failed, whose error is raised), each plan's
+    recorded calls repeated on stand-in tensors on the thread that compiled it as soon as it has
+    compiled (what those first executes compile overlaps the other plans' compiles); the calls
+    of plans compiled before, on as many threads."""
+    calls_of: dict[tuple, list[int]] = {}
+    for index, call in enumerate(recording.calls):
+        calls_of.setdefault(call[3], []).append(index)
+
+    def first_execute(index: int) -> None:
+        chain, x_layout, residual_layout, _ = recording.calls[index]
+        residual = None if residual_layout is None else _stand_in(residual_layout)
+        with torch.no_grad():
+            _, _, solver = _run_new(_stand_in(x_layout), chain._params(), chain._hyperparameters(), residual)
+        chain.solvers.add(solver)
+
     by_handle: dict[int, list[tuple]] = {}
     for key, entry in recording.plans.items():
         by_handle.setdefault(entry[2].uid, []).append((key, entry))
     for items in by_handle.values():
+
+        def compiled(i: int, items: list[tuple] = items) -> None:
+            key, entry = items[i]
+            PLANS.setdefault(key, entry)
+            for index in calls_of.get(key, ()):
+                first_execute(index)
+
         handle = items[0][1][2]
         try:
-            compile_all([entry[0] for _, entry in items], handle, workers=workers, progress=progress)
+            compile_all([entry[0] for _, entry in items], handle, workers=workers, progress=progress, then=compiled)
         finally:
             for key, entry in items:
                 if entry[0].is_compiled(handle):
                     PLANS.setdefault(key, entry)
-
-    def first_execute(index: int) -> None:
-        chain, x_layout, residual_layout = recording.calls[index]
-        residual = None if residual_layout is None else _stand_in(residual_layout)
-        _, _, solver = _run_new(_stand_in(x_layout), chain._params(), chain._hyperparameters(), residual)
-        chain.solvers.add(solver)
-
+    earlier = [i for key, indices in calls_of.items() if key not in recording.plans for i in indices]
     settings = Settings.from_environment()
-    gpu = any(on_gpu(call[1][3].type) for call in recording.calls) and settings.compile_processes
-    count = resolve_workers(workers, settings)
-    with torch.no_grad():
-        run_on_threads(first_execute, list(range(len(recording.calls))), count, processes=gpu)
+    gpu = any(on_gpu(recording.calls[i][1][3].type) for i in earlier) and settings.compile_processes
+    run_on_threads(first_execute, earlier, resolve_workers(workers, settings), processes=gpu)
 
 
 # ---- the replacement module ------------------------------------------------------------------------------
