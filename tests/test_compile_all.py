@@ -89,9 +89,9 @@ def test_plans_of_one_kernel_build_it_once(monkeypatch):
     assert len(handle.kernels) == 2
 
 
-def test_a_failing_plan_is_named_and_the_others_stay_compiled(monkeypatch):
+def fail_the_build_of(monkeypatch, bad: fp.FusionPlan) -> None:
+    """Kernel builds fail for plans of ``bad``'s signature (and only those)."""
     build = FusionPlan._kernel
-    bad = chain_plan(5, 9)
 
     def failing(chosen, spec, handle):
         if spec.signature() == bad.spec().signature():
@@ -99,6 +99,11 @@ def test_a_failing_plan_is_named_and_the_others_stay_compiled(monkeypatch):
         return build(chosen, spec, handle)
 
     monkeypatch.setattr(FusionPlan, "_kernel", staticmethod(failing))
+
+
+def test_a_failing_plan_is_named_and_the_others_stay_compiled(monkeypatch):
+    bad = chain_plan(5, 9)
+    fail_the_build_of(monkeypatch, bad)
     plans = [chain_plan(3, 5), bad, chain_plan(4, 4)]
     handle = fp.Handle("cpu")
     with pytest.raises(fp.InternalError, match=r"1 of 3 plans did not compile: plans\[1\] \(.*\): InternalError"):
@@ -107,15 +112,8 @@ def test_a_failing_plan_is_named_and_the_others_stay_compiled(monkeypatch):
 
 
 def test_then_runs_for_each_compiled_plan_on_the_compiling_threads(monkeypatch):
-    build = FusionPlan._kernel
     bad = chain_plan(5, 9)
-
-    def failing(chosen, spec, handle):
-        if spec.signature() == bad.spec().signature():
-            raise RuntimeError("this tile does not fit")
-        return build(chosen, spec, handle)
-
-    monkeypatch.setattr(FusionPlan, "_kernel", staticmethod(failing))
+    fail_the_build_of(monkeypatch, bad)
     plans = [chain_plan(3, 5), bad, chain_plan(3, 5), chain_plan(4, 4)]  # plans[2] follows plans[0]
     handle = fp.Handle("cpu")
     seen: list[tuple[int, bool, str]] = []
