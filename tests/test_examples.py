@@ -1,5 +1,6 @@
 """The seeds' examples, ported line for line, run as scripts."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -25,6 +26,19 @@ def test_host_profile_script_runs_on_the_cpu():
     assert done.returncode == 0, done.stdout + done.stderr
     for line in ("eager: host", "fused: host", "chain calls", "chain(x), whole call", "the plan's repeater"):
         assert line in done.stdout, done.stdout
+
+
+def test_training_step_probe_parses_and_says_it_needs_cuda():
+    """scripts/training_step_probe.py (a fused training step's synchronizations, host phases and
+    graphed time): its options parse, and without CUDA it says so and exits non-zero."""
+    script = pathlib.Path(__file__).parents[1] / "scripts" / "training_step_probe.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and "--batch" in shown.stdout, shown.stderr
+    done = subprocess.run(
+        [sys.executable, str(script), "--batch", "2"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert done.returncode != 0 and "needs a CUDA device" in done.stderr, done.stdout + done.stderr
 
 
 def test_host_profile_times_a_bound_launchs_pieces():
