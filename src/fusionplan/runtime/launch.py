@@ -488,7 +488,10 @@ class BoundLaunch:
     about 2 us of host time per launch. Descriptors go to it encoded by a ``DescriptorEncoder``
     (once per address), where Triton's wrapper would encode each at every launch."""
 
-    __slots__ = ("kernel", "grid", "args", "slots", "_keep", "needs_scratch", "raw", "scratch_bytes", "encoder")
+    __slots__ = (
+        "kernel", "grid", "args", "slots", "_keep", "needs_scratch", "raw", "scratch_bytes", "encoder", "_plain",
+        "_descriptors",
+    )  # fmt: skip
 
     def __init__(
         self, kernel, grid: tuple[int, int, int], args: Sequence, pointer_slots: Sequence[int | tuple[int, ...]]
@@ -503,6 +506,9 @@ class BoundLaunch:
             tuple((i, is_host_descriptor(args[i])) for i in (slot if isinstance(slot, tuple) else (slot,)))
             for slot in pointer_slots
         )
+        # the same, flat: (argument index, the pointer's position) of addresses and of descriptors
+        self._plain = tuple((i, k) for k, slot in enumerate(self.slots) for i, d in slot if not d)
+        self._descriptors = tuple((i, k) for k, slot in enumerate(self.slots) for i, d in slot if d)
         swapped = {i for slot in self.slots for i, _ in slot}
         for slot in self.slots:  # descriptors in the slots: over a bare address until the launch
             for i, descriptor in slot:
@@ -550,14 +556,9 @@ class BoundLaunch:
         """The bound arguments with this call's pointers in their slots, and the call's address of
         each descriptor in a slot (by argument index; the descriptor itself stays as bound)."""
         args = self.args.copy()
-        addresses = {}
-        for slot, ptr in zip(self.slots, pointers):
-            for i, descriptor in slot:
-                if descriptor:
-                    addresses[i] = ptr
-                else:
-                    args[i] = ptr
-        return args, addresses
+        for i, k in self._plain:
+            args[i] = pointers[k]
+        return args, {i: pointers[k] for i, k in self._descriptors}
 
     def _launch_raw(self, args: list) -> None:
         c_launch, function, packed, cooperative, pdl, _, alignment = self.raw
