@@ -43,6 +43,7 @@ from fusionplan.runtime.codegen import again_after_ast_race, cache_dir, interpre
 from fusionplan.runtime.compile_pool import compile_in_worker
 from fusionplan.runtime.compile_worker import source_class
 from fusionplan.runtime.folding import args_fingerprint
+from fusionplan.runtime.launcher_modules import share_launcher_modules
 from fusionplan.runtime.tma import DescriptorEncoder, is_host_descriptor, rebased
 
 Tensor = torch.Tensor
@@ -217,6 +218,8 @@ class Launcher:
         if direct is None:
             direct = Settings.from_environment().direct_launch
         self.direct = not interpreter_active() and direct and bool(self.names)
+        if self.direct:  # this process's kernels of one launcher source take one launcher module
+            share_launcher_modules()
 
     def __call__(self, grid: tuple[int, int, int], key: tuple, args: list, num_warps: int, num_stages: int):
         """Launch; returns Triton's compiled kernel (None in the interpreter). A specialization that
