@@ -37,7 +37,7 @@ def stand_in_driver() -> types.ModuleType:
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.setattr(lm, "_installed", [])
+    monkeypatch.setattr(lm, "_installed", threading.Event())
     return stand_in_driver()
 
 
@@ -86,7 +86,7 @@ def test_installing_twice_wraps_once_and_a_driver_without_the_function_is_left(f
     wrapped = fresh.compile_module_from_src
     assert lm.install(fresh) and fresh.compile_module_from_src is wrapped
     assert wrapped.__wrapped__ is not None
-    lm._installed.clear()
+    lm._installed.clear()  # as if none were patched
     assert not lm.install(types.ModuleType("no_builder"))
 
 

@@ -191,11 +191,15 @@ class OpArgs:
         # (the instance's dict holds the fields alone here, in field order: read, and written, directly
         # rather than through the frozen dataclass's attribute protocol, on every record of a call)
         d = self.__dict__
-        tensors = tuple(v for v in d.values() if isinstance(v, torch.Tensor))
-        devices = {t.device for t in tensors}
-        d["_tensors"] = tensors
-        d["_device"] = devices.pop() if len(devices) == 1 else None
-        d["volatile"] = any(is_volatile(t) for t in tensors)
+        tensors = [v for v in d.values() if isinstance(v, torch.Tensor)]
+        device, volatile = (tensors[0].device if tensors else None), False
+        for t in tensors:
+            volatile = volatile or is_volatile(t)
+            if device is not None and t.device != device:
+                device = None  # the tensors are on several devices: the checks name them
+        d["_tensors"] = tuple(tensors)
+        d["_device"] = device
+        d["volatile"] = volatile
 
     def layout_key(self) -> tuple:
         """What a kernel specialized to this record depends on: every field but the tensors verbatim,
@@ -205,8 +209,10 @@ class OpArgs:
         key = d.get("_layout_key")
         if key is None:
             key = d["_layout_key"] = tuple(
-                (v.shape, v.stride(), v.dtype) if isinstance(v := d[name], torch.Tensor) else v
-                for name in field_names(type(self))
+                [
+                    (v.shape, v.stride(), v.dtype) if isinstance(v := d[name], torch.Tensor) else v
+                    for name in field_names(type(self))
+                ]
             )
         return key
 

@@ -22,7 +22,7 @@ from types import ModuleType
 PER_KERNEL_LAUNCHER_VERSIONS = ("3.6.",)
 
 _lock = threading.Lock()
-_installed: list[object] = []  # the driver module patched (at most one)
+_installed = threading.Event()  # set once a driver is patched (at most one)
 
 
 def sharing(build: Callable[..., ModuleType]) -> Callable[..., ModuleType]:
@@ -50,7 +50,7 @@ def share_launcher_modules() -> bool:
     """Patch this process's Triton NVIDIA driver to share launcher modules (once); whether it is
     patched. A Triton that is not a PER_KERNEL_LAUNCHER_VERSIONS one, or cannot be imported, is
     not touched."""
-    if _installed:
+    if _installed.is_set():
         return True
     try:
         import triton
@@ -67,12 +67,12 @@ def install(driver: object) -> bool:
     """Share the launcher modules that ``driver`` (a module with ``compile_module_from_src``,
     which its launcher calls by that global name) builds."""
     with _lock:
-        if _installed:
+        if _installed.is_set():
             return True
         build = getattr(driver, "compile_module_from_src", None)
         if not callable(build):
             return False
         if getattr(build, "__wrapped__", None) is None:
             driver.compile_module_from_src = sharing(build)  # type: ignore[attr-defined]
-        _installed.append(driver)
+        _installed.set()
     return True
