@@ -21,6 +21,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from fusionplan.tools.bench.timing import median_ms
 from fusionplan.tools.bench.zoo import build_model
 from fusionplan.torch import fuse
 
@@ -57,27 +58,9 @@ class Step:
         t4 = time.perf_counter()
         return tuple(1e3 * d for d in (t1 - t0, t2 - t1, t3 - t2, t4 - t3))
 
-    def graphed_ms(self, replays: int = 10) -> float:
+    def graphed_ms(self) -> float:
         """The step captured in a CUDA graph (after warm-up steps on a side stream), per replay."""
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.cuda.graph(graph):
-            self.forward().backward()
-            self.optimizer.step()
-        for _ in range(3):
-            graph.replay()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(replays):
-            graph.replay()
-        torch.cuda.synchronize()
-        return 1e3 * (time.perf_counter() - start) / replays
+        return median_ms(lambda i: self(), torch.device("cuda"), iters=1, graph=True, graph_warmup=3)
 
 
 def synchronizations(step: Step) -> list[str]:

@@ -128,6 +128,24 @@ def test_the_train_models_suite_trains_a_fused_model_beside_eager(tmp_path, monk
     assert main(["--suite", "train-models", "--models", "unet", "--precisions", "fp8", "--device", "cpu"]) == 2
 
 
+def test_graphed_steps_are_tabled_and_a_capture_that_cannot_run_says_why():
+    """--graph (train-models): each variant's step captured whole, in a table of its own beside
+    the steps' times; on the CPU (no CUDA graphs) the reason instead of a time."""
+    import torch
+
+    from fusionplan.tools.bench import train_models as tm
+
+    row = tm.TrainRow("resnet50", 64, "bf16", "NHWC", 224, step_ms={"fused": 49.6, "eager": 41.2})
+    tm._time_graphed_step(row, "fused", None, torch.zeros(1), None)
+    assert row.graph_errors == {"fused": "CUDA graphs need a CUDA device"} and not row.graph_ms
+    row.graph_ms["eager"] = 17.55
+    text = tm.table([row], ["eager"])
+    assert "the step captured in a CUDA graph (ms a replay):" in text
+    assert "| resnet50 | 64 | bf16 | NHWC | - | 17.550 |" in text
+    assert "- not captured: resnet50 fused: CUDA graphs need a CUDA device" in text
+    assert "captured in a CUDA graph" not in tm.table([tm.TrainRow("unet", 2, "fp32", "NHWC", 32)], ["eager"])
+
+
 def test_model_selects_a_zoo_models_layers_with_their_chains(capsys, monkeypatch):
     """--model (bench and fusionplan-tune): the zoo layers of the named models, each with its chain."""
     from fusionplan.tools.bench.cli import build_parser, cases_from

@@ -130,7 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="split the timed runs into this many rounds in which the variants take turns; each time is "
         "the median of its rounds' medians (default 1; more evens out a shared machine's drift)",
     )
-    p.add_argument("--graph", action="store_true", help="time CUDA-graph replays (no launch gaps)")
+    p.add_argument(
+        "--graph",
+        action="store_true",
+        help="time CUDA-graph replays (no launch gaps); train-models: also each variant's whole step in a graph",
+    )
     p.add_argument("--out", default=None, help="directory for results.csv, results.json, summary.md and the PNG plots")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--seed", type=int, default=0, help="random seed of inputs and arguments")

@@ -38,9 +38,16 @@ def synchronize(device: torch.device) -> None:
 
 
 def median_ms(
-    fn: Callable[[int], None], device: torch.device, iters: int = 50, warmup: int = 5, graph: bool = False
+    fn: Callable[[int], None],
+    device: torch.device,
+    iters: int = 50,
+    warmup: int = 5,
+    graph: bool = False,
+    graph_warmup: int = 1,
 ) -> float:
-    """Median time of ``fn(i)`` (i selects the rotated input set), in milliseconds."""
+    """Median time of ``fn(i)`` (i selects the rotated input set), in milliseconds. ``graph``:
+    of ``iters`` calls captured in one CUDA graph, after ``graph_warmup`` calls on a side stream
+    (a training step wants a few: torch's recipe for capturing a whole step)."""
     for i in range(warmup):
         fn(i)
     synchronize(device)
@@ -52,7 +59,7 @@ def median_ms(
             samples.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(samples)
     if graph:
-        return _graph_ms(fn, device, iters)
+        return _graph_ms(fn, device, iters, graph_warmup)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):
@@ -63,12 +70,13 @@ def median_ms(
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
-def _graph_ms(fn: Callable[[int], None], device: torch.device, iters: int) -> float:
+def _graph_ms(fn: Callable[[int], None], device: torch.device, iters: int, warmup: int = 1) -> float:
     """Capture ``iters`` calls in one CUDA graph; time replays (no launch gaps)."""
     side = torch.cuda.Stream(device)
     side.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(side):
-        fn(0)
+        for i in range(warmup):
+            fn(i)
     torch.cuda.current_stream(device).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):

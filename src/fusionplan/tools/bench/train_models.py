@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from fusionplan.tools.bench.models import _fmt, _geomean, models_and_baselines, wall_ms, write_results
-from fusionplan.tools.bench.timing import synchronize
+from fusionplan.tools.bench.timing import median_ms, synchronize
 from fusionplan.tools.bench.zoo import MODELS, build_model
 
 BASELINES = ("eager", "compile")
@@ -41,6 +41,8 @@ class TrainRow:
     size: int
     step_ms: dict[str, float] = field(default_factory=dict)
     step_mb: dict[str, float] = field(default_factory=dict)
+    graph_ms: dict[str, float] = field(default_factory=dict)  # --graph: the step captured whole, replayed
+    graph_errors: dict[str, str] = field(default_factory=dict)  # --graph: why a variant's step was not captured
     loss_gap: float | None = None  # the largest relative loss difference, fused against eager
     chains: int = 0
     eager_chains: list[str] = field(default_factory=list)  # training-mode fallbacks, with reasons
@@ -87,6 +89,18 @@ def _variants(model: torch.nn.Module, baselines: Sequence[str], row: TrainRow, p
     if "compile" in baselines:
         variants["compile"] = _Trainer(torch.compile(copy.deepcopy(model)), precision, device)
     return variants
+
+
+def _time_graphed_step(row: TrainRow, name: str, trainer: _Trainer, x: torch.Tensor, label: torch.Tensor) -> None:
+    """The variant's whole step (forward, backward, optimizer) captured in a CUDA graph and
+    replayed: its device time with no host in it; or why it could not be captured."""
+    if x.device.type != "cuda":
+        row.graph_errors[name] = "CUDA graphs need a CUDA device"
+        return
+    try:
+        row.graph_ms[name] = median_ms(lambda i: trainer.step(x, label), x.device, iters=1, graph=True, graph_warmup=3)
+    except Exception as exc:  # reported beside the step's time
+        row.graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
 
 
 def _step_megabytes(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor) -> float:
@@ -141,6 +155,8 @@ def run_train_model(name: str, batch: int, precision: str, layout: str, device, 
                     row.eager_chains = _eager_chains(trainer.module)
             except Exception as exc:  # a variant that fails is reported, the suite goes on
                 row.errors[label_name] = f"{type(exc).__name__}: {exc}"[:300]
+            if getattr(opts, "graph", False) and label_name not in row.errors:
+                _time_graphed_step(row, label_name, trainer, x, label)
             if getattr(opts, "profile", None):
                 _profile(
                     trainer, x, label, Path(opts.profile) / f"{name}-n{batch}-{precision}-{layout}-{label_name}.txt"
@@ -213,6 +229,17 @@ def table(rows: Sequence[TrainRow], baselines: Sequence[str]) -> str:
     for b in baselines:
         g = _geomean([s for r in rows if (s := r.speedup(b)) is not None and math.isfinite(s)])
         lines.append(f"\ngeomean training-step speedup over {b}: {_fmt(g, '.2f')}")
+    graphed = [r for r in rows if r.graph_ms or r.graph_errors]
+    if graphed:
+        lines += ["", "the step captured in a CUDA graph (ms a replay):", ""]
+        lines += ["| model | batch | precision | layout | " + " | ".join(("fused", *baselines)) + " |"]
+        lines += ["|" + "---|" * (5 + len(baselines))]
+        for r in graphed:
+            cells = [r.model, str(r.batch), r.precision, r.layout]
+            cells += [_fmt(r.graph_ms.get(v)) if v in r.graph_ms else "-" for v in ("fused", *baselines)]
+            lines.append("| " + " | ".join(cells) + " |")
+        failed = sorted({f"{r.model} {v}: {why}" for r in graphed for v, why in r.graph_errors.items()})
+        lines += [f"- not captured: {why}" for why in failed]
     fallbacks = sorted({reason for r in rows for reason in r.eager_chains})
     if fallbacks:
         lines += ["", "chains trained eagerly:", *[f"- {reason}" for reason in fallbacks]]
