@@ -138,10 +138,8 @@ class _BatchNormActivation(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         h, weight, bias, stats = ctx.saved_tensors
-        plans = _backward_plans(ctx.backward, dy, h)
-        plan, ops = plans[0], plans[1]
-        if dy.dtype != h.dtype or not plan.input_desc.same_strides(dy.stride()):
-            dy = _like(dy, h)
+        plans, dy = _backward_plans(ctx.backward, dy, h)
+        ops = plans[1]
         dx = torch.empty_like(h)
         grads = torch.empty(2, 1, h.shape[1], 1, 1, dtype=torch.float32, device=h.device)
         dscale, dshift = grads.unbind(0)
@@ -194,16 +192,18 @@ def _call_key(x: torch.Tensor, y: torch.Tensor, records: list, module_tensors: t
     return (_layout(x), _layout(y), layouts, modules)
 
 
-def _backward_plans(compiled: tuple, dy: torch.Tensor, h: torch.Tensor) -> tuple:
-    """The backward plans for a gradient in its own layout where it differs from the forward
-    input's (the plan reads the forward input in its layout): no copy of the gradient (an
-    activation's worth of memory more at the step's peak); ``compiled`` (h's layout, the gradient
-    copied to it) where they cannot run it."""
-    if dy.dtype != h.dtype or compiled[0].input_desc.same_strides(dy.stride()):
-        return compiled
-    handle = compiled[2]
-    found = _plans("backward", dy, _ops_mode(compiled[1]), handle)
-    return compiled if isinstance(found, str) else found
+def _backward_plans(compiled: tuple, dy: torch.Tensor, h: torch.Tensor) -> tuple[tuple, torch.Tensor]:
+    """(the backward plans, the gradient as they read it): ``compiled`` where the gradient has
+    the forward input's layout; else the plans for the gradient's own layout (the plan reads the
+    forward input in its layout), with no copy of the gradient (an activation's worth of memory
+    more at the step's peak); else ``compiled`` and the gradient copied to h's layout and dtype."""
+    if dy.dtype == h.dtype:
+        if compiled[0].input_desc.same_strides(dy.stride()):
+            return compiled, dy
+        found = _plans("backward", dy, _ops_mode(compiled[1]), compiled[2])
+        if not isinstance(found, str):
+            return found, dy
+    return compiled, _like(dy, h)
 
 
 def _ops_mode(ops: tuple) -> int:
