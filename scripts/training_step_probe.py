@@ -60,7 +60,7 @@ class Step:
 
     def graphed_ms(self) -> float:
         """The step captured in a CUDA graph (after warm-up steps on a side stream), per replay."""
-        return median_ms(lambda i: self(), torch.device("cuda"), iters=1, graph=True, graph_warmup=3)
+        return median_ms(lambda i: self(), torch.device("cuda"), iters=1, warmup=0, graph=True, graph_warmup=3)
 
 
 def synchronizations(step: Step) -> list[str]:

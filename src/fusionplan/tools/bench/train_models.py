@@ -98,7 +98,9 @@ def _time_graphed_step(row: TrainRow, name: str, trainer: _Trainer, x: torch.Ten
         row.graph_errors[name] = "CUDA graphs need a CUDA device"
         return
     try:
-        row.graph_ms[name] = median_ms(lambda i: trainer.step(x, label), x.device, iters=1, graph=True, graph_warmup=3)
+        row.graph_ms[name] = median_ms(
+            lambda i: trainer.step(x, label), x.device, iters=1, warmup=0, graph=True, graph_warmup=3
+        )
     except Exception as exc:  # reported beside the step's time
         row.graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
 
