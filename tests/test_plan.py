@@ -512,3 +512,25 @@ def test_repeater_repeats_a_checked_call_for_new_tensors(compiled):
     args.set(plan.ops[3], fp.ActivationArgs(beta=0.5))  # arguments set again: the repeater declines
     y3 = torch.full_like(y, float("nan"))
     assert not run(x, y3, None) and torch.isnan(y3).all()
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_vouched_call_raises_fusionplans_error_types(compiled, monkeypatch, grad):
+    """execute_vouched (the training chains' checked-before calls), with grad mode on or off: a
+    kernel's own failure is an InternalError naming the solver; fusionplan's errors pass as they are."""
+    plan, handle, x, y, args = compiled
+    records = [args.get(plan.get_op(i)) for i in range(len(plan.spec().ops))]
+    kernel = plan._entry(handle).kernel
+    failures = iter([RuntimeError("a fault inside the kernel"), fp.BadParmError("a bad argument")])
+
+    def failing(*a):
+        raise next(failures)
+
+    monkeypatch.setattr(kernel, "run", failing)
+    with torch.set_grad_enabled(grad):
+        with pytest.raises(
+            fp.InternalError, match=f"solver {plan.compiled_solver(handle)} failed: RuntimeError: a fault"
+        ):
+            plan.execute_vouched(handle, x, y, records)
+        with pytest.raises(fp.BadParmError, match="a bad argument"):
+            plan.execute_vouched(handle, x, y, records)

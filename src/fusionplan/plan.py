@@ -8,7 +8,6 @@ often as needed. Adding an operator invalidates every compilation of the plan.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import threading
@@ -351,7 +350,7 @@ class FusionPlan:
             key = (entry, handle.uid, args.generation, _tensor_key(x), _tensor_key(y), prior_key, x_desc, y_desc)
             checked = self._checked_call(args, key)
             if checked is not None:
-                with _typed_errors(entry.solver):
+                with _TypedErrors(entry.solver):
                     _rerun_checked(handle, entry.kernel, checked, x, y, prior)
                 return
         spec = entry.spec
@@ -368,7 +367,7 @@ class FusionPlan:
             if len(calls) >= _CHECKED_KEYS:
                 calls.clear()
             calls[key] = (records, p is not None)
-        with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
+        with torch.no_grad(), handle.activate(), _TypedErrors(entry.solver):
             entry.kernel.run(x, y, records, p)
 
     def execute_vouched(self, handle: Handle, x: torch.Tensor, y: torch.Tensor, records: Sequence[OpArgs]) -> None:
@@ -380,16 +379,12 @@ class FusionPlan:
         new allocations, and the same tensors as then). For fusionplan.torch's training chains,
         which allocate each call's outputs and statistics themselves."""
         entry = self._entry(handle)
-        if torch.is_grad_enabled() or not handle.is_active():
-            with torch.no_grad(), handle.activate(), _typed_errors(entry.solver):
+        with _TypedErrors(entry.solver):
+            if torch.is_grad_enabled() or not handle.is_active():
+                with torch.no_grad(), handle.activate():
+                    entry.kernel.run(x, y, records, None)
+            else:  # the autograd function's forward and backward: neither context would change anything
                 entry.kernel.run(x, y, records, None)
-            return
-        try:  # as _typed_errors, without a context manager's cost on a path taken per layer per step
-            entry.kernel.run(x, y, records, None)
-        except FusionPlanError:
-            raise
-        except Exception as exc:
-            raise _internal_error(entry.solver, exc) from exc
 
     def _checked_call(self, args: OperatorArgs, key: tuple) -> tuple[list[OpArgs], bool] | None:
         calls = self._checked.get(args)
@@ -444,20 +439,23 @@ class Repeater:
         return self.checked[1]
 
 
-@contextlib.contextmanager
-def _typed_errors(solver: str):
+class _TypedErrors:
     """A kernel's own failure (Triton's, torch's) raised as InternalError naming the solver: callers
-    of either API see fusionplan's error types only."""
-    try:
-        yield
-    except FusionPlanError:
-        raise
-    except Exception as exc:
-        raise _internal_error(solver, exc) from exc
+    of either API see fusionplan's error types only. A class, not a generator: it wraps every
+    kernel call, the training chains' per layer per step among them."""
 
+    __slots__ = ("solver",)
 
-def _internal_error(solver: str, exc: Exception) -> InternalError:
-    return InternalError(f"solver {solver} failed: {type(exc).__name__}: {exc}")
+    def __init__(self, solver: str) -> None:
+        self.solver = solver
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if isinstance(exc, Exception) and not isinstance(exc, FusionPlanError):
+            raise InternalError(f"solver {self.solver} failed: {type(exc).__name__}: {exc}") from exc
+        return False
 
 
 def _rerun_checked(handle: Handle, kernel, checked: tuple, x: torch.Tensor, y: torch.Tensor, prior) -> None:
