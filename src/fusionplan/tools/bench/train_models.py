@@ -53,7 +53,7 @@ class TrainRow:
         return t[baseline] / t["fused"] if "fused" in t and baseline in t else None
 
 
-class _Trainer:
+class Trainer:
     """One variant's model, optimizer and step."""
 
     def __init__(self, module: torch.nn.Module, precision: str, device: torch.device) -> None:
@@ -62,11 +62,15 @@ class _Trainer:
         self.autocast = AUTOCAST[precision]
         self.device = device
 
-    def step(self, x: torch.Tensor, label: torch.Tensor) -> float:
-        self.optimizer.zero_grad(set_to_none=True)
+    def loss(self, x: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+        """The forward under autocast and its cross-entropy loss (the step's first part)."""
         with torch.autocast(self.device.type, dtype=self.autocast or torch.bfloat16, enabled=self.autocast is not None):
             logits = _logits(self.module(x))
-            loss = F.cross_entropy(logits, label % logits.shape[1])
+            return F.cross_entropy(logits, label % logits.shape[1])
+
+    def step(self, x: torch.Tensor, label: torch.Tensor) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss(x, label)
         loss.backward()
         self.optimizer.step()
         return loss.detach()
@@ -83,29 +87,32 @@ def _variants(model: torch.nn.Module, baselines: Sequence[str], row: TrainRow, p
 
     fused = fuse(copy.deepcopy(model))
     row.chains = len(fused.fusion_report.fused)
-    variants = {"fused": _Trainer(fused, precision, device)}
+    variants = {"fused": Trainer(fused, precision, device)}
     if "eager" in baselines:
-        variants["eager"] = _Trainer(copy.deepcopy(model), precision, device)
+        variants["eager"] = Trainer(copy.deepcopy(model), precision, device)
     if "compile" in baselines:
-        variants["compile"] = _Trainer(torch.compile(copy.deepcopy(model)), precision, device)
+        variants["compile"] = Trainer(torch.compile(copy.deepcopy(model)), precision, device)
     return variants
 
 
-def _time_graphed_step(row: TrainRow, name: str, trainer: _Trainer, x: torch.Tensor, label: torch.Tensor) -> None:
-    """The variant's whole step (forward, backward, optimizer) captured in a CUDA graph and
-    replayed: its device time with no host in it; or why it could not be captured."""
+def graphed_step_ms(trainer: Trainer, x: torch.Tensor, label: torch.Tensor) -> float:
+    """The trainer's whole step (forward, backward, optimizer) captured in a CUDA graph after
+    warm-up steps on a side stream, then replayed: its device time with no host in it."""
+    return median_ms(lambda i: trainer.step(x, label), x.device, iters=1, warmup=0, graph=True, graph_warmup=3)
+
+
+def _time_graphed_step(row: TrainRow, name: str, trainer: Trainer, x: torch.Tensor, label: torch.Tensor) -> None:
+    """graphed_step_ms of the variant, or why its step could not be captured."""
     if x.device.type != "cuda":
         row.graph_errors[name] = "CUDA graphs need a CUDA device"
         return
     try:
-        row.graph_ms[name] = median_ms(
-            lambda i: trainer.step(x, label), x.device, iters=1, warmup=0, graph=True, graph_warmup=3
-        )
+        row.graph_ms[name] = graphed_step_ms(trainer, x, label)
     except Exception as exc:  # reported beside the step's time
         row.graph_errors[name] = f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _step_megabytes(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor) -> float:
+def _step_megabytes(trainer: Trainer, x: torch.Tensor, label: torch.Tensor) -> float:
     if x.device.type != "cuda":
         return float("nan")
     synchronize(x.device)
@@ -130,8 +137,8 @@ def _loss_gap(model: torch.nn.Module, precision: str, device, steps: int, batch:
         )
         for _ in range(8)
     ]
-    eager = _Trainer(copy.deepcopy(model), precision, device)
-    fused = _Trainer(fuse(copy.deepcopy(model)), precision, device)
+    eager = Trainer(copy.deepcopy(model), precision, device)
+    fused = Trainer(fuse(copy.deepcopy(model)), precision, device)
     gap = 0.0
     for i in range(steps):
         x, label = data[i % len(data)]
@@ -170,7 +177,7 @@ def run_train_model(name: str, batch: int, precision: str, layout: str, device, 
     return row
 
 
-def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path, steps: int = 3) -> None:
+def _profile(trainer: Trainer, x: torch.Tensor, label: torch.Tensor, path: Path, steps: int = 3) -> None:
     """``steps`` steps of ``trainer`` under torch.profiler: the first line says how long a step took
     and how much of it the device spent in kernels (a host-bound step computes for a small part of
     its time), then the operators by their device time (and, on a GPU, by their host time)."""
@@ -195,7 +202,7 @@ def _profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, path: Path
     path.write_text(text + "\nPython functions by own time (cProfile):\n" + _python_profile(trainer, x, label, steps))
 
 
-def _python_profile(trainer: _Trainer, x: torch.Tensor, label: torch.Tensor, steps: int) -> str:
+def _python_profile(trainer: Trainer, x: torch.Tensor, label: torch.Tensor, steps: int) -> str:
     """The Python functions ``steps`` steps spend their host time in (cProfile, by own time): the
     torch profiler sees operators, not the Python that issues them."""
     import cProfile
