@@ -385,3 +385,115 @@ def test_a_new_module_tensor_or_layout_is_checked_again(monkeypatch):
     with pytest.raises(FusionPlanError, match="scale"):
         torch_train.batchnorm_activation_training(bn, torch.randn(2, 8, 5, 5), relu)
     torch.testing.assert_close(bn.running_mean, running)  # nothing written
+
+
+def _count_plan_calls(monkeypatch) -> list:
+    """Each training plan call that built argument records (checked or vouched), as it comes."""
+    from fusionplan.plan import FusionPlan
+
+    calls = []
+    for name in ("execute", "execute_vouched"):
+        original = getattr(FusionPlan, name)
+
+        def counting(self, *args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(FusionPlan, name, counting)
+    return calls
+
+
+def test_a_call_like_an_earlier_one_runs_its_repeat_without_records(monkeypatch):
+    """From the second step on, each chain's plans run the repeat the first step bound (the
+    call's tensors straight to the kernel, no argument records): no plan call but bn3's forward
+    (momentum None: its factor changes every step, so its key does), and every step matches eager."""
+    twin, model, fused = _pair()
+    weights = torch.randn(4, 5)
+    calls = _count_plan_calls(monkeypatch)
+    _assert_step_matches(fused, twin, torch.randn(4, 3, 13, 11), weights)
+    assert len(calls) >= 4
+    for _ in range(3):
+        del calls[:]
+        fused.zero_grad(), twin.zero_grad()
+        _assert_step_matches(fused, twin, torch.randn(4, 3, 13, 11), weights)
+        assert calls == ["execute"], calls  # bn3's forward: a new factor, checked
+
+
+@pytest.mark.parametrize("change", ["new tensor", "strided view", "edited in place"])
+def test_a_changed_module_tensor_is_not_run_by_the_old_repeat(change, monkeypatch):
+    """A batch-norm weight set anew (another object, or a strided view of other memory): the call
+    builds its records and is checked again. Edited in place (an optimizer's step): the repeat
+    runs and reads the new values. Each result is eager's."""
+    from fusionplan.core.enums import ActivationMode
+
+    relu = (ActivationMode.RELU, 1.0, 0.0, 1.0)
+    bn = _randomized(nn.BatchNorm2d(8)).train()
+    twin = copy.deepcopy(bn)
+    calls = _count_plan_calls(monkeypatch)
+
+    def step() -> None:
+        h, dy = torch.randn(2, 8, 5, 5), torch.randn(2, 8, 5, 5)
+        h1, h2 = h.clone().requires_grad_(True), h.clone().requires_grad_(True)
+        y, solver = torch_train.batchnorm_activation_training(bn, h1, relu)
+        assert y is not None, solver
+        want = F.relu(twin(h2))
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+        y.backward(dy), want.backward(dy)
+        torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bn.weight.grad, twin.weight.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(bn.running_mean, twin.running_mean, rtol=1e-5, atol=1e-5)
+        bn.weight.grad = twin.weight.grad = None
+
+    step(), step()
+    assert calls == ["execute", "execute"], calls  # the second step: repeats alone
+    new = torch.randn(8)
+    with torch.no_grad():
+        if change == "new tensor":
+            bn.weight = nn.Parameter(new.clone())
+        elif change == "strided view":
+            bn.weight.data = torch.stack([new, torch.randn(8)], 1)[:, 0]
+        else:
+            bn.weight.copy_(new)
+        twin.weight.copy_(new)
+    del calls[:]
+    step()
+    assert calls == ([] if change == "edited in place" else ["execute", "execute"]), calls
+
+
+def test_the_default_repeat_builds_the_records_around_the_new_tensors():
+    """Kernel.repeat_with_tensors' default (the CPU training kernel's): the call repeated on other
+    tensors in slot order writes what execute_vouched writes on records of those tensors."""
+    import fusionplan as fp
+    from fusionplan.core.enums import BatchNormMode
+    from fusionplan.core.ops import BatchNormForwardArgs
+
+    def call_tensors() -> list:
+        """[y, x, scale, bias, saved mean, saved inverse deviation, running mean, running variance]"""
+        return [
+            torch.full((2, 8, 5, 5), float("nan")), torch.randn(2, 8, 5, 5), torch.randn(1, 8, 1, 1),
+            torch.randn(1, 8, 1, 1),
+            torch.full((1, 8, 1, 1), float("nan")), torch.full((1, 8, 1, 1), float("nan")),
+            torch.randn(1, 8, 1, 1), torch.rand(1, 8, 1, 1) + 0.5,
+        ]  # fmt: skip
+
+    def record(t: list) -> BatchNormForwardArgs:
+        return BatchNormForwardArgs(
+            scale=t[2], bias=t[3], saved_mean=t[4], saved_inv_variance=t[5], running_mean=t[6],
+            running_variance=t[7], exp_avg_factor=0.3, epsilon=1e-4,
+        )  # fmt: skip
+
+    plan = fp.FusionPlan(fp.TensorDescriptor.packed("float", (2, 8, 5, 5)))
+    plan.add_batchnorm_forward(BatchNormMode.SPATIAL, True)
+    handle = fp.Handle("cpu")
+    plan.compile(handle)
+    first = call_tensors()
+    plan.execute_vouched(handle, first[1], first[0], [record(first)])
+    repeat = plan.vouched_repeat(handle, first[1], first[0], [record(first)])
+    assert repeat is not None
+    again = call_tensors()
+    want = [t.clone() for t in again]
+    assert repeat(again)
+    plan.execute_vouched(handle, want[1], want[0], [record(want)])
+    for got, expected in zip(again, want):
+        assert not got.isnan().any()
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

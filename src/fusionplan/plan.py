@@ -386,6 +386,18 @@ class FusionPlan:
             else:  # the autograd function's forward and backward: neither context would change anything
                 entry.kernel.run(x, y, records, None)
 
+    def vouched_repeat(
+        self, handle: Handle, x: torch.Tensor, y: torch.Tensor, records: Sequence[OpArgs]
+    ) -> VouchedRepeat | None:
+        """After a call of x into y on ``records`` (``execute`` or ``execute_vouched``): a
+        ``VouchedRepeat`` that runs it again on other tensors, given in the kernel's slot order
+        (``[y, x, *each record's tensors()]``), no records built, on the terms of
+        ``execute_vouched`` (the caller vouches for the tensors' layouts, values and overlaps as
+        there). None where the kernel keeps no repeat of the call."""
+        entry = self._entry(handle)
+        repeat = entry.kernel.repeat_with_tensors(x, y, records)
+        return None if repeat is None else VouchedRepeat(self, entry.version, handle, entry.solver, repeat)
+
     def _checked_call(self, args: OperatorArgs, key: tuple) -> tuple[list[OpArgs], bool] | None:
         calls = self._checked.get(args)
         return None if calls is None else calls.get(key)
@@ -437,6 +449,26 @@ class Repeater:
     @property
     def reads_prior(self) -> bool:
         return self.checked[1]
+
+
+class VouchedRepeat:
+    """A call of a plan repeated on new tensors in the kernel's slot order (``FusionPlan.vouched_repeat``):
+    ``repeat(tensors)`` says whether it ran (False: the plan changed, or the kernel could not
+    repeat it for these tensors; the caller then runs the plan as usual)."""
+
+    __slots__ = ("plan", "version", "handle", "solver", "repeat")
+
+    def __init__(self, plan: FusionPlan, version: int, handle: Handle, solver: str, repeat) -> None:
+        self.plan, self.version, self.handle, self.solver, self.repeat = plan, version, handle, solver, repeat
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        if self.plan._version != self.version:
+            return False
+        with _TypedErrors(self.solver):
+            if torch.is_grad_enabled() or not self.handle.is_active():
+                with torch.no_grad(), self.handle.activate():
+                    return self.repeat(tensors)
+            return self.repeat(tensors)
 
 
 class _TypedErrors:

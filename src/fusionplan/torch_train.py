@@ -59,17 +59,13 @@ def batchnorm_activation_training(
     it), nothing updated (the caller runs it eagerly)."""
     mode, alpha, beta, gamma = activation if activation is not None else (-1, 1.0, 0.0, 1.0)
     handle = default_handle(h.device)
-    forward = _plans("forward", h, int(mode), handle)
-    backward = _plans("backward", h, int(mode), handle)
-    for found in (forward, backward):
-        if isinstance(found, str):
-            return None, found
-    factor = _exp_avg_factor(bn)
-    y = _BatchNormActivation.apply(
-        h, bn.weight, bn.bias, bn.running_mean, bn.running_var, factor, float(bn.eps), (alpha, beta, gamma),
-        forward, backward,
-    )  # fmt: skip
-    return y, forward[0].compiled_solver(handle)
+    pair = _plan_pair(h, int(mode), handle)
+    if isinstance(pair, str):
+        return None, pair
+    forward, backward, solver = pair
+    factor, act = _exp_avg_factor(bn), (alpha, beta, gamma)
+    state = (bn.running_mean, bn.running_var, factor, float(bn.eps), act, forward, backward)
+    return _BatchNormActivation.apply(h, bn.weight, bn.bias, state), solver
 
 
 def _exp_avg_factor(bn: nn.BatchNorm2d) -> float:
@@ -89,6 +85,18 @@ def _plans(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple 
     return found
 
 
+def _plan_pair(h: torch.Tensor, mode: int, handle: Handle) -> tuple | str:
+    """(the forward plans, the backward plans, the forward's solver) for inputs like ``h``; or why
+    either cannot run it. One lookup a call, where each direction's would be two."""
+    key = ("pair", h.shape, h.stride(), h.dtype, mode, handle.uid)
+    found = _TRAINING_PLANS.get(key)
+    if found is None:
+        forward, backward = _plans("forward", h, mode, handle), _plans("backward", h, mode, handle)
+        why = next((f for f in (forward, backward) if isinstance(f, str)), None)
+        found = _TRAINING_PLANS.put(key, why or (forward, backward, forward[0].compiled_solver(handle)))
+    return found
+
+
 def _compiled(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tuple | str:
     """A training plan for inputs like ``h`` and its handle, compiled; or why not."""
     try:
@@ -104,7 +112,7 @@ def _compiled(direction: str, h: torch.Tensor, mode: int, handle: Handle) -> tup
         plan.compile(handle)
     except FusionPlanError as exc:
         return f"{type(exc).__name__}: {exc}"
-    return plan, tuple(ops), handle, set()
+    return plan, tuple(ops), handle, set(), {}
 
 
 def _channels(t: torch.Tensor) -> torch.Tensor:
@@ -114,23 +122,30 @@ def _channels(t: torch.Tensor) -> torch.Tensor:
 
 class _BatchNormActivation(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, bias, running_mean, running_var, factor, eps, act, forward, backward):
-        ops = forward[1]
+    def forward(ctx, h, weight, bias, state):
+        # the other arguments in one tuple: autograd's apply looks at each argument it is given
+        running_mean, running_var, factor, eps, act, forward, backward = state
         channels = h.shape[1]
         stats = torch.empty(2, 1, channels, 1, 1, dtype=torch.float32, device=h.device)
         y = torch.empty_like(h)  # h's layout: the plan's output descriptor
         mean, inv = stats.unbind(0)
-        records = [
-            BatchNormForwardArgs(
-                scale=_channels(weight.detach()), bias=_channels(bias.detach()),
-                saved_mean=mean, saved_inv_variance=inv,
-                running_mean=_channels(running_mean), running_variance=_channels(running_var),
-                exp_avg_factor=factor, epsilon=eps,
-            )
-        ]  # fmt: skip
-        if len(ops) > 1:
-            records.append(ActivationArgs(activ_alpha=act[0], activ_beta=act[1], activ_gamma=act[2]))
-        _execute(forward, h, y, records, (weight, bias, running_mean, running_var))
+        module = (weight, bias, running_mean, running_var)
+
+        def slots(views: tuple) -> list:  # the order of the records' tensors (Kernel.repeat_with_tensors)
+            return [y, h, views[0], views[1], mean, inv, views[2], views[3]]
+
+        def records(views: tuple) -> list:
+            found = [
+                BatchNormForwardArgs(
+                    scale=views[0], bias=views[1], saved_mean=mean, saved_inv_variance=inv,
+                    running_mean=views[2], running_variance=views[3], exp_avg_factor=factor, epsilon=eps,
+                )
+            ]  # fmt: skip
+            if len(forward[1]) > 1:
+                found.append(ActivationArgs(activ_alpha=act[0], activ_beta=act[1], activ_gamma=act[2]))
+            return found
+
+        _run(forward, (_layout(h), _identities(module), factor, eps, act), h, y, module, slots, records)
         ctx.save_for_backward(h, weight, bias, stats)
         ctx.act, ctx.backward = act, backward
         return y
@@ -139,28 +154,72 @@ class _BatchNormActivation(torch.autograd.Function):
     def backward(ctx, dy):
         h, weight, bias, stats = ctx.saved_tensors
         plans, dy = _backward_plans(ctx.backward, dy, h)
-        ops = plans[1]
         dx = torch.empty_like(h)
         grads = torch.empty(2, 1, h.shape[1], 1, 1, dtype=torch.float32, device=h.device)
         dscale, dshift = grads.unbind(0)
         mean, inv = stats.unbind(0)
-        records = [
-            BatchNormBackwardArgs(
-                x=h, scale=_channels(weight.detach()), bias=_channels(bias.detach()),
-                result_scale_diff=dscale, result_bias_diff=dshift, saved_mean=mean, saved_inv_variance=inv,
-            )
-        ]  # fmt: skip
-        if len(ops) > 1:
-            a, b, g = ctx.act
-            records.append(ActivationBackwardArgs(activ_alpha=a, activ_beta=b, activ_gamma=g))
-        _execute(plans, dy, dx, records, (weight, bias))
+        act = ctx.act
+
+        def slots(views: tuple) -> list:
+            return [dx, dy, h, views[0], views[1], dscale, dshift, mean, inv]
+
+        def records(views: tuple) -> list:
+            found = [
+                BatchNormBackwardArgs(
+                    x=h, scale=views[0], bias=views[1], result_scale_diff=dscale, result_bias_diff=dshift,
+                    saved_mean=mean, saved_inv_variance=inv,
+                )
+            ]  # fmt: skip
+            if len(plans[1]) > 1:
+                found.append(ActivationBackwardArgs(activ_alpha=act[0], activ_beta=act[1], activ_gamma=act[2]))
+            return found
+
+        module = (weight, bias)
+        _run(plans, (_layout(dy), _layout(h), _identities(module), act), dy, dx, module, slots, records)
         dweight = dscale.view(-1).to(weight.dtype) if ctx.needs_input_grad[1] else None
         dbias = dshift.view(-1).to(bias.dtype) if ctx.needs_input_grad[2] else None
-        return dx, dweight, dbias, None, None, None, None, None, None, None
+        return dx, dweight, dbias, None
 
 
-#: Calls the checks passed on, per plan, a set of ``_call_key``s (bounded: cleared when full).
+#: Calls the checks passed on, per plan, a set of ``_call_key``s; and the repeats bound, per plan,
+#: by ``_run``'s key (both bounded: cleared when full).
 _CHECKED_LIMIT = 256
+
+
+def _run(compiled: tuple, key: tuple, x: torch.Tensor, y: torch.Tensor, module: tuple, slots, records) -> None:
+    """One call of a training plan: the plan's repeat bound for ``key`` where there is one, on
+    ``slots(views)`` (the call's tensors, no records built); else ``records(views)`` through
+    ``_execute``, and a repeat bound for the next calls with this key. ``views``: the module
+    tensors as the plans' parameter shape, kept with the repeat.
+
+    ``key`` holds everything the call's checks depend on but the tensors the caller allocates
+    afresh: x's layout (y, the statistics and the gradients are laid out by it and by the channel
+    count), the module tensors by identity, address and layout, and the records' scalars."""
+    plan, _, handle, _, repeats = compiled
+    found = repeats.get(key)
+    if found is not None and found[0](slots(found[1])):
+        return
+    views = tuple(_channels(t.detach()) for t in module)
+    built = records(views)
+    _execute(compiled, x, y, built, module)
+    if found is None:
+        repeat = plan.vouched_repeat(handle, x, y, built)
+        if repeat is not None and _same_tensors(slots(views), [y, x, *(t for r in built for t in r.tensors())]):
+            if len(repeats) >= _CHECKED_LIMIT:
+                repeats.clear()
+            repeats[key] = (repeat, views)
+
+
+def _same_tensors(a: list, b: list) -> bool:
+    """Whether two lists hold the same tensor objects in the same order (the slots as the kernel
+    orders them)."""
+    return len(a) == len(b) and all(s is t for s, t in zip(a, b))
+
+
+def _identities(tensors: tuple) -> tuple:
+    """Module tensors as a call's key holds them: identity, address and layout (a parameter's
+    ``.data`` set anew, or resized in place, changes one of them)."""
+    return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype) for t in tensors])
 
 
 def _execute(compiled: tuple, x: torch.Tensor, y: torch.Tensor, records: list, module_tensors: tuple) -> None:
@@ -169,7 +228,7 @@ def _execute(compiled: tuple, x: torch.Tensor, y: torch.Tensor, records: list, m
     y's, and which module tensors it reads), after that run with the checks skipped. What the
     checks found depends on nothing else: every other tensor of the call (y, the statistics, the
     gradients) is allocated afresh by the caller, and the plans blend no prior."""
-    plan, ops, handle, checked = compiled
+    plan, ops, handle, checked, _ = compiled
     key = _call_key(x, y, records, module_tensors)
     if key in checked:
         plan.execute_vouched(handle, x, y, records)

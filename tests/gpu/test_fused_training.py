@@ -85,3 +85,80 @@ def test_the_fused_step_keeps_no_more_activations_than_eager():
     twin = copy.deepcopy(model)
     fused = fpt.fuse(model)
     assert peak(fused) <= peak(twin)
+
+
+def _model_and_data(momentum: float | None = 0.1):
+    model = _randomized(Chains(ACTIVATIONS["relu"])).cuda().to(memory_format=torch.channels_last).train()
+    model.bn3.momentum = momentum
+    torch.manual_seed(5)
+    data = [
+        (
+            torch.randn(16, 3, 32, 32, device="cuda").to(memory_format=torch.channels_last),
+            torch.randint(0, 5, (16,), device="cuda"),
+        )
+        for _ in range(6)
+    ]
+    return model, data
+
+
+def test_after_the_first_step_the_chains_launch_their_bound_templates(monkeypatch):
+    """From the second step on, every chain's plans run their launch templates straight from the
+    autograd function (no records, no launch built): the kernels' full launch path runs for bn3's
+    forward alone (momentum None: its factor, a launch argument, changes every step)."""
+    from fusionplan.solvers import triton_batchnorm as tb
+
+    model, data = _model_and_data(momentum=None)
+    fused = fpt.fuse(model)
+    full = []
+    launch_all = {k: k._launch_all for k in (tb.TritonBatchNormForwardKernel, tb.TritonBatchNormBackwardKernel)}
+    for kernel_class, original in launch_all.items():
+        counted = lambda self, *a, _o=original: full.append(self) or _o(self, *a)  # noqa: E731
+        monkeypatch.setattr(kernel_class, "_launch_all", counted)
+    for step, (x, label) in enumerate(data[:4]):
+        del full[:]
+        _step(fused, x, label, torch.bfloat16)
+        if step >= 1:
+            assert len(full) == 1 and isinstance(full[0], tb.TritonBatchNormForwardKernel), (step, full)
+
+
+def test_a_whole_fused_training_step_replays_from_a_cuda_graph():
+    """Forward, backward and an SGD step of the fused model captured in one CUDA graph, replayed on
+    new data: the parameters and running statistics follow the eager model's steps."""
+    model, data = _model_and_data()
+    twin = copy.deepcopy(model)
+    fused = fpt.fuse(model)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.02, momentum=0.9) for m in (model, twin)]
+    static_x, static_label = data[0][0].clone(), data[0][1].clone()
+
+    def fused_step() -> None:
+        opts[0].zero_grad(set_to_none=False)
+        F.cross_entropy(fused(static_x), static_label).backward()
+        opts[0].step()
+
+    def eager_step(x, label) -> None:
+        opts[1].zero_grad(set_to_none=False)
+        F.cross_entropy(twin(x), label).backward()
+        opts[1].step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x, label in data[:3]:  # warm-up steps, eager's twin alongside
+            static_x.copy_(x), static_label.copy_(label)
+            fused_step()
+            eager_step(x, label)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_step()
+    for x, label in data[3:]:
+        static_x.copy_(x), static_label.copy_(label)
+        graph.replay()
+        eager_step(x, label)
+    torch.cuda.synchronize()
+    params = dict(fused.named_parameters())
+    for name, p in twin.named_parameters():
+        assert _rel(params[name].detach(), p.detach()) < 1e-3, name
+    buffers = dict(fused.named_buffers())
+    for name, b in twin.named_buffers():
+        assert _rel(buffers[name].float(), b.float()) < 1e-3, name

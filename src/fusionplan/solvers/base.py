@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from fusionplan.core.descriptors import TensorDescriptor
-from fusionplan.core.ops import ConvForwardOp, FusionOp, OpArgs, Phase
+from fusionplan.core.ops import ConvForwardOp, FusionOp, OpArgs, Phase, field_names
 from fusionplan.runtime.codegen import again_after_ast_race
 
 if TYPE_CHECKING:
@@ -88,6 +88,42 @@ class Kernel(ABC):
     def source(self) -> str | None:
         """Generated source code, for solvers that generate any."""
         return None
+
+    def repeat_with_tensors(
+        self, x: torch.Tensor, y: torch.Tensor, records: Sequence[OpArgs]
+    ) -> Callable[[Sequence[torch.Tensor]], bool] | None:
+        """After a ``run`` of x into y on ``records`` with no prior: a callable that runs that call
+        again on other tensors, given as ``[y, x, *each record's tensors()]`` with the shapes,
+        strides, dtypes and devices of this call's and the records' other fields unchanged; it
+        returns whether it ran (False: the caller runs the plan as usual). None where the kernel
+        cannot repeat the call (yet). This one builds the records anew around the tensors; a
+        solver that keeps the call's launches launches them without records."""
+        return RebuiltRecords(self, records)
+
+
+class RebuiltRecords:
+    """A call repeated on new tensors by records built anew around them (Kernel.repeat_with_tensors)."""
+
+    __slots__ = ("kernel", "parts")
+
+    def __init__(self, kernel: Kernel, records: Sequence[OpArgs]) -> None:
+        self.kernel = kernel
+        # per record: its type, its fields that are not tensors, the names of those that are
+        self.parts = [_record_parts(r) for r in records]
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        records, k = [], 2
+        for cls, values, names in self.parts:
+            records.append(cls(**values, **dict(zip(names, tensors[k : k + len(names)]))))
+            k += len(names)
+        self.kernel.run(tensors[1], tensors[0], records, None)
+        return True
+
+
+def _record_parts(record: OpArgs) -> tuple[type, dict, tuple[str, ...]]:
+    values = {name: getattr(record, name) for name in field_names(type(record))}
+    names = tuple(name for name, v in values.items() if isinstance(v, torch.Tensor))
+    return type(record), {n: v for n, v in values.items() if n not in names}, names
 
 
 class Solver(ABC):

@@ -226,6 +226,11 @@ def _layout(t: Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype
 
 
+def _geometry_key(x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> tuple:
+    """What a call's launches depend on: the tensors' layouts, the records' other fields."""
+    return (_layout(x), _layout(y), None if p is y else _layout(p), *(r.layout_key() for r in records))
+
+
 def _slot_tensors(x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> list[Tensor]:
     """Every tensor of a call, in the order of a template's slots: the output, the input, the prior
     where it is not the output, then each record's tensors."""
@@ -375,7 +380,7 @@ class _TrainingKernel(Kernel):
 
     def run(self, x: Tensor, y: Tensor, records: Sequence[OpArgs], prior: Tensor | None) -> None:
         p = y if prior is None else prior  # the plan gives a prior only where an operator's beta reads it
-        key = (_layout(x), _layout(y), None if p is y else _layout(p), *(r.layout_key() for r in records))
+        key = _geometry_key(x, y, p, records)
         tensors = _slot_tensors(x, y, p, records)
         template = self._templates.get(key)
         if template is not None and template.try_launch(tensors):
@@ -388,6 +393,12 @@ class _TrainingKernel(Kernel):
             self._bind(key, issued, tensors)
 
     rerun = run
+
+    def repeat_with_tensors(self, x: Tensor, y: Tensor, records: Sequence[OpArgs]):
+        """The launch template of the call's geometry (its slots are the tensors in the order
+        Kernel.repeat_with_tensors gives them); None until a call of it has been bound."""
+        template = self._templates.get(_geometry_key(x, y, y, records))
+        return None if template is None else template.try_launch
 
     def _launch_all(self, x: Tensor, y: Tensor, p: Tensor, records: Sequence[OpArgs]) -> bool:
         """Launch the three kernels on a call's tensors (the prior slot ``p``: the prior, else y);
