@@ -7,14 +7,21 @@ On a CUDA device it prints, for the fused model (fusionplan.torch.fuse in traini
 1. how many synchronizing calls one fused step makes (torch's sync debug mode);
 2. per step, the host's time in the forward, the backward and the optimizer, and how long the
    device then still ran ("wait": near zero means the host bounds the step);
-3. the step captured whole in a CUDA graph and replayed: its device time alone.
-SGD with momentum, autocast, channels-last, random data.
+3. the step captured whole in a CUDA graph and replayed: its device time alone;
+4. with ``--profile N``: the host functions of N fused steps that take the most time (cProfile),
+   the backward run on the calling thread so that its Python is seen too (autograd runs a CUDA
+   backward on a thread of its own otherwise).
+SGD with momentum, autocast, channels-last, random data. Each variant's host phases are also
+measured with the backward on the calling thread (what a handoff to autograd's thread costs).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
+import io
+import pstats
 import time
 import warnings
 
@@ -56,12 +63,36 @@ def synchronizations(trainer: Trainer, x: torch.Tensor, label: torch.Tensor) -> 
     return sorted({f"{w.message} @ {w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)})
 
 
+def profile(trainer: Trainer, x: torch.Tensor, label: torch.Tensor, steps: int, top: int = 25) -> str:
+    """cProfile of ``steps`` steps, the backward on the calling thread: Python calls a step, then
+    the ``top`` functions by their own time."""
+    profiler = cProfile.Profile()
+    with torch.autograd.set_multithreading_enabled(False):
+        _synchronize(x)
+        profiler.enable()
+        for _ in range(steps):
+            trainer.step(x, label)
+        _synchronize(x)
+        profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    out.write(f"Python calls a step: {stats.total_calls / steps:.0f}\n")
+    stats.sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def _synchronize(x: torch.Tensor) -> None:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="resnet50")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    parser.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N fused steps")
     opts = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("training_step_probe: needs a CUDA device")
@@ -80,10 +111,15 @@ def main() -> None:
     found = synchronizations(trainers["fused"], x, label)
     print(f"synchronizing calls in a fused step: {len(found)}", *found, sep="\n  ")
     for name, trainer in trainers.items():
-        for _ in range(3):
-            fwd, bwd, opt, wait = phases_ms(trainer, x, label)
-            host = f"host forward {fwd:.2f} ms, backward {bwd:.2f}, optimizer {opt:.2f}"
-            print(f"{name}: {host}; the device after them {wait:.2f} ms")
+        for threads in (True, False):
+            where = "" if threads else " (the backward on the calling thread)"
+            with torch.autograd.set_multithreading_enabled(threads):
+                for _ in range(3):
+                    fwd, bwd, opt, wait = phases_ms(trainer, x, label)
+                    host = f"host forward {fwd:.2f} ms, backward {bwd:.2f}, optimizer {opt:.2f}"
+                    print(f"{name}{where}: {host}; the device after them {wait:.2f} ms")
+    if opts.profile:
+        print(profile(trainers["fused"], x, label, opts.profile))
     for name, trainer in trainers.items():
         try:
             print(f"{name}: graphed step {graphed_step_ms(trainer, x, label):.2f} ms")

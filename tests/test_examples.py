@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 EXAMPLES = sorted((pathlib.Path(__file__).parents[1] / "examples").glob("*.py"))
 
@@ -169,3 +170,27 @@ def test_tile_sweep_runs_every_configuration_in_the_interpreter(tmp_path, monkey
     rows = sweep.sweep_layer(layer, opts, timer=timer)
     assert len(rows) >= 6 and all(line.endswith(" ok") for _, line in rows), rows
     assert len(calls) == 2 * len(rows)
+
+
+def test_training_step_probe_profiles_a_fused_step():
+    """training_step_probe.profile on the CPU: a fused model's steps under cProfile, the fused
+    chains' autograd function among the functions it lists."""
+    import importlib.util
+
+    from torch import nn
+
+    from fusionplan.tools.bench.train_models import Trainer
+    from fusionplan.torch import fuse
+
+    path = pathlib.Path(__file__).parents[1] / "scripts" / "training_step_probe.py"
+    spec = importlib.util.spec_from_file_location("training_step_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    layers = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 4)
+    model = nn.Sequential(*layers)
+    trainer = Trainer(fuse(model.train()).train(), "fp32", torch.device("cpu"))
+    x, label = torch.randn(2, 3, 6, 6), torch.randint(0, 4, (2,))
+    trainer.step(x, label)  # the plans compiled
+    report = probe.profile(trainer, x, label, steps=2, top=200)
+    assert "Python calls a step:" in report
+    assert "torch_train.py" in report and "(forward)" in report and "(backward)" in report, report
