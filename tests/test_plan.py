@@ -534,3 +534,21 @@ def test_a_vouched_call_raises_fusionplans_error_types(compiled, monkeypatch, gr
             plan.execute_vouched(handle, x, y, records)
         with pytest.raises(fp.BadParmError, match="a bad argument"):
             plan.execute_vouched(handle, x, y, records)
+
+
+def test_a_tensors_device_finds_the_default_handle_of_its_device_and_settings(monkeypatch):
+    """default_handle of a concrete torch.device (a tensor's) is the one of its device named any
+    other way, and follows the environment's settings as they change and change back."""
+    monkeypatch.delenv("FUSIONPLAN_BACKEND", raising=False)
+    device = torch.randn(1).device
+    first = fp.default_handle(device)
+    assert first is fp.default_handle("cpu") is fp.default_handle(device)
+    monkeypatch.setenv("FUSIONPLAN_BACKEND", "reference")
+    other = fp.default_handle(device)
+    assert other is not first and other.settings.backend == "reference" and other is fp.default_handle("cpu")
+    monkeypatch.delenv("FUSIONPLAN_BACKEND")
+    assert fp.default_handle(device) is first
+    with pytest.raises(fp.BadParmError, match="CUDA"):
+        fp.default_handle(torch.device("cuda", 0)) if not torch.cuda.is_available() else fp.default_handle(
+            torch.device("cuda", torch.cuda.device_count())
+        )

@@ -36,7 +36,7 @@ from fusionplan.core.ops import (
     FusionOp,
     as_tensor,
 )
-from fusionplan.core.settings import Settings
+from fusionplan.core.settings import Settings, _raw_environment
 from fusionplan.plan import FusionPlan, OperatorArgs
 from fusionplan.solvers.base import Verdict
 
@@ -44,14 +44,28 @@ _default_handles: dict[tuple[torch.device, Settings], Handle] = {}
 _handles_lock = threading.Lock()
 
 
+#: (a concrete device, the environment's raw settings) -> its default handle: the lookup of a call
+#: with a tensor's device (a training chain's, every call) without resolving the device again.
+_HANDLES_BY_DEVICE: LruCache[tuple, Handle] = LruCache("default handles by device", 64)
+
+
 def default_handle(device: Any = None) -> Handle:
     """One shared handle per device (torch's current stream at each execute)."""
+    concrete = type(device) is torch.device and (device.type != "cuda" or device.index is not None)
+    if concrete:
+        key = (device, _raw_environment())
+        found = _HANDLES_BY_DEVICE.get(key)
+        if found is not None:
+            return found
     dev = resolve_device(device)
     settings = Settings.from_environment()  # a change of the environment's settings: another handle
     with _handles_lock:
         if (dev, settings) not in _default_handles:
             _default_handles[dev, settings] = Handle(dev, settings=settings)
-        return _default_handles[dev, settings]
+        handle = _default_handles[dev, settings]
+    if concrete:
+        _HANDLES_BY_DEVICE.put(key, handle)
+    return handle
 
 
 def _pair(v: int | Sequence[int], what: str) -> tuple[int, int]:

@@ -49,7 +49,7 @@ from fusionplan.torch_op import (
     _run_new,
     fused_chain,
 )
-from fusionplan.torch_train import batchnorm_activation_training, training_refusal
+from fusionplan.torch_train import batchnorm_activation_training
 
 
 # ---- compiling a model's plans ahead of its calls (FusedModel.prepare) ------------------------------------
@@ -338,11 +338,9 @@ class FusedChain(nn.Module):
             return self._residual_activation(h, residual)
         if torch.compiler.is_compiling():
             return self._residual_activation(bn(h), residual)
-        why = training_refusal(bn, h)
-        y = None
-        if why is None:  # PReLU's slopes train in torch, after the plans' batch-norm
-            fused_activation = self.activation if residual is None and self._prelu[0] is None else None
-            y, why = batchnorm_activation_training(bn, h, fused_activation)
+        # PReLU's slopes train in torch, after the plans' batch-norm
+        fused_activation = self.activation if residual is None and self._prelu[0] is None else None
+        y, why = batchnorm_activation_training(bn, h, fused_activation)
         if y is None:
             self.solvers.add(f"training, eagerly: {why}")
             return self._residual_activation(bn(h), residual)

@@ -34,21 +34,40 @@ from fusionplan.torch_op import _layout
 _TRAINING_PLANS: LruCache[tuple, tuple | str] = LruCache("training-chain plans", 512)
 
 
-def training_refusal(bn: nn.BatchNorm2d, h: torch.Tensor) -> str | None:
-    """Why a chain's batch-norm runs eagerly in training mode (None: it can run as plans)."""
-    if not bn.track_running_stats or bn.running_mean is None:
+def _refusal(bn: nn.BatchNorm2d, tensors: tuple, h: torch.Tensor) -> str | None:
+    """Why a chain's batch-norm runs eagerly in training mode (None: it can run as plans);
+    ``tensors``: the module's, as ``_bn_tensors`` reads them."""
+    weight, _, running_mean, _, _ = tensors
+    if not bn.track_running_stats or running_mean is None:
         return "batch-norm without running statistics"
     if not bn.affine:
         return "batch-norm without affine parameters"
-    if bn.weight.dtype != torch.float32 or bn.running_mean.dtype != torch.float32:
-        return f"{bn.weight.dtype} batch-norm parameters (the training plans take fp32 parameters)"
+    if weight.dtype != torch.float32 or running_mean.dtype != torch.float32:
+        return f"{weight.dtype} batch-norm parameters (the training plans take fp32 parameters)"
     if h.dim() != 4 or h.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         return f"a {h.dim()}-d {h.dtype} batch-norm input"
-    if type(h) is not torch.Tensor or h.device != bn.weight.device:
+    if type(h) is not torch.Tensor or h.device != weight.device:
         return "an input that is not a plain tensor on the parameters' device"
     if h.numel() <= h.shape[1]:  # nn.BatchNorm2d refuses it (its ValueError comes from the eager call)
         return "one value per channel"
     return None
+
+
+def _bn_tensors(bn: nn.BatchNorm2d) -> tuple:
+    """(weight, bias, running_mean, running_var, num_batches_tracked), read from the module's own
+    dictionaries as attribute access does without nn.Module.__getattr__'s cost; by attribute where
+    one is not there (a parametrization computes it)."""
+    params, buffers = bn._parameters, bn._buffers
+    try:
+        return (
+            params["weight"],
+            params["bias"],
+            buffers["running_mean"],
+            buffers["running_var"],
+            buffers.get("num_batches_tracked"),
+        )
+    except KeyError:
+        return bn.weight, bn.bias, bn.running_mean, bn.running_var, getattr(bn, "num_batches_tracked", None)
 
 
 def batchnorm_activation_training(
@@ -56,24 +75,29 @@ def batchnorm_activation_training(
 ) -> tuple[torch.Tensor | None, str]:
     """``activation(bn(h))`` in training mode as fusion plans, with autograd, the running
     statistics updated: (the result, the solver that ran it); or (None, why the plans cannot run
-    it), nothing updated (the caller runs it eagerly)."""
+    it: the batch-norm's or its input's kind, or the plans' reason), nothing updated (the caller runs it eagerly)."""
+    tensors = _bn_tensors(bn)
+    why = _refusal(bn, tensors, h)
+    if why is not None:
+        return None, why
     mode, alpha, beta, gamma = activation if activation is not None else (-1, 1.0, 0.0, 1.0)
     handle = default_handle(h.device)
     pair = _plan_pair(h, int(mode), handle)
     if isinstance(pair, str):
         return None, pair
     forward, backward, solver = pair
-    factor, act = _exp_avg_factor(bn), (alpha, beta, gamma)
-    state = (bn.running_mean, bn.running_var, factor, float(bn.eps), act, forward, backward)
-    return _BatchNormActivation.apply(h, bn.weight, bn.bias, state), solver
+    weight, bias, running_mean, running_var, batches = tensors
+    factor, act = _exp_avg_factor(bn, batches), (alpha, beta, gamma)
+    state = (running_mean, running_var, factor, float(bn.eps), act, forward, backward)
+    return _BatchNormActivation.apply(h, weight, bias, state), solver
 
 
-def _exp_avg_factor(bn: nn.BatchNorm2d) -> float:
+def _exp_avg_factor(bn: nn.BatchNorm2d, batches: torch.Tensor | None) -> float:
     """The running statistics' update factor of this call, ``num_batches_tracked`` counted first."""
-    if bn.num_batches_tracked is not None:
-        bn.num_batches_tracked.add_(1)
+    if batches is not None:
+        batches.add_(1)
     if bn.momentum is None:
-        return 1.0 / float(bn.num_batches_tracked)
+        return 1.0 / float(batches)
     return float(bn.momentum)
 
 
