@@ -215,3 +215,47 @@ def test_a_repro_names_the_draw_options_the_run_changed(monkeypatch):
     line = _repro("interp", 61, 1227, {**DRAW_DEFAULTS, "training": 0.3, "misuse": 0.1})
     assert line == "python -m tests.fuzz --mode interp --seed 61 --index 1227 --training 0.3 --misuse 0.1"
     assert _repro("cpu", 1, 3, dict(DRAW_DEFAULTS)) == "python -m tests.fuzz --mode cpu --seed 1 --index 3"
+
+
+def test_random_fused_models_train_as_eager_does_on_the_cpu():
+    """``--models``: random fused models, trained a few steps beside eager fp32 and float64 copies."""
+    summary = run_pool(
+        "cpu", 20261208, range(120), WORKERS, {**OPTIONS, "models": 1.0}, case_timeout=300, log=lambda line: None
+    )
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["fused-model"] == 120
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="Triton's interpreter is off (a GPU is present)")
+def test_random_fused_models_through_the_triton_kernels_interpreted():
+    summary = run_pool(
+        "interp", 20261208, range(12), WORKERS, {**OPTIONS, "models": 1.0}, case_timeout=600, log=lambda line: None
+    )
+    assert not summary.mismatches and not summary.crashes, _summary_line(summary)
+    assert summary.by_solver["fused-model"] == 12
+
+
+def test_a_fused_model_that_trains_wrongly_is_a_failure(monkeypatch):
+    """A fault in the training plans' gradients (the batch-norm weight's scaled by 1.1) is found."""
+    from fusionplan.solvers import cpu_training
+
+    from .fuzz.models import run_model_case
+
+    backward = cpu_training.CpuTrainingKernel._backward
+
+    def wrong(self, dy, dx, records, prior):
+        backward(self, dy, dx, records, prior)
+        records[0].result_scale_diff.mul_(1.1)
+
+    monkeypatch.setattr(cpu_training.CpuTrainingKernel, "_backward", wrong)
+    found = [run_model_case(draw_case(20261208, i, "cpu", models=1.0), torch.device("cpu")) for i in range(20)]
+    assert sum(bool(f) for f in found) >= 10, found
+    assert any("gradient of blocks" in line and ".bn.weight" in line for f in found for line in f), found
+
+
+def test_model_cases_leave_the_other_draws_alone():
+    mixed = [draw_case(3, i, "cpu", models=0.3) for i in range(200)]
+    plain = [draw_case(3, i, "cpu") for i in range(200)]
+    replaced = [a != b for a, b in zip(mixed, plain, strict=True)]
+    assert 30 < sum(replaced) < 100
+    assert all(case["kind"] == "model" for case, new in zip(mixed, replaced, strict=True) if new)

@@ -457,3 +457,25 @@ def test_extension_activations_fuse(backend, monkeypatch):
     for name in ("SiLU", "Hardswish", "Hardsigmoid", "GELU", "Mish", "silu", "gelu"):
         assert name in str(report), name
     torch.testing.assert_close(fused(x), m(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_input_the_plan_refuses_gets_the_modules_own_answer(grad):
+    """An eval-mode call whose geometry the plan refuses (the input smaller than the filter) runs
+    the chain in torch's operations: eager's own error, here torch's RuntimeError, not the plan's
+    BadParmError; and the fusion report says the chain ran eagerly and why. A fitting input after
+    it still runs the plan."""
+    model = nn.Sequential(nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    fused = fpt.fuse(copy.deepcopy(model))
+    x = torch.randn(1, 2, 2, 5, requires_grad=grad)
+    with pytest.raises(RuntimeError) as eager_error:
+        model(x)
+    with pytest.raises(RuntimeError) as fused_error:
+        fused(x)
+    assert type(fused_error.value) is type(eager_error.value) and not isinstance(fused_error.value, fp.FusionPlanError)
+    (solvers,) = fused.fusion_report.solvers().values()
+    assert any(s.startswith("eagerly: the plan refuses the call (convolution output would be empty") for s in solvers)
+    fitting = torch.randn(1, 2, 6, 6)
+    torch.testing.assert_close(fused(fitting), model(fitting), rtol=1e-5, atol=1e-5)
+    (solvers,) = fused.fusion_report.solvers().values()
+    assert any(not s.startswith("eagerly") for s in solvers), solvers

@@ -205,7 +205,11 @@ class FusedChain(nn.Module):
         if _eager_call(x):  # plans do no autograd: parameters are read as they are
             if residual is not None and not self._fits(x, residual):
                 return self._unfused(x, residual)  # e.g. a broadcast residual: not the plan's prior
-            return self._run_prepared(x, self._params(), self._hyperparameters(), residual)
+            try:
+                return self._run_prepared(x, self._params(), self._hyperparameters(), residual)
+            except BadParmError as exc:  # an input the plan refuses (a filter larger than the padded input):
+                self.solvers.add(f"eagerly: the plan refuses the call ({exc})")  # the module's own answer, or error
+                return self._unfused(x, residual)
         return self._op_call(x, residual)
 
     def _recording_call(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--layers", type=float, default=0.0, help="share of layer-like cases (channels of real networks' layers)"
     )
+    ap.add_argument("--models", type=float, default=0.0, help="share of random fused models trained a few steps")
     ap.add_argument("--solvers", default=None, help="only solvers with these name prefixes, comma separated")
     ap.add_argument("--focus", default=None, help="draw, for each index, a plan this solver takes (of its variants)")
     ap.add_argument("--case-timeout", type=float, default=600.0)
@@ -43,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         "misuse": args.misuse,
         "solvers": args.solvers,
         "layers": args.layers,
+        "models": args.models,
         "focus": args.focus,
     }
     if args.index is not None:

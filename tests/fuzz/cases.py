@@ -193,11 +193,14 @@ def draw_case(
     misuse: float = 0.0,
     layers: float = 0.0,
     variant: int = 0,
+    models: float = 0.0,
 ) -> Case:
     """Case ``index`` of the run seeded ``seed``; ``mode`` (cpu, interp, gpu, sm90) bounds the sizes.
-    A share ``layers`` of the cases are layer-like (_layer_case), chosen by a stream of their own,
-    so that the other cases are those of a run without them; ``variant`` > 0 draws another case in
-    the index's place, layer-like for odd variants (focused_case's further tries)."""
+        A share ``layers`` of the cases are layer-like (_layer_case), chosen by a stream of their own,
+        so that the other cases are those of a run without them; ``variant`` > 0 draws another case in
+        the index's place, layer-like for odd variants (focused_case's further tries). A share ``models``
+    are random fused models trained a few steps (tests/fuzz/models.py), chosen by a stream of their
+    own too."""
     suffix = f":{variant}" if variant else ""
     r = random.Random(f"fusionplan-fuzz:{seed}:{index}{suffix}")
     lim = LIMITS[mode]
@@ -208,6 +211,12 @@ def draw_case(
         r.choice([1, 1, 2, 3, 7, min(13, lim["hw"]), r.randint(1, lim["hw"]), r.randint(1, lim["hw"])]) for _ in "hw"
     )
     layer = random.Random(f"fusionplan-fuzz-layers:{seed}:{index}{suffix}")
+    model = random.Random(f"fusionplan-fuzz-models:{seed}:{index}")
+    if not variant and models and mode != "sm90" and model.random() < models:
+        from .models import draw_model_case
+
+        base = {"seed": seed, "index": index, "mode": mode, "data_seed": model.getrandbits(32)}
+        return draw_model_case(model, mode, base)
     if variant % 2 == 1 or (not variant and layers and layer.random() < layers):
         base = {"seed": seed, "index": index, "mode": mode, "data_seed": layer.getrandbits(32)}
         case = _layer_case(layer, {**base, "api": layer.choice(["plan", "core", "miopen"])})

@@ -688,8 +688,8 @@ def focused_case(seed: int, index: int, mode: str, options: dict, handle: fp.Han
     plain draw, then its variants (plain and layer-like in turn), so that solvers the draws seldom
     reach get their share of runs."""
     args = (options["training"], options["misuse"], options.get("layers", 0.0))
-    case = draw_case(seed, index, mode, *args)
-    if not options.get("focus") or "misuse" in case:
+    case = draw_case(seed, index, mode, *args, models=options.get("models", 0.0))
+    if not options.get("focus") or "misuse" in case or case.get("kind") == "model":
         return case
     names = options["focus"].split(",")
     focus = names[index % len(names)]  # several solvers: the indices take them in turn
@@ -737,6 +737,8 @@ def run_case(case: dict, handle: fp.Handle, progress=None, only: str | None = No
     """Every run of ``case``: one per solver that claims it (of the mode's families; with ``only``,
     of those whose names start with one of its prefixes). ``progress(solver)`` is called before each, so that a
     crash can be named."""
+    if case.get("kind") == "model":
+        return _model_runs(case, handle, progress, only)
     device = handle.device
     t = make_tensors(case, device)
     running0 = {
@@ -784,6 +786,22 @@ def run_case(case: dict, handle: fp.Handle, progress=None, only: str | None = No
         for (i, n), (value, scale, *slack) in want.side.items():
             run.failures += compare(f"operator {i} {n}", t.args[i][n], value, tol, eps, scale, *slack)
     return runs
+
+
+def _model_runs(case: dict, handle: fp.Handle, progress, only: str | None) -> list[Run]:
+    """A random fused model's steps against eager's (tests/fuzz/models.py): one run."""
+    from .models import RUN_NAME, run_model_case
+
+    if not picked(RUN_NAME, only):
+        return []
+    if progress:
+        progress(RUN_NAME)
+    run = Run(RUN_NAME)
+    try:
+        run.failures = run_model_case(case, handle.device)
+    except Exception as exc:  # an error the eager copies did not raise
+        run.failures.append(f"{type(exc).__name__}: {exc}"[:600])
+    return [run]
 
 
 # ---- Gluon kernels built on the CPU -------------------------------------------------------------------

@@ -219,7 +219,7 @@ def _death(code: int | None) -> str:
 
 #: The draw's options and their command-line defaults: a repro names those the run changed, since
 #: each changes which case an index draws.
-DRAW_DEFAULTS = {"training": 0.1, "misuse": 0.05, "layers": 0.0, "focus": None, "solvers": None}
+DRAW_DEFAULTS = {"training": 0.1, "misuse": 0.05, "layers": 0.0, "models": 0.0, "focus": None, "solvers": None}
 
 
 def _repro(mode: str, seed: int, index: int | None, options: dict) -> str:
