@@ -2,8 +2,9 @@
 # The fuzzer on the GPU: random plans on every GPU solver that claims them, then compute-sanitizer
 # memcheck over fuzzed plans and racecheck over those of the warp-specialized (Gluon) solvers.
 #   scripts/gpu_fuzz.sh OUTDIR [SEED]
-#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 FOCUS= SOLVERS= (the defaults;
-#   LAYERS: the share of layer-like cases, which reach the kernels tuned for networks' layers; FOCUS: solvers,
+#   FUZZ_SECONDS=420 MEMCHECK_CASES=150 RACECHECK_CASES=60 WORKERS=16 LAYERS=0.4 MODELS=0.05 FOCUS= SOLVERS= (the
+#   defaults; LAYERS: the share of layer-like cases, which reach the kernels tuned for networks' layers; MODELS: the
+#   share of random fused models trained beside eager (fp32 and float64 copies); FOCUS: solvers,
 #   comma separated, that every case of the main run is drawn for in turn; SOLVERS: run only these (prefixes,
 #   comma separated) in the main run and under memcheck; memcheck focuses on MEMCHECK_FOCUS (and runs
 #   only those), else as the main run; racecheck takes the Gluon ones of FOCUS, or RACECHECK_FOCUS)
@@ -28,7 +29,7 @@ focus_gluon() {  # the Gluon solvers of FOCUS, or all of them
   echo "${picked:-$gluon}"
 }
 python -m tests.fuzz --mode gpu --seed "$seed" --cases "${FUZZ_CASES:-100000}" --workers "$workers" --layers "${LAYERS:-0.4}" \
-  ${FOCUS:+--focus "$FOCUS"} ${SOLVERS:+--solvers "$SOLVERS"} --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
+  --models "${MODELS:-0.05}" ${FOCUS:+--focus "$FOCUS"} ${SOLVERS:+--solvers "$SOLVERS"} --time-limit "${FUZZ_SECONDS:-420}" --summary "$out/gpu-fuzz.json" 2> "$out/gpu-fuzz.log"
 echo "fuzz exit: $?" | tee -a "$out/env.txt"
 if [ "${MEMCHECK_CASES:-150}" -gt 0 ]; then
   timeout "${SANITIZER_SECONDS:-150}" compute-sanitizer --tool memcheck --target-processes all --error-exitcode 3 --print-limit 20 \
