@@ -479,3 +479,26 @@ def test_an_input_the_plan_refuses_gets_the_modules_own_answer(grad):
     torch.testing.assert_close(fused(fitting), model(fitting), rtol=1e-5, atol=1e-5)
     (solvers,) = fused.fusion_report.solvers().values()
     assert any(not s.startswith("eagerly") for s in solvers), solvers
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_refresh_after_edits_behind_torchs_back(grad):
+    """Edits through ``.data`` move no version counter, so the fused chains' derived weights (the
+    batch-norm folded into the convolution) stay as they were; ``refresh()`` derives them again
+    from the current values, for this model, and leaves the other fused models right."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).eval()
+    with torch.no_grad():
+        model[1].running_mean.normal_(), model[1].weight.normal_()
+    other_model = copy.deepcopy(model)
+    fused, other = fpt.fuse(model), fpt.fuse(other_model)
+    x = torch.randn(2, 3, 8, 8, requires_grad=grad)
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):  # the second call: the repeat path
+            fused(x), other(x)
+        model[1].weight.data.mul_(2.0)
+        model[0].weight.data.add_(0.5)
+        assert fused.refresh() is fused
+        for _ in range(2):
+            torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(other(x), other_model(x), rtol=1e-4, atol=1e-4)

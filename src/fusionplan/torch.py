@@ -47,6 +47,7 @@ from fusionplan.torch_op import (
     _pointer_and_version,
     _repeat_new,
     _run_new,
+    forget_derived_arguments,
     fused_chain,
 )
 from fusionplan.torch_train import batchnorm_activation_training
@@ -539,6 +540,19 @@ class FusedModel(torch.fx.GraphModule):
             self.__dict__["_graphs"] = GraphedCalls("eager", size)
         else:
             self.__dict__.pop("_graphs", None)
+        return self
+
+    def refresh(self) -> FusedModel:
+        """Forget what the chains derived from the parameters (folded batch-norm, repacked
+        weights, the calls kept for repeating, the CUDA graphs): for edits that move no torch
+        version counter (``w.data.mul_(...)``, writes through a numpy view of a parameter). The
+        next call derives them again from the current values. Returns self."""
+        for chain in self.fusion_report.chains.values():
+            chain._repeat = None
+        forget_derived_arguments()  # every fused model's: the others derive again too, once
+        graphs = self.__dict__.get("_graphs")
+        if graphs is not None:
+            graphs.clear()
         return self
 
     def __deepcopy__(self, memo: dict) -> FusedModel:

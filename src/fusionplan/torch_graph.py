@@ -90,6 +90,10 @@ class GraphedCalls:
         self._graphs.put(key, self._capture(module, forward, leaves, spec))
         return out
 
+    def clear(self) -> None:
+        """Drop every graph (the next call of each signature captures again)."""
+        self._graphs.clear()
+
     def report(self) -> dict[str, Any]:
         """Graphs captured and replayed so far, and why a signature could not be captured."""
         uncapturable = [g.reason for g in self._graphs.values() if isinstance(g, _Uncapturable)]

@@ -104,6 +104,13 @@ fused_chain = torch.ops.fusionplan.fused_chain.default
 _OP_CALLS: LruCache[tuple, tuple] = LruCache("fused-chain calls", 256)
 
 
+def forget_derived_arguments() -> None:
+    """Drop every fused chain's argument sets and repeatable calls, so that the next call derives
+    them (folded batch-norm, repacked weights) again from the parameters' current values."""
+    _ARGS.clear()
+    _OP_CALLS.clear()
+
+
 def _op_call_key(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> tuple:
     scalars = tuple(tuple(h) if isinstance(h, list) else h for h in hyper)
     return (_layout(x), _layout(residual), tuple(_tensor_identity(t) for t in params), scalars)

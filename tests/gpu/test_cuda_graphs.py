@@ -106,3 +106,20 @@ def test_a_residual_model_and_an_uncapturable_forward():
             _check(fused, model, _fresh())
     report = fused.graph_report()
     assert report["captures"] == 0 and len(report["uncapturable"]) == 1, report
+
+
+def test_refresh_after_an_edit_behind_torchs_back_drops_the_graphs():
+    """A parameter edited through ``.data`` (no version counter moves): after ``refresh()`` the
+    graphed calls follow the new values (a new capture), and replay again after it."""
+    model = _half_cuda(TinyResNet())
+    fused = fpt.fuse(model, cuda_graph=True)
+    x = _fresh()
+    with torch.no_grad():
+        for _ in range(3):
+            _check(fused, model, x)
+        next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d)).weight.data.mul_(1.5)
+        fused.refresh()
+        captures = fused.graph_report()["captures"]
+        for _ in range(3):
+            _check(fused, model, x)
+    assert fused.graph_report()["captures"] == captures + 1
