@@ -39,7 +39,7 @@ def draw_model_case(r: random.Random, mode: str, base: Case) -> Case:
         blocks.append(block)
         c = block["k"]
     steps = ["train"] * r.randint(2, 4)
-    for event in ("batch", "layout", "eval", "new parameter"):
+    for event in ("batch", "layout", "eval", "infer", "new parameter", "edit"):
         if r.random() < 0.25:
             steps.insert(r.randint(1, len(steps)), event)
     n = r.randint(2, 4)
@@ -189,6 +189,12 @@ def _run_steps(case: Case, device: torch.device) -> list[str]:
             layout = "NHWC" if layout == "NCHW" else "NCHW"
         elif step == "new parameter":
             _set_a_parameter_anew(models, g)
+        elif step == "edit":
+            _edit_a_parameter_behind_torchs_back(models, g)
+        elif step == "infer":
+            x = torch.randn(shape, generator=g).to(device)
+            x = x.to(memory_format=torch.channels_last) if layout == "NHWC" else x
+            failures += _compare_inference(models, x, f"step {i} (infer, input {shape} {layout})", case.get("autocast"))
         else:
             x = torch.randn(shape, generator=g).to(device)
             if layout == "NHWC":
@@ -293,17 +299,54 @@ def _narrow_watch(flags: list, within: float):
     return watch
 
 
+def _edit_a_parameter_behind_torchs_back(models: list[nn.Module], g: torch.Generator) -> None:
+    """The first batch-norm's weight overwritten through ``.data`` (no version counter moves) in
+    every model, then the fused model told so (``refresh``)."""
+    value = torch.randn(next(m for m in models[1].modules() if isinstance(m, nn.BatchNorm2d)).weight.shape, generator=g)
+    for model in models:
+        bn = next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+        bn.weight.data.copy_(value)
+    models[0].refresh()
+
+
+def _compare_inference(models: list, x: torch.Tensor, where: str, autocast: str | None) -> list[str]:
+    """Two grad-free eval calls of each model (the fused one's second by its repeat path): their
+    outputs, compared as a step's."""
+    found = []
+    for model, a in zip(models, (autocast, autocast, None)):
+        model.eval()
+        dtype = next(model.parameters()).dtype
+        with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=a is not None):
+            try:
+                found.append({f"output of call {k}": model(x.to(dtype)).float() for k in (1, 2)})
+            except Exception as exc:  # as in _compare_step
+                found.append({"error": exc})
+    refused = _refusals(found, where)
+    if refused is not None:
+        return refused
+    if not _reliable({"output": found[1]["output of call 1"]}, {"output": found[2]["output of call 1"]}):
+        return [STOP]
+    return _differences(where, *found, autocast)
+
+
+def _refusals(found: list[dict], where: str) -> list[str] | None:
+    """None where every model ran; else the failures: none where the fused model raised what the
+    float64 eager one did (eager's refusals must be the fused one's)."""
+    errors = [f.get("error") for f in found]
+    if all(e is None for e in errors):
+        return None
+    return [] if type(errors[0]) is type(errors[2]) else [f"{where}: fused raised {errors[0]!r}, eager {errors[2]!r}"]
+
+
 def _compare_step(models: list, optimizers: list, x, weights, train: bool, where: str, autocast) -> list[str]:
     """One step of each model: each of the fused model's tensors about as close to the float64
     model's as the eager fp32 model's is (see TOLERANCE_FACTOR); then the optimizers' steps and
     the parameters after them, compared the same way."""
     steps = zip(models, (autocast, autocast, None))
     fused, eager, twin = (_one_step(m, x, weights, train, a, autocast) for m, a in steps)
-    errors = [found.get("error") for found in (fused, eager, twin)]
-    if any(e is not None for e in errors):
-        if type(errors[0]) is not type(errors[2]):
-            return [f"{where}: fused raised {errors[0]!r}, eager {errors[2]!r}"]
-        return []
+    refused = _refusals([fused, eager, twin], where)
+    if refused is not None:
+        return refused
     if not _reliable(eager, twin):  # the eager copy itself far off (torch's own bugs, an overflow): no bound
         return [STOP]
     near = [d.pop("ill-conditioned") for d in (fused, eager, twin)]
