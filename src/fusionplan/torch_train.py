@@ -170,18 +170,17 @@ class _BatchNormActivation(torch.autograd.Function):
             return found
 
         _run(forward, (_layout(h), _identities(module), factor, eps, act), h, y, module, slots, records)
-        ctx.save_for_backward(h, weight, bias, stats)
+        ctx.save_for_backward(h, weight, bias, mean, inv)  # the two views: no unbind in the backward
         ctx.act, ctx.backward = act, backward
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        h, weight, bias, stats = ctx.saved_tensors
+        h, weight, bias, mean, inv = ctx.saved_tensors
         plans, dy = _backward_plans(ctx.backward, dy, h)
         dx = torch.empty_like(h)
         grads = torch.empty(2, 1, h.shape[1], 1, 1, dtype=torch.float32, device=h.device)
         dscale, dshift = grads.unbind(0)
-        mean, inv = stats.unbind(0)
         act = ctx.act
 
         def slots(views: tuple) -> list:

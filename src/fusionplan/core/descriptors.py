@@ -168,6 +168,9 @@ class TensorDescriptor:
         return sum((d - 1) * s for d, s in zip(self.dims, self.strides))
 
     def same_strides(self, strides: Sequence[int]) -> bool:
+        """Whether ``strides`` are this descriptor's, those of size-1 dims aside."""
+        if tuple(strides) == self.strides:  # the common case, without a generator
+            return True
         return all(d == 1 or a == b for d, a, b in zip(self.dims, self.strides, strides))
 
     def with_dims(self, dims: Sequence[int], layout: Layout | None = None) -> TensorDescriptor:
