@@ -502,3 +502,28 @@ def test_refresh_after_edits_behind_torchs_back(grad):
         for _ in range(2):
             torch.testing.assert_close(fused(x), model(x), rtol=1e-4, atol=1e-4)
             torch.testing.assert_close(other(x), other_model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_custom_op_answers_a_refused_call_as_torch_does():
+    """fusionplan::fused_chain (what torch.compile and export see) on an input its plan refuses
+    (smaller than the filter): torch's own RuntimeError, as the unfused modules raise it; on one
+    that fits, the fused chain's answer, which matches the modules'."""
+    from fusionplan.torch_op import fused_chain
+
+    conv, bn = nn.Conv2d(2, 4, 3), nn.BatchNorm2d(4).eval()
+    with torch.no_grad():
+        bn.running_mean.normal_(), bn.running_var.uniform_(0.5, 2.0)
+
+    def op(x):
+        with torch.no_grad():
+            return fused_chain(
+                x, conv.weight, conv.bias, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.eps,
+                [1, 1], [0, 0], [1, 1], 1, int(fp.ActivationMode.RELU), 1.0, 0.0, 1.0, None, None,
+            )  # fmt: skip
+
+    with pytest.raises(RuntimeError) as refused:
+        op(torch.randn(1, 2, 2, 5))
+    assert not isinstance(refused.value, fp.FusionPlanError), refused.value
+    fitting = torch.randn(1, 2, 6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(op(fitting), F.relu(bn(conv(fitting))), rtol=1e-5, atol=1e-5)

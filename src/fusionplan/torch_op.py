@@ -13,12 +13,15 @@ import dataclasses
 
 import torch
 import torch.fx
+import torch.nn.functional as F
 from torch import library as torch_library
 
 from fusionplan.api import default_handle
+from fusionplan.core.activations import activation_forward
 from fusionplan.core.caches import LruCache
 from fusionplan.core.descriptors import ConvolutionDescriptor, TensorDescriptor
 from fusionplan.core.enums import ActivationMode, BatchNormMode, DataType
+from fusionplan.core.errors import BadParmError
 from fusionplan.core.handle import Handle
 from fusionplan.core.ops import ActivationArgs, BatchNormInferenceArgs, BiasArgs, ConvArgs
 from fusionplan.plan import FusionPlan, OperatorArgs, Repeater
@@ -88,10 +91,29 @@ def _fused_chain_impl(
     out = None if seen is None else _repeat_new(seen, x, residual)  # a call like an earlier one
     if out is not None:
         return out
-    out, repeat, _ = _run_new(x, params, hyper, residual)
+    try:
+        out, repeat, _ = _run_new(x, params, hyper, residual)
+    except BadParmError:  # a call the plan refuses (a filter larger than the padded input): eager's answer or error
+        return _chain_in_torch(x, params, hyper, residual)
     if repeat is not None:
         _OP_CALLS.put(key, repeat)
     return out
+
+
+def _chain_in_torch(x: torch.Tensor, params: tuple, hyper: tuple, residual: torch.Tensor | None) -> torch.Tensor:
+    """The op's chain in torch's own operations (batch-norm on its running statistics)."""
+    weight, conv_bias, bn_weight, bn_bias, bn_mean, bn_var, slope = params
+    eps, stride, padding, dilation, groups, mode, alpha, beta, gamma = hyper
+    h = x if weight is None else F.conv2d(x, weight, conv_bias, stride, padding, dilation, groups)
+    if bn_weight is not None:
+        h = F.batch_norm(h, bn_mean, bn_var, bn_weight, bn_bias, False, 0.0, eps)
+    if residual is not None:
+        h = h + residual
+    if mode < 0:
+        return h
+    if mode == ActivationMode.PRELU:
+        return F.prelu(h, slope)
+    return activation_forward(ActivationMode(mode), h, alpha, beta, gamma)
 
 
 _LIBRARY.impl("fused_chain", _fused_chain_impl, "CompositeExplicitAutograd")
