@@ -379,12 +379,7 @@ class FusionPlan:
         new allocations, and the same tensors as then). For fusionplan.torch's training chains,
         which allocate each call's outputs and statistics themselves."""
         entry = self._entry(handle)
-        with _TypedErrors(entry.solver):
-            if torch.is_grad_enabled() or not handle.is_active():
-                with torch.no_grad(), handle.activate():
-                    entry.kernel.run(x, y, records, None)
-            else:  # the autograd function's forward and backward: neither context would change anything
-                entry.kernel.run(x, y, records, None)
+        _vouched_call(handle, entry.solver, entry.kernel.run, x, y, records, None)
 
     def vouched_repeat(
         self, handle: Handle, x: torch.Tensor, y: torch.Tensor, records: Sequence[OpArgs]
@@ -464,11 +459,18 @@ class VouchedRepeat:
     def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
         if self.plan._version != self.version:
             return False
-        with _TypedErrors(self.solver):
-            if torch.is_grad_enabled() or not self.handle.is_active():
-                with torch.no_grad(), self.handle.activate():
-                    return self.repeat(tensors)
-            return self.repeat(tensors)
+        return _vouched_call(self.handle, self.solver, self.repeat, tensors)
+
+
+def _vouched_call(handle: Handle, solver: str, fn, *args):
+    """``fn(*args)``, a kernel's work, with its errors typed and without autograd on the handle's
+    device and stream; the contexts entered only where they would change something (the training
+    chains' autograd function runs with grad mode off and the handle's device current)."""
+    with _TypedErrors(solver):
+        if torch.is_grad_enabled() or not handle.is_active():
+            with torch.no_grad(), handle.activate():
+                return fn(*args)
+        return fn(*args)
 
 
 class _TypedErrors:
