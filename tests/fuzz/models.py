@@ -210,10 +210,23 @@ def _run_steps(case: Case, device: torch.device) -> list[str]:
 def _set_a_parameter_anew(models: list[nn.Module], g: torch.Generator) -> None:
     """The first batch-norm's weight replaced by a new Parameter in every model (their optimizers
     keep the old ones: none steps the new one)."""
-    value = torch.randn(next(m for m in models[1].modules() if isinstance(m, nn.BatchNorm2d)).weight.shape, generator=g)
-    for model in models:
-        bn = next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    norms = [_first_batchnorm(model) for model in models]
+    value = torch.randn(norms[1].weight.shape, generator=g)
+    for bn in norms:
         bn.weight = nn.Parameter(value.to(bn.weight.device, bn.weight.dtype))
+
+
+def _first_batchnorm(model: nn.Module) -> nn.BatchNorm2d:
+    return next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+
+
+def _forward(model: nn.Module, x: torch.Tensor, autocast: str | None) -> torch.Tensor:
+    """The model's output for x in its parameters' dtype, under ``autocast`` (a dtype's name)
+    where given, then in fp32."""
+    low = getattr(torch, autocast) if autocast else None
+    with torch.autocast(x.device.type, dtype=low or torch.bfloat16, enabled=low is not None):
+        out = model(x.to(next(model.parameters()).dtype))
+    return out.float() if low is not None else out
 
 
 #: Where each activation's derivative jumps (the ones a block draws).
@@ -250,10 +263,8 @@ def _one_step(model: nn.Module, x, weights, train: bool, autocast: str | None, p
         for m in model.modules()
         if isinstance(m, nn.BatchNorm2d)
     ]
-    low = getattr(torch, autocast) if autocast else None
     try:
-        with torch.autocast(x.device.type, dtype=low or torch.bfloat16, enabled=low is not None):
-            out = model(xi).float() if low is not None else model(xi)
+        out = _forward(model, xi, autocast)
         (out * weights.to(out.dtype)).sum().backward()
     except Exception as exc:  # eager's refusal (one value per channel) must be the fused one's
         return {"error": exc}
@@ -302,9 +313,9 @@ def _narrow_watch(flags: list, within: float):
 def _edit_a_parameter_behind_torchs_back(models: list[nn.Module], g: torch.Generator) -> None:
     """The first batch-norm's weight overwritten through ``.data`` (no version counter moves) in
     every model, then the fused model told so (``refresh``)."""
-    value = torch.randn(next(m for m in models[1].modules() if isinstance(m, nn.BatchNorm2d)).weight.shape, generator=g)
-    for model in models:
-        bn = next(m for m in model.modules() if isinstance(m, nn.BatchNorm2d))
+    norms = [_first_batchnorm(model) for model in models]
+    value = torch.randn(norms[1].weight.shape, generator=g)
+    for bn in norms:
         bn.weight.data.copy_(value)
     models[0].refresh()
 
@@ -315,10 +326,9 @@ def _compare_inference(models: list, x: torch.Tensor, where: str, autocast: str 
     found = []
     for model, a in zip(models, (autocast, autocast, None)):
         model.eval()
-        dtype = next(model.parameters()).dtype
-        with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=a is not None):
+        with torch.no_grad():
             try:
-                found.append({f"output of call {k}": model(x.to(dtype)).float() for k in (1, 2)})
+                found.append({f"output of call {k}": _forward(model, x, a) for k in (1, 2)})
             except Exception as exc:  # as in _compare_step
                 found.append({"error": exc})
     refused = _refusals(found, where)
