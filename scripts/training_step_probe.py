@@ -27,6 +27,7 @@ import warnings
 
 import torch
 
+from fusionplan.tools.bench.timing import synchronize
 from fusionplan.tools.bench.train_models import Trainer, graphed_step_ms
 from fusionplan.tools.bench.zoo import build_model
 from fusionplan.torch import fuse
@@ -68,22 +69,17 @@ def profile(trainer: Trainer, x: torch.Tensor, label: torch.Tensor, steps: int, 
     the ``top`` functions by their own time."""
     profiler = cProfile.Profile()
     with torch.autograd.set_multithreading_enabled(False):
-        _synchronize(x)
+        synchronize(x.device)
         profiler.enable()
         for _ in range(steps):
             trainer.step(x, label)
-        _synchronize(x)
+        synchronize(x.device)
         profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     out.write(f"Python calls a step: {stats.total_calls / steps:.0f}\n")
     stats.sort_stats("tottime").print_stats(top)
     return out.getvalue()
-
-
-def _synchronize(x: torch.Tensor) -> None:
-    if x.is_cuda:
-        torch.cuda.synchronize(x.device)
 
 
 def main() -> None:
